@@ -1,0 +1,47 @@
+"""Render a model's Jinja chat template, the way Hugging Face tokenizers do.
+
+jinja2 is a dependency of torch itself, so this adds nothing to what `gpu/` needs installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Template
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str) -> Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    bos_token: str,
+    eos_token: str,
+) -> str:
+    return _compile(template).render(
+        messages=list(messages),
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )

@@ -1,0 +1,76 @@
+"""Reading checkpoints: an HF folder of safetensors or a single GGUF file.
+
+`load_checkpoint(path)` returns a `Checkpoint`: the config, every weight under its Hugging Face
+name (float32 on CPU; the model casts to its compute dtype), the tokenizer and the files read.
+Only safetensors and GGUF are read; no pickle ever touches a model file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from gpu.config import ModelConfig, load_hf_config
+from gpu.errors import CheckpointError
+from gpu.tokenizer import Tokenizer
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to build a model, as read from disk."""
+
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # Hugging Face parameter names
+    tokenizer: Tokenizer
+    files: list[Path]  # the weight files, for the content digest
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from gpu.gguf_loader import load_gguf
+
+        return load_gguf(path)
+    if path.is_file():
+        raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
+    if not path.is_dir():
+        raise CheckpointError(path, "no such file or folder")
+    config = load_hf_config(path)
+    files = safetensors_files(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(str(file), device="cpu"))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(file, f"corrupt or truncated safetensors file: {exc}") from exc
+    tokenizer = Tokenizer.from_hf_folder(path, eos_token_ids=config.eos_token_ids)
+    return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=files)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of an HF folder: the sharded index's files, or `*.safetensors`."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(index, f"bad sharded index: {exc}") from exc
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(file, "shard listed in model.safetensors.index.json is missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+            raise CheckpointError(
+                folder, "only pickle weights (*.bin/*.pt) found; tokenmill loads safetensors or GGUF"
+            )
+        raise CheckpointError(folder, "no *.safetensors weight files found")
+    return files

@@ -1,0 +1,29 @@
+"""`tokenmill`: the operator's command line.
+
+Each command lives in its own `ops/cmd_*.py` module; this file only assembles the group.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ops.cmd_bench import bench
+from ops.cmd_generate import generate
+from ops.cmd_models import models
+from ops.cmd_plan import plan
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tokenmill")
+def cli() -> None:
+    """tokenmill: LLM generation jobs from Kafka topics, on an engine of its own."""
+
+
+cli.add_command(generate)
+cli.add_command(models)
+cli.add_command(plan)
+cli.add_command(bench)
+
+
+def main() -> None:
+    cli()
