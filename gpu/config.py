@@ -124,7 +124,7 @@ def config_from_hf(raw: dict[str, Any], source: Path) -> ModelConfig:
             norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             rope_theta=float(_rope_theta(raw)),
-            rope_scaling=_rope_scaling(raw),
+            rope_scaling=_rope_scaling(raw, source),
             attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
             activation=str(raw.get("hidden_act", "silu")),
@@ -141,13 +141,20 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
 
 
-def _rope_scaling(raw: dict[str, Any]) -> dict[str, Any] | None:
+SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+
+
+def _rope_scaling(raw: dict[str, Any], source: Path) -> dict[str, Any] | None:
     scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
     if not scaling:
         return None
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    if kind not in SUPPORTED_ROPE_SCALING:
+        raise UnsupportedArchitecture(
+            source, f"rope scaling {kind!r} is not supported (supported: linear, llama3)"
+        )
     return dict(scaling, rope_type=kind)
 
 

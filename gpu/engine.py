@@ -1,0 +1,241 @@
+"""The engine: `add` requests, call `step()` until `has_work()` is false, `abort` at will.
+
+Synchronous and single-threaded: one step = schedule → run the model once → collect tokens.
+It does no I/O and no logging; each step returns its statistics for the caller to log, trace
+and export. Everything a request needs is checked in `add`, which raises a typed
+`RequestRejected` subclass; nothing is ever truncated silently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpu.block_allocator import BlockAllocator
+from gpu.engine_config import EngineConfig, size_kv_pool
+from gpu.errors import (
+    DuplicateRequest,
+    EmptyPrompt,
+    InvalidSamplingParams,
+    MaxTokensTooLarge,
+    PromptTooLong,
+    TokenOutOfVocabulary,
+)
+from gpu.kv_pool import KVPool
+from gpu.loader import LoadedModel
+from gpu.runner import ModelRunner
+from gpu.scheduler import Scheduler
+from gpu.sequence import SamplingParams
+from gpu.sequence import Sequence as Seq
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0  # larger runs first
+    arrival_time: float | None = None  # monotonic seconds; now when None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: its tokens, text, why it stopped, and when things happened."""
+
+    request_id: str
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | ...
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float
+    num_preemptions: int
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return (self.first_token_time - self.arrival_time) * 1e3
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first_token_time is None or len(self.token_ids) < 2:
+            return None
+        return (self.finish_time - self.first_token_time) * 1e3 / (len(self.token_ids) - 1)
+
+    @property
+    def total_ms(self) -> float:
+        return (self.finish_time - self.arrival_time) * 1e3
+
+
+@dataclass(frozen=True)
+class StepStats:
+    start_ns: int  # wall clock (time.time_ns), for spans recorded after the fact
+    end_ns: int
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_waiting: int
+    num_running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    new_tokens: list[tuple[str, int]]  # (request_id, token id), in the order sampled
+    finished: list[Completion]
+    stats: StepStats
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.config = config = config or EngineConfig()
+        self.max_model_len = config.resolved_max_model_len(model.config)
+        self.num_blocks = size_kv_pool(model, config, self.max_model_len)
+        self.kv = KVPool(model.config, self.num_blocks, config.block_size, model.dtype, model.device)
+        self.allocator = BlockAllocator(self.num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
+        self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)  # type: ignore[arg-type]
+        self.clock = clock
+        self.sequences: dict[str, Seq] = {}
+        self.eos_token_ids = frozenset(model.eos_token_ids)
+        self.peak_blocks_used = 0
+
+    # -- admission ---------------------------------------------------------------------
+
+    def validate(self, request: EngineRequest) -> None:
+        """Raise the typed error a request deserves, or return if it can run."""
+        n = len(request.prompt_token_ids)
+        p = request.params
+        cfg = self.config
+        max_prompt = cfg.max_prompt_tokens or self.max_model_len - 1
+        if request.request_id in self.sequences:
+            raise DuplicateRequest(f"request {request.request_id!r} is already running")
+        if n == 0:
+            raise EmptyPrompt("the prompt has no tokens")
+        if n > max_prompt:
+            raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
+        if p.max_new_tokens <= 0:
+            raise InvalidSamplingParams(f"max_new_tokens must be positive, got {p.max_new_tokens}")
+        if p.max_new_tokens > cfg.max_new_tokens:
+            raise MaxTokensTooLarge(
+                f"max_new_tokens {p.max_new_tokens} is over the limit of {cfg.max_new_tokens}"
+            )
+        if n + p.max_new_tokens > self.max_model_len:
+            raise MaxTokensTooLarge(
+                f"prompt ({n}) + max_new_tokens ({p.max_new_tokens}) exceeds max_model_len "
+                f"{self.max_model_len}; at most {self.max_model_len - n} new tokens fit"
+            )
+        if p.temperature < 0:
+            raise InvalidSamplingParams(f"temperature must be ≥ 0, got {p.temperature}")
+        if not 0 < p.top_p <= 1:
+            raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
+        if p.top_k < 0:
+            raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise TokenOutOfVocabulary(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def add(self, request: EngineRequest) -> None:
+        self.validate(request)
+        seq = Seq(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            params=request.params,
+            arrival_time=request.arrival_time if request.arrival_time is not None else self.clock(),
+            priority=request.priority,
+        )
+        self.sequences[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None:
+        """Stop a request now; returns its partial completion, or None if it is unknown."""
+        seq = self.sequences.get(request_id)
+        if seq is None:
+            return None
+        return self._finish(seq, reason)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step ------------------------------------------------------------------------
+
+    def step(self) -> StepOutput:
+        start_ns = time.time_ns()
+        batch = self.scheduler.schedule()
+        sampled = self.runner.run(batch) if not batch.is_empty else []
+        self.scheduler.advance(batch)
+        self.peak_blocks_used = max(self.peak_blocks_used, self.allocator.num_used)
+        now = self.clock()
+        new_tokens: list[tuple[str, int]] = []
+        finished: list[Completion] = []
+        for chunk, token in sampled:
+            seq = chunk.seq
+            seq.output_token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            new_tokens.append((seq.request_id, token))
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                finished.append(self._finish(seq, reason))
+        stats = StepStats(
+            start_ns=start_ns,
+            end_ns=time.time_ns(),
+            num_seqs=len(batch.chunks),
+            num_prefill_tokens=batch.num_prefill_tokens,
+            num_decode_tokens=batch.num_decode_tokens,
+            num_preempted=len(batch.preempted),
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            kv_blocks_used=self.allocator.num_used,
+            kv_blocks_total=self.num_blocks,
+        )
+        return StepOutput(new_tokens, finished, stats)
+
+    def _stop_reason(self, seq: Seq, token: int) -> str | None:
+        p = seq.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return "stop"
+        if p.stop and self._stop_string_at(seq) is not None:
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_new_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _stop_string_at(self, seq: Seq) -> int | None:
+        """Index in the decoded output where the earliest stop string begins, if any."""
+        text = self.model.tokenizer.decode(seq.output_token_ids)
+        hits = [i for s in seq.params.stop if (i := text.find(s)) >= 0]
+        return min(hits) if hits else None
+
+    def _finish(self, seq: Seq, reason: str) -> Completion:
+        self.scheduler.finish(seq, reason)
+        del self.sequences[seq.request_id]
+        seq.finish_time = self.clock()
+        text = self.model.tokenizer.decode(seq.output_token_ids)
+        if seq.params.stop and (cut := self._stop_string_at(seq)) is not None:
+            text = text[:cut]
+        return Completion(
+            request_id=seq.request_id,
+            prompt_tokens=seq.num_prompt_tokens,
+            token_ids=list(seq.output_token_ids),
+            text=text,
+            finish_reason=reason,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+            num_preemptions=seq.num_preemptions,
+        )

@@ -1,0 +1,101 @@
+"""Engine limits and sizes, and how the KV pool is sized from the memory plan."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from gpu.config import ModelConfig
+from gpu.device import dtype_name
+from gpu.errors import OutOfKVBlocks
+from gpu.loader import LoadedModel
+from gpu.memory_plan import activation_reserve_bytes, kv_budget_bytes, num_kv_blocks
+from gpu.scheduler import SchedulerConfig
+
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_model_len: int | None = None  # None: the model's context, capped at 2048
+    max_prompt_tokens: int | None = None  # None: max_model_len - 1
+    max_new_tokens: int = 4096  # the largest max_new_tokens a request may ask for
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: from the memory plan
+    kv_cache_memory: int | None = None  # bytes for the KV pool; None: from the device
+    memory_utilization: float = 0.9  # share of device memory the worker may use (CUDA)
+    host_memory_fraction: float = 0.25  # share of RAM for weights + KV + activations (CPU)
+    aging_seconds: float = 10.0
+    seed: int = 0  # for unseeded sampling
+
+    def resolved_max_model_len(self, model: ModelConfig) -> int:
+        limit = model.max_position_embeddings
+        if model.sliding_window:
+            # Attention here is full, not windowed: stay inside the window so both agree.
+            limit = min(limit, model.sliding_window)
+        if self.max_model_len is None:
+            return min(limit, DEFAULT_MAX_MODEL_LEN)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {limit}")
+        return self.max_model_len
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+            aging_seconds=self.aging_seconds,
+        )
+
+
+def size_kv_pool(model: LoadedModel, config: EngineConfig, max_model_len: int) -> int:
+    """Number of KV blocks: enough for every sequence at full length, or what memory allows.
+
+    The pool must hold at least one sequence of `max_model_len`; else `OutOfKVBlocks`.
+    """
+    per_seq = -(-max_model_len // config.block_size)
+    wanted = config.max_num_seqs * per_seq
+    if config.num_kv_blocks is not None:
+        blocks = config.num_kv_blocks
+    else:
+        dtype = dtype_name(model.dtype)
+        budget = config.kv_cache_memory
+        if budget is None:
+            budget = _kv_budget_from_device(model, config, dtype)
+        blocks = min(
+            wanted,
+            num_kv_blocks(
+                model.config, dtype=dtype, kv_budget_bytes=budget, block_size=config.block_size
+            ),
+        )
+    if blocks < per_seq:
+        raise OutOfKVBlocks(
+            f"the KV pool has {blocks} blocks of {config.block_size} tokens; one sequence of "
+            f"max_model_len {max_model_len} needs {per_seq}: give it more memory or lower "
+            "max_model_len"
+        )
+    return blocks
+
+
+def _kv_budget_from_device(model: LoadedModel, config: EngineConfig, dtype: str) -> int:
+    if model.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(model.device)
+        reserve = activation_reserve_bytes(
+            model.config,
+            dtype,
+            max_batched_tokens=config.max_num_batched_tokens,
+            max_batch=config.max_num_seqs,
+        )
+        return max(int(free - (1 - config.memory_utilization) * total - reserve), 0)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return kv_budget_bytes(
+        model.config,
+        dtype=dtype,
+        device_budget_bytes=int(ram * config.host_memory_fraction),
+        max_batched_tokens=config.max_num_batched_tokens,
+        max_batch=config.max_num_seqs,
+    )

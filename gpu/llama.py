@@ -1,0 +1,135 @@
+"""The Llama family (Llama, Mistral, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Tokens of a step arrive flat (`[tokens]`, no padding); attention reads and writes the paged KV
+pool. q/k/v and gate/up are fused into one matmul each when the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu.attention import AttentionMetadata, paged_attention
+from gpu.config import ModelConfig
+from gpu.kv_pool import KVPool
+from gpu.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        cos: torch.Tensor,  # [tokens, 1, head_dim]
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,  # [slots, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        c = self.config
+        qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+        v = v.view(-1, c.num_kv_heads, c.head_dim)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.flatten(1))  # [tokens, hidden]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cos, sin = rope_tables(config, max_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [tokens]
+        positions: torch.Tensor,  # [tokens]
+        kv: KVPool,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
+    ) -> torch.Tensor:  # [rows, vocab] float32
+        x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
+        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        for index, layer in enumerate(self.layers):
+            k_cache, v_cache = kv.layer(index)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.norm(x[logits_rows])  # [rows, hidden]
+        return self.lm_head(x).float()
+
+    def load_weights(self, src: WeightSource) -> None:
+        c = self.config
+        h, q, kv, i = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        copy_into(self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h)))
+        for n, layer in enumerate(self.layers):
+            p = f"model.layers.{n}."
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [
+                src.take(p + "self_attn.q_proj.weight", (q, h)),
+                src.take(p + "self_attn.k_proj.weight", (kv, h)),
+                src.take(p + "self_attn.v_proj.weight", (kv, h)),
+            ]
+            copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+            if c.attention_bias:
+                bias = [
+                    src.take(p + "self_attn.q_proj.bias", (q,)),
+                    src.take(p + "self_attn.k_proj.bias", (kv,)),
+                    src.take(p + "self_attn.v_proj.bias", (kv,)),
+                ]
+                copy_into(attn.qkv_proj.bias, torch.cat(bias))
+            copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
+            gate_up = [
+                src.take(p + "mlp.gate_proj.weight", (i, h)),
+                src.take(p + "mlp.up_proj.weight", (i, h)),
+            ]
+            copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
+            copy_into(mlp.down_proj.weight, src.take(p + "mlp.down_proj.weight", (h, i)))
+            copy_into(layer.input_layernorm.weight, src.take(p + "input_layernorm.weight", (h,)))
+            copy_into(
+                layer.post_attention_layernorm.weight,
+                src.take(p + "post_attention_layernorm.weight", (h,)),
+            )
+        copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
+        if not c.tie_word_embeddings:
+            copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))

@@ -1,0 +1,181 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Pure Python, no torch, no I/O. `schedule()` returns a `ScheduledBatch` value; the runner
+computes it and the engine reports back with `advance()`/`finish()`.
+
+Policy, in order, each step:
+1. Sequences already running continue (decode one token, or the next chunk of a prefill),
+   highest effective priority first. When a sequence needs a block and none is free, the
+   running sequence with the lowest effective priority (ties: the newest) is preempted: its
+   blocks are freed and it waits to be recomputed from its tokens so far.
+2. Waiting sequences join while the token budget, `max_num_seqs` and free blocks allow; a long
+   prompt is split into chunks that share the step with decodes (chunked prefill). Nothing
+   joins in a step that had to preempt, so a step never evicts what it just admitted.
+
+Effective priority = `priority` + seconds since arrival / `aging_seconds`: a request that has
+waited long enough outranks any newcomer, so constant arrivals cannot starve anyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpu.block_allocator import BlockAllocator
+from gpu.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # per-step token budget (prefill chunks + decodes)
+    block_size: int = 16
+    aging_seconds: float = 10.0  # waiting this long is worth one priority level
+    admission_watermark: float = 0.01  # fraction of blocks kept free when admitting
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `seq`, at positions `start` .. `start + num_tokens - 1`."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's last token: the step samples the next."""
+        return self.end == self.seq.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.start == self.seq.num_tokens - 1 and self.start > 0
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[Sequence, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_tokens
+
+
+@dataclass
+class Scheduler:
+    config: SchedulerConfig
+    allocator: BlockAllocator
+    clock: Callable[[], float]
+    waiting: list[Sequence] = field(default_factory=list)
+    running: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def effective_priority(self, seq: Sequence, now: float) -> float:
+        return seq.priority + (now - seq.arrival_time) / self.config.aging_seconds
+
+    def _order(self, seqs: list[Sequence], now: float) -> list[Sequence]:
+        # Most urgent first: highest effective priority, then oldest arrival.
+        return sorted(seqs, key=lambda s: (-self.effective_priority(s, now), s.arrival_time))
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        blocks = -(-num_tokens // self.config.block_size)
+        return max(blocks - len(seq.block_table), 0)
+
+    def schedule(self) -> ScheduledBatch:
+        now = self.clock()
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Sequence] = []
+        queue = self._order(self.running, now)
+        scheduled: set[int] = set()
+
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n <= 0:
+                continue
+            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
+            while need > self.allocator.num_free and queue:
+                victim = queue.pop()  # lowest effective priority, newest
+                self._preempt(victim)
+                preempted.append(victim)
+            if need > self.allocator.num_free:
+                self._preempt(seq)
+                preempted.append(seq)
+                continue
+            self._allocate(seq, need)
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            scheduled.add(id(seq))
+            budget -= n
+
+        if not preempted:
+            budget = self._admit(now, budget, chunks)
+        return ScheduledBatch(tuple(chunks), tuple(preempted))
+
+    def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> int:
+        reserve = int(self.allocator.num_blocks * self.config.admission_watermark)
+        for seq in self._order(self.waiting, now):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            n = min(seq.num_uncomputed_tokens, budget)
+            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
+            if need > self.allocator.num_free - reserve:
+                break  # the most urgent waiting request goes first; nothing jumps it
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            seq.status = SequenceStatus.RUNNING
+            self._allocate(seq, need)
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return budget
+
+    def _allocate(self, seq: Sequence, count: int) -> None:
+        for _ in range(count):
+            seq.block_table.append(self.allocator.allocate())
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks; it waits and is recomputed from its tokens."""
+        self.allocator.free_all(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.running.remove(seq)
+        self.waiting.append(seq)
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """Record that the batch's chunks were computed (their K/V are now in the pool)."""
+        for chunk in batch.chunks:
+            chunk.seq.num_computed_tokens = chunk.end
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take a sequence out of the scheduler for good and return its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.allocator.free_all(seq.block_table)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

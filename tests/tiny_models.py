@@ -1,0 +1,81 @@
+"""Random-weight tiny checkpoints built with transformers, saved as HF safetensors folders.
+
+Each architecture the engine implements gets one, so the engine can be compared with
+transformers token for token. The tokenizer is a small byte-level BPE trained on the spot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIAL = "<|endoftext|>"
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Kafka topics carry generation jobs; the worker answers each one exactly once.",
+    "def add(a, b):\n    return a + b\n",
+    "1234567890 + 42 = 1234567932",
+    "Paged attention keeps the KV cache in fixed-size blocks.",
+] * 20
+
+ARCHS = ("llama", "llama_tied", "qwen2", "mistral", "gpt2")
+
+
+def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[SPECIAL],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-def]
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, initializer_range=0.1)
+    llama_like = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        **common,
+    )
+    if arch == "llama":
+        return LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **llama_like)
+    if arch == "llama_tied":
+        return LlamaConfig(tie_word_embeddings=True, rope_theta=500000.0, **llama_like)
+    if arch == "qwen2":
+        return Qwen2Config(tie_word_embeddings=False, rope_theta=1000000.0, **llama_like)
+    if arch == "mistral":
+        return MistralConfig(tie_word_embeddings=False, sliding_window=None, **llama_like)
+    if arch == "gpt2":
+        return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
+    raise ValueError(arch)
+
+
+def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    tok = train_tokenizer()
+    eos = tok.token_to_id(SPECIAL)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(arch, tok.get_vocab_size(), eos))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": SPECIAL, "bos_token": SPECIAL})
+    )
+    return folder
