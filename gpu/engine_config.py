@@ -65,7 +65,7 @@ def size_kv_pool(model: LoadedModel, config: EngineConfig, max_model_len: int) -
         dtype = dtype_name(model.dtype)
         budget = config.kv_cache_memory
         if budget is None:
-            budget = _kv_budget_from_device(model, config, dtype)
+            budget = _kv_budget_from_device(model, config, dtype, max_model_len)
         blocks = min(
             wanted,
             num_kv_blocks(
@@ -81,7 +81,9 @@ def size_kv_pool(model: LoadedModel, config: EngineConfig, max_model_len: int) -
     return blocks
 
 
-def _kv_budget_from_device(model: LoadedModel, config: EngineConfig, dtype: str) -> int:
+def _kv_budget_from_device(
+    model: LoadedModel, config: EngineConfig, dtype: str, max_model_len: int
+) -> int:
     if model.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(model.device)
         reserve = activation_reserve_bytes(
@@ -89,6 +91,7 @@ def _kv_budget_from_device(model: LoadedModel, config: EngineConfig, dtype: str)
             dtype,
             max_batched_tokens=config.max_num_batched_tokens,
             max_batch=config.max_num_seqs,
+            max_context_len=max_model_len,
         )
         return max(int(free - (1 - config.memory_utilization) * total - reserve), 0)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -98,4 +101,5 @@ def _kv_budget_from_device(model: LoadedModel, config: EngineConfig, dtype: str)
         device_budget_bytes=int(ram * config.host_memory_fraction),
         max_batched_tokens=config.max_num_batched_tokens,
         max_batch=config.max_num_seqs,
+        max_context_len=max_model_len,
     )

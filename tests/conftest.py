@@ -13,3 +13,12 @@ def smollm2_path() -> Path:
     from ops.models import resolve_model
 
     return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One random-weight HF safetensors folder per architecture the engine implements."""
+    from tests.tiny_models import ARCHS, build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: build_tiny_checkpoint(arch, root / arch) for arch in ARCHS}

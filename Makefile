@@ -1,0 +1,33 @@
+# The verbs a person types. Each one installs what it needs first (uv, then the locked env).
+SHELL := /bin/bash
+TOOLS := $(HOME)/.cache/tokenmill/tools
+UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
+RUN := $(UV) run --locked
+
+.PHONY: env test lint demo bench clean
+
+$(TOOLS)/bin/uv:
+	python3 -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv
+
+env: $(if $(shell command -v uv 2>/dev/null),,$(TOOLS)/bin/uv)
+	$(UV) sync --locked
+
+test: env
+	$(RUN) pytest
+
+lint: env
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) mypy actors gpu messages ops
+
+demo: env
+	$(RUN) tokenmill models fetch smollm2-135m
+	$(RUN) tokenmill generate --model smollm2-135m --prompt-file ops/samples/prompts.txt \
+		--chat --max-new-tokens 64
+
+bench: env
+	$(RUN) tokenmill bench engine --model smollm2-135m --requests 64 --json
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

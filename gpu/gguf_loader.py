@@ -1,0 +1,409 @@
+"""Reading a GGUF file (llama.cpp's single-file format) into a `Checkpoint`.
+
+Metadata becomes a `ModelConfig`; each tensor is dequantized to float32 under its Hugging Face
+name and `[out_features, in_features]` layout, with llama.cpp's Q/K row permutation undone so the
+model code sees the rotate-half RoPE convention of HF checkpoints; the byte-level BPE tokenizer
+is rebuilt from `tokenizer.ggml.*` the way llama.cpp runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+from gpu.checkpoint import Checkpoint
+from gpu.config import ModelConfig
+from gpu.errors import CheckpointError, UnsupportedArchitecture
+from gpu.tokenizer import Tokenizer
+
+ARCHITECTURES = ("llama", "qwen2")  # general.architecture values read here
+_PERMUTED_QK = ("llama",)  # convert_hf_to_gguf.py permutes q/k rows only for LlamaModel
+
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+# llama.cpp token types (tokenizer.ggml.token_type)
+_CONTROL = 3
+_USER_DEFINED = 4
+
+_GPT2_SPLIT = None  # ByteLevel's built-in GPT-2 regex
+_DIGITS = r"\p{N}"  # isolate every digit, then the GPT-2 regex (StarCoder family)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre → (split regex, ignore_merges), as llama.cpp's llama-vocab.cpp groups them.
+_PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
+    **dict.fromkeys(("default", "gpt-2", "gpt2", "mpt", "olmo", "jais"), (_GPT2_SPLIT, False)),
+    **dict.fromkeys(
+        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+        (_DIGITS, False),
+    ),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3"), (_LLAMA3_SPLIT, True)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2"), (_QWEN2_SPLIT, False)),
+}
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The model's shapes from the file's metadata alone; no tensor data is read."""
+    path = Path(path)
+    return _config(_open(path), path)
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    """Config, float32 weights under HF names, and tokenizer from one `.gguf` file."""
+    path = Path(path)
+    reader = _open(path)
+    config = _config(reader, path)
+    tensors = _tensors(reader, config, path)
+    tokenizer = _tokenizer(_Meta(reader, path), config)
+    return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=[path])
+
+
+def _open(path: Path) -> GGUFReader:
+    if not path.is_file():
+        raise CheckpointError(path, "no such file")
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # gguf-py fails on bad input with assorted numpy/struct errors
+        raise CheckpointError(
+            path,
+            f"not a readable GGUF file ({path.stat().st_size} bytes; truncated or corrupt?): {exc}",
+        ) from exc
+
+
+class _Meta:
+    """Typed access to GGUF metadata, failing with the key's name."""
+
+    def __init__(self, reader: GGUFReader, path: Path) -> None:
+        self.fields = reader.fields
+        self.path = path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str) -> Any:
+        if key not in self.fields:
+            raise CheckpointError(self.path, f"GGUF metadata key {key!r} is missing")
+        return self.fields[key].contents()
+
+    def count(self, key: str) -> int | None:
+        """Length of an array field, without decoding its elements."""
+        field = self.fields.get(key)
+        return None if field is None else len(field.data)
+
+
+def _config(reader: GGUFReader, path: Path) -> ModelConfig:
+    meta = _Meta(reader, path)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitecture(
+            path,
+            f"GGUF general.architecture {arch!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})",
+        )
+    if meta.get(f"{arch}.expert_count", 0):
+        raise UnsupportedArchitecture(path, "mixture-of-experts GGUF models are not supported")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise CheckpointError(
+            path, "per-dimension RoPE frequency factors (rope_freqs.weight) are not supported"
+        )
+    try:
+        hidden = int(meta.require(f"{arch}.embedding_length"))
+        heads = int(meta.require(f"{arch}.attention.head_count"))
+        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+        rope_dims = meta.get(f"{arch}.rope.dimension_count")
+        if rope_dims is not None and int(rope_dims) != head_dim:
+            raise CheckpointError(
+                path, f"partial rotary embedding ({rope_dims} of {head_dim} dims) is not supported"
+            )
+        vocab = meta.get(f"{arch}.vocab_size") or meta.count("tokenizer.ggml.tokens")
+        if vocab is None:
+            raise CheckpointError(path, "no vocab_size and no tokenizer.ggml.tokens in metadata")
+        eos_ids: list[int] = []
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+            token_id = meta.get(f"tokenizer.ggml.{key}")
+            if token_id is not None and int(token_id) not in eos_ids:
+                eos_ids.append(int(token_id))
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return ModelConfig(
+            arch=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            num_layers=int(meta.require(f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            intermediate_size=int(meta.require(f"{arch}.feed_forward_length")),
+            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+            norm_eps=float(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+            tie_word_embeddings="output.weight" not in names,
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(meta, arch),
+            attention_bias=arch == "qwen2" or "blk.0.attn_q.bias" in names,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(eos_ids),
+        )
+    except (TypeError, ValueError) as exc:  # e.g. a per-layer array where a number belongs
+        raise CheckpointError(path, f"bad GGUF metadata value: {exc}") from exc
+
+
+def _rope_scaling(meta: _Meta, arch: str) -> dict[str, Any] | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind is None and (legacy := meta.get(f"{arch}.rope.scale_linear")):
+        kind, factor = "linear", legacy
+    if kind in (None, "none") or (kind == "linear" and float(factor or 1.0) == 1.0):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        scaling: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if (value := meta.get(f"{arch}.rope.scaling.{gguf_key}")) is not None:
+                scaling[hf_key] = float(value)
+        return scaling
+    raise CheckpointError(meta.path, f"RoPE scaling type {kind!r} is not supported")
+
+
+def _expected_tensors(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], bool]]:
+    """GGUF name → (HF name, HF shape, required)."""
+    h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    shapes = {
+        "token_embd.weight": (config.vocab_size, h),
+        "output_norm.weight": (h,),
+        "output.weight": (config.vocab_size, h),
+        "attn_norm.weight": (h,),
+        "attn_q.weight": (q, h),
+        "attn_k.weight": (kv, h),
+        "attn_v.weight": (kv, h),
+        "attn_output.weight": (h, q),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+        "ffn_norm.weight": (h,),
+        "ffn_gate.weight": (i, h),
+        "ffn_up.weight": (i, h),
+        "ffn_down.weight": (h, i),
+    }
+    expected = {
+        name: (hf, shapes[name], name != "output.weight" or not config.tie_word_embeddings)
+        for name, hf in _GLOBAL_TENSORS.items()
+    }
+    for layer in range(config.num_layers):
+        for name, hf in _LAYER_TENSORS.items():
+            required = not name.endswith(".bias") or config.attention_bias
+            expected[f"blk.{layer}.{name}"] = (
+                f"model.layers.{layer}.{hf}",
+                shapes[name],
+                required,
+            )
+    return expected
+
+
+def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> dict[str, torch.Tensor]:
+    expected = _expected_tensors(config)
+    out: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        if tensor.name not in expected:
+            raise CheckpointError(
+                path, f"tensor {tensor.name!r} is not part of a {config.arch} model"
+            )
+        hf_name, shape, _ = expected[tensor.name]
+        # ggml lists dimensions innermost first
+        file_shape = tuple(int(d) for d in reversed(tensor.shape))
+        if file_shape != shape:
+            raise CheckpointError(
+                path,
+                f"tensor {tensor.name!r} has shape {list(file_shape)}, expected {list(shape)} "
+                "for the config in the file's metadata",
+            )
+        try:
+            weights = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        except (NotImplementedError, ValueError, TypeError) as exc:
+            raise CheckpointError(
+                path,
+                f"tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be dequantized: {exc}",
+            ) from exc
+        if config.arch in _PERMUTED_QK and ".attn_q." in tensor.name:
+            weights = _unpermute_qk(weights, config.num_heads)
+        elif config.arch in _PERMUTED_QK and ".attn_k." in tensor.name:
+            weights = _unpermute_qk(weights, config.num_kv_heads)
+        weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if not weights.flags.writeable:  # still a view of the read-only memory-mapped file
+            weights = weights.copy()
+        out[hf_name] = torch.from_numpy(weights)
+    missing = [name for name, (hf, _, required) in expected.items() if required and hf not in out]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(path, f"missing tensors: {', '.join(missing[:5])}{more}")
+    return out
+
+
+def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's `w.reshape(n_head, 2, d // n_head // 2, *rest).swapaxes(1, 2)`.
+
+    llama.cpp's RoPE rotates adjacent pairs; HF's rotates halves. The converter interleaves each
+    head's two halves; reading `[n_head, d/2, 2]` and swapping back restores HF's row order.
+    """
+    # w: [n_head * head_dim, *rest]
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer(meta: _Meta, config: ModelConfig) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise CheckpointError(
+            meta.path,
+            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
+            "use the Hugging Face checkpoint folder instead",
+        )
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZERS:
+        raise CheckpointError(
+            meta.path,
+            f"GGUF pre-tokenizer {pre!r} is not supported "
+            f"(supported: {', '.join(sorted(_PRE_TOKENIZERS))})",
+        )
+    split, ignore_merges = _PRE_TOKENIZERS[pre]
+    tokens: list[str] = list(meta.require("tokenizer.ggml.tokens"))
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    if len(types) != len(tokens) or any(len(m) != 2 for m in merges):
+        raise CheckpointError(meta.path, "tokenizer metadata is inconsistent")
+    try:
+        inner = HFTokenizer(
+            models.BPE(
+                vocab=_byte_level_vocab(tokens, types),
+                merges=merges,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                ignore_merges=ignore_merges,
+            )
+        )
+    except Exception as exc:  # tokenizers raises a bare Exception on bad vocab/merges
+        raise CheckpointError(meta.path, f"cannot build the GGUF tokenizer: {exc}") from exc
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
+    inner.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            # After the digit split, GPT-2's regex still runs (ByteLevel's built-in one).
+            pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=split == _DIGITS),
+        ]
+        if split is not None
+        else [pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=True)]
+    )
+    inner.decoder = decoders.ByteLevel()
+    # llama.cpp matches control and user-defined tokens whole; only control ones are hidden on
+    # decode (user-defined ones such as `<think>` are text the model writes).
+    for wanted, special in ((_CONTROL, True), (_USER_DEFINED, False)):
+        added = [
+            AddedToken(token, special=special, normalized=False)
+            for token, token_type in zip(tokens, types, strict=True)
+            if token_type == wanted and token
+        ]
+        inner.add_tokens(added)
+
+    bos_id, eos_id = config.bos_token_id, meta.get("tokenizer.ggml.eos_token_id")
+    bos, eos = _token_text(tokens, bos_id), _token_text(tokens, eos_id)
+    # llama.cpp's defaults when the file is silent: BOS for the llama3 family only.
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", split == _LLAMA3_SPLIT)
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
+    template = _post_processor(bos if add_bos else None, bos_id, eos if add_eos else None, eos_id)
+    if template is not None:
+        inner.post_processor = template
+    chat_template = meta.get("tokenizer.chat_template")
+    return Tokenizer(
+        inner,
+        eos_token_ids=config.eos_token_ids,
+        bos_token=bos,
+        eos_token=eos,
+        chat_template=chat_template if isinstance(chat_template, str) else None,
+    )
+
+
+def _byte_level_vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    vocab: dict[str, int] = {}
+    for index, (token, token_type) in enumerate(zip(tokens, types, strict=True)):
+        if token_type not in (_CONTROL, _USER_DEFINED) and not set(token) <= alphabet:
+            # A normal token stored as raw text: BPE only ever sees the byte alphabet.
+            token = "".join(spelling[b] for b in token.encode("utf-8"))
+        vocab.setdefault(token, index)
+    return vocab
+
+
+def _token_text(tokens: list[str], token_id: Any) -> str | None:
+    if token_id is None or not 0 <= int(token_id) < len(tokens):
+        return None
+    return tokens[int(token_id)]
+
+
+def _post_processor(
+    bos: str | None, bos_id: Any, eos: str | None, eos_id: Any
+) -> processors.TemplateProcessing | None:
+    """BOS/EOS added around each sequence when the file asks for them (`add_bos_token`)."""
+    if bos is None and eos is None:
+        return None
+
+    def sequence(piece: str, type_id: int) -> str:
+        parts = [f"{bos}:{type_id}"] if bos else []
+        parts.append(f"${piece}:{type_id}")
+        parts += [f"{eos}:{type_id}"] if eos else []
+        return " ".join(parts)
+
+    specials = {t: int(i) for t, i in ((bos, bos_id), (eos, eos_id)) if t is not None}
+    return processors.TemplateProcessing(
+        single=sequence("A", 0),
+        pair=f"{sequence('A', 0)} {sequence('B', 1)}",
+        special_tokens=list(specials.items()),
+    )
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte → printable character map (byte-level BPE's alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping

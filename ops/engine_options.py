@@ -1,0 +1,67 @@
+"""Click options shared by every command that builds an engine, and the builder itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from gpu.engine import Engine
+from gpu.engine_config import EngineConfig
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    model: str
+    dtype: str | None
+    device: str | None
+    engine: EngineConfig
+
+
+def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."),
+        click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)."),
+        click.option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
+        click.option("--max-model-len", type=int, default=None, help="Context limit (default: model's, capped at 2048)."),
+        click.option("--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."),
+        click.option("--max-batched-tokens", type=int, default=1024, show_default=True, help="Token budget per step."),
+        click.option("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory plan)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
+    """Pop the engine options out of a command's kwargs."""
+    return EngineChoice(
+        model=kwargs.pop("model"),
+        dtype=kwargs.pop("dtype"),
+        device=kwargs.pop("device"),
+        engine=EngineConfig(
+            max_model_len=kwargs.pop("max_model_len"),
+            max_num_seqs=kwargs.pop("max_num_seqs"),
+            max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
+            num_kv_blocks=kwargs.pop("num_kv_blocks"),
+        ),
+    )
+
+
+def build_engine(choice: EngineChoice) -> Engine:
+    """Resolve the model, load it and build the engine; errors become click errors."""
+    from gpu.device import parse_dtype
+    from gpu.errors import EngineError
+    from gpu.loader import load_model
+    from ops.errors import ModelFetchError
+    from ops.models import resolve_model
+
+    try:
+        path = resolve_model(choice.model)
+        dtype = parse_dtype(choice.dtype) if choice.dtype else None
+        model = load_model(path, name=choice.model, dtype=dtype, device=choice.device)
+        return Engine(model, choice.engine)
+    except (EngineError, ModelFetchError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,209 @@
+"""`tokenmill plan` end to end on checkpoint folders holding only a config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ops.cmd_plan import plan
+
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+GPT2 = {
+    "model_type": "gpt2",
+    "vocab_size": 50257,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_positions": 1024,
+    "layer_norm_epsilon": 1e-5,
+}
+
+
+def _checkpoint(tmp_path: Path, name: str, config: dict[str, Any]) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture
+def llama(tmp_path: Path) -> Path:
+    return _checkpoint(tmp_path, "llama", LLAMA)
+
+
+@pytest.fixture
+def gpt2(tmp_path: Path) -> Path:
+    return _checkpoint(tmp_path, "gpt2", GPT2)
+
+
+def _run(*args: str) -> Any:
+    # A wide terminal so rich does not wrap the table's cells.
+    return CliRunner().invoke(plan, list(args), env={"COLUMNS": "200"})
+
+
+def test_table_spells_out_the_kv_formula(llama: Path) -> None:
+    result = _run(
+        "--model", str(llama), "--dtype", "fp32", "--batch", "8", "--seq-len", "2048",
+        "--device-memory", "80GiB",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "2 × 30 × 3 × 64 × 4 B" in out
+    assert "46,080 B" in out
+    assert "2 × 30 × 3 × 64 × 2048 × 8 × 4 B" in out
+    assert f"{8 * 2048 * 46_080:,} B" in out
+    assert "134,515,008 × 4 B" in out
+    assert "--device-memory" in out
+    assert "yes" in out
+    assert "fits with batch ≤ " in out
+
+
+def test_table_says_when_it_does_not_fit(gpt2: Path) -> None:
+    result = _run(
+        "--model", str(gpt2), "--dtype", "float32", "--batch", "64", "--seq-len", "1024",
+        "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "no" in result.output
+    assert "does not fit" in result.output
+
+
+def test_table_notes_block_rounding(gpt2: Path) -> None:
+    result = _run(
+        "--model", str(gpt2), "--dtype", "bf16", "--batch", "2", "--seq-len", "1000",
+        "--device-memory", "8GiB", "--block-size", "32",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 × 12 × 12 × 64 × 1024 × 2 × 2 B" in result.output
+    assert "rounded up to blocks of 32" in result.output
+
+
+def test_json_is_one_object_with_integer_bytes(llama: Path) -> None:
+    result = _run(
+        "--model", str(llama), "--dtype", "bf16", "--batch", "4", "--seq-len", "1000",
+        "--device-memory", "2GiB", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["budget_bytes"] == 2 * 2**30
+    assert record["budget_source"] == "--device-memory"
+    assert record["kv_bytes_per_token"] == 23_040
+    assert record["kv_tokens_per_sequence"] == 1008
+    assert record["kv_bytes"] == 4 * 1008 * 23_040
+    assert record["weights_bytes"] == 134_515_008 * 2
+    assert record["total_bytes"] == (
+        record["weights_bytes"] + record["kv_bytes"] + record["activation_bytes"]
+    )
+    assert record["fits"] is True
+    assert record["max_batch"] >= 4
+    assert record["dtype"] == "bfloat16"
+    assert record["arch"] == "llama"
+    assert isinstance(record["advice"], str)
+    for key, value in record.items():
+        if key.endswith("_bytes"):
+            assert isinstance(value, int), key
+
+
+def test_json_for_gpt2_and_a_config_json_path(gpt2: Path) -> None:
+    result = _run(
+        "--model", str(gpt2 / "config.json"), "--dtype", "fp16", "--batch", "1",
+        "--seq-len", "1024", "--device-memory", "1.5GB", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["num_parameters"] == 124_439_808
+    assert record["budget_bytes"] == 1_500_000_000
+    assert record["kv_bytes_per_token"] == 2 * 12 * 12 * 64 * 2
+
+
+def test_default_budget_names_its_source(llama: Path) -> None:
+    result = _run(
+        "--model", str(llama), "--dtype", "bf16", "--batch", "1", "--seq-len", "128", "--json"
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["budget_source"].startswith(("cuda:0 total memory", "physical RAM"))
+    assert record["budget_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "int8"], "'int8' is not one of"),
+        (["--batch", "0"], "0 is not in the range"),
+        (["--seq-len", "-5"], "--seq-len"),
+        (["--device-memory", "lots"], "cannot read 'lots' as a size"),
+        (["--device-memory", "80G"], "ambiguous unit"),
+        (["--device-memory", "0"], "not a positive size"),
+        (["--block-size", "0"], "--block-size"),
+    ],
+)
+def test_bad_options_are_usage_errors(llama: Path, args: list[str], message: str) -> None:
+    base = {"--dtype": "bf16", "--batch": "1", "--seq-len": "128", "--device-memory": "8GiB"}
+    base.update(zip(args[::2], args[1::2], strict=True))
+    flat = [x for pair in base.items() for x in pair]
+    result = _run("--model", str(llama), *flat)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_folder_without_config_json(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = _run(
+        "--model", str(empty), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
+        "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "config.json not found" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path, "bert", {"model_type": "bert"})
+    result = _run(
+        "--model", str(folder), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
+        "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "'bert' is not supported" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_unknown_model_name(tmp_path: Path) -> None:
+    result = _run(
+        "--model", str(tmp_path / "nowhere"), "--dtype", "bf16", "--batch", "1",
+        "--seq-len", "8", "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "neither a known alias nor a path" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_file_that_is_not_a_model(tmp_path: Path) -> None:
+    stray = tmp_path / "weights.bin"
+    stray.write_bytes(b"\0")
+    result = _run(
+        "--model", str(stray), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
+        "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "neither a folder holding config.json nor a .gguf file" in result.output
