@@ -41,14 +41,20 @@ class BlockAllocator:
         self._ref_counts[block] = 1
         return block
 
+    def _check(self, block: int) -> None:
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block {block} is not in the pool [0, {self.num_blocks})")
+
     def share(self, block: int) -> int:
         """Take one more reference to a block in use (a shared prefix, a forked sequence)."""
+        self._check(block)
         if self._ref_counts[block] <= 0:
             raise ValueError(f"block {block} is free; cannot share it")
         self._ref_counts[block] += 1
         return block
 
     def free(self, block: int) -> None:
+        self._check(block)
         count = self._ref_counts[block]
         if count <= 0:
             raise ValueError(f"block {block} freed twice")
@@ -57,7 +63,6 @@ class BlockAllocator:
             self._free.append(block)
 
     def free_all(self, blocks: list[int]) -> None:
-        # Reverse order: the most recently allocated blocks are reused first.
-        for block in reversed(blocks):
+        for block in blocks:
             self.free(block)
         blocks.clear()

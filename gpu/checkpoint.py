@@ -64,13 +64,16 @@ def safetensors_files(folder: Path) -> list[Path]:
         files = [folder / name for name in sorted(set(weight_map.values()))]
         for file in files:
             if not file.is_file():
-                raise CheckpointError(file, "shard listed in model.safetensors.index.json is missing")
+                raise CheckpointError(
+                    file, "shard listed in model.safetensors.index.json is missing"
+                )
         return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
             raise CheckpointError(
-                folder, "only pickle weights (*.bin/*.pt) found; tokenmill loads safetensors or GGUF"
+                folder,
+                "only pickle weights (*.bin/*.pt) found; tokenmill loads safetensors or GGUF",
             )
         raise CheckpointError(folder, "no *.safetensors weight files found")
     return files

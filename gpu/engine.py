@@ -8,6 +8,7 @@ and export. Everything a request needs is checked in `add`, which raises a typed
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -104,10 +105,12 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.max_model_len = config.resolved_max_model_len(model.config)
         self.num_blocks = size_kv_pool(model, config, self.max_model_len)
-        self.kv = KVPool(model.config, self.num_blocks, config.block_size, model.dtype, model.device)
+        self.kv = KVPool(
+            model.config, self.num_blocks, config.block_size, model.dtype, model.device
+        )
         self.allocator = BlockAllocator(self.num_blocks)
         self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
-        self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)  # type: ignore[arg-type]
+        self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
@@ -138,9 +141,9 @@ class Engine:
                 f"prompt ({n}) + max_new_tokens ({p.max_new_tokens}) exceeds max_model_len "
                 f"{self.max_model_len}; at most {self.max_model_len - n} new tokens fit"
             )
-        if p.temperature < 0:
+        if not math.isfinite(p.temperature) or p.temperature < 0:
             raise InvalidSamplingParams(f"temperature must be ≥ 0, got {p.temperature}")
-        if not 0 < p.top_p <= 1:
+        if not 0 < p.top_p <= 1:  # also refuses NaN
             raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
         if p.top_k < 0:
             raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")

@@ -50,7 +50,6 @@ _LAYER_TENSORS = {
 _CONTROL = 3
 _USER_DEFINED = 4
 
-_GPT2_SPLIT = None  # ByteLevel's built-in GPT-2 regex
 _DIGITS = r"\p{N}"  # isolate every digit, then the GPT-2 regex (StarCoder family)
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -60,9 +59,10 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre → (split regex, ignore_merges), as llama.cpp's llama-vocab.cpp groups them.
+# tokenizer.ggml.pre → (split regex, ignore_merges), grouped as in llama.cpp's llama-vocab.cpp;
+# None: ByteLevel's built-in GPT-2 regex alone.
 _PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
-    **dict.fromkeys(("default", "gpt-2", "gpt2", "mpt", "olmo", "jais"), (_GPT2_SPLIT, False)),
+    **dict.fromkeys(("default", "gpt-2", "gpt2", "mpt", "olmo", "jais"), (None, False)),
     **dict.fromkeys(
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
         (_DIGITS, False),
@@ -331,13 +331,8 @@ def _tokenizer(meta: _Meta, config: ModelConfig) -> Tokenizer:
     inner.decoder = decoders.ByteLevel()
     # llama.cpp matches control and user-defined tokens whole; only control ones are hidden on
     # decode (user-defined ones such as `<think>` are text the model writes).
-    for wanted, special in ((_CONTROL, True), (_USER_DEFINED, False)):
-        added = [
-            AddedToken(token, special=special, normalized=False)
-            for token, token_type in zip(tokens, types, strict=True)
-            if token_type == wanted and token
-        ]
-        inner.add_tokens(added)
+    inner.add_special_tokens(_added(tokens, types, _CONTROL, special=True))
+    inner.add_tokens(_added(tokens, types, _USER_DEFINED, special=False))
 
     bos_id, eos_id = config.bos_token_id, meta.get("tokenizer.ggml.eos_token_id")
     bos, eos = _token_text(tokens, bos_id), _token_text(tokens, eos_id)
@@ -367,6 +362,14 @@ def _byte_level_vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
             token = "".join(spelling[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, index)
     return vocab
+
+
+def _added(tokens: list[str], types: list[int], wanted: int, *, special: bool) -> list[AddedToken]:
+    return [
+        AddedToken(token, special=special, normalized=False)
+        for token, token_type in zip(tokens, types, strict=True)
+        if token_type == wanted and token
+    ]
 
 
 def _token_text(tokens: list[str], token_id: Any) -> str | None:

@@ -39,9 +39,12 @@ class GPT2Layer(nn.Module):
         c = self.config
         q, k, v = self.c_attn(self.ln_1(x)).split(c.hidden_size, dim=-1)
         shape = (-1, c.num_heads, c.head_dim)
-        attn = paged_attention(q.view(shape), k.view(shape), v.view(shape), k_cache, v_cache, meta, self.scale)
+        attn = paged_attention(
+            q.view(shape), k.view(shape), v.view(shape), k_cache, v_cache, meta, self.scale
+        )
         x = x + self.attn_proj(attn.flatten(1))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        mlp: torch.Tensor = self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + mlp
 
 
 class GPT2ForCausalLM(nn.Module):
@@ -66,10 +69,14 @@ class GPT2ForCausalLM(nn.Module):
         logits_rows: torch.Tensor,  # [rows]
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.wte(input_ids) + self.wpe(positions)  # [tokens, hidden]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.typed_layers()):
             k_cache, v_cache = kv.layer(index)
             x = layer(x, k_cache, v_cache, meta)
-        return self.lm_head(self.ln_f(x[logits_rows])).float()
+        logits: torch.Tensor = self.lm_head(self.ln_f(x[logits_rows]))
+        return logits.float()
+
+    def typed_layers(self) -> list[GPT2Layer]:
+        return [layer for layer in self.layers if isinstance(layer, GPT2Layer)]
 
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
@@ -81,7 +88,7 @@ class GPT2ForCausalLM(nn.Module):
 
         copy_into(self.wte.weight, take("wte.weight", (c.vocab_size, h)))
         copy_into(self.wpe.weight, take("wpe.weight", (c.max_position_embeddings, h)))
-        for n, layer in enumerate(self.layers):
+        for n, layer in enumerate(self.typed_layers()):
             p = f"h.{n}."
             copy_into(layer.ln_1.weight, take(p + "ln_1.weight", (h,)))
             copy_into(layer.ln_1.bias, take(p + "ln_1.bias", (h,)))

@@ -24,7 +24,10 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
-        self.cache = torch.zeros(
+        # torch.empty: on the host, pages are committed as blocks are first written, so a large
+        # pool costs nothing until used. Only slot 0 is ever read before being written (it pads
+        # ragged decode batches, under a mask), so only it must hold finite values.
+        self.cache = torch.empty(
             config.num_layers,
             2,
             num_blocks,
@@ -34,6 +37,7 @@ class KVPool:
             dtype=dtype,
             device=device,
         )
+        self.cache[:, :, 0, 0].zero_()
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat K and V views of one layer: each [num_blocks * block_size, kv_heads, head_dim]."""

@@ -28,7 +28,9 @@ class RMSNorm(nn.Module):
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [head_dim / 2]
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    )
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq

@@ -42,7 +42,8 @@ class LlamaAttention(nn.Module):
         k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
         v = v.view(-1, c.num_kv_heads, c.head_dim)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.flatten(1))  # [tokens, hidden]
+        hidden: torch.Tensor = self.o_proj(out.flatten(1))  # [tokens, hidden]
+        return hidden
 
 
 class LlamaMLP(nn.Module):
@@ -54,7 +55,8 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
 
 
 class LlamaLayer(nn.Module):
@@ -67,6 +69,9 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    rope_cos: torch.Tensor  # [positions, head_dim] float32
+    rope_sin: torch.Tensor
+
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
@@ -91,18 +96,24 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.typed_layers()):
             k_cache, v_cache = kv.layer(index)
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x[logits_rows])  # [rows, hidden]
-        return self.lm_head(x).float()
+        logits: torch.Tensor = self.lm_head(x)
+        return logits.float()
+
+    def typed_layers(self) -> list[LlamaLayer]:
+        return [layer for layer in self.layers if isinstance(layer, LlamaLayer)]
 
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
         h, q, kv, i = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
-        copy_into(self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h)))
-        for n, layer in enumerate(self.layers):
+        copy_into(
+            self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
+        )
+        for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
             attn, mlp = layer.self_attn, layer.mlp
             qkv = [

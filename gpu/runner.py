@@ -54,7 +54,7 @@ class ModelRunner:
     def prepare(
         self, chunks: list[ScheduledChunk]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Inputs for chunks ordered decodes first. Returns ids, positions, metadata, sample rows."""
+        """Inputs for chunks (decodes first): ids, positions, metadata, rows to sample."""
         ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -74,10 +74,12 @@ class ModelRunner:
         if decodes:
             lengths = [c.end for c in decodes]
             longest = max(lengths)
-            decode_slots = self._slots([c.seq.block_table for c in decodes], longest)
+            slots = self._slots([c.seq.block_table for c in decodes], longest)
             valid = torch.arange(longest, device=self.device).unsqueeze(0) < self._to_device(
                 lengths
             ).unsqueeze(1)  # [decodes, longest]
+            # Padding reads slot 0 (always finite; see KVPool), never a stale or unwritten slot.
+            decode_slots = torch.where(valid, slots, 0)
             decode_mask = valid.view(len(decodes), 1, 1, longest)
 
         spans: list[PrefillSpan] = []

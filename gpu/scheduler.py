@@ -8,9 +8,10 @@ Policy, in order, each step:
    highest effective priority first. When a sequence needs a block and none is free, the
    running sequence with the lowest effective priority (ties: the newest) is preempted: its
    blocks are freed and it waits to be recomputed from its tokens so far.
-2. Waiting sequences join while the token budget, `max_num_seqs` and free blocks allow; a long
-   prompt is split into chunks that share the step with decodes (chunked prefill). Nothing
-   joins in a step that had to preempt, so a step never evicts what it just admitted.
+2. Waiting sequences join while the token budget, `max_num_seqs` and free blocks (for the
+   whole prompt) allow; a long prompt is split into chunks that share the step with decodes
+   (chunked prefill). Nothing joins in a step that had to preempt, so a step never evicts
+   what it just admitted.
 
 Effective priority = `priority` + seconds since arrival / `aging_seconds`: a request that has
 waited long enough outranks any newcomer, so constant arrivals cannot starve anyone.
@@ -33,27 +34,41 @@ class SchedulerConfig:
     aging_seconds: float = 10.0  # waiting this long is worth one priority level
     admission_watermark: float = 0.01  # fraction of blocks kept free when admitting
 
+    def __post_init__(self) -> None:
+        if self.aging_seconds <= 0:
+            raise ValueError("aging_seconds must be positive")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0 or self.block_size <= 0:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """`num_tokens` tokens of `seq`, at positions `start` .. `start + num_tokens - 1`."""
+    """`num_tokens` tokens of `seq`, at positions `start` .. `start + num_tokens - 1`.
+
+    `samples` and `is_decode` are fixed when the chunk is scheduled: the sequence grows once
+    the step's token is appended, and the chunk must still describe what was computed.
+    """
 
     seq: Sequence
     start: int
     num_tokens: int
+    samples: bool  # the chunk reaches the sequence's last token: the step samples the next
+    is_decode: bool  # one new token after a computed context
+
+    @classmethod
+    def of(cls, seq: Sequence, start: int, num_tokens: int) -> ScheduledChunk:
+        end = start + num_tokens
+        return cls(
+            seq=seq,
+            start=start,
+            num_tokens=num_tokens,
+            samples=end == seq.num_tokens,
+            is_decode=num_tokens == 1 and start > 0 and end == seq.num_tokens,
+        )
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the sequence's last token: the step samples the next."""
-        return self.end == self.seq.num_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.start == self.seq.num_tokens - 1 and self.start > 0
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,7 @@ class Scheduler:
                 preempted.append(seq)
                 continue
             self._allocate(seq, need)
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             scheduled.add(id(seq))
             budget -= n
 
@@ -141,14 +156,16 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
-            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
-            if need > self.allocator.num_free - reserve:
+            # Admit only when the whole prompt (or recompute) fits: admitting on the first
+            # chunk alone lets a long sequence join, then be preempted again at its next chunk.
+            if self.blocks_needed(seq, seq.num_tokens) > self.allocator.num_free - reserve:
                 break  # the most urgent waiting request goes first; nothing jumps it
+            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
             self._allocate(seq, need)
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
         return budget
 

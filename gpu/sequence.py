@@ -8,6 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,7 +31,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows float32: the limit is argmax anyway.
+        return self.temperature < GREEDY_BELOW
 
 
 class SequenceStatus(enum.Enum):

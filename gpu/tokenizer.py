@@ -42,7 +42,9 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.inner.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], *, add_special_tokens: bool = True
+    ) -> list[list[int]]:
         encodings = self.inner.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [list(e.ids) for e in encodings]
 

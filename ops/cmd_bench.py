@@ -1,10 +1,121 @@
-"""`tokenmill bench`: benchmarks that print JSON (placeholder until the engine bench lands)."""
+"""`tokenmill bench`: benchmarks that report JSON (`--json`) or a short summary."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import click
+
+from ops.engine_options import build_engine, engine_choice, engine_options
 
 
 @click.group()
 def bench() -> None:
-    """Benchmarks; each prints one JSON document."""
+    """Benchmarks; each prints one JSON document with --json."""
+
+
+def _positive(name: str, default: int, text: str) -> Callable[[Callable[..., Any]], Any]:
+    return click.option(
+        name, type=click.IntRange(min=1), default=default, show_default=True, help=text
+    )
+
+
+@bench.command("engine")
+@engine_options
+@_positive("--requests", 64, "Requests in the workload.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workload.")
+@_positive("--min-prompt", 16, "Shortest prompt, in tokens.")
+@_positive("--max-prompt", 256, "Longest prompt, in tokens.")
+@_positive("--min-output", 16, "Shortest output, in tokens.")
+@_positive("--max-output", 256, "Longest output, in tokens.")
+@_positive("--sequential-requests", 8, "Requests transformers runs one at a time.")
+@_positive("--static-batch", 16, "Batch size of transformers' static padded batches.")
+@_positive("--static-batches", 2, "How many static batches transformers runs.")
+@_positive("--gemm-size", 2048, "Side of the square matmul that measures the GEMM peak.")
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="After the timed runs, profile engine steps; Chrome traces (Perfetto) go here.",
+)
+@_positive("--profile-decode-steps", 8, "Decode steps in the decode trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def engine(**kwargs: Any) -> None:
+    """Throughput of the engine against Hugging Face transformers on one seeded workload.
+
+    Three contenders run one after another in this process on the same random-token prompts,
+    greedy and ignoring EOS, so each generates exactly the asked number of tokens: the engine
+    (all requests at once, continuous batching), transformers one request at a time, and
+    transformers in static left-padded batches. The transformers runs use subsets, so rates
+    (output tokens/s) are compared. Also reported: TTFT/TPOT percentiles, KV blocks used,
+    model FLOP rates against a measured GEMM peak, and whether the targets were met.
+    transformers is a dev dependency; without it those contenders are skipped.
+    """
+    from ops.bench_engine import BenchOptions, dumps, run_bench
+
+    choice = engine_choice(kwargs)
+    options = BenchOptions(
+        requests=kwargs["requests"],
+        seed=kwargs["seed"],
+        min_prompt=kwargs["min_prompt"],
+        max_prompt=kwargs["max_prompt"],
+        min_output=kwargs["min_output"],
+        max_output=kwargs["max_output"],
+        sequential_requests=kwargs["sequential_requests"],
+        static_batch=kwargs["static_batch"],
+        static_batches=kwargs["static_batches"],
+        gemm_size=kwargs["gemm_size"],
+        profile_dir=kwargs["profile_dir"],
+        profile_decode_steps=kwargs["profile_decode_steps"],
+    )
+    click.echo(f"loading {choice.model}", err=True)
+    eng = build_engine(choice)
+    try:
+        report = run_bench(eng, options, progress=lambda line: click.echo(line, err=True))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if kwargs["as_json"]:
+        click.echo(dumps(report))
+    else:
+        click.echo(summary(report))
+    if report["profile"]:
+        for phase in report["profile"].values():
+            click.echo(f"trace: {phase['trace']}", err=True)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    w, c = report["workload"], report["contenders"]
+    lines = [
+        f"{report['model']['name']} · {report['environment']['device']} "
+        f"{report['environment']['dtype']} · {report['environment']['threads']} threads · "
+        f"{w['requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} output "
+        f"tokens (seed {w['seed']})",
+    ]
+    for name, stats in c.items():
+        if "skipped" in stats:
+            lines.append(f"  {name:<24} skipped: {stats['skipped']}")
+            continue
+        lines.append(
+            f"  {name:<24} {stats['output_tokens_per_s']:>9.1f} tok/s  "
+            f"({stats['requests']} requests, {stats['output_tokens']} tokens, "
+            f"{stats['wall_s']:.1f} s)"
+        )
+    for key, t in report["targets"].items():
+        value = "n/a" if t["value"] is None else f"{t['value']}"
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        lines.append(f"  {key:<36} {value:>8}  (target {t['target']}: {verdict})")
+    lat, kv, f = report["latency_ms"], report["kv"], report["flops"]
+    lines.append(
+        "  TTFT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["ttft"])
+        + " · TPOT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["tpot"])
+    )
+    lines.append(
+        f"  KV blocks: peak {kv['peak_blocks_used']} of {kv['blocks_allocated']} "
+        f"(block {kv['block_size']}) · GEMM peak {f['gemm_peak_gflops']} GFLOP/s · engine "
+        f"{f['engine_gflops']} GFLOP/s · steady decode {f['steady_decode_gflops']} GFLOP/s"
+    )
+    return "\n".join(lines)

@@ -38,7 +38,9 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: Path | None) -> list[str
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--stop", multiple=True, help="Stop string; repeatable.")
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-new-tokens.")
-@click.option("--chat", is_flag=True, help="Wrap each prompt as a user message in the chat template.")
+@click.option(
+    "--chat", is_flag=True, help="Wrap each prompt as a user message in the chat template."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per prompt, in input order.")
 def generate(**kwargs: Any) -> None:
     """Run prompts through the engine in one continuous batch and print the outputs.
@@ -87,8 +89,10 @@ def generate(**kwargs: Any) -> None:
             click.echo(json.dumps(line, ensure_ascii=False))
         else:
             click.secho(f"▶ {prompt}", bold=True)
-            click.echo(f"{completion.text.strip()}\n  [{completion.finish_reason}, "
-                       f"{len(completion.token_ids)} tokens]\n")
+            click.echo(
+                f"{completion.text.strip()}\n  [{completion.finish_reason}, "
+                f"{len(completion.token_ids)} tokens]\n"
+            )
     wall = max(run.wall_s, 1e-9)
     click.echo(
         f"{len(prompts)} prompts · {run.prompt_tokens} prompt tokens · {run.output_tokens} "

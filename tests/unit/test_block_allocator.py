@@ -179,6 +179,6 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 AllocatorMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None
+    max_examples=100, stateful_step_count=30, deadline=None
 )
 TestAllocatorMachine = AllocatorMachine.TestCase

@@ -20,7 +20,9 @@ CHUNKY = EngineConfig(block_size=4, max_num_batched_tokens=48, num_kv_blocks=204
 LOGITS_ATOL = 1e-4  # float32 on CPU: fused projections and paged attention reorder sums
 
 
-def random_prompts(vocab: int, count: int, seed: int, low: int = 1, high: int = 160) -> list[list[int]]:
+def random_prompts(
+    vocab: int, count: int, seed: int, low: int = 1, high: int = 160
+) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high, (count,), generator=g).tolist()
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
@@ -42,8 +44,12 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:  # type: ignore[no-un
     return [int(t) for t in out[0, len(prompt) :]]
 
 
-def engine_tokens(model: LoadedModel, prompts: list[list[int]], params: SamplingParams,
-                  config: EngineConfig = CHUNKY) -> list[list[int]]:
+def engine_tokens(
+    model: LoadedModel,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    config: EngineConfig = CHUNKY,
+) -> list[list[int]]:
     engine = Engine(model, config)
     run = run_all(engine, [EngineRequest(str(i), p, params) for i, p in enumerate(prompts)])
     return [c.token_ids for c in run.completions]
@@ -61,7 +67,7 @@ def engine_logits(model: LoadedModel, prompt: list[int]) -> torch.Tensor:
         seq.output_token_ids = []
         end = min(start + 7, len(prompt))
         engine.scheduler._allocate(seq, engine.scheduler.blocks_needed(seq, end))
-        chunk = ScheduledChunk(seq, start, end - start)
+        chunk = ScheduledChunk.of(seq, start, end - start)
         ids, positions, meta, _ = engine.runner.prepare([chunk])
         with torch.inference_mode():
             rows.append(model.module(ids, positions, engine.kv, meta, torch.arange(end - start)))

