@@ -255,8 +255,11 @@ def _steady_decode(
 
 def bench_engine(
     engine: Engine, workload: Sequence[BenchRequest], flop_model: FlopModel
-) -> tuple[dict[str, Any], list[list[int]]]:
-    """Warm up, then run the whole workload in one continuous batch; returns stats and tokens."""
+) -> tuple[dict[str, Any], dict[str, Any], list[list[int]]]:
+    """Warm up, then run the whole workload in one continuous batch.
+
+    Returns the run's stats, its steady-decode figures and each request's output tokens.
+    """
     warm = [BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2
     run_all(engine, _engine_requests(warm, "warmup-"))
     engine.peak_blocks_used = 0  # the warm-up's blocks are not the benchmark's
@@ -283,9 +286,8 @@ def bench_engine(
         "preemptions": sum(s.num_preempted for s in run.steps),
         "ttft_ms": _percentiles([c.ttft_ms for c in run.completions]),
         "tpot_ms": _percentiles([c.tpot_ms for c in run.completions]),
-        "_steady_decode": steady,
     }
-    return stats, [c.token_ids for c in run.completions]
+    return stats, steady, [c.token_ids for c in run.completions]
 
 
 # -- contenders 2 and 3: transformers ------------------------------------------------------
@@ -482,8 +484,7 @@ def run_bench(
     peak = gemm_peak_gflops(m.device, m.dtype, o.gemm_size)
 
     say(f"engine: {len(workload)} requests in one continuous batch")
-    engine_stats, engine_out = bench_engine(engine, workload, flop_model)
-    steady = engine_stats.pop("_steady_decode")
+    engine_stats, steady, engine_out = bench_engine(engine, workload, flop_model)
 
     contenders = {"engine": engine_stats, **_run_transformers(engine, workload, o, engine_out, say)}
 

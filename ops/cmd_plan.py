@@ -11,9 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from gpu.byte_sizes import format_bytes, parse_size
 from gpu.config import ModelConfig, load_hf_config
 from gpu.errors import EngineError
-from gpu.memory_plan import DTYPE_BYTES, MemoryPlan, format_bytes, parse_size, plan_memory
+from gpu.memory_plan import DTYPE_BYTES, MemoryPlan, plan_memory
 from ops.errors import OpsError
 
 
