@@ -348,4 +348,3 @@ def test_smollm2_weights_match_transformers(
         if not torch.equal(got, want):
             diff = (got - want).abs().max().item()
             assert diff <= 1e-6, f"{name}: max abs diff {diff}"
-
