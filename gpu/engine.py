@@ -106,7 +106,13 @@ class Engine:
         self.max_model_len = config.resolved_max_model_len(model.config)
         self.num_blocks = size_kv_pool(model, config, self.max_model_len)
         self.kv = KVPool(
-            model.config, self.num_blocks, config.block_size, model.dtype, model.device
+            model.config,
+            self.num_blocks,
+            config.block_size,
+            # Enough to gather every running sequence's blocks at full length.
+            workspace_blocks=config.max_num_seqs * -(-self.max_model_len // config.block_size),
+            dtype=model.dtype,
+            device=model.device,
         )
         self.allocator = BlockAllocator(self.num_blocks)
         self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)

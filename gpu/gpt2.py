@@ -12,7 +12,7 @@ from torch import nn
 
 from gpu.attention import AttentionMetadata, paged_attention
 from gpu.config import ModelConfig
-from gpu.kv_pool import KVPool
+from gpu.kv_pool import KVPool, LayerKV
 from gpu.layers import WeightSource, copy_into
 
 
@@ -32,16 +32,13 @@ class GPT2Layer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [tokens, hidden]
-        k_cache: torch.Tensor,  # [slots, heads, head_dim]
-        v_cache: torch.Tensor,
+        kv: LayerKV,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         c = self.config
         q, k, v = self.c_attn(self.ln_1(x)).split(c.hidden_size, dim=-1)
         shape = (-1, c.num_heads, c.head_dim)
-        attn = paged_attention(
-            q.view(shape), k.view(shape), v.view(shape), k_cache, v_cache, meta, self.scale
-        )
+        attn = paged_attention(q.view(shape), k.view(shape), v.view(shape), kv, meta, self.scale)
         x = x + self.attn_proj(attn.flatten(1))
         mlp: torch.Tensor = self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
         return x + mlp
@@ -70,8 +67,7 @@ class GPT2ForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.wte(input_ids) + self.wpe(positions)  # [tokens, hidden]
         for index, layer in enumerate(self.typed_layers()):
-            k_cache, v_cache = kv.layer(index)
-            x = layer(x, k_cache, v_cache, meta)
+            x = layer(x, kv.layer(index), meta)
         logits: torch.Tensor = self.lm_head(self.ln_f(x[logits_rows]))
         return logits.float()
 

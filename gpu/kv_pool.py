@@ -3,13 +3,29 @@
 Layout `[layers, 2, num_blocks, block_size, kv_heads, head_dim]` (index 0 of the second axis is
 K, 1 is V). A token at position p of a sequence lives in block `block_table[p // block_size]`,
 offset `p % block_size`; its flat slot is `block * block_size + offset`.
+
+Attention reads a sequence's blocks by copying them, in block-table order, into a gather
+workspace that is also allocated once here, so no step allocates memory in proportion to the
+context it attends to.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gpu.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's view of the pool and of the gather workspace."""
+
+    k: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    v: torch.Tensor
+    k_work: torch.Tensor  # [workspace_blocks, block_size, kv_heads, head_dim]
+    v_work: torch.Tensor
 
 
 class KVPool:
@@ -18,32 +34,25 @@ class KVPool:
         config: ModelConfig,
         num_blocks: int,
         block_size: int,
+        workspace_blocks: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.workspace_blocks = workspace_blocks
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        # Zeroed, not empty: a decode batch reads whole blocks (the tail of a sequence's last
+        # block is masked out), and masked values must still be finite (0 × NaN is NaN).
         # cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
-        # torch.empty: on the host, pages are committed as blocks are first written, so a large
-        # pool costs nothing until used. Only slot 0 is ever read before being written (it pads
-        # ragged decode batches, under a mask), so only it must hold finite values.
-        self.cache = torch.empty(
-            config.num_layers,
-            2,
-            num_blocks,
-            block_size,
-            config.num_kv_heads,
-            config.head_dim,
-            dtype=dtype,
-            device=device,
-        )
-        self.cache[:, :, 0, 0].zero_()
+        self.cache = torch.zeros(config.num_layers, 2, *shape, dtype=dtype, device=device)
+        # work: [2, workspace_blocks, block_size, kv_heads, head_dim], shared by all layers
+        self.work = torch.empty(2, workspace_blocks, *shape[1:], dtype=dtype, device=device)
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat K and V views of one layer: each [num_blocks * block_size, kv_heads, head_dim]."""
+    def layer(self, index: int) -> LayerKV:
         kv = self.cache[index]
-        return kv[0].flatten(0, 1), kv[1].flatten(0, 1)
+        return LayerKV(kv[0], kv[1], self.work[0], self.work[1])
 
     @property
     def nbytes(self) -> int:
-        return self.cache.numel() * self.cache.element_size()
+        return (self.cache.numel() + self.work.numel()) * self.cache.element_size()

@@ -12,7 +12,7 @@ from torch import nn
 
 from gpu.attention import AttentionMetadata, paged_attention
 from gpu.config import ModelConfig
-from gpu.kv_pool import KVPool
+from gpu.kv_pool import KVPool, LayerKV
 from gpu.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
 
 
@@ -31,8 +31,7 @@ class LlamaAttention(nn.Module):
         x: torch.Tensor,  # [tokens, hidden]
         cos: torch.Tensor,  # [tokens, 1, head_dim]
         sin: torch.Tensor,
-        k_cache: torch.Tensor,  # [slots, kv_heads, head_dim]
-        v_cache: torch.Tensor,
+        kv: LayerKV,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         c = self.config
@@ -41,7 +40,7 @@ class LlamaAttention(nn.Module):
         q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
         v = v.view(-1, c.num_kv_heads, c.head_dim)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+        out = paged_attention(q, k, v, kv, meta, self.scale)
         hidden: torch.Tensor = self.o_proj(out.flatten(1))  # [tokens, hidden]
         return hidden
 
@@ -97,8 +96,8 @@ class LlamaForCausalLM(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
         for index, layer in enumerate(self.typed_layers()):
-            k_cache, v_cache = kv.layer(index)
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+            layer_kv = kv.layer(index)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, layer_kv, meta)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x[logits_rows])  # [rows, hidden]
         logits: torch.Tensor = self.lm_head(x)

@@ -42,14 +42,10 @@ class ModelRunner:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def _slots(self, block_tables: list[list[int]], length: int) -> torch.Tensor:
-        """Flat KV slots of positions 0 .. length-1 for each table: [tables, length]."""
-        width = -(-length // self.block_size)
-        padded = [t[:width] + [0] * (width - len(t[:width])) for t in block_tables]
-        blocks = self._to_device([b for row in padded for b in row]).view(len(padded), width)
-        offsets = torch.arange(self.block_size, device=self.device)
-        slots = blocks.unsqueeze(-1) * self.block_size + offsets  # [tables, width, block_size]
-        return slots.flatten(1)[:, :length]
+    def _block_rows(self, block_tables: list[list[int]], width: int) -> torch.Tensor:
+        """The first `width` blocks of each table, padded with block 0: [tables * width]."""
+        rows = [b for t in block_tables for b in (t[:width] + [0] * (width - len(t[:width])))]
+        return self._to_device(rows)
 
     def prepare(
         self, chunks: list[ScheduledChunk]
@@ -70,35 +66,32 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
 
         decodes = [c for c in chunks if c.is_decode]
-        decode_slots = decode_mask = None
+        decode_blocks = decode_mask = None
         if decodes:
-            lengths = [c.end for c in decodes]
-            longest = max(lengths)
-            slots = self._slots([c.seq.block_table for c in decodes], longest)
-            valid = torch.arange(longest, device=self.device).unsqueeze(0) < self._to_device(
-                lengths
-            ).unsqueeze(1)  # [decodes, longest]
-            # Padding reads slot 0 (always finite; see KVPool), never a stale or unwritten slot.
-            decode_slots = torch.where(valid, slots, 0)
-            decode_mask = valid.view(len(decodes), 1, 1, longest)
+            width = -(-max(c.end for c in decodes) // bs)
+            decode_blocks = self._block_rows([c.seq.block_table for c in decodes], width)
+            lengths = self._to_device([c.end for c in decodes])
+            positions_ = torch.arange(width * bs, device=self.device)
+            valid = positions_.unsqueeze(0) < lengths.unsqueeze(1)  # [decodes, width * bs]
+            decode_mask = valid.view(len(decodes), 1, 1, width * bs)
 
         spans: list[PrefillSpan] = []
         row = len(decodes)
         for chunk in chunks[len(decodes) :]:
             n = chunk.num_tokens
             if chunk.start == 0:
-                spans.append(PrefillSpan(row, row + n, None, None))
+                spans.append(PrefillSpan(row, row + n, n, None, None))
             else:
-                context = self._slots([chunk.seq.block_table], chunk.end)[0]  # [end]
+                blocks = self._block_rows([chunk.seq.block_table], -(-chunk.end // bs))
                 query_pos = torch.arange(chunk.start, chunk.end, device=self.device).unsqueeze(1)
                 key_pos = torch.arange(chunk.end, device=self.device).unsqueeze(0)
-                spans.append(PrefillSpan(row, row + n, context, key_pos <= query_pos))
+                spans.append(PrefillSpan(row, row + n, chunk.end, blocks, key_pos <= query_pos))
             row += n
 
         meta = AttentionMetadata(
             slot_mapping=self._to_device(slot_mapping),
             num_decodes=len(decodes),
-            decode_slots=decode_slots,
+            decode_blocks=decode_blocks,
             decode_mask=decode_mask,
             prefills=tuple(spans),
         )
