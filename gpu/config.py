@@ -35,6 +35,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    output_bias: bool = False  # Llama with attention_bias: bias on o_proj too
     sliding_window: int | None = None
     activation: str = "silu"  # llama family: silu; gpt2: gelu_new
     bos_token_id: int | None = None
@@ -66,6 +67,8 @@ class ModelConfig:
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
+        if self.output_bias:
+            attn += h
         mlp = 3 * h * i
         return embed + n * (attn + mlp + 2 * h) + h + head
 
@@ -106,6 +109,8 @@ def config_from_hf(raw: dict[str, Any], source: Path) -> ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=_eos_ids(raw.get("eos_token_id")),
             )
+        if raw.get("mlp_bias"):
+            raise UnsupportedArchitecture(source, "mlp_bias = true is not supported")
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         sliding = raw.get("sliding_window")
@@ -126,6 +131,7 @@ def config_from_hf(raw: dict[str, Any], source: Path) -> ModelConfig:
             rope_theta=float(_rope_theta(raw)),
             rope_scaling=_rope_scaling(raw, source),
             attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+            output_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
             activation=str(raw.get("hidden_act", "silu")),
             bos_token_id=raw.get("bos_token_id"),

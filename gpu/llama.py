@@ -23,7 +23,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.output_bias)
         self.scale = config.head_dim**-0.5
 
     def forward(
@@ -129,6 +129,8 @@ class LlamaForCausalLM(nn.Module):
                 ]
                 copy_into(attn.qkv_proj.bias, torch.cat(bias))
             copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
+            if c.output_bias:
+                copy_into(attn.o_proj.bias, src.take(p + "self_attn.o_proj.bias", (h,)))
             gate_up = [
                 src.take(p + "mlp.gate_proj.weight", (i, h)),
                 src.take(p + "mlp.up_proj.weight", (i, h)),

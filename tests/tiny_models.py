@@ -21,7 +21,8 @@ CORPUS = [
     "Paged attention keeps the KV cache in fixed-size blocks.",
 ] * 20
 
-ARCHS = ("llama", "llama_tied", "qwen2", "mistral", "gpt2")
+# llama_scaled: llama3 RoPE scaling and Llama's attention_bias (q/k/v and o_proj biases).
+ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2")
 
 
 def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
@@ -56,6 +57,18 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **llama_like)
     if arch == "llama_tied":
         return LlamaConfig(tie_word_embeddings=True, rope_theta=500000.0, **llama_like)
+    if arch == "llama_scaled":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+        return LlamaConfig(
+            tie_word_embeddings=False, attention_bias=True, rope_parameters=rope, **llama_like
+        )
     if arch == "qwen2":
         return Qwen2Config(tie_word_embeddings=False, rope_theta=1000000.0, **llama_like)
     if arch == "mistral":
