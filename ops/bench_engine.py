@@ -153,6 +153,14 @@ class FlopModel:
         return self.flops(tokens, sampled, keys)
 
 
+def host_load() -> float | None:
+    """The 1-minute load average: above the CPU count, other work competed for the CPUs."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -211,9 +219,8 @@ class DecodeTracker:
 
     A step is pure decode when every sequence in it fed exactly one token and sampled, and
     each already had an output (so the token fed is its last output, not a prompt token).
-    This reads only the step's total token count, never its prefill/decode split: the split
-    in `StepStats` is computed after the new tokens are appended, so it counts every decode
-    as prefill.
+    Tracking each request's outputs also gives the keys every decode attended to, which the
+    FLOP count needs and `StepStats` does not carry.
     """
 
     def __init__(self, prompt_lens: dict[str, int]) -> None:
@@ -266,6 +273,7 @@ def bench_engine(
 
     requests = _engine_requests(workload, "bench-")
     recorder = StepRecorder(engine)
+    load_before = host_load()
     start = time.perf_counter()
     with torch.inference_mode():
         run = run_all(cast(Engine, recorder), requests)
@@ -286,6 +294,7 @@ def bench_engine(
         "preemptions": sum(s.num_preempted for s in run.steps),
         "ttft_ms": _percentiles([c.ttft_ms for c in run.completions]),
         "tpot_ms": _percentiles([c.tpot_ms for c in run.completions]),
+        "host_load_1m": [load_before, host_load()],
     }
     return stats, steady, [c.token_ids for c in run.completions]
 
@@ -330,6 +339,13 @@ def _hf_generate(
     return cast(torch.Tensor, out[:, width:].cpu())
 
 
+def _differs(got: list[int], engine: list[int], eos: list[int]) -> bool:
+    """Greedy tokens differ before the engine's first EOS. Past it the two legitimately part:
+    transformers' `min_new_tokens` masks EOS out of the logits; `ignore_eos` keeps it."""
+    n = next((k for k, t in enumerate(engine) if t in eos), len(engine))
+    return got[:n] != engine[:n]
+
+
 def bench_transformers(
     hf: Any,
     workload: Sequence[BenchRequest],
@@ -343,7 +359,9 @@ def bench_transformers(
     warm = workload[0].prompt_token_ids
     with torch.inference_mode():
         _hf_generate(hf, [warm[:8], warm[:5]][: len(groups[0])], 4, pad, eos)
-        useful = generated = matched = 0
+        useful = generated = 0
+        mismatched: list[int] = []
+        load_before = host_load()
         start = time.perf_counter()
         for group in groups:
             lengths = [workload[i].max_new_tokens for i in group]
@@ -351,10 +369,11 @@ def bench_transformers(
             rows = _hf_generate(hf, prompts, max(lengths), pad, eos)  # [group, max(lengths)]
             useful += sum(min(n, rows.shape[1]) for n in lengths)
             generated += rows.numel()
-            matched += sum(
-                rows[row, :n].tolist() == engine_out[i][:n]
+            mismatched += [
+                i
                 for row, (i, n) in enumerate(zip(group, lengths, strict=True))
-            )
+                if _differs(rows[row, :n].tolist(), engine_out[i][:n], eos)
+            ]
         wall = time.perf_counter() - start
     return {
         "requests": sum(len(g) for g in groups),
@@ -367,7 +386,10 @@ def bench_transformers(
         "padding_waste_fraction": round(1 - useful / generated, 3),
         "wall_s": round(wall, 3),
         "output_tokens_per_s": round(useful / wall, 2),
-        "outputs_matching_engine": matched,
+        "outputs_matching_engine": sum(len(g) for g in groups) - len(mismatched),
+        # Request indices whose greedy tokens differ before the first EOS; there should be none.
+        "outputs_differing_from_engine": mismatched,
+        "host_load_1m": [load_before, host_load()],
     }
 
 
@@ -383,18 +405,28 @@ def _profiler(device: torch.device) -> Iterator[torch.profiler.profile]:
         yield prof
 
 
+STEP_LABEL = "engine.step"
+OUTSIDE_TORCH = "engine.step: Python outside torch ops (scheduler, prepare, collect)"
+
+
 def _top_ops(prof: torch.profiler.profile, limit: int = 15) -> list[dict[str, Any]]:
-    averages = list(prof.key_averages())
-    total = sum(e.self_cpu_time_total for e in averages) or 1.0
-    averages.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    """Ops by self CPU time; the per-step labels' self time is the step's Python, summed."""
+    calls: dict[str, int] = {}
+    self_us: dict[str, float] = {}
+    for e in prof.key_averages():
+        name = OUTSIDE_TORCH if e.key.startswith(STEP_LABEL) else e.key
+        calls[name] = calls.get(name, 0) + e.count
+        self_us[name] = self_us.get(name, 0.0) + e.self_cpu_time_total
+    total = sum(self_us.values()) or 1.0
+    ranked = sorted(self_us, key=self_us.__getitem__, reverse=True)[:limit]
     return [
         {
-            "name": e.key,
-            "calls": e.count,
-            "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
-            "self_cpu_pct": round(100 * e.self_cpu_time_total / total, 1),
+            "name": name,
+            "calls": calls[name],
+            "self_cpu_ms": round(self_us[name] / 1e3, 2),
+            "self_cpu_pct": round(100 * self_us[name] / total, 1),
         }
-        for e in averages[:limit]
+        for name in ranked
     ]
 
 
@@ -414,7 +446,7 @@ def profile_engine(
         steps = 0
         with _profiler(engine.model.device) as prof:
             while engine.has_work() and steps < limit:
-                with torch.profiler.record_function(f"engine.step {phase} #{steps}"):
+                with torch.profiler.record_function(f"{STEP_LABEL} {phase} #{steps}"):
                     out = engine.step()
                 steps += 1
                 is_decode = tracker.observe(out.stats, [i for i, _ in out.new_tokens]) is not None
@@ -512,6 +544,7 @@ def run_bench(
             "dtype": dtype,
             "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
+            "host_load_1m_at_end": host_load(),
         },
         "workload": {
             "seed": o.seed,

@@ -118,4 +118,15 @@ def summary(report: dict[str, Any]) -> str:
         f"(block {kv['block_size']}) · GEMM peak {f['gemm_peak_gflops']} GFLOP/s · engine "
         f"{f['engine_gflops']} GFLOP/s · steady decode {f['steady_decode_gflops']} GFLOP/s"
     )
+    cpus = report["environment"]["cpu_count"] or 1
+    busy = [
+        name
+        for name, stats in c.items()
+        if any(x is not None and x > cpus for x in stats.get("host_load_1m", []))
+    ]
+    if busy:
+        lines.append(
+            f"  warning: the host's load average passed its {cpus} CPUs during "
+            f"{', '.join(busy)}: other work competed for the CPUs, figures are noisy"
+        )
     return "\n".join(lines)
