@@ -5,9 +5,9 @@ layer reuses it. Tokens of the step are laid out flat: the decode tokens first (
 sequence), then each prefill chunk's tokens in order.
 
 A sequence's context is read block by block into the pool's gather workspace (`index_select`
-into preallocated memory), then attended with SDPA. Decodes of all sequences share one SDPA
-call; their query heads are grouped by KV head, so grouped-query attention needs no copy of K/V
-per query head.
+into preallocated memory), then attended with SDPA. Decodes share one SDPA call per group of
+similar context lengths; their query heads are grouped by KV head, so grouped-query attention
+needs no copy of K/V per query head.
 """
 
 from __future__ import annotations
@@ -33,11 +33,23 @@ class PrefillSpan:
 
 
 @dataclass(frozen=True)
+class DecodeGroup:
+    """Decodes of similar context length, rows `begin:end`, attended in one SDPA call.
+
+    Each sequence's block table is padded to the group's widest (with block 0, masked out);
+    grouping by length keeps that padding, copied and attended for nothing, small.
+    """
+
+    begin: int
+    end: int
+    blocks: torch.Tensor  # [sequences * width] block tables, padded with block 0
+    mask: torch.Tensor  # [sequences, 1, 1, width * block_size] bool, False past each length
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] flat slot receiving each new token's K/V
-    num_decodes: int
-    decode_blocks: torch.Tensor | None  # [decodes * width] block tables, padded with block 0
-    decode_mask: torch.Tensor | None  # [decodes, 1, 1, width * block_size] bool
+    decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSpan, ...]
 
 
@@ -62,18 +74,18 @@ def paged_attention(
     kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
     kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    d = meta.num_decodes
-    if d:
-        assert meta.decode_blocks is not None
-        kv_heads, head_dim = k.shape[1:]
-        group = q.shape[1] // kv_heads
-        qd = q[:d].view(d, kv_heads, group, head_dim)  # query heads grouped by their KV head
-        kd = gather_blocks(kv.k, kv.k_work, meta.decode_blocks)
-        vd = gather_blocks(kv.v, kv.v_work, meta.decode_blocks)
+    kv_heads, head_dim = k.shape[1:]
+    per_kv_head = q.shape[1] // kv_heads
+    for group in meta.decodes:
+        d = group.end - group.begin
+        # Query heads grouped by the KV head they share: [d, kv_heads, per_kv_head, head_dim].
+        qd = q[group.begin : group.end].view(d, kv_heads, per_kv_head, head_dim)
+        kd = gather_blocks(kv.k, kv.k_work, group.blocks)
+        vd = gather_blocks(kv.v, kv.v_work, group.blocks)
         kd = kd.view(d, -1, kv_heads, head_dim).transpose(1, 2)  # [d, kv_heads, ctx, head_dim]
         vd = vd.view(d, -1, kv_heads, head_dim).transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[:d] = od.reshape(d, -1, head_dim)  # [d, heads, head_dim]
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
+        out[group.begin : group.end] = od.reshape(d, -1, head_dim)  # [d, heads, head_dim]
     for span in meta.prefills:
         qp = q[span.begin : span.end].transpose(0, 1)  # [heads, n, head_dim]
         if span.blocks is None:

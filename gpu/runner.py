@@ -10,10 +10,25 @@ from typing import Protocol
 
 import torch
 
-from gpu.attention import AttentionMetadata, PrefillSpan
+from gpu.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from gpu.kv_pool import KVPool
 from gpu.sampling import sample
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
+
+GROUP_SLACK = 1.25  # a decode group's widest context is at most this × its narrowest (+1 block)
+
+
+def group_by_length(lengths: list[int]) -> list[tuple[int, int]]:
+    """Split ascending `lengths` into [begin, end) runs whose padding stays under GROUP_SLACK."""
+    runs: list[tuple[int, int]] = []
+    begin = 0
+    for i, length in enumerate(lengths):
+        if length > lengths[begin] * GROUP_SLACK + 16:
+            runs.append((begin, i))
+            begin = i
+    if lengths:
+        runs.append((begin, len(lengths)))
+    return runs
 
 
 class CausalLM(Protocol):
@@ -66,14 +81,15 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
 
         decodes = [c for c in chunks if c.is_decode]
-        decode_blocks = decode_mask = None
-        if decodes:
-            width = -(-max(c.end for c in decodes) // bs)
-            decode_blocks = self._block_rows([c.seq.block_table for c in decodes], width)
-            lengths = self._to_device([c.end for c in decodes])
-            positions_ = torch.arange(width * bs, device=self.device)
-            valid = positions_.unsqueeze(0) < lengths.unsqueeze(1)  # [decodes, width * bs]
-            decode_mask = valid.view(len(decodes), 1, 1, width * bs)
+        groups: list[DecodeGroup] = []
+        for begin, end in group_by_length([c.end for c in decodes]):
+            members = decodes[begin:end]
+            width = -(-members[-1].end // bs)
+            blocks = self._block_rows([c.seq.block_table for c in members], width)
+            lengths = self._to_device([c.end for c in members])
+            keys = torch.arange(width * bs, device=self.device)
+            valid = keys.unsqueeze(0) < lengths.unsqueeze(1)  # [members, width * block_size]
+            groups.append(DecodeGroup(begin, end, blocks, valid.view(end - begin, 1, 1, -1)))
 
         spans: list[PrefillSpan] = []
         row = len(decodes)
@@ -90,9 +106,7 @@ class ModelRunner:
 
         meta = AttentionMetadata(
             slot_mapping=self._to_device(slot_mapping),
-            num_decodes=len(decodes),
-            decode_blocks=decode_blocks,
-            decode_mask=decode_mask,
+            decodes=tuple(groups),
             prefills=tuple(spans),
         )
         return self._to_device(ids), self._to_device(positions), meta, sample_rows
@@ -100,7 +114,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[ScheduledChunk, int]]:
         """Compute the batch; return the sampled next token of each chunk that samples."""
-        chunks = sorted(batch.chunks, key=lambda c: not c.is_decode)  # stable: decodes first
+        # Decodes first, shortest context first (so length groups are contiguous), then prefills.
+        chunks = sorted(batch.chunks, key=lambda c: (not c.is_decode, c.end if c.is_decode else 0))
         ids, positions, meta, sample_rows = self.prepare(chunks)
         sampling = [c for c in chunks if c.samples]
         if not sampling:
