@@ -42,12 +42,25 @@ class KVPool:
         self.block_size = block_size
         self.workspace_blocks = workspace_blocks
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        # Zeroed, not empty: a decode batch reads whole blocks (the tail of a sequence's last
-        # block is masked out), and masked values must still be finite (0 × NaN is NaN).
         # cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
-        self.cache = torch.zeros(config.num_layers, 2, *shape, dtype=dtype, device=device)
+        # Allocated, not zeroed: on a host, pages are committed as blocks are first used, so a
+        # large pool costs memory only as work fills it. Each block is zeroed on first use
+        # (`initialize`): decodes read whole blocks, masking the unwritten tail, and masked
+        # values must still be finite (0 × NaN is NaN). Block 0 also pads block tables.
+        self.cache = torch.empty(config.num_layers, 2, *shape, dtype=dtype, device=device)
+        self._zeroed = bytearray(num_blocks)
+        self.initialize([0])
         # work: [2, workspace_blocks, block_size, kv_heads, head_dim], shared by all layers
         self.work = torch.empty(2, workspace_blocks, *shape[1:], dtype=dtype, device=device)
+
+    def initialize(self, blocks: list[int]) -> None:
+        """Zero the blocks among `blocks` that have never been used."""
+        fresh = [b for b in blocks if not self._zeroed[b]]
+        if fresh:
+            index = torch.tensor(fresh, device=self.cache.device)
+            self.cache.index_fill_(2, index, 0)
+            for b in fresh:
+                self._zeroed[b] = 1
 
     def layer(self, index: int) -> LayerKV:
         kv = self.cache[index]

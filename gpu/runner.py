@@ -71,14 +71,18 @@ class ModelRunner:
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
         bs = self.block_size
+        touched: list[int] = []  # blocks this step writes into
         for chunk in chunks:
             seq = chunk.seq
+            touched.extend(seq.block_table[chunk.start // bs : (chunk.end - 1) // bs + 1])
             for pos in range(chunk.start, chunk.end):
                 slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
             ids.extend(seq.token_slice(chunk.start, chunk.end))
             positions.extend(range(chunk.start, chunk.end))
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
+
+        self.kv.initialize(touched)
 
         decodes = [c for c in chunks if c.is_decode]
         groups: list[DecodeGroup] = []
