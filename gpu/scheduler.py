@@ -151,8 +151,10 @@ class Scheduler:
         return ScheduledBatch(tuple(chunks), tuple(preempted))
 
     def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> int:
-        reserve = int(self.allocator.num_blocks * self.config.admission_watermark)
         for seq in self._order(self.waiting, now):
+            # Keep a little room for running sequences to grow; with none running, a request
+            # that needs the whole pool must still get in.
+            reserve = self._reserve() if self.running else 0
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
@@ -168,6 +170,9 @@ class Scheduler:
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
         return budget
+
+    def _reserve(self) -> int:
+        return int(self.allocator.num_blocks * self.config.admission_watermark)
 
     def _allocate(self, seq: Sequence, count: int) -> None:
         for _ in range(count):

@@ -293,13 +293,22 @@ def test_the_most_urgent_waiting_request_is_not_jumped_by_a_smaller_one() -> Non
 
 
 def test_admission_keeps_the_watermark_free() -> None:
-    # 100 blocks with a 10% watermark: a request needing more than 90 free blocks waits.
+    # 100 blocks, a 10% watermark, one block held by a running sequence: a request needing
+    # more than 89 more blocks waits.
     h = Harness.make(num_blocks=100, block_size=1, admission_watermark=0.1)
-    seq = h.add("big", prompt_len=91, max_new_tokens=1)
-    assert h.step().is_empty and seq in h.scheduler.waiting
+    h.add("small", prompt_len=1, max_new_tokens=50)
+    h.step()
+    seq = h.add("big", prompt_len=90, max_new_tokens=1)
+    assert all(c.seq is not seq for c in h.step().chunks) and seq in h.scheduler.waiting
     h.scheduler.finish(seq, "cancelled")
-    fits = h.add("fits", prompt_len=90, max_new_tokens=1)
-    assert h.step().chunks[0].seq is fits
+    fits = h.add("fits", prompt_len=87, max_new_tokens=1)
+    assert any(c.seq is fits for c in h.step().chunks)
+
+
+def test_with_nothing_running_a_request_may_use_the_whole_pool() -> None:
+    h = Harness.make(num_blocks=100, block_size=1, admission_watermark=0.1)
+    seq = h.add("whole", prompt_len=99, max_new_tokens=1)
+    assert h.step().chunks[0].seq is seq
 
 
 def test_a_spent_budget_holds_admission_back_until_a_slot_in_it_frees() -> None:
