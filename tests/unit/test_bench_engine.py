@@ -14,7 +14,6 @@ from gpu.engine_config import EngineConfig
 from gpu.loader import load_model
 from ops.bench_engine import BenchOptions, FlopModel, make_workload, run_bench
 from ops.cmd_bench import bench
-from tests.tiny_models import build_tiny_checkpoint
 
 OPTIONS = BenchOptions(
     requests=6,
@@ -32,8 +31,8 @@ OPTIONS = BenchOptions(
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_checkpoint("llama", tmp_path_factory.mktemp("bench") / "m")
+def checkpoint(tiny_checkpoints: dict[str, Path]) -> Path:
+    return tiny_checkpoints["llama"]
 
 
 def _engine(checkpoint: Path) -> Engine:
