@@ -25,6 +25,23 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def parse_device(name: str) -> torch.device:
+    """A device this machine has, or ValueError saying why not."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r} (use cpu, cuda or cuda:N)") from exc
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError("no CUDA device is available here (use --device cpu)")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"cuda:{device.index} does not exist; this machine has {count}")
+    elif device.type != "cpu":
+        raise ValueError(f"unsupported device {name!r} (use cpu, cuda or cuda:N)")
+    return device
+
+
 def parse_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name.lower()]

@@ -153,6 +153,8 @@ class Engine:
             raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
         if p.top_k < 0:
             raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")
+        if isinstance(p.stop, str) or not all(isinstance(x, str) and x for x in p.stop):
+            raise InvalidSamplingParams("stop must be a sequence of non-empty strings")
         vocab = self.model.config.vocab_size
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -218,15 +220,23 @@ class Engine:
         p = seq.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
-        if p.stop and self._stop_string_at(seq) is not None:
+        if p.stop and self._stop_string_at(seq, tail_only=True) is not None:
             return "stop"
         if len(seq.output_token_ids) >= p.max_new_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _stop_string_at(self, seq: Seq) -> int | None:
-        """Index in the decoded output where the earliest stop string begins, if any."""
-        text = self.model.tokenizer.decode(seq.output_token_ids)
+    def _stop_string_at(self, seq: Seq, *, tail_only: bool = False) -> int | None:
+        """Where the earliest stop string begins in the decoded output, if one occurs.
+
+        With `tail_only`, only the last few tokens are decoded: a stop string that the newest
+        token completes lies within them (a character spans at most 4 byte-level tokens), so a
+        step costs O(longest stop), not O(output).
+        """
+        tokens = seq.output_token_ids
+        if tail_only:
+            tokens = tokens[-(4 * max(len(s) for s in seq.params.stop) + 4) :]
+        text = self.model.tokenizer.decode(tokens)
         hits = [i for s in seq.params.stop if (i := text.find(s)) >= 0]
         return min(hits) if hits else None
 
@@ -234,7 +244,10 @@ class Engine:
         self.scheduler.finish(seq, reason)
         del self.sequences[seq.request_id]
         seq.finish_time = self.clock()
-        text = self.model.tokenizer.decode(seq.output_token_ids)
+        shown = seq.output_token_ids
+        if reason == "stop" and shown and shown[-1] in seq.params.stop_token_ids:
+            shown = shown[:-1]  # like EOS, a stop token ends the text without appearing in it
+        text = self.model.tokenizer.decode(shown)
         if seq.params.stop and (cut := self._stop_string_at(seq)) is not None:
             text = text[:cut]
         return Completion(

@@ -32,6 +32,30 @@ class EngineConfig:
     aging_seconds: float = 10.0
     seed: int = 0  # for unseeded sampling
 
+    def __post_init__(self) -> None:
+        positive = {
+            "max_model_len": self.max_model_len,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "kv_cache_memory": self.kv_cache_memory,
+        }
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if (
+            self.max_model_len
+            and self.max_prompt_tokens
+            and self.max_prompt_tokens >= self.max_model_len
+        ):
+            raise ValueError(
+                f"max_prompt_tokens ({self.max_prompt_tokens}) must be below max_model_len "
+                f"({self.max_model_len}): a request needs room for at least one new token"
+            )
+
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings
         if model.sliding_window:

@@ -15,7 +15,7 @@ from ops.engine_options import build_engine, engine_choice, engine_options
 def read_prompts(prompts: tuple[str, ...], prompt_file: Path | None) -> list[str]:
     lines = list(prompts)
     if prompt_file is not None:
-        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text()
+        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text("utf-8")
         lines.extend(line for line in text.splitlines() if line.strip())
     if not lines:
         raise click.UsageError("give --prompt TEXT (repeatable) or --prompt-file FILE")
@@ -27,7 +27,7 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: Path | None) -> list[str
 @click.option("--prompt", "-p", "prompts", multiple=True, help="A prompt; repeat for several.")
 @click.option(
     "--prompt-file",
-    type=click.Path(path_type=Path, allow_dash=True),
+    type=click.Path(path_type=Path, exists=True, dir_okay=False, allow_dash=True),
     default=None,
     help="One prompt per line ('-' reads stdin).",
 )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpu.engine import Engine
-from gpu.engine_config import EngineConfig
+if TYPE_CHECKING:
+    from gpu.engine import Engine
+    from gpu.engine_config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -61,31 +62,44 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
     """Pop the engine options out of a command's kwargs."""
-    return EngineChoice(
-        model=kwargs.pop("model"),
-        dtype=kwargs.pop("dtype"),
-        device=kwargs.pop("device"),
-        engine=EngineConfig(
+    from gpu.engine_config import EngineConfig
+
+    try:
+        config = EngineConfig(
             max_model_len=kwargs.pop("max_model_len"),
             max_num_seqs=kwargs.pop("max_num_seqs"),
             max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
             num_kv_blocks=kwargs.pop("num_kv_blocks"),
-        ),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return EngineChoice(
+        model=kwargs.pop("model"),
+        dtype=kwargs.pop("dtype"),
+        device=kwargs.pop("device"),
+        engine=config,
     )
 
 
 def build_engine(choice: EngineChoice) -> Engine:
     """Resolve the model, load it and build the engine; errors become click errors."""
-    from gpu.device import parse_dtype
+    import torch
+
+    from gpu.device import parse_device, parse_dtype
+    from gpu.engine import Engine
     from gpu.errors import EngineError
     from gpu.loader import load_model
     from ops.errors import ModelFetchError
     from ops.models import resolve_model
 
     try:
-        path = resolve_model(choice.model)
+        device = parse_device(choice.device) if choice.device else None
         dtype = parse_dtype(choice.dtype) if choice.dtype else None
-        model = load_model(path, name=choice.model, dtype=dtype, device=choice.device)
+        path = resolve_model(choice.model)
+        model = load_model(path, name=choice.model, dtype=dtype, device=device)
         return Engine(model, choice.engine)
     except (EngineError, ModelFetchError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        # Allocating the KV pool or the weights failed: say how much was asked for.
+        raise click.ClickException(f"cannot allocate the engine's memory: {exc}") from exc

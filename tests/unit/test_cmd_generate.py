@@ -89,3 +89,21 @@ def test_generate_reports_bad_input_without_a_traceback(tiny_checkpoints: dict[s
          "100000"],
     )  # fmt: skip
     assert too_long.exit_code == 1 and "max_tokens_too_large" in too_long.output
+
+
+@pytest.mark.parametrize(
+    ("args", "exit_code", "fragment"),
+    [
+        (["--prompt-file", "/nonexistent/prompts.txt"], 2, "does not exist"),
+        (["-p", "x", "--device", "tpu"], 1, "unknown device"),
+        (["-p", "x", "--max-num-seqs", "0"], 2, "max_num_seqs must be positive"),
+        (["-p", "x", "--dtype", "int3"], 1, "unknown dtype"),
+        (["-p", "x", "--stop", ""], 1, "non-empty strings"),
+    ],
+)
+def test_bad_options_get_a_clear_message(
+    tiny_checkpoints: dict[str, Path], args: list[str], exit_code: int, fragment: str
+) -> None:
+    result = CliRunner().invoke(cli, ["generate", "--model", str(tiny_checkpoints["llama"]), *args])
+    assert result.exit_code == exit_code, result.output
+    assert fragment in result.output and "Traceback" not in result.output

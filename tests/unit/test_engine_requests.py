@@ -43,6 +43,9 @@ def engine(tiny_checkpoints: dict[str, Path]) -> Engine:
         ([1] * 10, SamplingParams(top_p=0.0), InvalidSamplingParams),
         ([1] * 10, SamplingParams(top_p=1.5), InvalidSamplingParams),
         ([1] * 10, SamplingParams(top_k=-1), InvalidSamplingParams),
+        ([1] * 10, SamplingParams(stop=("",)), InvalidSamplingParams),
+        ([1] * 10, SamplingParams(stop="\n"), InvalidSamplingParams),  # type: ignore[arg-type]
+        ([1] * 10, SamplingParams(temperature=float("nan")), InvalidSamplingParams),
         ([1, 99999], SamplingParams(), TokenOutOfVocabulary),
         ([1, -1], SamplingParams(), TokenOutOfVocabulary),
     ],
@@ -98,6 +101,7 @@ def test_length_and_stop_conditions(engine: Engine) -> None:
     stopped = by_token.completions[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == tokens[: tokens.index(tokens[3]) + 1]
+    assert stopped.text == model.tokenizer.decode(stopped.token_ids[:-1])  # stop token not shown
 
     text = free.completions[0].text
     needle = text[len(text) // 2 : len(text) // 2 + 2]
