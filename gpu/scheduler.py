@@ -5,7 +5,8 @@ computes it and the engine reports back with `advance()`/`finish()`.
 
 Policy, in order, each step:
 1. Sequences already running continue (decode one token, or the next chunk of a prefill),
-   highest effective priority first. When a sequence needs a block and none is free, the
+   highest effective priority first; a prefill chunk leaves room in the budget for the
+   decodes after it. When a sequence needs a block and none is free, the
    running sequence with the lowest effective priority (ties: the newest) is preempted: its
    blocks are freed and it waits to be recomputed from its tokens so far.
 2. Waiting sequences join while the token budget, `max_num_seqs` and free blocks (for the
@@ -125,11 +126,14 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
         queue = self._order(self.running, now)
-        scheduled: set[int] = set()
 
         while queue and budget > 0:
             seq = queue.pop(0)
             n = min(seq.num_uncomputed_tokens, budget)
+            if n > 1:
+                # A prefill chunk never takes the tokens the decodes still queued need: one
+                # long prompt (or a recompute) must not stall everyone else's next token.
+                n = min(n, budget - sum(1 for s in queue if s.num_uncomputed_tokens == 1))
             if n <= 0:
                 continue
             need = self.blocks_needed(seq, seq.num_computed_tokens + n)
@@ -143,7 +147,6 @@ class Scheduler:
                 continue
             self._allocate(seq, need)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
-            scheduled.add(id(seq))
             budget -= n
 
         if not preempted:

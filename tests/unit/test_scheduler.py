@@ -560,3 +560,16 @@ SchedulerMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def test_a_long_urgent_prefill_does_not_stall_running_decodes() -> None:
+    h = Harness.make(num_blocks=64, block_size=4, max_num_batched_tokens=8, aging_seconds=NO_AGING)
+    decoders = [h.add(f"d{i}", prompt_len=2, max_new_tokens=20) for i in range(4)]
+    h.step()  # all four prompts in one step; from now on they decode
+    urgent = h.add("urgent", prompt_len=30, max_new_tokens=2, priority=1)
+    for _ in range(4):
+        batch = h.step()
+        ran = {c.seq.request_id for c in batch.chunks}
+        assert {d.request_id for d in decoders} <= ran  # every decode got its token
+        assert batch.num_tokens <= 8
+    assert urgent.num_computed_tokens > 0  # and the urgent prompt advanced alongside
