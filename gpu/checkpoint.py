@@ -1,7 +1,8 @@
 """Reading checkpoints: an HF folder of safetensors or a single GGUF file.
 
 `load_checkpoint(path)` returns a `Checkpoint`: the config, every weight under its Hugging Face
-name (float32 on CPU; the model casts to its compute dtype), the tokenizer and the files read.
+name (on the host, in the file's dtype; GGUF weights dequantized to float32; the model casts
+them to its compute dtype as it loads them), the tokenizer and the files read.
 Only safetensors and GGUF are read; no pickle ever touches a model file.
 """
 

@@ -98,4 +98,4 @@ class WeightSource:
 
 def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
     with torch.no_grad():
-        param.copy_(value.to(param.dtype))
+        param.copy_(value)  # casts to the parameter's dtype and moves it to its device

@@ -59,11 +59,11 @@ def load_model(
     ckpt = load_checkpoint(path)
     with torch.device("meta"):
         module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
-    module = module.to_empty(device="cpu")
-    _tie_and_fill_buffers(module, ckpt.config, torch.device("cpu"))
-    module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
-    module = module.to(device=device, dtype=dtype).eval()
+    # Materialise straight on the device in the compute dtype, then copy each weight in: the
+    # host never holds a second, converted copy of the model.
+    module = module.to(dtype=dtype).to_empty(device=device).eval()
     _tie_and_fill_buffers(module, ckpt.config, device)
+    module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
     default_name = path.stem if path.is_file() else path.name
     return LoadedModel(
         name=name or default_name,
@@ -80,8 +80,8 @@ def load_model(
 def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.device) -> None:
     """Re-tie the LM head to the embedding and (re)build the RoPE tables in float32.
 
-    Needed after the module is materialised from the meta device (ties and buffer values are
-    lost there) and after a dtype cast (positions need float32 RoPE tables).
+    Needed once the module is materialised from the meta device: ties and buffer values are
+    lost there, and positions need float32 RoPE tables whatever the compute dtype.
     """
     if isinstance(module, LlamaForCausalLM):
         cos, sin = rope_tables(config, config.max_position_embeddings)
