@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from gpu.errors import EngineError
+from gpu.errors import NoFreeBlocks
 
-
-class NoFreeBlocks(EngineError):
-    """Raised by `allocate` on an empty pool; the scheduler checks `num_free` first."""
+__all__ = ["BlockAllocator", "NoFreeBlocks"]
 
 
 class BlockAllocator:

@@ -39,9 +39,13 @@ def render_chat(
     bos_token: str,
     eos_token: str,
 ) -> str:
-    return _compile(template).render(
-        messages=list(messages),
-        add_generation_prompt=add_generation_prompt,
-        bos_token=bos_token,
-        eos_token=eos_token,
-    )
+    """Render, or raise ValueError saying why the template refused the messages."""
+    try:
+        return _compile(template).render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except TemplateError as exc:
+        raise ValueError(f"the chat template failed: {exc}") from exc

@@ -6,6 +6,7 @@ only thing the model code, the KV pool and the memory planner read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,17 @@ def _rope_scaling(raw: dict[str, Any], source: Path) -> dict[str, Any] | None:
     return dict(scaling, rope_type=kind)
 
 
+SUPPORTED_ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh"), "llama": ("silu",)}
+
+
+def check_activation(config: ModelConfig, source: Path) -> None:
+    family = "gpt2" if config.arch == "gpt2" else "llama"
+    if config.activation not in SUPPORTED_ACTIVATIONS[family]:
+        raise UnsupportedArchitecture(
+            source, f"activation {config.activation!r} is not supported for {config.arch}"
+        )
+
+
 def load_hf_config(folder: Path) -> ModelConfig:
     """Read `folder/config.json` (planning needs nothing else)."""
     path = folder / "config.json"
@@ -173,4 +185,15 @@ def load_hf_config(folder: Path) -> ModelConfig:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(path, f"cannot parse config.json: {exc}") from exc
-    return config_from_hf(raw, path)
+    config = config_from_hf(raw, path)
+    check_activation(config, path)
+    # Instruct checkpoints often list their end-of-turn token only in generation_config.json.
+    generation = folder / "generation_config.json"
+    if generation.is_file():
+        try:
+            extra = _eos_ids(json.loads(generation.read_text()).get("eos_token_id"))
+        except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise CheckpointError(generation, f"cannot parse: {exc}") from exc
+        eos = tuple(dict.fromkeys((*config.eos_token_ids, *extra)))
+        config = dataclasses.replace(config, eos_token_ids=eos)
+    return config

@@ -57,6 +57,10 @@ class EmptyPrompt(RequestRejected):
     code = "empty_prompt"
 
 
+class NoFreeBlocks(EngineError):
+    """Raised by `BlockAllocator.allocate` on an empty pool; the scheduler checks first."""
+
+
 class OutOfKVBlocks(EngineError):
     """The KV pool cannot hold even one sequence of `max_model_len`: a configuration error."""
 

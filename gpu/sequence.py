@@ -71,11 +71,6 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    def token_at(self, position: int) -> int:
-        if position < len(self.prompt_token_ids):
-            return self.prompt_token_ids[position]
-        return self.output_token_ids[position - len(self.prompt_token_ids)]
-
     def token_slice(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:

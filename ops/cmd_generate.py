@@ -59,7 +59,12 @@ def generate(**kwargs: Any) -> None:
     if kwargs["chat"]:
         if not tokenizer.chat_template:
             raise click.ClickException(f"model {choice.model} has no chat template")
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        try:
+            texts = [
+                tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts
+            ]
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
         token_ids = tokenizer.encode_batch(texts, add_special_tokens=False)
     else:
         token_ids = tokenizer.encode_batch(prompts)
