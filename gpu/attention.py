@@ -87,7 +87,9 @@ def paged_attention(
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
         out[group.begin : group.end] = od.reshape(d, -1, head_dim)  # [d, heads, head_dim]
     for span in meta.prefills:
-        qp = q[span.begin : span.end].transpose(0, 1)  # [heads, n, head_dim]
+        # 4-D [1, heads, n, head_dim]: the layout fused SDPA kernels (flash, memory-efficient)
+        # take on CUDA; 3-D inputs would fall back to the unfused math kernel.
+        qp = q[span.begin : span.end].transpose(0, 1).unsqueeze(0)
         if span.blocks is None:
             kp = k[span.begin : span.end].transpose(0, 1)  # [kv_heads, n, head_dim]
             vp = v[span.begin : span.end].transpose(0, 1)
@@ -96,12 +98,12 @@ def paged_attention(
             vp = gather_blocks(kv.v, kv.v_work, span.blocks)[: span.context].transpose(0, 1)
         op = F.scaled_dot_product_attention(
             qp,
-            kp,
-            vp,
+            kp.unsqueeze(0),
+            vp.unsqueeze(0),
             attn_mask=span.mask,
             is_causal=span.mask is None,
             scale=scale,
             enable_gqa=True,
-        )
-        out[span.begin : span.end] = op.transpose(0, 1)
+        )  # [1, heads, n, head_dim]
+        out[span.begin : span.end] = op[0].transpose(0, 1)
     return out
