@@ -23,7 +23,7 @@ from gpu.errors import (
     PromptTooLong,
     TokenOutOfVocabulary,
 )
-from gpu.kv_pool import KVPool
+from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loader import LoadedModel
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
@@ -104,17 +104,19 @@ class Engine:
         self.model = model
         self.config = config = config or EngineConfig()
         self.max_model_len = config.resolved_max_model_len(model.config)
-        self.num_blocks = size_kv_pool(model, config, self.max_model_len)
+        self.num_blocks = size_kv_pool(model, config, self.max_model_len)  # for sequences
         self.kv = KVPool(
             model.config,
-            self.num_blocks,
+            self.num_blocks + 1,  # and the padding block
             config.block_size,
             # Enough to gather every running sequence's blocks at full length.
             workspace_blocks=config.max_num_seqs * -(-self.max_model_len // config.block_size),
             dtype=model.dtype,
             device=model.device,
         )
-        self.allocator = BlockAllocator(self.num_blocks)
+        self.allocator = BlockAllocator(self.num_blocks + 1)
+        # The padding block is held for good, so no sequence is ever given it.
+        assert self.allocator.allocate() == PAD_BLOCK
         self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
         self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)
         self.clock = clock
@@ -182,6 +184,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    @property
+    def blocks_used(self) -> int:
+        """KV blocks held by sequences (the padding block is not counted)."""
+        return self.allocator.num_used - 1
+
     # -- the step ------------------------------------------------------------------------
 
     def step(self) -> StepOutput:
@@ -189,7 +196,7 @@ class Engine:
         batch = self.scheduler.schedule()
         sampled = self.runner.run(batch) if not batch.is_empty else []
         self.scheduler.advance(batch)
-        self.peak_blocks_used = max(self.peak_blocks_used, self.allocator.num_used)
+        self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
         now = self.clock()
         new_tokens: list[tuple[str, int]] = []
         finished: list[Completion] = []
@@ -211,7 +218,7 @@ class Engine:
             num_preempted=len(batch.preempted),
             num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running),
-            kv_blocks_used=self.allocator.num_used,
+            kv_blocks_used=self.blocks_used,
             kv_blocks_total=self.num_blocks,
         )
         return StepOutput(new_tokens, finished, stats)

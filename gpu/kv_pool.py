@@ -17,6 +17,8 @@ import torch
 
 from gpu.config import ModelConfig
 
+PAD_BLOCK = 0  # always zero; pads block tables, never holds a sequence's K/V
+
 
 @dataclass(frozen=True)
 class LayerKV:
@@ -44,23 +46,20 @@ class KVPool:
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         # cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
         # Allocated, not zeroed: on a host, pages are committed as blocks are first used, so a
-        # large pool costs memory only as work fills it. Each block is zeroed on first use
-        # (`initialize`): decodes read whole blocks, masking the unwritten tail, and masked
-        # values must still be finite (0 × NaN is NaN). Block 0 also pads block tables.
+        # large pool costs memory only as work fills it. Decodes read whole blocks, masking the
+        # unwritten tail; masked values must still be finite (0 × NaN is NaN), and nothing one
+        # request left in a block may reach another. So a block is zeroed whenever a sequence
+        # starts writing into it (`zero`), and block 0, the padding of ragged block tables, is
+        # zeroed here and never handed out (`PAD_BLOCK`).
         self.cache = torch.empty(config.num_layers, 2, *shape, dtype=dtype, device=device)
-        self._zeroed = bytearray(num_blocks)
-        self.initialize([0])
+        self.zero([PAD_BLOCK])
         # work: [2, workspace_blocks, block_size, kv_heads, head_dim], shared by all layers
         self.work = torch.empty(2, workspace_blocks, *shape[1:], dtype=dtype, device=device)
 
-    def initialize(self, blocks: list[int]) -> None:
-        """Zero the blocks among `blocks` that have never been used."""
-        fresh = [b for b in blocks if not self._zeroed[b]]
-        if fresh:
-            index = torch.tensor(fresh, device=self.cache.device)
+    def zero(self, blocks: list[int]) -> None:
+        if blocks:
+            index = torch.tensor(blocks, device=self.cache.device)
             self.cache.index_fill_(2, index, 0)
-            for b in fresh:
-                self._zeroed[b] = 1
 
     def layer(self, index: int) -> LayerKV:
         kv = self.cache[index]

@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from gpu.attention import AttentionMetadata, DecodeGroup, PrefillSpan
-from gpu.kv_pool import KVPool
+from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.sampling import sample
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 
@@ -58,8 +58,10 @@ class ModelRunner:
         return tensor
 
     def _block_rows(self, block_tables: list[list[int]], width: int) -> torch.Tensor:
-        """The first `width` blocks of each table, padded with block 0: [tables * width]."""
-        rows = [b for t in block_tables for b in (t[:width] + [0] * (width - len(t[:width])))]
+        """The first `width` blocks of each table, padded with PAD_BLOCK: [tables * width]."""
+        rows = [
+            b for t in block_tables for b in (t[:width] + [PAD_BLOCK] * (width - len(t[:width])))
+        ]
         return self._to_device(rows)
 
     def prepare(
@@ -71,10 +73,11 @@ class ModelRunner:
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
         bs = self.block_size
-        touched: list[int] = []  # blocks this step writes into
+        fresh: list[int] = []  # blocks a sequence starts writing into this step
         for chunk in chunks:
             seq = chunk.seq
-            touched.extend(seq.block_table[chunk.start // bs : (chunk.end - 1) // bs + 1])
+            first_fresh = -(-chunk.start // bs)  # the first block whose offset 0 is written now
+            fresh.extend(seq.block_table[first_fresh : (chunk.end - 1) // bs + 1])
             for pos in range(chunk.start, chunk.end):
                 slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
             ids.extend(seq.token_slice(chunk.start, chunk.end))
@@ -82,7 +85,7 @@ class ModelRunner:
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
 
-        self.kv.initialize(touched)
+        self.kv.zero(fresh)
 
         decodes = [c for c in chunks if c.is_decode]
         groups: list[DecodeGroup] = []

@@ -88,3 +88,14 @@ def test_smollm2_greedy_alone_equals_in_batch(smollm2_path: Path) -> None:
     prompts = model.tokenizer.encode_batch(texts)
     params = [SamplingParams(max_new_tokens=8, ignore_eos=True)] * 32
     alone_vs_batched(model, prompts, params)
+
+
+def test_what_one_request_leaves_in_the_pool_never_reaches_another(tiny_llama: LoadedModel) -> None:
+    prompts = random_prompts(tiny_llama.config.vocab_size, 6, seed=8, low=5, high=40)
+    requests = [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(prompts)]
+    clean = run_all(Engine(tiny_llama, CHUNKY), requests)
+    engine = Engine(tiny_llama, CHUNKY)
+    engine.kv.cache[:, :, 1:] = float("nan")  # every block but the padding one: garbage
+    poisoned = run_all(engine, requests)
+    for a, b in zip(clean.completions, poisoned.completions, strict=True):
+        assert a.token_ids == b.token_ids

@@ -75,7 +75,7 @@ def test_abort_returns_partial_completion_and_frees_blocks(engine: Engine) -> No
     done = engine.abort("long", reason="deadline")
     assert done is not None and done.finish_reason == "deadline"
     assert len(done.token_ids) == 3
-    assert engine.allocator.num_used == 0
+    assert engine.blocks_used == 0
     assert engine.abort("long") is None
 
 
@@ -116,4 +116,4 @@ def test_length_and_stop_conditions(engine: Engine) -> None:
     cut = by_text.completions[0]
     assert cut.finish_reason == "stop"
     assert cut.text == text[: text.index(needle)]
-    assert engine.allocator.num_used == 0
+    assert engine.blocks_used == 0
