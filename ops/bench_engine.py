@@ -7,6 +7,7 @@ one after another in this process: the engine (every request added at once), tra
 transformers contenders run on subsets; rates (output tokens/s) are compared, not totals.
 
 `run_bench(engine, options)` returns one JSON-ready dict; it reports targets, never asserts.
+FLOP accounting lives in `ops/bench_flops.py`, profiling in `ops/bench_profile.py`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -26,24 +26,16 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from gpu.config import ModelConfig
-from gpu.engine import Engine, EngineRequest, StepOutput, StepStats
-from gpu.offline import OfflineRun, run_all
+from gpu.engine import Engine, EngineRequest, StepOutput
+from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.bench_flops import FLOP_FORMULA, DecodeTracker, FlopModel, gemm_peak_gflops, steady_decode
+from ops.bench_profile import profile_engine
 
 TARGET_VS_SEQUENTIAL = 15.0
 TARGET_VS_STATIC = 2.0
 TARGET_STEADY_DECODE_FRACTION = 0.5
 NO_TRANSFORMERS = "transformers is not installed (a dev dependency: `uv sync --group dev`)"
-
-FLOP_FORMULA = (
-    "2 × linear_params × tokens_processed + 2 × lm_head_params × sampled_rows + "
-    "4 × layers × heads × head_dim × attended_keys; linear_params = every per-layer matmul "
-    "weight (q,k,v,o and MLP), no embeddings, norms or biases; the LM head counts only for rows "
-    "that sample (one per output token); tokens_processed = prompt + output - 1 per request; "
-    "attended_keys = causal keys per processed token (position + 1); recomputation after "
-    "preemption and decode padding are not counted"
-)
 
 Progress = Callable[[str], None]
 
@@ -113,44 +105,7 @@ def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[Engi
     ]
 
 
-# -- FLOP accounting -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FlopModel:
-    linear_params: int  # per-token matmul weights of all layers (no embeddings, no LM head)
-    lm_head_params: int
-    attention_flops_per_key: int  # per processed token, per key attended, all layers
-
-    @classmethod
-    def of(cls, c: ModelConfig) -> FlopModel:
-        h, i = c.hidden_size, c.intermediate_size
-        if c.arch == "gpt2":
-            per_layer = 3 * h * h + h * h + 2 * h * i
-        else:
-            per_layer = h * (c.q_size + 2 * c.kv_size) + c.q_size * h + 3 * h * i
-        return cls(
-            linear_params=c.num_layers * per_layer,
-            lm_head_params=c.vocab_size * h,
-            attention_flops_per_key=4 * c.num_layers * c.num_heads * c.head_dim,
-        )
-
-    def flops(self, tokens: int, sampled_rows: int, attended_keys: int) -> int:
-        return (
-            2 * self.linear_params * tokens
-            + 2 * self.lm_head_params * sampled_rows
-            + self.attention_flops_per_key * attended_keys
-        )
-
-    def workload_flops(self, workload: Sequence[BenchRequest]) -> int:
-        """Useful FLOPs of the whole workload: each position fed once, causal attention."""
-        tokens = keys = sampled = 0
-        for r in workload:
-            fed = len(r.prompt_token_ids) + r.max_new_tokens - 1
-            tokens += fed
-            keys += fed * (fed + 1) // 2
-            sampled += r.max_new_tokens
-        return self.flops(tokens, sampled, keys)
+# -- host ----------------------------------------------------------------------------------
 
 
 def host_load() -> float | None:
@@ -159,29 +114,6 @@ def host_load() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def gemm_peak_gflops(
-    device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 3, trials: int = 5
-) -> float:
-    """Best observed `torch.mm` rate on an n×n by n×n product, in GFLOP/s."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    c = torch.mm(a, b)
-    best = float("inf")
-    for _ in range(trials):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b, out=c)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 * repeats / best / 1e9
 
 
 # -- contender 1: the engine ---------------------------------------------------------------
@@ -214,52 +146,6 @@ def _percentiles(values: Sequence[float | None]) -> dict[str, float | None]:
     return {"p50": round(float(p50), 2), "p90": round(float(p90), 2), "p99": round(float(p99), 2)}
 
 
-class DecodeTracker:
-    """Tells pure-decode steps apart and counts each request's outputs so far.
-
-    A step is pure decode when every sequence in it fed exactly one token and sampled, and
-    each already had an output (so the token fed is its last output, not a prompt token).
-    Tracking each request's outputs also gives the keys every decode attended to, which the
-    FLOP count needs and `StepStats` does not carry.
-    """
-
-    def __init__(self, prompt_lens: dict[str, int]) -> None:
-        self.prompt_lens = prompt_lens
-        self.outputs = dict.fromkeys(prompt_lens, 0)
-
-    def observe(self, stats: StepStats, sampled: list[str]) -> int | None:
-        """Attended keys if the step was pure decode, else None; then count its outputs."""
-        tokens = stats.num_prefill_tokens + stats.num_decode_tokens
-        keys = None
-        if tokens == stats.num_seqs == len(sampled) > 0 and all(self.outputs[i] for i in sampled):
-            # A decode feeds the last token at position P + n - 1: it attends to P + n keys.
-            keys = sum(self.prompt_lens[i] + self.outputs[i] for i in sampled)
-        for i in sampled:
-            self.outputs[i] += 1
-        return keys
-
-
-def _steady_decode(
-    run: OfflineRun, sampled: list[list[str]], tracker: DecodeTracker, flop_model: FlopModel
-) -> dict[str, Any]:
-    """FLOPs and time of the pure-decode steps."""
-    flops = ns = steps = rows = 0
-    for stats, ids in zip(run.steps, sampled, strict=True):
-        keys = tracker.observe(stats, ids)
-        if keys is not None:
-            flops += flop_model.flops(len(ids), len(ids), keys)
-            ns += stats.end_ns - stats.start_ns
-            steps += 1
-            rows += len(ids)
-    return {
-        "steps": steps,
-        "mean_batch": round(rows / steps, 1) if steps else None,
-        "seconds": round(ns / 1e9, 3),
-        "gflop": round(flops / 1e9, 1),
-        "gflops": round(flops / ns, 2) if ns else None,
-    }
-
-
 def bench_engine(
     engine: Engine, workload: Sequence[BenchRequest], flop_model: FlopModel
 ) -> tuple[dict[str, Any], dict[str, Any], list[list[int]]]:
@@ -280,7 +166,7 @@ def bench_engine(
     wall = time.perf_counter() - start
 
     tracker = DecodeTracker({r.request_id: len(r.prompt_token_ids) for r in requests})
-    steady = _steady_decode(run, recorder.sampled, tracker, flop_model)
+    steady = steady_decode(run, recorder.sampled, tracker, flop_model)
     out_tokens = run.output_tokens
     stats = {
         "requests": len(requests),
@@ -391,73 +277,6 @@ def bench_transformers(
         "outputs_differing_from_engine": mismatched,
         "host_load_1m": [load_before, host_load()],
     }
-
-
-# -- profile -------------------------------------------------------------------------------
-
-
-@contextmanager
-def _profiler(device: torch.device) -> Iterator[torch.profiler.profile]:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        yield prof
-
-
-STEP_LABEL = "engine.step"
-OUTSIDE_TORCH = "engine.step: Python outside torch ops (scheduler, prepare, collect)"
-
-
-def _top_ops(prof: torch.profiler.profile, limit: int = 15) -> list[dict[str, Any]]:
-    """Ops by self CPU time; the per-step labels' self time is the step's Python, summed."""
-    calls: dict[str, int] = {}
-    self_us: dict[str, float] = {}
-    for e in prof.key_averages():
-        name = OUTSIDE_TORCH if e.key.startswith(STEP_LABEL) else e.key
-        calls[name] = calls.get(name, 0) + e.count
-        self_us[name] = self_us.get(name, 0.0) + e.self_cpu_time_total
-    total = sum(self_us.values()) or 1.0
-    ranked = sorted(self_us, key=self_us.__getitem__, reverse=True)[:limit]
-    return [
-        {
-            "name": name,
-            "calls": calls[name],
-            "self_cpu_ms": round(self_us[name] / 1e3, 2),
-            "self_cpu_pct": round(100 * self_us[name] / total, 1),
-        }
-        for name in ranked
-    ]
-
-
-def profile_engine(
-    engine: Engine, workload: Sequence[BenchRequest], out_dir: Path, decode_steps: int
-) -> dict[str, Any]:
-    """Re-run the workload's start under the profiler, in two Chrome traces: "prefill", the
-    steps up to and including the first pure-decode one, and "decode", the next
-    `decode_steps` steps. The remaining requests are then aborted."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    requests = _engine_requests(workload, "profile-")
-    for r in requests:
-        engine.add(r)
-    tracker = DecodeTracker({r.request_id: len(r.prompt_token_ids) for r in requests})
-    report: dict[str, Any] = {}
-    for phase, limit in (("prefill", 256), ("decode", decode_steps)):
-        steps = 0
-        with _profiler(engine.model.device) as prof:
-            while engine.has_work() and steps < limit:
-                with torch.profiler.record_function(f"{STEP_LABEL} {phase} #{steps}"):
-                    out = engine.step()
-                steps += 1
-                is_decode = tracker.observe(out.stats, [i for i, _ in out.new_tokens]) is not None
-                if phase == "prefill" and is_decode:
-                    break
-        trace = out_dir / f"engine-{phase}-trace.json"
-        prof.export_chrome_trace(str(trace))
-        report[phase] = {"trace": str(trace), "steps": steps, "top_ops": _top_ops(prof)}
-    for r in requests:
-        engine.abort(r.request_id)
-    return report
 
 
 # -- the whole benchmark -------------------------------------------------------------------
@@ -589,7 +408,8 @@ def run_bench(
     }
     if o.profile_dir is not None:
         say(f"profiling engine steps into {o.profile_dir}")
-        report["profile"] = profile_engine(engine, workload, o.profile_dir, o.profile_decode_steps)
+        requests = _engine_requests(workload, "profile-")
+        report["profile"] = profile_engine(engine, requests, o.profile_dir, o.profile_decode_steps)
     return report
 
 

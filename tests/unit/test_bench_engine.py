@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loader import load_model
-from ops.bench_engine import BenchOptions, FlopModel, make_workload, run_bench
+from ops.bench_engine import BenchOptions, make_workload, run_bench
+from ops.bench_flops import FlopModel
 from ops.cmd_bench import bench
 
 OPTIONS = BenchOptions(
