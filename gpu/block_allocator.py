@@ -13,6 +13,11 @@ from gpu.errors import NoFreeBlocks
 __all__ = ["BlockAllocator", "NoFreeBlocks"]
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """How many blocks hold `num_tokens` tokens."""
+    return -(-num_tokens // block_size)
+
+
 class BlockAllocator:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:

@@ -43,10 +43,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
-    def is_llama_family(self) -> bool:
-        return self.arch in LLAMA_FAMILY
-
-    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 

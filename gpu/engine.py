@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpu.block_allocator import BlockAllocator
+from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import (
     DuplicateRequest,
@@ -110,13 +110,16 @@ class Engine:
             self.num_blocks + 1,  # and the padding block
             config.block_size,
             # Enough to gather every running sequence's blocks at full length.
-            workspace_blocks=config.max_num_seqs * -(-self.max_model_len // config.block_size),
+            workspace_blocks=config.max_num_seqs
+            * blocks_for(self.max_model_len, config.block_size),
             dtype=model.dtype,
             device=model.device,
         )
         self.allocator = BlockAllocator(self.num_blocks + 1)
         # The padding block is held for good, so no sequence is ever given it.
-        assert self.allocator.allocate() == PAD_BLOCK
+        pad = self.allocator.allocate()
+        if pad != PAD_BLOCK:
+            raise RuntimeError(f"a fresh allocator handed out block {pad}, not {PAD_BLOCK}")
         self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
         self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)
         self.clock = clock

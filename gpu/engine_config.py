@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu.block_allocator import blocks_for
 from gpu.config import ModelConfig
 from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
@@ -81,7 +82,7 @@ def size_kv_pool(model: LoadedModel, config: EngineConfig, max_model_len: int) -
 
     The pool must hold at least one sequence of `max_model_len`; else `OutOfKVBlocks`.
     """
-    per_seq = -(-max_model_len // config.block_size)
+    per_seq = blocks_for(max_model_len, config.block_size)
     wanted = config.max_num_seqs * per_seq
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks

@@ -40,17 +40,15 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.num_blocks = num_blocks
         self.block_size = block_size
-        self.workspace_blocks = workspace_blocks
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         # cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
         # Allocated, not zeroed: on a host, pages are committed as blocks are first used, so a
         # large pool costs memory only as work fills it. Decodes read whole blocks, masking the
         # unwritten tail; masked values must still be finite (0 × NaN is NaN), and nothing one
-        # request left in a block may reach another. So a block is zeroed whenever a sequence
-        # starts writing into it (`zero`), and block 0, the padding of ragged block tables, is
-        # zeroed here and never handed out (`PAD_BLOCK`).
+        # request left in a block may reach another. So the runner zeroes each block that a
+        # step starts and leaves partly written (`zero`), and block 0, the padding of ragged
+        # block tables, is zeroed here and never handed out (`PAD_BLOCK`).
         self.cache = torch.empty(config.num_layers, 2, *shape, dtype=dtype, device=device)
         self.zero([PAD_BLOCK])
         # work: [2, workspace_blocks, block_size, kv_heads, head_dim], shared by all layers
@@ -64,7 +62,3 @@ class KVPool:
     def layer(self, index: int) -> LayerKV:
         kv = self.cache[index]
         return LayerKV(kv[0], kv[1], self.work[0], self.work[1])
-
-    @property
-    def nbytes(self) -> int:
-        return (self.cache.numel() + self.work.numel()) * self.cache.element_size()

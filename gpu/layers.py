@@ -75,9 +75,6 @@ class WeightSource:
         self.tensors = tensors
         self.path = path
 
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
         if tensor is None:

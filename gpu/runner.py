@@ -11,19 +11,22 @@ from typing import Protocol
 import torch
 
 from gpu.attention import AttentionMetadata, DecodeGroup, PrefillSpan
+from gpu.block_allocator import blocks_for
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.sampling import sample
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 
-GROUP_SLACK = 1.25  # a decode group's widest context is at most this × its narrowest (+1 block)
+# A decode group's longest context is at most GROUP_SLACK × its shortest + GROUP_SLACK_TOKENS.
+GROUP_SLACK = 1.25
+GROUP_SLACK_TOKENS = 16
 
 
 def group_by_length(lengths: list[int]) -> list[tuple[int, int]]:
-    """Split ascending `lengths` into [begin, end) runs whose padding stays under GROUP_SLACK."""
+    """Split ascending `lengths` into [begin, end) runs whose padding stays within the slack."""
     runs: list[tuple[int, int]] = []
     begin = 0
     for i, length in enumerate(lengths):
-        if length > lengths[begin] * GROUP_SLACK + 16:
+        if length > lengths[begin] * GROUP_SLACK + GROUP_SLACK_TOKENS:
             runs.append((begin, i))
             begin = i
     if lengths:
@@ -59,9 +62,10 @@ class ModelRunner:
 
     def _block_rows(self, block_tables: list[list[int]], width: int) -> torch.Tensor:
         """The first `width` blocks of each table, padded with PAD_BLOCK: [tables * width]."""
-        rows = [
-            b for t in block_tables for b in (t[:width] + [PAD_BLOCK] * (width - len(t[:width])))
-        ]
+        rows: list[int] = []
+        for table in block_tables:
+            head = table[:width]
+            rows += head + [PAD_BLOCK] * (width - len(head))
         return self._to_device(rows)
 
     def prepare(
@@ -73,11 +77,12 @@ class ModelRunner:
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
         bs = self.block_size
-        fresh: list[int] = []  # blocks a sequence starts writing into this step
+        partial: list[int] = []  # blocks first written this step whose tail stays unwritten
         for chunk in chunks:
             seq = chunk.seq
-            first_fresh = -(-chunk.start // bs)  # the first block whose offset 0 is written now
-            fresh.extend(seq.block_table[first_fresh : (chunk.end - 1) // bs + 1])
+            last = (chunk.end - 1) // bs
+            if chunk.end % bs and last * bs >= chunk.start:
+                partial.append(seq.block_table[last])
             for pos in range(chunk.start, chunk.end):
                 slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
             ids.extend(seq.token_slice(chunk.start, chunk.end))
@@ -85,13 +90,13 @@ class ModelRunner:
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
 
-        self.kv.zero(fresh)
+        self.kv.zero(partial)
 
         decodes = [c for c in chunks if c.is_decode]
         groups: list[DecodeGroup] = []
         for begin, end in group_by_length([c.end for c in decodes]):
             members = decodes[begin:end]
-            width = -(-members[-1].end // bs)
+            width = blocks_for(members[-1].end, bs)
             blocks = self._block_rows([c.seq.block_table for c in members], width)
             lengths = self._to_device([c.end for c in members])
             keys = torch.arange(width * bs, device=self.device)
@@ -105,7 +110,7 @@ class ModelRunner:
             if chunk.start == 0:
                 spans.append(PrefillSpan(row, row + n, n, None, None))
             else:
-                blocks = self._block_rows([chunk.seq.block_table], -(-chunk.end // bs))
+                blocks = self._block_rows([chunk.seq.block_table], blocks_for(chunk.end, bs))
                 query_pos = torch.arange(chunk.start, chunk.end, device=self.device).unsqueeze(1)
                 key_pos = torch.arange(chunk.end, device=self.device).unsqueeze(0)
                 spans.append(PrefillSpan(row, row + n, chunk.end, blocks, key_pos <= query_pos))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpu.block_allocator import BlockAllocator
+from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.sequence import Sequence, SequenceStatus
 
 
@@ -117,8 +117,7 @@ class Scheduler:
         return sorted(seqs, key=lambda s: (-self.effective_priority(s, now), s.arrival_time))
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        blocks = -(-num_tokens // self.config.block_size)
-        return max(blocks - len(seq.block_table), 0)
+        return max(blocks_for(num_tokens, self.config.block_size) - len(seq.block_table), 0)
 
     def schedule(self) -> ScheduledBatch:
         now = self.clock()
@@ -150,14 +149,15 @@ class Scheduler:
             budget -= n
 
         if not preempted:
-            budget = self._admit(now, budget, chunks)
+            self._admit(now, budget, chunks)
         return ScheduledBatch(tuple(chunks), tuple(preempted))
 
-    def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> int:
+    def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> None:
+        watermark = int(self.allocator.num_blocks * self.config.admission_watermark)
         for seq in self._order(self.waiting, now):
             # Keep a little room for running sequences to grow; with none running, a request
             # that needs the whole pool must still get in.
-            reserve = self._reserve() if self.running else 0
+            reserve = watermark if self.running else 0
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             n = min(seq.num_uncomputed_tokens, budget)
@@ -172,10 +172,6 @@ class Scheduler:
             self._allocate(seq, need)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
-        return budget
-
-    def _reserve(self) -> int:
-        return int(self.allocator.num_blocks * self.config.admission_watermark)
 
     def _allocate(self, seq: Sequence, count: int) -> None:
         for _ in range(count):
