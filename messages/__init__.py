@@ -1,1 +1,1 @@
-
+"""Wire schemas (msgspec Structs), codecs and Kafka header conventions. Imports msgspec only."""

@@ -1,0 +1,62 @@
+"""The worker's settings as the actors see them: plain frozen values, validated on creation.
+
+`ops/settings.py` fills these from flags, `TOKENMILL_*` env vars and a TOML file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from actors.backpressure import Watermarks
+
+DEFAULT_REQUESTS_TOPIC = "tokenmill.requests"
+DEFAULT_RESULTS_TOPIC = "tokenmill.results"
+DEFAULT_DLQ_TOPIC = "tokenmill.dlq"
+DEFAULT_CONTROL_TOPIC = "tokenmill.control"
+DEFAULT_EVENTS_TOPIC = "tokenmill.events"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    group: str = "tokenmill"
+    requests_topic: str = DEFAULT_REQUESTS_TOPIC
+    results_topic: str = DEFAULT_RESULTS_TOPIC
+    dlq_topic: str = DEFAULT_DLQ_TOPIC
+    events_topic: str = DEFAULT_EVENTS_TOPIC
+    worker_id: str = field(default_factory=default_worker_id)
+    max_request_bytes: int = 1 << 20  # larger records are refused with message_too_large
+    fetch_max_records: int = 500  # per getmany
+    commit_interval_s: float = 1.0
+    shutdown_timeout_s: float = 30.0
+    bucket_boundaries: tuple[int, ...] | None = None  # None: powers of two up to max_model_len
+    max_batch_tokens: int = 8192
+    max_batch_size: int = 64
+    max_wait_ms: float = 10.0
+    watermarks: Watermarks = field(default_factory=Watermarks)
+    emit_max_in_flight: int = 4096  # results sent but not yet acknowledged
+    linger_ms: int = 2
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_request_bytes": self.max_request_bytes,
+            "fetch_max_records": self.fetch_max_records,
+            "commit_interval_s": self.commit_interval_s,
+            "shutdown_timeout_s": self.shutdown_timeout_s,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_batch_size": self.max_batch_size,
+            "emit_max_in_flight": self.emit_max_in_flight,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be ≥ 0, got {self.max_wait_ms}")
+        if not self.group:
+            raise ValueError("group must not be empty")

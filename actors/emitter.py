@@ -1,0 +1,112 @@
+"""EmitterActor: produces each `Outcome`'s result (and dead letter), then reports it delivered.
+
+One idempotent producer (`acks=all`, `enable_idempotence`): a result is keyed by request id
+and carries the request's trace headers, its content type and schema. Only after the broker
+acknowledges every record of an outcome is `Delivered` sent to the ingest, which may then
+commit the source offset. A send that keeps failing crashes the actor: the offset stays
+uncommitted and the request is redelivered, so nothing is lost.
+
+Mailbox: `Outcome`s from the ingest and the GPU actor. Sends: `Delivered` to the ingest.
+`stop()`: produce what is queued, wait for every acknowledgement, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from aiokafka import AIOKafkaProducer
+
+from actors.config import WorkerConfig
+from actors.mail import Delivered, Outcome
+from actors.runtime import Actor
+from messages import headers as h
+from messages.codec import Codec
+from messages.result import GenerateResult
+
+log = structlog.get_logger("tokenmill.emitter")
+
+_RESULT_SCHEMA = b"GenerateResult/1"
+
+
+class EmitterActor(Actor[Outcome]):
+    def __init__(self, config: WorkerConfig) -> None:
+        super().__init__("emitter", mailbox_size=1024)
+        self.config = config
+        self.ingest: Actor[Delivered] | None = None  # wired by the worker (a cycle)
+        self.codec = Codec(GenerateResult)
+        self.results_sent = 0
+        self.dead_letters_sent = 0
+        self._window = asyncio.Semaphore(config.emit_max_in_flight)
+
+    async def run(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            client_id=f"tokenmill-{self.config.worker_id}",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=self.config.linger_ms,
+        )
+        await producer.start()
+        try:
+            async with asyncio.TaskGroup() as confirms:
+                while (first := await self.receive()) is not None:
+                    group = [first, *self.drain_mailbox()]
+                    sends = []
+                    for outcome in group:
+                        await self._window.acquire()
+                        sends.append(await self._produce(producer, outcome))
+                    confirms.create_task(self._confirm(group, sends))
+        finally:
+            await producer.stop()
+            log.info("emitter_stopped", results=self.results_sent, dlq=self.dead_letters_sent)
+
+    async def _produce(
+        self, producer: AIOKafkaProducer, outcome: Outcome
+    ) -> list[asyncio.Future[object]]:
+        """Queue the outcome's records in the producer; returns their ack futures."""
+        headers = [
+            *outcome.trace,
+            (h.CONTENT_TYPE, outcome.content_type.encode()),
+            (h.SCHEMA, _RESULT_SCHEMA),
+        ]
+        futures = [
+            await producer.send(
+                outcome.reply_topic,
+                value=self.codec.encode(outcome.result, outcome.content_type),
+                key=outcome.result.id.encode() or outcome.record.key,
+                headers=headers,
+            )
+        ]
+        letter = outcome.dead_letter
+        if letter is not None:
+            futures.append(
+                await producer.send(
+                    self.config.dlq_topic,
+                    value=letter.value,
+                    key=letter.key,
+                    headers=letter.headers,
+                )
+            )
+        return futures
+
+    async def _confirm(
+        self, group: list[Outcome], sends: list[list[asyncio.Future[object]]]
+    ) -> None:
+        try:
+            for outcome, futures in zip(group, sends, strict=True):
+                for future in futures:
+                    await future  # raises when the broker refused it after retries
+                self.results_sent += 1
+                self.dead_letters_sent += len(futures) - 1
+                if self.ingest is not None:
+                    await self.ingest.send(
+                        Delivered(
+                            record=outcome.record,
+                            admitted=outcome.admitted,
+                            cost_tokens=outcome.cost_tokens,
+                        )
+                    )
+        finally:
+            for _ in group:
+                self._window.release()

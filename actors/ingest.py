@@ -1,0 +1,342 @@
+"""IngestActor: Kafka records in → checked, tokenized, length-bucketed `Batch`es out.
+
+Owns the consumer, the `OffsetTracker` and the backpressure state. Every record it reads ends
+in exactly one `Outcome` (a result or an error result, plus a dead letter when undecodable);
+its offset is committed only after the emitter reports that outcome delivered.
+
+Mailbox: `Delivered` notices from the emitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Iterable, Sequence
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from actors.backpressure import Backpressure, Decision
+from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
+from actors.config import WorkerConfig
+from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef
+from actors.model_front import ModelFront
+from actors.offsets import OffsetTracker
+from actors.results import rejected_at_door
+from actors.runtime import Actor
+from messages import headers as h
+from messages.codec import JSON, normalize_content_type
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.request import GenerateRequest
+from messages.request_decoding import decode_request
+from messages.validation import check_request
+
+log = structlog.get_logger("tokenmill.ingest")
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_POLL_MS = 100
+
+
+class IngestActor(Actor[Delivered]):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        front: ModelFront,
+        gpu: Actor[Batch],
+        emitter: Actor[Outcome],
+    ) -> None:
+        super().__init__("ingest", mailbox_size=max(config.emit_max_in_flight, 1024))
+        self.config = config
+        self.front = front
+        self.gpu = gpu
+        self.emitter = emitter
+        self.tracker = OffsetTracker()
+        self.backpressure = Backpressure(config.watermarks)
+        self.buckets: LengthBuckets[Admitted] = LengthBuckets(
+            BucketConfig(
+                boundaries=config.bucket_boundaries or default_boundaries(front.max_model_len),
+                max_batch_tokens=config.max_batch_tokens,
+                max_batch_size=config.max_batch_size,
+                max_wait_s=config.max_wait_ms / 1000,
+            )
+        )
+        self.consumer: AIOKafkaConsumer | None = None
+        self.records_read = 0
+        self._bucket_added = asyncio.Event()
+        self._quiet = asyncio.Event()  # set whenever nothing is in flight
+
+    # -- the actor's life ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.consumer = consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            group_id=self.config.group,
+            client_id=f"tokenmill-{self.config.worker_id}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.config.max_request_bytes + (64 << 10),
+        )
+        consumer.subscribe([self.config.requests_topic], listener=_Rebalance(self))
+        await consumer.start()
+        log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                fetching = tg.create_task(self._fetch_loop(consumer))
+                flushing = tg.create_task(self._flush_loop())
+                mail = tg.create_task(self._mail_loop())
+                committing = tg.create_task(self._commit_loop(consumer))
+                await fetching
+                # Draining: what sits in buckets runs now; then wait for every outcome.
+                await self._flush(self.buckets.drain())
+                flushing.cancel()
+                await self._wait_quiet()
+                mail.cancel()
+                committing.cancel()
+            await self._commit(consumer)
+        finally:
+            await consumer.stop()
+            log.info("ingest_stopped", records=self.records_read)
+
+    async def _wait_quiet(self) -> None:
+        while self.tracker.in_flight() > 0:
+            self._quiet.clear()
+            await self._quiet.wait()
+
+    # -- fetching ------------------------------------------------------------------------
+
+    async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while not self.stopping.is_set():
+            fetched = await consumer.getmany(
+                timeout_ms=_POLL_MS, max_records=self.config.fetch_max_records
+            )
+            for records in fetched.values():
+                await self._ingest(records)
+
+    async def _ingest(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
+        """Decode and check a partition's fetched records, tokenize the good ones, queue them."""
+        accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]] = []
+        for record in records:
+            ref = RecordRef(
+                record.topic, record.partition, record.offset, record.timestamp, record.key
+            )
+            self.tracker.track(ref.tp, ref.offset)
+            self.records_read += 1
+            headers = [(k, v) for k, v in record.headers if v is not None]
+            try:
+                request, ctype, deadline = self._decode(record, headers)
+            except (UndecodableRequest, InvalidRequest) as exc:
+                await self._reject(ref, exc, record.value, headers)
+                continue
+            accepted.append((ref, request, ctype, headers, deadline))
+        if not accepted:
+            return
+        # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(
+            None, _tokenize_all, self.front, [a[1] for a in accepted]
+        )
+        now = time.monotonic()
+        for (ref, request, ctype, headers, deadline), ids in zip(accepted, tokens, strict=True):
+            if isinstance(ids, InvalidRequest):
+                await self._reject(ref, ids, None, headers, request=request)
+                continue
+            item = Admitted(
+                request=request,
+                record=ref,
+                prompt_token_ids=ids,
+                reply_topic=request.reply_to or self.config.results_topic,
+                content_type=ctype,
+                trace=h.trace_headers(headers),
+                consumed_at=now,
+                deadline=deadline,
+            )
+            self._account(self.backpressure.admit(1, item.cost_tokens))
+            await self._flush(self.buckets.add(item, len(ids)))
+            self._bucket_added.set()
+
+    def _decode(
+        self, record: ConsumerRecord[bytes, bytes], headers: list[tuple[str, bytes]]
+    ) -> tuple[GenerateRequest, str, float | None]:
+        """Decode and check one record; raises `UndecodableRequest` or `InvalidRequest`."""
+        raw_ctype = h.header(headers, h.CONTENT_TYPE)
+        request = decode_request(record.value, raw_ctype, max_bytes=self.config.max_request_bytes)
+        check_request(request)
+        deadline = _deadline(request, record.timestamp)
+        if deadline is not None and deadline <= time.monotonic():
+            raise InvalidRequest(
+                ErrorCode.DEADLINE_EXCEEDED, "the request's deadline passed before it was read"
+            )
+        return request, normalize_content_type(raw_ctype), deadline
+
+    async def _reject(
+        self,
+        ref: RecordRef,
+        exc: UndecodableRequest | InvalidRequest,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        request: GenerateRequest | None = None,
+    ) -> None:
+        if isinstance(exc, UndecodableRequest):
+            request_id = exc.request_id or _key_text(ref.key)
+            reply_to = exc.reply_to
+        else:
+            request_id = request.id if request else ""
+            reply_to = request.reply_to if request else None
+        if not (reply_to and _TOPIC_NAME.fullmatch(reply_to)):
+            reply_to = self.config.results_topic
+        try:
+            ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
+        except UnsupportedContentType:
+            ctype = JSON
+        log.info("request_rejected", code=exc.code.value, request_id=request_id, offset=ref.offset)
+        outcome = rejected_at_door(
+            ref,
+            exc.code,
+            exc.message,
+            request_id=request_id,
+            reply_topic=reply_to,
+            content_type=ctype,
+            worker=self.config.worker_id,
+            value=value,
+            headers=headers,
+            metadata=request.metadata if request else None,
+        )
+        await self.emitter.send(outcome)
+
+    # -- batching ------------------------------------------------------------------------
+
+    async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
+        for f in flushed:
+            await self.gpu.send(
+                Batch(bucket=f.bucket, items=f.items, tokens=f.tokens, reason=f.reason)
+            )
+
+    async def _flush_loop(self) -> None:
+        while True:
+            deadline = self.buckets.next_deadline()
+            self._bucket_added.clear()
+            if deadline is None:
+                await self._bucket_added.wait()
+                continue
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._bucket_added.wait(), delay)
+            await self._flush(self.buckets.due())
+
+    # -- deliveries, backpressure, commits -----------------------------------------------
+
+    async def _mail_loop(self) -> None:
+        while True:
+            first = await self.mailbox.get()
+            for delivered in [first, *self.drain_mailbox()]:
+                self.tracker.done(delivered.record.tp, delivered.record.offset)
+                if delivered.admitted:
+                    self._account(self.backpressure.release(1, delivered.cost_tokens))
+            if self.tracker.in_flight() == 0:
+                self._quiet.set()
+
+    def _account(self, decision: Decision) -> None:
+        consumer = self.consumer
+        if consumer is None or decision is Decision.NONE:
+            return
+        assigned = consumer.assignment()
+        if decision is Decision.PAUSE:
+            consumer.pause(*assigned)
+            log.info(
+                "partitions_paused",
+                requests=self.backpressure.requests,
+                tokens=self.backpressure.tokens,
+            )
+        else:
+            consumer.resume(*assigned)
+            log.info(
+                "partitions_resumed",
+                requests=self.backpressure.requests,
+                tokens=self.backpressure.tokens,
+            )
+
+    async def _commit_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval_s)
+            await self._commit(consumer)
+
+    async def _commit(
+        self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """Commit the contiguous-done offsets of the partitions still assigned."""
+        assigned = consumer.assignment()
+        offsets = offsets if offsets is not None else self.tracker.committable()
+        offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:  # a rebalance in progress: the next commit catches up
+            log.warning("commit_failed", error=repr(exc))
+            return
+        self.tracker.mark_committed(offsets)
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        final = self.tracker.revoke(revoked)
+        await self._commit(consumer, final)
+        log.info("partitions_revoked", partitions=sorted(str(tp) for tp in revoked))
+
+    def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self.backpressure.paused and self.consumer is not None:
+            self.consumer.pause(*assigned)
+        log.info("partitions_assigned", partitions=sorted(str(tp) for tp in assigned))
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, ingest: IngestActor) -> None:
+        self.ingest = ingest
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.ingest.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.ingest.on_assigned(assigned)
+
+
+def _tokenize_all(
+    front: ModelFront, requests: list[GenerateRequest]
+) -> list[list[int] | InvalidRequest]:
+    out: list[list[int] | InvalidRequest] = []
+    for request in requests:
+        try:
+            out.append(front.prompt_tokens(request))
+        except InvalidRequest as exc:
+            out.append(exc)
+        except Exception as exc:  # a template or tokenizer failure is this request's problem
+            out.append(InvalidRequest(ErrorCode.INVALID_PROMPT, f"cannot tokenize: {exc}"))
+    return out
+
+
+def _deadline(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+    """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`."""
+    walls: list[float] = []
+    if request.deadline is not None:
+        walls.append(request.deadline.timestamp())
+    if request.timeout_ms is not None:
+        walls.append((record_timestamp_ms + request.timeout_ms) / 1000)
+    if not walls:
+        return None
+    return time.monotonic() + (min(walls) - time.time())
+
+
+def _key_text(key: bytes | None) -> str:
+    if not key:
+        return ""
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""

@@ -1,0 +1,98 @@
+"""The typed messages actors send each other (in-process only; never on the wire).
+
+    IngestActor ──Batch──► GpuActor ──Outcome──► EmitterActor ──Delivered──► IngestActor
+         └──────────────── Outcome (rejected at the door) ──────┘
+
+A record's `RecordRef` travels with it end to end, so the ingest can mark its offset done
+once the emitter reports the result delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.structs import TopicPartition
+
+from messages.request import GenerateRequest
+from messages.result import GenerateResult, SourceRef
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRef:
+    """Where a request record came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def source(self) -> SourceRef:
+        return SourceRef(topic=self.topic, partition=self.partition, offset=self.offset)
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request that passed every check at the door and is tokenized, ready to run."""
+
+    request: GenerateRequest
+    record: RecordRef
+    prompt_token_ids: list[int]
+    reply_topic: str
+    content_type: str
+    trace: Headers
+    consumed_at: float  # monotonic seconds
+    deadline: float | None  # monotonic seconds
+
+    @property
+    def cost_tokens(self) -> int:
+        """What it may occupy in the engine: prompt plus every token it may generate."""
+        return len(self.prompt_token_ids) + self.request.max_new_tokens
+
+
+@dataclass(slots=True)
+class Batch:
+    """A flushed length bucket: requests of similar prompt length, admitted together."""
+
+    bucket: int
+    items: list[Admitted]
+    tokens: int
+    reason: str  # "tokens" | "size" | "wait" | "drain"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """The raw record of a request that could not be decoded, for the DLQ topic."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A finished record: the result to produce and, when undecodable, its dead letter."""
+
+    record: RecordRef
+    result: GenerateResult
+    reply_topic: str
+    content_type: str
+    trace: Headers = field(default_factory=list)
+    cost_tokens: int = 0  # > 0 when it was counted against the backpressure watermarks
+    admitted: bool = False  # it went through the engine (counted as outstanding work)
+    dead_letter: DeadLetter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """The broker acknowledged an outcome's result: its offset may be committed."""
+
+    record: RecordRef
+    admitted: bool
+    cost_tokens: int

@@ -1,0 +1,114 @@
+"""What the ingest needs of the model that will run a request: its names, tokenizer and limits.
+
+The ingest tokenizes and checks every request before it is queued, so a request that cannot
+run is answered at once with a typed error instead of occupying a bucket and an engine slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+from messages.request import GenerateRequest
+from messages.result import ModelRef
+
+
+class TokenizerLike(Protocol):
+    chat_template: str | None
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelFront:
+    name: str
+    digest: str
+    aliases: frozenset[str]  # every name a request's `model` field may use for this model
+    tokenizer: TokenizerLike
+    vocab_size: int
+    max_model_len: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+
+    @classmethod
+    def of_engine(cls, engine: Any) -> ModelFront:
+        """The front of an `gpu.engine.Engine` (or anything shaped like one)."""
+        model = engine.model
+        aliases = {model.name, model.digest, Path(model.path).name, Path(model.path).stem}
+        return cls(
+            name=model.name,
+            digest=model.digest,
+            aliases=frozenset(aliases),
+            tokenizer=model.tokenizer,
+            vocab_size=model.config.vocab_size,
+            max_model_len=engine.max_model_len,
+            max_prompt_tokens=engine.config.max_prompt_tokens or engine.max_model_len - 1,
+            max_new_tokens=engine.config.max_new_tokens,
+        )
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(name=self.name, digest=self.digest)
+
+    def prompt_tokens(self, request: GenerateRequest) -> list[int]:
+        """Tokenize and check `request` against this model; raises `InvalidRequest`.
+
+        Plain prompts get the tokenizer's special tokens (as `tokenmill generate` does); chat
+        messages are rendered with the model's chat template, which already holds them.
+        """
+        if request.model is not None and request.model not in self.aliases:
+            raise InvalidRequest(
+                ErrorCode.UNKNOWN_MODEL,
+                f"model {request.model!r} is not served here; this worker runs {self.name!r}",
+            )
+        if request.prompt_token_ids is not None:
+            ids = request.prompt_token_ids
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise InvalidRequest(
+                    ErrorCode.TOKEN_OUT_OF_VOCABULARY,
+                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                )
+        elif request.messages is not None:
+            if not self.tokenizer.chat_template:
+                raise InvalidRequest(
+                    ErrorCode.INVALID_PROMPT,
+                    f"model {self.name!r} has no chat template; send `prompt` instead",
+                )
+            chat = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self.tokenizer.apply_chat_template(chat)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(request.prompt or "")
+        self.check_limits(request, len(ids))
+        return ids
+
+    def check_limits(self, request: GenerateRequest, num_prompt_tokens: int) -> None:
+        if num_prompt_tokens == 0:
+            raise InvalidRequest(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
+        if num_prompt_tokens > self.max_prompt_tokens:
+            raise InvalidRequest(
+                ErrorCode.PROMPT_TOO_LONG,
+                f"prompt has {num_prompt_tokens} tokens; the limit is {self.max_prompt_tokens}",
+            )
+        if request.max_new_tokens > self.max_new_tokens:
+            raise InvalidRequest(
+                ErrorCode.MAX_TOKENS_TOO_LARGE,
+                f"max_new_tokens {request.max_new_tokens} is over the limit of "
+                f"{self.max_new_tokens}",
+            )
+        room = self.max_model_len - num_prompt_tokens
+        if request.max_new_tokens > room:
+            raise InvalidRequest(
+                ErrorCode.MAX_TOKENS_TOO_LARGE,
+                f"prompt ({num_prompt_tokens}) + max_new_tokens ({request.max_new_tokens}) "
+                f"exceeds max_model_len {self.max_model_len}; at most {room} new tokens fit",
+            )

@@ -1,0 +1,114 @@
+"""At-least-once commit bookkeeping for Kafka partitions. Pure Python, no I/O."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+from aiokafka.structs import TopicPartition
+
+__all__ = ["OffsetTracker"]
+
+
+class _Partition:
+    __slots__ = ("committed", "last", "open")
+
+    def __init__(self) -> None:
+        # Tracked-but-not-done offsets in tracking (= ascending) order: the first is the commit
+        # point. An OrderedDict, not a heap or a deque, so that any offset leaves in O(1).
+        self.open: OrderedDict[int, None] = OrderedDict()
+        self.last = -1
+        self.committed: int | None = None
+
+    def commit_point(self) -> int:
+        return next(iter(self.open)) if self.open else self.last + 1
+
+    def advanced(self) -> int | None:
+        """The commit point, when it is past the last committed offset."""
+        # Never committed: any commit point is news, even the first tracked offset (with
+        # auto_offset_reset="latest", committing it is what keeps a crash from skipping records).
+        point = self.commit_point()
+        return point if self.committed is None or point > self.committed else None
+
+
+class OffsetTracker:
+    """Which offset each partition may commit, when records finish out of order.
+
+    The ingest side calls `track()` for every record it consumes, in offset order; the emitter
+    calls `done()` once the record's result is delivered. The commit point of a partition is
+    its lowest tracked offset that is not done, or the last tracked offset + 1 when every one
+    is. Offsets may have gaps (compaction, transaction markers): only tracked offsets count.
+
+    Invariant: the commit point never passes an unfinished offset and never goes backwards,
+    so a crash loses nothing; after a restart, only what was in flight is delivered again
+    (at-least-once). Memory is O(in-flight): a partition keeps only its unfinished offsets,
+    its last tracked offset and its last committed offset; `done()` is O(1).
+
+    Keys are `TopicPartition`s; plain `(topic, partition)` tuples work too.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[TopicPartition, _Partition] = {}
+
+    def track(self, tp: TopicPartition, offset: int) -> None:
+        """Record that `offset` of `tp` was consumed; offsets of a partition must increase."""
+        state = self._partitions.get(tp)
+        if state is None:
+            if offset < 0:
+                raise ValueError(f"{tp}: offset {offset} is negative")
+            state = self._partitions[tp] = _Partition()
+        elif offset <= state.last:
+            raise ValueError(f"{tp}: offset {offset} tracked after {state.last}; must increase")
+        state.open[offset] = None
+        state.last = offset
+
+    def done(self, tp: TopicPartition, offset: int) -> bool:
+        """Mark a tracked offset finished; True when it was in flight.
+
+        False, and nothing changes, for an offset never tracked, already done, or of a revoked
+        partition: a late result after a rebalance is ignored, not an error.
+        """
+        state = self._partitions.get(tp)
+        if state is None or offset not in state.open:
+            return False
+        del state.open[offset]
+        return True
+
+    def commit_point(self, tp: TopicPartition) -> int | None:
+        """The offset to commit for `tp`; None when nothing of `tp` is tracked."""
+        state = self._partitions.get(tp)
+        return None if state is None else state.commit_point()
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """Commit points that advanced past what was last marked committed."""
+        return {
+            tp: point
+            for tp, state in self._partitions.items()
+            if (point := state.advanced()) is not None
+        }
+
+    def mark_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Record a successful commit; partitions no longer tracked are ignored."""
+        for tp, offset in offsets.items():
+            state = self._partitions.get(tp)
+            if state is not None and (state.committed is None or offset > state.committed):
+                state.committed = offset
+
+    def revoke(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Forget these partitions; returns their final commit points that advanced."""
+        final: dict[TopicPartition, int] = {}
+        for tp in tps:
+            state = self._partitions.pop(tp, None)
+            if state is not None and (point := state.advanced()) is not None:
+                final[tp] = point
+        return final
+
+    def in_flight(self, tp: TopicPartition | None = None) -> int:
+        """Offsets tracked and not done, of `tp` or of every partition."""
+        if tp is None:
+            return sum(len(state.open) for state in self._partitions.values())
+        state = self._partitions.get(tp)
+        return 0 if state is None else len(state.open)
+
+    def partitions(self) -> set[TopicPartition]:
+        return set(self._partitions)

@@ -1,0 +1,119 @@
+"""Building `GenerateResult`s and the outcomes that carry them: success, error, dead letter."""
+
+from __future__ import annotations
+
+import time
+
+from actors.mail import Admitted, DeadLetter, Headers, Outcome, RecordRef
+from messages import headers as h
+from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
+from messages.result import (
+    ErrorInfo,
+    FinishReason,
+    GenerateResult,
+    ModelRef,
+    Timings,
+    Usage,
+)
+
+_FINISH = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "cancelled": FinishReason.CANCELLED,
+    "deadline": FinishReason.DEADLINE,
+    "shutting_down": FinishReason.ERROR,
+}
+
+
+def finish_reason(engine_reason: str) -> FinishReason:
+    return _FINISH.get(engine_reason, FinishReason.ERROR)
+
+
+def rejected_at_door(
+    record: RecordRef,
+    code: ErrorCode,
+    message: str,
+    *,
+    request_id: str,
+    reply_topic: str,
+    content_type: str,
+    worker: str,
+    value: bytes | None,
+    headers: Headers,
+    metadata: dict[str, str] | None = None,
+) -> Outcome:
+    """The outcome of a record refused before it was queued; undecodable ones are dead-lettered."""
+    result = GenerateResult(
+        id=request_id,
+        finish_reason=FinishReason.ERROR,
+        worker=worker,
+        error=ErrorInfo(code=code, message=message),
+        source=record.source(),
+        metadata=metadata or {},
+    )
+    dead_letter = None
+    if code in DEAD_LETTER_CODES:
+        why = [
+            (h.DLQ_ERROR_CODE, code.value.encode()),
+            (h.DLQ_ERROR_MESSAGE, message.encode()[:1024]),
+            (h.DLQ_SOURCE_TOPIC, record.topic.encode()),
+            (h.DLQ_SOURCE_PARTITION, str(record.partition).encode()),
+            (h.DLQ_SOURCE_OFFSET, str(record.offset).encode()),
+        ]
+        dead_letter = DeadLetter(key=record.key, value=value, headers=[*headers, *why])
+    return Outcome(
+        record=record,
+        result=result,
+        reply_topic=reply_topic,
+        content_type=content_type,
+        trace=h.trace_headers(headers),
+        dead_letter=dead_letter,
+    )
+
+
+def engine_outcome(
+    item: Admitted,
+    *,
+    text: str,
+    token_ids: list[int],
+    reason: str,
+    model: ModelRef,
+    worker: str,
+    queued_ms: float,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    error: ErrorInfo | None = None,
+) -> Outcome:
+    """The outcome of a request that reached the engine (finished, aborted or refused there)."""
+    prompt_tokens = len(item.prompt_token_ids)
+    result = GenerateResult(
+        id=item.request.id,
+        text=text,
+        token_ids=token_ids,
+        finish_reason=FinishReason.ERROR if error and reason == "error" else finish_reason(reason),
+        usage=Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(token_ids),
+            total_tokens=prompt_tokens + len(token_ids),
+        ),
+        model=model,
+        timings=Timings(
+            queued_ms=queued_ms,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            total_ms=(time.monotonic() - item.consumed_at) * 1000,
+        ),
+        worker=worker,
+        error=error,
+        source=item.record.source(),
+        metadata=item.request.metadata,
+    )
+    return Outcome(
+        record=item.record,
+        result=result,
+        reply_topic=item.reply_topic,
+        content_type=item.content_type,
+        trace=item.trace,
+        cost_tokens=item.cost_tokens,
+        admitted=True,
+    )

@@ -1,0 +1,46 @@
+"""Kafka header names tokenmill reads and writes, and helpers over aiokafka's header lists.
+
+Headers travel as a sequence of `(str, bytes)` pairs; the first occurrence of a name wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+TRACEPARENT = "traceparent"  # W3C trace context
+TRACESTATE = "tracestate"
+CONTENT_TYPE = "content-type"
+SCHEMA = "tokenmill-schema"  # message type and version, e.g. "GenerateResult/1"
+
+# On dead-lettered records: why, and where the original was read.
+DLQ_ERROR_CODE = "tokenmill-error-code"
+DLQ_ERROR_MESSAGE = "tokenmill-error-message"
+DLQ_SOURCE_TOPIC = "tokenmill-source-topic"
+DLQ_SOURCE_PARTITION = "tokenmill-source-partition"
+DLQ_SOURCE_OFFSET = "tokenmill-source-offset"
+
+Headers = Sequence[tuple[str, bytes]]
+
+# Trace headers are copied from a request to its result; nothing else is.
+TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
+
+
+def header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+    """The value of the first header called `name` (case-insensitive), or None."""
+    if not headers:
+        return None
+    wanted = name.lower()
+    for key, value in headers:
+        if key.lower() == wanted:
+            return value
+    return None
+
+
+def trace_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tuple[str, bytes]]:
+    """The W3C trace-context headers among `headers`, to pass on downstream."""
+    out = []
+    for name in TRACE_HEADERS:
+        value = header(headers, name)
+        if value is not None:
+            out.append((name, value))
+    return out

@@ -1,0 +1,54 @@
+"""`GenerateRequest`: what a producer puts on the requests topic.
+
+Schema evolution: every field added later gets a default, a field's type never changes, and
+unknown fields are ignored, so old and new producers and workers keep talking. `v` is the
+schema version the producer wrote.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """One generation job. Give exactly one of `prompt`, `prompt_token_ids`, `messages`.
+
+    - `id`: the client's, unique; the result is keyed by it and carries it back.
+    - `messages`: a chat, rendered with the model's chat template by the worker.
+    - Sampling defaults are deliberately boring: greedy (`temperature` 0), 16 new tokens.
+    - `deadline` (RFC 3339 with a zone) and `timeout_ms` (from the record's timestamp): the
+      earlier one wins; a request past it is answered with `deadline_exceeded`.
+    - `reply_to`: topic for the result (default: the worker's results topic).
+    - `metadata`: echoed back unchanged in the result.
+    """
+
+    v: int = SCHEMA_VERSION
+    id: str = ""
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    model: str | None = None
+    priority: int = 0
+    deadline: AwareDatetime | None = None
+    timeout_ms: int | None = None
+    reply_to: str | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,0 +1,121 @@
+"""Worker settings from flags, `TOKENMILL_*` env vars and an optional TOML file.
+
+Precedence: a flag beats its env var, which beats the TOML file, which beats the default.
+The TOML file holds the same names as the flags, with underscores (`max_wait_ms = 5`),
+either at the top level or under a `[worker]` table.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from actors.backpressure import Watermarks
+from actors.config import (
+    DEFAULT_DLQ_TOPIC,
+    DEFAULT_REQUESTS_TOPIC,
+    DEFAULT_RESULTS_TOPIC,
+    WorkerConfig,
+    default_worker_id,
+)
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if not value:
+        return
+    try:
+        data = tomllib.loads(Path(value).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc}") from exc
+    table = data.get("worker", data)
+    ctx.default_map = {
+        **(ctx.default_map or {}),
+        **{k.replace("-", "_"): v for k, v in table.items()},
+    }
+
+
+def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--bootstrap-servers",
+        envvar="TOKENMILL_BOOTSTRAP_SERVERS",
+        default=DEFAULT_BOOTSTRAP,
+        show_default=True,
+        help="Kafka bootstrap address (env TOKENMILL_BOOTSTRAP_SERVERS).",
+    )(command)
+
+
+def _opt(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    env = "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper()
+    return click.option(name, envvar=env, show_default=True, show_envvar=True, **kwargs)
+
+
+def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--config",
+            type=click.Path(exists=True, dir_okay=False),
+            envvar="TOKENMILL_CONFIG",
+            is_eager=True,
+            expose_value=False,
+            callback=_load_toml,
+            help="TOML file with any of these settings (env TOKENMILL_CONFIG).",
+        ),
+        bootstrap_option,
+        _opt("--group", default="tokenmill", help="Consumer group."),
+        _opt("--requests-topic", default=DEFAULT_REQUESTS_TOPIC),
+        _opt("--results-topic", default=DEFAULT_RESULTS_TOPIC, help="Default reply topic."),
+        _opt("--dlq-topic", default=DEFAULT_DLQ_TOPIC),
+        _opt("--worker-id", default=None, help="Default: host-pid."),
+        _opt("--max-request-bytes", type=int, default=1 << 20),
+        _opt("--max-batch-tokens", type=int, default=8192, help="Bucket flush: tokens."),
+        _opt("--max-batch-size", type=int, default=64, help="Bucket flush: requests."),
+        _opt("--max-wait-ms", type=float, default=10.0, help="Bucket flush: oldest wait."),
+        _opt(
+            "--bucket-boundaries",
+            default=None,
+            help="Comma-separated prompt lengths (default: powers of two to max_model_len).",
+        ),
+        _opt("--high-watermark-requests", type=int, default=512, help="Pause above this."),
+        _opt("--high-watermark-tokens", type=int, default=262144, help="Pause above this."),
+        _opt("--shutdown-timeout", type=float, default=30.0, help="Seconds to drain."),
+        _opt("--commit-interval", type=float, default=1.0, help="Seconds between commits."),
+        _opt("--log-level", default="info"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
+    """Pop the worker options out of a command's kwargs; bad values become usage errors."""
+    try:
+        boundaries = kwargs.pop("bucket_boundaries")
+        return WorkerConfig(
+            bootstrap_servers=kwargs.pop("bootstrap_servers"),
+            group=kwargs.pop("group"),
+            requests_topic=kwargs.pop("requests_topic"),
+            results_topic=kwargs.pop("results_topic"),
+            dlq_topic=kwargs.pop("dlq_topic"),
+            worker_id=kwargs.pop("worker_id") or default_worker_id(),
+            max_request_bytes=kwargs.pop("max_request_bytes"),
+            max_batch_tokens=kwargs.pop("max_batch_tokens"),
+            max_batch_size=kwargs.pop("max_batch_size"),
+            max_wait_ms=kwargs.pop("max_wait_ms"),
+            bucket_boundaries=(
+                tuple(int(b) for b in str(boundaries).split(",")) if boundaries else None
+            ),
+            watermarks=Watermarks(
+                high_requests=kwargs.pop("high_watermark_requests"),
+                high_tokens=kwargs.pop("high_watermark_tokens"),
+            ),
+            shutdown_timeout_s=kwargs.pop("shutdown_timeout"),
+            commit_interval_s=kwargs.pop("commit_interval"),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
