@@ -46,6 +46,8 @@ class EmitterActor(Actor[Outcome]):
             acks="all",
             enable_idempotence=True,
             linger_ms=self.config.linger_ms,
+            # Room for a dead letter of max_request_bytes plus its headers.
+            max_request_size=self.config.max_request_bytes + (256 << 10),
         )
         await producer.start()
         try:

@@ -127,11 +127,20 @@ class IngestActor(Actor[Delivered]):
             self.tracker.track(ref.tp, ref.offset)
             self.records_read += 1
             headers = [(k, v) for k, v in record.headers if v is not None]
+            raw_ctype = h.header(headers, h.CONTENT_TYPE)
             try:
-                request, ctype, deadline = self._decode(record, headers)
-            except (UndecodableRequest, InvalidRequest) as exc:
+                request = decode_request(
+                    record.value, raw_ctype, max_bytes=self.config.max_request_bytes
+                )
+            except UndecodableRequest as exc:
                 await self._reject(ref, exc, record.value, headers)
                 continue
+            try:
+                deadline = _check(request, record.timestamp)
+            except InvalidRequest as exc:
+                await self._reject(ref, exc, None, headers, request=request)
+                continue
+            ctype = normalize_content_type(raw_ctype)
             accepted.append((ref, request, ctype, headers, deadline))
         if not accepted:
             return
@@ -158,20 +167,6 @@ class IngestActor(Actor[Delivered]):
             self._account(self.backpressure.admit(1, item.cost_tokens))
             await self._flush(self.buckets.add(item, len(ids)))
             self._bucket_added.set()
-
-    def _decode(
-        self, record: ConsumerRecord[bytes, bytes], headers: list[tuple[str, bytes]]
-    ) -> tuple[GenerateRequest, str, float | None]:
-        """Decode and check one record; raises `UndecodableRequest` or `InvalidRequest`."""
-        raw_ctype = h.header(headers, h.CONTENT_TYPE)
-        request = decode_request(record.value, raw_ctype, max_bytes=self.config.max_request_bytes)
-        check_request(request)
-        deadline = _deadline(request, record.timestamp)
-        if deadline is not None and deadline <= time.monotonic():
-            raise InvalidRequest(
-                ErrorCode.DEADLINE_EXCEEDED, "the request's deadline passed before it was read"
-            )
-        return request, normalize_content_type(raw_ctype), deadline
 
     async def _reject(
         self,
@@ -205,6 +200,7 @@ class IngestActor(Actor[Delivered]):
             value=value,
             headers=headers,
             metadata=request.metadata if request else None,
+            max_dead_letter_bytes=self.config.max_request_bytes,
         )
         await self.emitter.send(outcome)
 
@@ -288,12 +284,12 @@ class IngestActor(Actor[Delivered]):
             return
         final = self.tracker.revoke(revoked)
         await self._commit(consumer, final)
-        log.info("partitions_revoked", partitions=sorted(str(tp) for tp in revoked))
+        log.info("partitions_revoked", partitions=_names(revoked))
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)
-        log.info("partitions_assigned", partitions=sorted(str(tp) for tp in assigned))
+        log.info("partitions_assigned", partitions=_names(assigned))
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -321,6 +317,17 @@ def _tokenize_all(
     return out
 
 
+def _check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+    """Apply the model-independent rules; returns the deadline (monotonic) if it has one."""
+    check_request(request)
+    deadline = _deadline(request, record_timestamp_ms)
+    if deadline is not None and deadline <= time.monotonic():
+        raise InvalidRequest(
+            ErrorCode.DEADLINE_EXCEEDED, "the request's deadline passed before it was read"
+        )
+    return deadline
+
+
 def _deadline(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
     """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`."""
     walls: list[float] = []
@@ -340,3 +347,7 @@ def _key_text(key: bytes | None) -> str:
         return key.decode("utf-8")
     except UnicodeDecodeError:
         return ""
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}/{tp.partition}" for tp in tps)

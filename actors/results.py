@@ -41,8 +41,13 @@ def rejected_at_door(
     value: bytes | None,
     headers: Headers,
     metadata: dict[str, str] | None = None,
+    max_dead_letter_bytes: int = 1 << 20,
 ) -> Outcome:
-    """The outcome of a record refused before it was queued; undecodable ones are dead-lettered."""
+    """The outcome of a record refused before it was queued; undecodable ones are dead-lettered.
+
+    A dead letter keeps at most `max_dead_letter_bytes` of the value (a header then gives the
+    original size), so one oversized record cannot block the DLQ producer.
+    """
     result = GenerateResult(
         id=request_id,
         finish_reason=FinishReason.ERROR,
@@ -53,6 +58,11 @@ def rejected_at_door(
     )
     dead_letter = None
     if code in DEAD_LETTER_CODES:
+        kept = value
+        if value is not None and len(value) > max_dead_letter_bytes:
+            # The original stays on the source topic (see the source headers) until retention.
+            kept = value[:max_dead_letter_bytes]
+            headers = [*headers, (h.DLQ_TRUNCATED_FROM, str(len(value)).encode())]
         why = [
             (h.DLQ_ERROR_CODE, code.value.encode()),
             (h.DLQ_ERROR_MESSAGE, message.encode()[:1024]),
@@ -60,7 +70,7 @@ def rejected_at_door(
             (h.DLQ_SOURCE_PARTITION, str(record.partition).encode()),
             (h.DLQ_SOURCE_OFFSET, str(record.offset).encode()),
         ]
-        dead_letter = DeadLetter(key=record.key, value=value, headers=[*headers, *why])
+        dead_letter = DeadLetter(key=record.key, value=kept, headers=[*headers, *why])
     return Outcome(
         record=record,
         result=result,

@@ -18,6 +18,7 @@ DLQ_ERROR_MESSAGE = "tokenmill-error-message"
 DLQ_SOURCE_TOPIC = "tokenmill-source-topic"
 DLQ_SOURCE_PARTITION = "tokenmill-source-partition"
 DLQ_SOURCE_OFFSET = "tokenmill-source-offset"
+DLQ_TRUNCATED_FROM = "tokenmill-truncated-from"  # original value size, when cut short
 
 Headers = Sequence[tuple[str, bytes]]
 

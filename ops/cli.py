@@ -11,6 +11,10 @@ from ops.cmd_bench import bench
 from ops.cmd_generate import generate
 from ops.cmd_models import models
 from ops.cmd_plan import plan
+from ops.cmd_services import down, up
+from ops.cmd_submit import submit
+from ops.cmd_topics import topics
+from ops.cmd_worker import worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +27,11 @@ cli.add_command(generate)
 cli.add_command(models)
 cli.add_command(plan)
 cli.add_command(bench)
+cli.add_command(up)
+cli.add_command(down)
+cli.add_command(topics)
+cli.add_command(worker)
+cli.add_command(submit)
 
 
 def main() -> None:

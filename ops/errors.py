@@ -24,3 +24,27 @@ class ModelDownloadError(ModelFetchError):
 
 class ModelIntegrityError(ModelFetchError):
     """A downloaded file does not match its pinned hash or size."""
+
+
+class KafkaRuntimeUnavailable(OpsError):
+    """The local broker cannot be run: no suitable JDK, or its jars cannot be resolved."""
+
+
+class JavaNotFound(KafkaRuntimeUnavailable):
+    """No `java` (JAVA_HOME or PATH), or one older than the broker needs."""
+
+
+class MavenError(KafkaRuntimeUnavailable):
+    """Maven is missing or could not fetch the broker's jars from Maven Central."""
+
+
+class KafkaStartError(OpsError):
+    """The local broker did not start, or did not answer in time."""
+
+
+class TopicCreateError(OpsError):
+    """The broker refused to create a topic for a reason other than that it exists."""
+
+
+class SubmitError(OpsError):
+    """`tokenmill submit` cannot reach its topics."""

@@ -56,7 +56,7 @@ def _opt(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..
 
 
 def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--config",
             type=click.Path(exists=True, dir_okay=False),

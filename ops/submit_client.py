@@ -1,0 +1,130 @@
+"""A small Kafka client for producers of GenerateRequests: send, then collect results by id.
+
+It listens on the results topic from its current end *before* sending, so it sees every
+result of its own requests and none of anyone else's older ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from messages import headers as h
+from messages.codec import JSON, Codec
+from messages.request import GenerateRequest
+from messages.result import GenerateResult
+from ops.errors import SubmitError
+
+_request_codec = Codec(GenerateRequest)
+_result_codec = Codec(GenerateResult)
+
+
+def read_jobs(path: Path) -> list[GenerateRequest]:
+    """Parse a JSONL jobs file; a line without `id` gets one. Raises ValueError naming the line."""
+    requests = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            request = _request_codec.decode(line.encode())
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
+        if not request.id:
+            request.id = f"job-{uuid.uuid4().hex[:12]}-{number}"
+        requests.append(request)
+    return requests
+
+
+class SubmitClient:
+    def __init__(self, bootstrap: str, topic: str, results_topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.results_topic = results_topic
+        self.missing: set[str] = set()
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> SubmitClient:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        )
+        await self._producer.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def listen(self) -> None:
+        """Start reading the results topic from its current end (before sending anything)."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        self._consumer = consumer
+        assert self._producer is not None
+        try:  # waits for the topic's metadata
+            partitions = await self._producer.partitions_for(self.results_topic)
+        except KafkaError as exc:
+            raise SubmitError(
+                f"cannot read topic {self.results_topic!r} ({exc}); run `tokenmill topics create`"
+            ) from exc
+        tps = [TopicPartition(self.results_topic, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the positions now, not lazily after our results arrive
+            await consumer.position(tp)
+
+    async def send(self, requests: list[GenerateRequest]) -> None:
+        assert self._producer is not None, "use `async with SubmitClient(...)`"
+        if self._consumer is None:
+            await self.listen()
+        futures = [
+            await self._producer.send(
+                self.topic,
+                value=_request_codec.encode(r),
+                key=r.id.encode(),
+                headers=[(h.CONTENT_TYPE, JSON.encode())],
+            )
+            for r in requests
+        ]
+        await asyncio.gather(*futures)
+
+    async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:
+        """Yield the result for each id in `ids` as it arrives (first one wins), until all are
+        in or `within_s` seconds pass; `missing` then holds the ids never answered."""
+        assert self._consumer is not None, "send() first"
+        self.missing = set(ids)
+        deadline = time.monotonic() + within_s
+        while self.missing and (left := deadline - time.monotonic()) > 0:
+            fetched = await self._consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000))
+            for records in fetched.values():
+                for record in records:
+                    try:
+                        result = _result_codec.decode(record.value or b"", _ctype(record))
+                    except msgspec.DecodeError:
+                        continue
+                    if result.id in self.missing:
+                        self.missing.discard(result.id)
+                        yield result
+
+
+def _ctype(record: object) -> str:
+    from messages.codec import normalize_content_type
+
+    headers = getattr(record, "headers", ())
+    return normalize_content_type(h.header(headers, h.CONTENT_TYPE))
