@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Iterable, Sequence
 
@@ -34,11 +33,10 @@ from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
 from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
-from messages.validation import check_request
+from messages.validation import check_request, is_topic_name
 
 log = structlog.get_logger("tokenmill.ingest")
 
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _POLL_MS = 100
 
 
@@ -182,7 +180,7 @@ class IngestActor(Actor[Delivered]):
         else:
             request_id = request.id if request else ""
             reply_to = request.reply_to if request else None
-        if not (reply_to and _TOPIC_NAME.fullmatch(reply_to)):
+        if not (reply_to and is_topic_name(reply_to)):
             reply_to = self.config.results_topic
         try:
             ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))

@@ -50,7 +50,10 @@ class ModelFront:
             tokenizer=model.tokenizer,
             vocab_size=model.config.vocab_size,
             max_model_len=engine.max_model_len,
-            max_prompt_tokens=engine.config.max_prompt_tokens or engine.max_model_len - 1,
+            max_prompt_tokens=min(
+                engine.config.max_prompt_tokens or engine.max_model_len,
+                engine.max_model_len - 1,
+            ),
             max_new_tokens=engine.config.max_new_tokens,
         )
 
@@ -69,14 +72,10 @@ class ModelFront:
                 ErrorCode.UNKNOWN_MODEL,
                 f"model {request.model!r} is not served here; this worker runs {self.name!r}",
             )
+        self._check_vocabulary(request.stop_token_ids, "stop_token_ids")
         if request.prompt_token_ids is not None:
             ids = request.prompt_token_ids
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise InvalidRequest(
-                    ErrorCode.TOKEN_OUT_OF_VOCABULARY,
-                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
-                )
+            self._check_vocabulary(ids, "prompt_token_ids")
         elif request.messages is not None:
             if not self.tokenizer.chat_template:
                 raise InvalidRequest(
@@ -90,6 +89,14 @@ class ModelFront:
             ids = self.tokenizer.encode(request.prompt or "")
         self.check_limits(request, len(ids))
         return ids
+
+    def _check_vocabulary(self, ids: Sequence[int], field: str) -> None:
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(
+                ErrorCode.TOKEN_OUT_OF_VOCABULARY,
+                f"{field}: token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+            )
 
     def check_limits(self, request: GenerateRequest, num_prompt_tokens: int) -> None:
         if num_prompt_tokens == 0:

@@ -22,6 +22,7 @@ _FINISH = {
     "cancelled": FinishReason.CANCELLED,
     "deadline": FinishReason.DEADLINE,
     "shutting_down": FinishReason.ERROR,
+    "error": FinishReason.ERROR,
 }
 
 
@@ -100,7 +101,7 @@ def engine_outcome(
         id=item.request.id,
         text=text,
         token_ids=token_ids,
-        finish_reason=FinishReason.ERROR if error and reason == "error" else finish_reason(reason),
+        finish_reason=finish_reason(reason),
         usage=Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(token_ids),

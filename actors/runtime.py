@@ -24,34 +24,33 @@ class Actor(abc.ABC, Generic[M]):
         self.name = name
         self.mailbox: asyncio.Queue[M] = asyncio.Queue(mailbox_size)
         self.stopping = asyncio.Event()
+        self._wakeup = asyncio.Event()  # set by send() and stop(); receive() waits on it
 
     async def send(self, message: M) -> None:
         """Deliver `message`; waits while the mailbox is full."""
         await self.mailbox.put(message)
+        self._wakeup.set()
 
     def stop(self) -> None:
         """Ask the actor to finish: it stops taking new work and returns from `run()`."""
         self.stopping.set()
+        self._wakeup.set()
 
     @abc.abstractmethod
     async def run(self) -> None:
         """The actor's life. Raising crashes the actor (and, today, the worker)."""
 
     async def receive(self) -> M | None:
-        """The next message, or None once `stop()` is called and the mailbox is empty."""
-        if self.stopping.is_set() and self.mailbox.empty():
-            return None
-        getter = asyncio.ensure_future(self.mailbox.get())
-        stopper = asyncio.ensure_future(self.stopping.wait())
-        try:
-            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-            if not getter.done():
-                getter.cancel()
-        if getter in done and not getter.cancelled():
-            return getter.result()
-        return None
+        """The next message, or None once `stop()` is called and the mailbox is empty.
+
+        Cancellation-safe: a message is only ever taken by the call that returns it.
+        """
+        while self.mailbox.empty():
+            if self.stopping.is_set():
+                return None
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self.mailbox.get_nowait()
 
     def drain_mailbox(self) -> list[M]:
         """Everything waiting in the mailbox now, without waiting."""

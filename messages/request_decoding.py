@@ -61,7 +61,7 @@ def decode_request(
         request = _codec.decode(data, ctype)
     except msgspec.ValidationError as exc:
         _raise_shape_error(data, ctype, str(exc))
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
         code = ErrorCode.INVALID_JSON if ctype == JSON else ErrorCode.INVALID_ENCODING
         raise UndecodableRequest(code, f"cannot decode the request: {exc}") from None
     if not request.id:
@@ -77,7 +77,7 @@ def _raise_shape_error(data: bytes, ctype: str, problem: str) -> None:
     """The bytes parsed but do not fit the schema: salvage `id`/`reply_to` for the reply."""
     try:
         loose: Any = _loose_json.decode(data) if ctype == JSON else _loose_msgpack.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
         code = ErrorCode.INVALID_JSON if ctype == JSON else ErrorCode.INVALID_ENCODING
         raise UndecodableRequest(code, f"cannot decode the request: {exc}") from None
     if not isinstance(loose, dict):

@@ -16,6 +16,11 @@ from messages.request import GenerateRequest
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
+def is_topic_name(name: str) -> bool:
+    """Whether Kafka accepts `name` as a topic name."""
+    return bool(_TOPIC_NAME.fullmatch(name)) and name not in (".", "..")
+
+
 def check_request(request: GenerateRequest) -> None:
     """Raise `InvalidRequest` with the code of the first rule `request` breaks."""
     given = [
@@ -41,11 +46,11 @@ def check_request(request: GenerateRequest) -> None:
             f"max_new_tokens must be positive, got {request.max_new_tokens}",
         )
     _check_sampling(request)
-    if request.reply_to is not None and not _TOPIC_NAME.fullmatch(request.reply_to):
+    if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(
             ErrorCode.INVALID_REPLY_TO,
             f"reply_to {request.reply_to!r} is not a Kafka topic name "
-            "(1-249 of a-z, A-Z, 0-9, '.', '_', '-')",
+            "(1-249 of a-z, A-Z, 0-9, '.', '_', '-'; not '.' or '..')",
         )
     if request.timeout_ms is not None and request.timeout_ms <= 0:
         raise InvalidRequest(

@@ -34,10 +34,12 @@ def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise click.BadParameter(f"cannot read {value}: {exc}") from exc
     table = data.get("worker", data)
-    ctx.default_map = {
-        **(ctx.default_map or {}),
-        **{k.replace("-", "_"): v for k, v in table.items()},
+    # A TOML list (bucket_boundaries = [32, 64]) means what the comma-separated flag means.
+    values = {
+        k.replace("-", "_"): ",".join(map(str, v)) if isinstance(v, list) else v
+        for k, v in table.items()
     }
+    ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
 def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,166 @@
+"""Worker settings: default < TOML `--config` < `TOKENMILL_*` env < flag; bad value: exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from actors.backpressure import Watermarks
+from actors.config import WorkerConfig
+from ops.settings import DEFAULT_BOOTSTRAP, worker_config, worker_options
+
+
+@click.command()
+@worker_options
+def show(**kwargs: Any) -> WorkerConfig:
+    """Returns the config the worker would run with."""
+    kwargs.pop("log_level")
+    config = worker_config(kwargs)
+    assert not kwargs, f"options worker_config left behind: {sorted(kwargs)}"
+    return config
+
+
+# Every option's variable, unset: a stray setting in the shell running the tests cannot leak in.
+CLEAN_ENV: dict[str, str | None] = {
+    "TOKENMILL_" + p.name.upper(): None for p in show.params if p.name
+}
+
+
+def run(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> Result:
+    return CliRunner().invoke(show, list(args), env={**CLEAN_ENV, **(env or {})}, **kwargs)
+
+
+def config_of(*args: str, env: dict[str, str] | None = None) -> WorkerConfig:
+    result = run(*args, env=env, standalone_mode=False)
+    assert result.exception is None, result.output
+    assert isinstance(result.return_value, WorkerConfig)
+    return result.return_value
+
+
+def write_toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "tokenmill.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_option_has_its_env_var() -> None:
+    for param in show.params:
+        assert param.name
+        assert param.envvar == "TOKENMILL_" + param.name.upper(), param.name
+
+
+def test_defaults() -> None:
+    config = config_of("--worker-id", "w1")
+    assert config == WorkerConfig(
+        bootstrap_servers=DEFAULT_BOOTSTRAP,
+        worker_id="w1",
+        watermarks=Watermarks(high_requests=512, high_tokens=262144),
+    )
+    assert config.group == "tokenmill"
+    assert config.bucket_boundaries is None
+    assert config.max_request_bytes == 1 << 20
+
+
+def test_worker_id_defaults_to_host_and_pid() -> None:
+    assert config_of().worker_id.rsplit("-", 1)[1].isdigit()
+
+
+def test_env_overrides_the_default() -> None:
+    config = config_of(env={"TOKENMILL_GROUP": "from-env", "TOKENMILL_MAX_WAIT_MS": "2.5"})
+    assert (config.group, config.max_wait_ms) == ("from-env", 2.5)
+
+
+@pytest.mark.parametrize("table", ["", "[worker]\n"], ids=["top-level", "worker-table"])
+def test_toml_sets_values(tmp_path: Path, table: str) -> None:
+    path = write_toml(
+        tmp_path,
+        table
+        + 'group = "from-toml"\n'
+        + "max_wait_ms = 5\n"
+        + "max-batch-size = 8\n"  # the flag's spelling works too
+        + 'bucket_boundaries = "16,32"\n'
+        + "high_watermark_requests = 100\n",
+    )
+    config = config_of("--config", path)
+    assert config.group == "from-toml"
+    assert config.max_wait_ms == 5.0
+    assert config.max_batch_size == 8
+    assert config.bucket_boundaries == (16, 32)
+    assert config.watermarks == Watermarks(high_requests=100, high_tokens=262144)
+
+
+def test_config_from_env(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'group = "from-toml"\n')
+    assert config_of(env={"TOKENMILL_CONFIG": path}).group == "from-toml"
+
+
+def test_flag_beats_env_beats_toml(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path, 'group = "toml"\nresults_topic = "toml.results"\ndlq_topic = "toml.dlq"\n'
+    )
+    env = {"TOKENMILL_GROUP": "env", "TOKENMILL_RESULTS_TOPIC": "env.results"}
+    config = config_of("--config", path, "--group", "flag", env=env)
+    assert config.group == "flag"  # flag > env > TOML
+    assert config.results_topic == "env.results"  # env > TOML
+    assert config.dlq_topic == "toml.dlq"  # TOML > default
+    assert config.requests_topic == "tokenmill.requests"  # default
+
+
+def test_flag_order_does_not_matter_for_config(tmp_path: Path) -> None:
+    """`--config` is eager: a flag before it still wins."""
+    path = write_toml(tmp_path, 'group = "toml"\n')
+    assert config_of("--group", "flag", "--config", path).group == "flag"
+
+
+def test_bucket_boundaries() -> None:
+    assert config_of("--bucket-boundaries", "32,64").bucket_boundaries == (32, 64)
+    assert config_of("--bucket-boundaries", "32, 64,128").bucket_boundaries == (32, 64, 128)
+    env = {"TOKENMILL_BUCKET_BOUNDARIES": "8"}
+    assert config_of(env=env).bucket_boundaries == (8,)
+
+
+def test_bucket_boundaries_as_a_toml_list(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "bucket_boundaries = [32, 64]\n")
+    assert config_of("--config", path).bucket_boundaries == (32, 64)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--max-batch-size", "0"], {}, "max_batch_size must be positive, got 0"),
+        ([], {"TOKENMILL_MAX_BATCH_SIZE": "0"}, "max_batch_size must be positive, got 0"),
+        (["--max-request-bytes", "-1"], {}, "max_request_bytes must be positive, got -1"),
+        (["--max-wait-ms", "-1"], {}, "max_wait_ms must be ≥ 0, got -1.0"),
+        (["--group", ""], {}, "group must not be empty"),
+        (["--high-watermark-tokens", "0"], {}, "high_requests and high_tokens must be positive"),
+        (["--bucket-boundaries", "32,x"], {}, "invalid literal for int()"),
+        (["--max-batch-size", "many"], {}, "'many' is not a valid integer"),
+    ],
+)
+def test_invalid_values_are_usage_errors(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = run(*args, env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Usage:" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_invalid_toml_value_is_a_usage_error(tmp_path: Path) -> None:
+    result = run("--config", write_toml(tmp_path, "max_batch_size = 0\n"))
+    assert result.exit_code == 2
+    assert "max_batch_size must be positive, got 0" in result.output
+
+
+def test_unreadable_toml_is_a_usage_error(tmp_path: Path) -> None:
+    result = run("--config", write_toml(tmp_path, "group = \n"))
+    assert result.exit_code == 2
+    assert "cannot read" in result.output and "tokenmill.toml" in result.output
+    missing = run("--config", str(tmp_path / "nope.toml"))
+    assert missing.exit_code == 2
+    assert "does not exist" in missing.output

@@ -1,0 +1,161 @@
+"""check_request: each model-independent rule a decoded request breaks has its own code."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import pytest
+
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+from messages.request import ChatMessage, GenerateRequest
+from messages.validation import check_request
+
+HI = [ChatMessage(role="user", content="hi")]
+
+
+def request(**fields: Any) -> GenerateRequest:
+    fields.setdefault("id", "r1")
+    if not {"prompt", "prompt_token_ids", "messages"} & fields.keys():
+        fields["prompt"] = "Hello"
+    return GenerateRequest(**fields)
+
+
+def broken(req: GenerateRequest) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        check_request(req)
+    assert info.value.message
+    assert str(info.value) == info.value.message
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"prompt": "Hello"},
+        {"prompt_token_ids": [1, 2, 3]},
+        {"messages": HI},
+        {"prompt": "x", "max_new_tokens": 1, "temperature": 1.5, "top_p": 1.0, "top_k": 50},
+        {"prompt": "x", "top_p": 1e-9, "stop": ["\n", "END"], "timeout_ms": 1},
+        {"prompt": "x", "reply_to": "team.replies-v2_x"},
+        {"prompt": "x", "reply_to": "a" * 249},
+    ],
+)
+def test_a_valid_request_passes(fields: dict[str, Any]) -> None:
+    check_request(request(**fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "found"),
+    [
+        ({"prompt": "x", "prompt_token_ids": [1]}, "prompt, prompt_token_ids"),
+        ({"prompt": "x", "messages": HI}, "prompt, messages"),
+        ({"prompt_token_ids": [1], "messages": HI}, "prompt_token_ids, messages"),
+        (
+            {"prompt": "x", "prompt_token_ids": [1], "messages": HI},
+            "prompt, prompt_token_ids, messages",
+        ),
+    ],
+)
+def test_more_than_one_prompt_is_invalid(fields: dict[str, Any], found: str) -> None:
+    error = broken(request(**fields))
+    assert error.code is ErrorCode.INVALID_PROMPT
+    assert f"(found: {found})" in error.message
+
+
+def test_no_prompt_is_invalid() -> None:
+    error = broken(GenerateRequest(id="r1"))
+    assert error.code is ErrorCode.INVALID_PROMPT
+    assert "(found: none)" in error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt_token_ids": []}, "prompt_token_ids"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_an_empty_prompt(fields: dict[str, Any], name: str) -> None:
+    error = broken(request(**fields))
+    assert error.code is ErrorCode.EMPTY_PROMPT
+    assert error.message == f"`{name}` is empty"
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, -1])
+def test_max_new_tokens_must_be_positive(max_new_tokens: int) -> None:
+    error = broken(request(max_new_tokens=max_new_tokens))
+    assert error.code is ErrorCode.INVALID_MAX_TOKENS
+    assert str(max_new_tokens) in error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_p": -0.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"stop": [""]}, "stop strings"),
+        ({"stop": ["ok", ""]}, "stop strings"),
+    ],
+)
+def test_sampling_params(fields: dict[str, Any], words: str) -> None:
+    error = broken(request(**fields))
+    assert error.code is ErrorCode.INVALID_SAMPLING_PARAMS
+    assert words in error.message
+
+
+def test_nan_sampling_params_cannot_arrive_as_json() -> None:
+    """JSON has no NaN: the check above guards MessagePack and in-process callers."""
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.json.decode(b'{"id": "r1", "prompt": "x", "top_p": NaN}', type=GenerateRequest)
+    data = msgspec.msgpack.encode({"id": "r1", "prompt": "x", "top_p": math.nan})
+    decoded = msgspec.msgpack.decode(data, type=GenerateRequest)
+    assert broken(decoded).code is ErrorCode.INVALID_SAMPLING_PARAMS
+
+
+@pytest.mark.parametrize("timeout_ms", [0, -5])
+def test_timeout_must_be_positive(timeout_ms: int) -> None:
+    error = broken(request(timeout_ms=timeout_ms))
+    assert error.code is ErrorCode.DEADLINE_EXCEEDED
+    assert f"timeout_ms must be positive, got {timeout_ms}" == error.message
+
+
+@pytest.mark.parametrize("reply_to", ["bad topic!", "a" * 250, "", "tëam", "a/b"])
+def test_reply_to_must_be_a_topic_name(reply_to: str) -> None:
+    error = broken(request(reply_to=reply_to))
+    assert error.code is ErrorCode.INVALID_REPLY_TO
+    assert repr(reply_to) in error.message
+
+
+@pytest.mark.parametrize("reply_to", [".", ".."])
+def test_dot_topic_names_are_not_reply_topics(reply_to: str) -> None:
+    assert broken(request(reply_to=reply_to)).code is ErrorCode.INVALID_REPLY_TO
+
+
+def test_the_first_broken_rule_is_reported() -> None:
+    """Prompt shape before max tokens before sampling before reply_to before timeout."""
+    req = request(
+        prompt="",
+        max_new_tokens=0,
+        temperature=-1.0,
+        reply_to="bad topic!",
+        timeout_ms=0,
+    )
+    assert broken(req).code is ErrorCode.EMPTY_PROMPT
+    req.prompt = "x"
+    assert broken(req).code is ErrorCode.INVALID_MAX_TOKENS
+    req.max_new_tokens = 1
+    assert broken(req).code is ErrorCode.INVALID_SAMPLING_PARAMS
+    req.temperature = 0.0
+    assert broken(req).code is ErrorCode.INVALID_REPLY_TO
+    req.reply_to = None
+    assert broken(req).code is ErrorCode.DEADLINE_EXCEEDED
