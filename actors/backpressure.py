@@ -68,6 +68,11 @@ class Backpressure:
     def tokens(self) -> int:
         return self._tokens
 
+    @property
+    def room(self) -> int:
+        """Requests that may still be admitted before the high watermark is passed (≥ 1)."""
+        return max(1, self.marks.high_requests - self._requests + 1)
+
     def admit(self, requests: int, tokens: int) -> Decision:
         """Add outstanding work."""
         if requests < 0 or tokens < 0:

@@ -109,9 +109,10 @@ class IngestActor(Actor[Delivered]):
 
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
         while not self.stopping.is_set():
-            fetched = await consumer.getmany(
-                timeout_ms=_POLL_MS, max_records=self.config.fetch_max_records
-            )
+            # Never fetch more than the watermark has room for: a whole fetched batch is
+            # admitted before the next pause can take effect.
+            limit = min(self.config.fetch_max_records, self.backpressure.room)
+            fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
             for records in fetched.values():
                 await self._ingest(records)
 

@@ -168,3 +168,12 @@ def test_hysteresis_over_any_sequence_of_admits_and_releases(
         assert bp.requests >= 0 and bp.tokens >= 0
         assert not bp.paused or not under_low
         assert bp.paused or not above_high
+
+
+def test_room_is_what_is_left_under_the_high_watermark() -> None:
+    bp = Backpressure(Watermarks(high_requests=10, high_tokens=1000))
+    assert bp.room == 11
+    bp.admit(4, 10)
+    assert bp.room == 7
+    bp.admit(10, 10)
+    assert bp.room == 1  # never zero: the fetch loop always asks for at least one
