@@ -22,9 +22,7 @@ lint: env
 	$(RUN) mypy actors gpu messages ops
 
 demo: env
-	$(RUN) tokenmill models fetch smollm2-135m
-	$(RUN) tokenmill generate --model smollm2-135m --prompt-file ops/samples/prompts.txt \
-		--chat --max-new-tokens 64
+	RUN="$(RUN)" ops/demo.sh
 
 bench: env
 	$(RUN) tokenmill bench engine --model smollm2-135m --requests 64 --json
