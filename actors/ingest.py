@@ -114,16 +114,21 @@ class IngestActor(Actor[Delivered]):
             limit = min(self.config.fetch_max_records, self.backpressure.room)
             fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
             for records in fetched.values():
-                await self._ingest(records)
+                await self._ingest(consumer, records)
 
-    async def _ingest(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> None:
+    async def _ingest(
+        self, consumer: AIOKafkaConsumer, records: Sequence[ConsumerRecord[bytes, bytes]]
+    ) -> None:
         """Decode and check a partition's fetched records, tokenize the good ones, queue them."""
         accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]] = []
         for record in records:
             ref = RecordRef(
                 record.topic, record.partition, record.offset, record.timestamp, record.key
             )
-            self.tracker.track(ref.tp, ref.offset)
+            if ref.tp in consumer.assignment():
+                self.tracker.track(ref.tp, ref.offset)
+            # else: revoked while this batch was being handled; the new owner reads it again
+            # from the last commit, and this result is a duplicate, never a gap.
             self.records_read += 1
             headers = [(k, v) for k, v in record.headers if v is not None]
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
@@ -286,6 +291,9 @@ class IngestActor(Actor[Delivered]):
         log.info("partitions_revoked", partitions=_names(revoked))
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # Fetching restarts at the last commit: forget whatever a stale earlier
+        # assignment left, so offsets are tracked afresh.
+        self.tracker.revoke(assigned)
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)
         log.info("partitions_assigned", partitions=_names(assigned))
