@@ -18,7 +18,7 @@ __all__ = ["BucketConfig", "FlushReason", "Flushed", "LengthBuckets", "default_b
 
 T = TypeVar("T")
 
-FlushReason = Literal["tokens", "size", "wait", "drain"]
+FlushReason = Literal["tokens", "size", "wait", "idle", "drain"]
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ class LengthBuckets(Generic[T]):
         held = self._held()
         return held[0].since + self.config.max_wait_s if held else None
 
-    def drain(self) -> list[Flushed[T]]:
+    def drain(self, reason: FlushReason = "drain") -> list[Flushed[T]]:
         """Everything held, oldest bucket first."""
         now = self._clock()
-        return [self._flush(bucket, "drain", now) for bucket in self._held()]
+        return [self._flush(bucket, reason, now) for bucket in self._held()]
 
     def _held(self) -> list[_Bucket[T]]:
         return sorted((b for b in self._buckets if b.items), key=lambda b: b.since)

@@ -115,6 +115,10 @@ class IngestActor(Actor[Delivered]):
             fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
             for records in fetched.values():
                 await self._ingest(consumer, records)
+            if fetched and self.backpressure.requests == len(self.buckets):
+                # Nothing is running: waiting to fill a batch would only add latency, and
+                # whatever arrives next joins the running batch at the engine's next step.
+                await self._flush(self.buckets.drain("idle"))
 
     async def _ingest(
         self, consumer: AIOKafkaConsumer, records: Sequence[ConsumerRecord[bytes, bytes]]

@@ -43,10 +43,10 @@ async def test_submit_a_jobs_file_and_wait(kafka_bootstrap, tiny_checkpoints, tm
             bootstrap=lane.bootstrap,
         )  # fmt: skip
 
-    assert done.returncode == 1, "one request came back with an error"
+    assert done.returncode == 1, done.stderr[-2000:] + done.stdout[-2000:]
     results = {r["id"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert len(results) == 3
-    assert results["one"]["usage"]["completion_tokens"] == 3
+    assert len(results) == 3, done.stdout + done.stderr[-1500:]
+    assert 1 <= results["one"]["usage"]["completion_tokens"] <= 3  # random weights may stop
     assert results["refused"]["error"]["code"] == "invalid_max_tokens"
     (generated_id,) = set(results) - {"one", "refused"}
     assert generated_id.startswith("job-") and results[generated_id]["error"] is None

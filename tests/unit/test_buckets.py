@@ -305,3 +305,10 @@ def test_every_item_comes_out_exactly_once_within_the_limits(
     assert sorted(out) == list(range(len(arrival)))
     for items in out_by_bucket.values():
         assert items == sorted(items)
+
+
+def test_drain_can_name_its_reason() -> None:
+    buckets: LengthBuckets[str] = LengthBuckets(BucketConfig(boundaries=(32,)))
+    buckets.add("a", 3)
+    (flushed,) = buckets.drain("idle")
+    assert flushed.reason == "idle" and flushed.items == ["a"]
