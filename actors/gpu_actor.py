@@ -17,6 +17,7 @@ from typing import Protocol
 
 import structlog
 
+from actors.engine_thread import engine_thread
 from actors.mail import Admitted, Batch, Outcome
 from actors.results import engine_outcome
 from actors.runtime import Actor
@@ -38,9 +39,17 @@ class EngineLike(Protocol):
 
 class GpuActor(Actor[Batch]):
     def __init__(
-        self, engine: EngineLike, model: ModelRef, emitter: Actor[Outcome], worker_id: str
+        self,
+        engine: EngineLike,
+        model: ModelRef,
+        emitter: Actor[Outcome],
+        worker_id: str,
+        thread: ThreadPoolExecutor | None = None,
     ) -> None:
+        """`thread`: the single-thread executor the engine was built on (see engine_thread);
+        by default a new one, owned and shut down by this actor."""
         super().__init__("gpu", mailbox_size=64)
+        self.thread = thread
         self.engine = engine
         self.model = model
         self.emitter = emitter
@@ -51,7 +60,7 @@ class GpuActor(Actor[Batch]):
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenmill-engine")
+        thread = self.thread or engine_thread()
         try:
             while not self.stopping.is_set():
                 batches = self.drain_mailbox()
@@ -68,7 +77,8 @@ class GpuActor(Actor[Batch]):
                         await self._finished(completion)
             await self._fail_remaining()
         finally:
-            thread.shutdown(wait=False, cancel_futures=True)
+            if thread is not self.thread:
+                thread.shutdown(wait=False, cancel_futures=True)
 
     async def _admit(self, batch: Batch) -> None:
         now = time.monotonic()

@@ -10,6 +10,7 @@ committed and the clients closed. `run()` returns once everything has stopped.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -23,11 +24,19 @@ log = structlog.get_logger("tokenmill.worker")
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, engine: EngineLike, front: ModelFront) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        engine: EngineLike,
+        front: ModelFront,
+        engine_thread: ThreadPoolExecutor | None = None,
+    ) -> None:
+        """`engine_thread`: the thread the engine was built on, to step it on (see
+        `actors.engine_thread`)."""
         self.config = config
         self.front = front
         self.emitter = EmitterActor(config)
-        self.gpu = GpuActor(engine, front.ref, self.emitter, config.worker_id)
+        self.gpu = GpuActor(engine, front.ref, self.emitter, config.worker_id, engine_thread)
         self.ingest = IngestActor(config, front, self.gpu, self.emitter)
         self.emitter.ingest = self.ingest
         self._drain = asyncio.Event()

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ops.engine_options import build_engine, engine_choice, engine_options
+from ops.errors import OpsError
 
 
 @click.group()
@@ -84,6 +85,120 @@ def engine(**kwargs: Any) -> None:
     if report["profile"]:
         for phase in report["profile"].values():
             click.echo(f"trace: {phase['trace']}", err=True)
+
+
+@bench.command("pipeline")
+@engine_options
+@click.option(
+    "--only",
+    type=click.Choice(["throughput", "latency", "ceiling"]),
+    multiple=True,
+    help="Run only this section (repeatable); default: all three.",
+)
+@click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Use this broker; default: start one for the run on free ports, then stop it.",
+)
+@_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
+@_positive("--requests", 64, "Throughput: requests in the workload (as bench engine's).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workloads.")
+@_positive("--min-prompt", 16, "Shortest prompt, in tokens.")
+@_positive("--max-prompt", 256, "Longest prompt, in tokens.")
+@_positive("--min-output", 16, "Shortest output, in tokens.")
+@_positive("--max-output", 256, "Longest output, in tokens.")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Latency: requests per second (default: light for the engine, one per two direct "
+    "p90 latencies, at most 2).",
+)
+@_positive("--latency-requests", 20, "Latency: requests sent at --rate.")
+@_positive("--latency-max-new-tokens", 16, "Latency: new tokens per request.")
+@_positive("--echo-requests", 20000, "Ceiling: requests to the echo worker, per prompt kind.")
+@_positive("--echo-prompt-tokens", 16, "Ceiling: tokens per prompt (and new tokens).")
+@_positive("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def pipeline(**kwargs: Any) -> None:
+    """The engine's workload through real Kafka and a `tokenmill worker`, against the engine.
+
+    Starts a Kafka broker on free ports (unless --bootstrap-servers), makes topics for this
+    run, and runs the worker as a subprocess. throughput: bench engine's seeded workload on
+    the engine directly, then through Kafka: output tokens/s and their ratio (target ≥ 0.95).
+    latency: short requests at a light --rate through Kafka, end to end, against the same
+    requests one at a time on the engine: ms added at p50 (target ≤ 10) and p99. ceiling: a
+    worker with --engine echo (no model): its latency at a light rate (the plumbing's floor),
+    then requests/s when fed as fast as this process produces, with token-id and with text
+    prompts (target ≥ 10,000 on 2 cores, broker on the same machine). CPU seconds of the
+    worker, this process and the broker are reported beside wall times: on a busy host they
+    say more.
+    """
+    import asyncio
+
+    from gpu.errors import EngineError
+    from ops.bench_engine import BenchOptions, dumps
+    from ops.bench_pipeline import SECTIONS, PipelineOptions, run_bench
+
+    choice = engine_choice(kwargs)
+    try:
+        options = PipelineOptions(
+            engine=choice,
+            workload=BenchOptions(
+                requests=kwargs["requests"],
+                seed=kwargs["seed"],
+                min_prompt=kwargs["min_prompt"],
+                max_prompt=kwargs["max_prompt"],
+                min_output=kwargs["min_output"],
+                max_output=kwargs["max_output"],
+            ),
+            sections=tuple(s for s in SECTIONS if not kwargs["only"] or s in kwargs["only"]),
+            bootstrap_servers=kwargs["bootstrap_servers"],
+            partitions=kwargs["partitions"],
+            rate=kwargs["rate"],
+            latency_requests=kwargs["latency_requests"],
+            latency_max_new_tokens=kwargs["latency_max_new_tokens"],
+            echo_requests=kwargs["echo_requests"],
+            echo_prompt_tokens=kwargs["echo_prompt_tokens"],
+            timeout_s=kwargs["timeout"],
+        )
+        report = asyncio.run(run_bench(options, progress=lambda line: click.echo(line, err=True)))
+    except (ValueError, RuntimeError, OpsError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else pipeline_summary(report))
+
+
+def pipeline_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    env, lines = report["environment"], []
+    lines.append(
+        f"{(report['model'] or {}).get('name')} · {env['cpus_usable']} CPUs · "
+        f"{env['torch_threads']} torch threads · worker: {report['worker']['mode']}"
+    )
+    t, lat, c = report["throughput"], report["latency"], report["ceiling"]
+    if "ratio" in t:
+        lines.append(
+            f"  throughput  direct {t['direct']['output_tokens_per_s']} tok/s · kafka "
+            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']}"
+        )
+    if "added_ms" in lat:
+        e2e, d = lat["kafka"]["end_to_end_ms"], lat["direct_ms"]
+        lines.append(
+            f"  latency     p50 {e2e['p50']} ms vs direct {d['p50']} ms · p99 {e2e['p99']} vs "
+            f"{d['p99']} · added p50 {lat['added_ms']['p50']} ms, p99 {lat['added_ms']['p99']}"
+        )
+    if "prompt_token_ids" in c:
+        floor = c["latency_at_light_rate"]["end_to_end_ms"]
+        lines.append(f"  echo        p50 {floor['p50']} ms, p99 {floor['p99']} ms end to end")
+        lines.append(
+            f"  ceiling     {c['prompt_token_ids']['requests_per_s']} req/s (token ids) · "
+            f"{c['text_prompts']['requests_per_s']} req/s (text)"
+        )
+    for key, target in report["targets"].items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        lines.append(f"  {key:<30} {target['value']}  (target {target['target']}: {verdict})")
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ops.engine_options import build_engine, engine_choice, engine_options
+from ops.engine_options import EngineChoice, build_engine, engine_choice, engine_options
 from ops.settings import worker_config, worker_options
+
+if TYPE_CHECKING:
+    from gpu.echo_engine import EchoEngine
 
 
 @click.command()
 @engine_options
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["torch", "echo"]),
+    default="torch",
+    show_default=True,
+    help="echo: benchmark only, returns the prompt tokens.",
+)
 @worker_options
 def worker(**kwargs: Any) -> None:
     """Consume GenerateRequests from the requests topic and produce GenerateResults.
@@ -22,17 +33,44 @@ def worker(**kwargs: Any) -> None:
     when it cannot be decoded); offsets are committed only after results are acknowledged.
     SIGTERM or SIGINT drains: stop fetching, finish in-flight work within --shutdown-timeout,
     fail the rest with `shutting_down`, commit, exit 0. Every option can also come from a
-    TOKENMILL_* env var or a --config TOML file.
+    TOKENMILL_* env var or a --config TOML file. `--engine echo` runs no model (each result
+    is its request's prompt tokens): it measures the plumbing's ceiling; never serve with it.
     """
+    from actors.engine_thread import build_on, engine_thread
     from actors.model_front import ModelFront
     from actors.worker import Worker
     from ops.logging_setup import configure_logging
 
     configure_logging(kwargs.pop("log_level"))
     config = worker_config(kwargs)
-    engine = build_engine(engine_choice(kwargs))
-    service = Worker(config, engine, ModelFront.of_engine(engine))
+    kind = kwargs.pop("engine_kind")
+    choice = engine_choice(kwargs)
+    thread = engine_thread()  # the engine is built where it will be stepped
+    engine = build_on(
+        thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
+    )
+    service = Worker(config, engine, ModelFront.of_engine(engine), thread)
     asyncio.run(_serve(service))
+
+
+def _echo_engine(choice: EngineChoice) -> EchoEngine:
+    """The benchmark-only engine over the model's tokenizer and config; no weights are read."""
+    import structlog
+
+    from gpu.echo_engine import EchoEngine, load_echo_model
+    from gpu.errors import EngineError
+    from ops.errors import ModelFetchError
+    from ops.models import resolve_model
+
+    try:
+        model = load_echo_model(resolve_model(choice.model), name=choice.model)
+        engine = EchoEngine(model, choice.engine)
+    except (EngineError, ModelFetchError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    structlog.get_logger("tokenmill.worker").warning(
+        "echo_engine_running", model=model.name, digest=model.digest, note="benchmark only"
+    )
+    return engine
 
 
 async def _serve(service: Any) -> None:
