@@ -22,7 +22,9 @@ process's load generator (but the CPUs, and the broker's, yes). The direct engin
 and released before the worker starts, so they never compete. Greedy, and EOS is honoured on
 both paths (a request on the wire cannot ignore it), so both generate the same tokens.
 
-`run_bench(options)` returns one JSON-ready dict; it reports targets, never asserts.
+`run_bench(options)` returns one JSON-ready dict; it reports targets, never asserts. The load
+generator's Kafka side lives in `ops/bench_kafka.py`, the worker subprocess and the CPU meter
+in `ops/bench_worker.py`.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ import contextlib
 import gc
 import os
 import platform
-import signal
-import sys
 import tempfile
 import time
 import uuid
@@ -45,19 +45,25 @@ from typing import Any, cast
 import aiokafka
 import numpy as np
 import torch
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import TopicPartition
 
 from actors.config import WorkerConfig
 from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
-from messages.codec import Codec
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
 from ops.bench_engine import BenchOptions, BenchRequest, host_load, make_workload
+from ops.bench_kafka import (
+    LoadClient,
+    ceiling_run,
+    kafka_latency,
+    kafka_throughput,
+    percentiles,
+    warm_up,
+    wire_requests,
+)
+from ops.bench_worker import CpuMeter, worker_argv, worker_process
 from ops.engine_options import EngineChoice, build_engine
 from ops.kafka_local import LocalKafka, free_port
 from ops.models import resolve_model
@@ -71,8 +77,6 @@ MAX_LIGHT_RATE = 2.0  # requests/s
 WORKER_MODE = "subprocess: `tokenmill worker`, its own process (no GIL shared with the client)"
 
 Progress = Callable[[str], None]
-_requests = Codec(GenerateRequest)
-_results = Codec(GenerateResult)
 
 
 @dataclass(frozen=True)
@@ -97,221 +101,13 @@ class PipelineOptions:
             raise ValueError("rate and timeout must be positive")
 
 
-# -- the load generator's Kafka side -------------------------------------------------------
-
-
-class LoadClient:
-    """Produces requests; a background task fetches results and stamps each on arrival.
-
-    It reads the results topic from its end as it was before anything was sent.
-    """
-
-    def __init__(self, bootstrap: str, topics: dict[str, str], *, linger_ms: int) -> None:
-        self.topics = topics
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=linger_ms,
-            max_batch_size=256 << 10,
-        )
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        self.arrived: dict[str, tuple[float, GenerateResult]] = {}  # id → (perf_counter, result)
-        # id → ms from the result record's timestamp (the worker's send) to its fetch here
-        self.result_leg_ms: dict[str, float] = {}
-        self._pending: set[str] = set()
-        self._all_in = asyncio.Event()
-        self._collector: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> LoadClient:
-        await self.producer.start()
-        await self.consumer.start()
-        partitions = await self.producer.partitions_for(self.topics["results"])
-        tps = [TopicPartition(self.topics["results"], p) for p in partitions]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, not lazily after results arrive
-            await self.consumer.position(tp)
-        self._collector = asyncio.create_task(self._collect())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._collector is not None:
-            self._collector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._collector
-        await self.consumer.stop()
-        await self.producer.stop()
-
-    async def send(self, request_id: str, value: bytes) -> asyncio.Future[Any]:
-        """Queue one encoded request; returns the future of its acknowledgement."""
-        future: asyncio.Future[Any] = await self.producer.send(
-            self.topics["requests"], value=value, key=request_id.encode()
-        )
-        return future
-
-    async def wait(
-        self, ids: Sequence[str], within_s: float
-    ) -> dict[str, tuple[float, GenerateResult]]:
-        """The arrivals of `ids` once all are in, or whatever came within `within_s` seconds."""
-        self._pending = set(ids) - self.arrived.keys()
-        self._all_in.clear()
-        if self._pending:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_in.wait(), within_s)
-        return {i: self.arrived[i] for i in ids if i in self.arrived}
-
-    async def _collect(self) -> None:
-        while True:
-            fetched = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
-            now, wall_ms = time.perf_counter(), time.time() * 1e3
-            for records in fetched.values():
-                for record in records:
-                    result = _results.decode(record.value or b"")
-                    self.arrived[result.id] = (now, result)
-                    self.result_leg_ms[result.id] = wall_ms - record.timestamp
-                    self._pending.discard(result.id)
-            if not self._pending:
-                self._all_in.set()
-
-
-async def send_all(client: LoadClient, requests: Sequence[GenerateRequest]) -> float:
-    """Produce every request as fast as the producer takes them (pre-encoded); returns when the
-    first was handed over (perf_counter). Waits for every acknowledgement."""
-    values = [(r.id, _requests.encode(r)) for r in requests]
-    start = time.perf_counter()
-    acks = [await client.send(request_id, value) for request_id, value in values]
-    await asyncio.gather(*acks)
-    return start
-
-
-# -- the worker subprocess -----------------------------------------------------------------
-
-
-def worker_argv(
-    choice: EngineChoice, kind: str, bootstrap: str, topics: dict[str, str]
-) -> list[str]:
-    e = choice.engine
-    flags = {
-        "--model": choice.model,
-        "--engine": kind,
-        "--dtype": choice.dtype,
-        "--device": choice.device,
-        "--max-model-len": e.max_model_len,
-        "--max-num-seqs": e.max_num_seqs,
-        "--max-batched-tokens": e.max_num_batched_tokens,
-        "--num-kv-blocks": e.num_kv_blocks,
-        "--bootstrap-servers": bootstrap,
-        "--group": f"{topics['requests']}.workers",
-        "--requests-topic": topics["requests"],
-        "--results-topic": topics["results"],
-        "--dlq-topic": topics["dlq"],
-        "--worker-id": f"bench-{kind}",
-    }
-    args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
-    return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]
-
-
-@contextlib.asynccontextmanager
-async def worker_process(argv: list[str], log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Run the worker with only these settings (no TOKENMILL_* from this environment);
-    SIGTERM (a drain) on the way out, SIGKILL if it has not exited within a minute."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_")}
-    with log.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env
-        )
-    try:
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
-async def warm_up(
-    client: LoadClient,
-    proc: asyncio.subprocess.Process,
-    log: Path,
-    requests: list[GenerateRequest],
-    within_s: float,
-) -> float:
-    """Send a few requests and wait for their results (model load, group join, first steps).
-
-    Seconds it took; raises RuntimeError with the worker's log if it exits or times out.
-    """
-    start = await send_all(client, requests)
-    waiting = asyncio.ensure_future(client.wait([r.id for r in requests], within_s))
-    exited = asyncio.ensure_future(proc.wait())
-    await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-    exited.cancel()
-    if not waiting.done() or len(waiting.result()) < len(requests):
-        waiting.cancel()
-        raise RuntimeError(f"the worker did not answer its warm-up requests:\n{_tail(log)}")
-    return round(time.perf_counter() - start, 2)
-
-
-def _tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds process `pid` has used, all threads; None where unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class CpuMeter:
-    """CPU seconds each named process uses between `start()` and `read()`: unlike wall time,
-    not inflated by other work on a busy host."""
-
-    def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = pids
-        self.started: dict[str, float | None] = {}
-
-    def start(self) -> None:
-        self.started = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-
-    def read(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            now, before = cpu_seconds(pid), self.started.get(name)
-            out[name] = None if now is None or before is None else round(now - before, 2)
-        return out
-
-
-# -- measurements --------------------------------------------------------------------------
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": round(float(p50), 2), "p90": round(float(p90), 2), "p99": round(float(p99), 2)}
+# -- the direct engine ---------------------------------------------------------------------
 
 
 def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:
     return [
         EngineRequest(
             f"{prefix}{i}", r.prompt_token_ids, SamplingParams(max_new_tokens=r.max_new_tokens)
-        )
-        for i, r in enumerate(workload)
-    ]
-
-
-def _wire_requests(workload: Sequence[BenchRequest], prefix: str) -> list[GenerateRequest]:
-    return [
-        GenerateRequest(
-            id=f"{prefix}{i}", prompt_token_ids=r.prompt_token_ids, max_new_tokens=r.max_new_tokens
         )
         for i, r in enumerate(workload)
     ]
@@ -353,100 +149,11 @@ def direct_runs(
     return out
 
 
-async def kafka_throughput(
-    client: LoadClient,
-    workload: Sequence[BenchRequest],
-    direct: dict[str, Any],
-    meter: CpuMeter,
-    within_s: float,
-) -> dict[str, Any]:
-    requests = _wire_requests(workload, "kafka-")
-    meter.start()
-    start = await send_all(client, requests)
-    arrived = await client.wait([r.id for r in requests], within_s)
-    wall = max((t for t, _ in arrived.values()), default=start) - start
-    results = [arrived[r.id][1] if r.id in arrived else None for r in requests]
-    tokens = sum(len(r.token_ids) for r in results if r is not None and r.ok)
-    return {
-        "requests": len(requests),
-        "results": len(arrived),
-        "errors": sum(1 for r in results if r is not None and not r.ok),
-        "output_tokens": tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
-        "cpu_s": meter.read(),
-        # Greedy on both paths; batches differ, so float rounding may rarely part them.
-        "outputs_matching_direct": sum(
-            1 for r, d in zip(results, direct["tokens"], strict=True) if r and r.token_ids == d
-        ),
-    }
-
-
 def light_rate(direct_ms: Sequence[float]) -> float:
     """A rate at which a request seldom meets another in the engine: one per two direct p90s,
     at most `MAX_LIGHT_RATE`. Faster, requests overlap, and batching (not Kafka) adds time."""
     p90_s = float(np.percentile(direct_ms, 90)) / 1e3
     return round(min(MAX_LIGHT_RATE, 0.5 / p90_s), 3)
-
-
-async def kafka_latency(
-    client: LoadClient, short: Sequence[BenchRequest], rate: float, within_s: float
-) -> dict[str, Any]:
-    """One request every 1/rate s; end to end = just before send → fetched by this client."""
-    requests = _wire_requests(short, "latency-")
-    sent_at: dict[str, float] = {}
-    acks = []
-    start = time.perf_counter()
-    for i, request in enumerate(requests):
-        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-        sent_at[request.id] = time.perf_counter()
-        acks.append(await client.send(request.id, _requests.encode(request)))
-    await asyncio.gather(*acks)
-    arrived = await client.wait(list(sent_at), within_s)
-    ok = {i: res for i, (_, res) in arrived.items() if res.ok}
-    e2e = {i: (arrived[i][0] - sent_at[i]) * 1e3 for i in ok}
-    back = {i: client.result_leg_ms[i] for i in ok}
-    return {
-        "requests": len(requests),
-        "results": len(arrived),
-        "errors": len(arrived) - len(ok),
-        "end_to_end_ms": percentiles(list(e2e.values())),
-        # Its parts, per request: the way in (produce, fetch, decode, tokenize) and the
-        # emitter's queue; the worker's own time; the way back (result sent → fetched here).
-        "request_leg_ms": percentiles(
-            [e2e[i] - r.timings.total_ms - back[i] for i, r in ok.items()]
-        ),
-        "result_leg_ms": percentiles(list(back.values())),
-        # The worker's own view: consumed → result built (excludes Kafka in and out).
-        "worker_total_ms": percentiles([r.timings.total_ms for r in ok.values()]),
-        "worker_queued_ms": percentiles([r.timings.queued_ms for r in ok.values()]),
-    }
-
-
-async def ceiling_run(
-    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float
-) -> dict[str, Any]:
-    meter.start()
-    start = await send_all(client, requests)
-    sent = time.perf_counter() - start
-    arrived = await client.wait([r.id for r in requests], within_s)
-    wall = max((t for t, _ in arrived.values()), default=start) - start
-    ok = sum(1 for _, res in arrived.values() if res.ok)
-    cpu = meter.read()
-    return {
-        "requests": len(requests),
-        "results": len(arrived),
-        "errors": len(arrived) - ok,
-        "wall_s": round(wall, 3),
-        "requests_per_s": round(ok / wall, 1) if wall > 0 else None,
-        # When the producer finishing is near wall_s, this process's producing was the limit.
-        "all_sent_and_acked_s": round(sent, 3),
-        "cpu_s": cpu,
-        # CPU seconds per wall second: near 1.0, a single-threaded process was the limit.
-        "cores_busy": {
-            k: round(v / wall, 2) if v is not None and wall > 0 else None for k, v in cpu.items()
-        },
-    }
 
 
 # -- the whole benchmark -------------------------------------------------------------------
@@ -532,7 +239,7 @@ async def _model_sections(run: _Run) -> None:
     log = run.tmp / "worker-torch.log"
     argv = worker_argv(o.engine, "torch", run.bootstrap, topics)
     report["worker"]["argv"]["torch"] = argv[3:]
-    warm = _wire_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-")
+    warm = wire_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-")
     async with (
         worker_process(argv, log) as proc,
         LoadClient(run.bootstrap, topics, linger_ms=0) as client,
