@@ -16,13 +16,15 @@ import asyncio
 
 import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from actors.config import WorkerConfig
 from actors.mail import Delivered, Outcome
 from actors.runtime import Actor
 from messages import headers as h
 from messages.codec import Codec
-from messages.result import GenerateResult
+from messages.error_codes import ErrorCode
+from messages.result import ErrorInfo, GenerateResult
 
 log = structlog.get_logger("tokenmill.emitter")
 
@@ -72,24 +74,48 @@ class EmitterActor(Actor[Outcome]):
             (h.CONTENT_TYPE, outcome.content_type.encode()),
             (h.SCHEMA, _RESULT_SCHEMA),
         ]
-        futures = [
-            await producer.send(
+        key = outcome.result.id.encode() or outcome.record.key
+        try:
+            result_sent = await producer.send(
                 outcome.reply_topic,
                 value=self.codec.encode(outcome.result, outcome.content_type),
-                key=outcome.result.id.encode() or outcome.record.key,
+                key=key,
                 headers=headers,
             )
-        ]
+        except KafkaError as exc:
+            if outcome.reply_topic == self.config.results_topic:
+                raise  # the worker's own topic is broken: crash, the offset stays uncommitted
+            # The request's own reply_to cannot take it (unknown topic, too large, ...): the
+            # result goes to the default topic, saying why, rather than crash on every restart.
+            log.warning("reply_to_refused", topic=outcome.reply_topic, error=repr(exc))
+            if outcome.result.error is None:
+                outcome.result.error = ErrorInfo(
+                    code=ErrorCode.INVALID_REPLY_TO,
+                    message=f"cannot produce to reply_to {outcome.reply_topic!r}: {exc!r}",
+                )
+            result_sent = await producer.send(
+                self.config.results_topic,
+                value=self.codec.encode(outcome.result, outcome.content_type),
+                key=key,
+                headers=headers,
+            )
+        futures = [result_sent]
         letter = outcome.dead_letter
         if letter is not None:
-            futures.append(
-                await producer.send(
+            try:
+                dead = await producer.send(
                     self.config.dlq_topic,
                     value=letter.value,
                     key=letter.key,
                     headers=letter.headers,
                 )
-            )
+            except KafkaError as exc:  # e.g. huge original headers: keep only ours
+                log.warning("dead_letter_trimmed", error=repr(exc))
+                ours = [(k, v) for k, v in letter.headers if k.startswith("tokenmill-")]
+                dead = await producer.send(
+                    self.config.dlq_topic, value=letter.value, key=letter.key, headers=ours
+                )
+            futures.append(dead)
         return futures
 
     async def _confirm(

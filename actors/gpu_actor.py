@@ -6,6 +6,8 @@ steps by this actor (add, abort), during a step by the engine thread.
 
 Mailbox: `Batch`es from the ingest. Sends: `Outcome`s to the emitter.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
+A step that raises fails the requests it held with `engine_error`; the actor goes on.
+A request whose id is already running waits for that run and gets its result too.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class GpuActor(Actor[Batch]):
         self.worker_id = worker_id
         self.running: dict[str, Admitted] = {}  # request id → what the engine holds
         self.admitted_at: dict[str, float] = {}
-        self.steps = 0
+        # Copies of a running id (a redelivery, a client retry): answered with its result.
+        self.followers: dict[str, list[Admitted]] = {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -71,19 +74,35 @@ class GpuActor(Actor[Batch]):
                     await self._admit(batch)
                 await self._expire_deadlines()
                 if self.engine.has_work():
-                    out = await loop.run_in_executor(thread, self.engine.step)
-                    self.steps += 1
+                    try:
+                        out = await loop.run_in_executor(thread, self.engine.step)
+                    except Exception as exc:  # any engine failure fails the batch it held
+                        log.exception("engine_step_failed", running=len(self.running))
+                        await self._abort_all(
+                            "error", ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))
+                        )
+                        continue
                     for completion in out.finished:
                         await self._finished(completion)
-            await self._fail_remaining()
+            await self._abort_all("shutting_down", _SHUTDOWN)
+            await self.fail_queued()
         finally:
             if thread is not self.thread:
                 thread.shutdown(wait=False, cancel_futures=True)
+
+    async def fail_queued(self) -> None:
+        """Answer every batch waiting in the mailbox with `shutting_down` (after `stop()`)."""
+        for batch in self.drain_mailbox():
+            for item in batch.items:
+                await self._send_error(item, _SHUTDOWN)
 
     async def _admit(self, batch: Batch) -> None:
         now = time.monotonic()
         for item in batch.items:
             request = item.request
+            if request.id in self.running:
+                self.followers.setdefault(request.id, []).append(item)
+                continue
             params = SamplingParams(
                 max_new_tokens=request.max_new_tokens,
                 temperature=request.temperature,
@@ -103,7 +122,7 @@ class GpuActor(Actor[Batch]):
             try:
                 self.engine.add(engine_request)
             except RequestRejected as exc:
-                await self._send_error(item, _code(exc.code), str(exc))
+                await self._send_error(item, ErrorInfo(code=_code(exc.code), message=str(exc)))
                 continue
             self.running[request.id] = item
             self.admitted_at[request.id] = now
@@ -114,35 +133,46 @@ class GpuActor(Actor[Batch]):
         for request_id in expired:
             completion = self.engine.abort(request_id, "deadline")
             if completion is not None:
-                await self._finished(
-                    completion,
-                    ErrorInfo(
-                        code=ErrorCode.DEADLINE_EXCEEDED,
-                        message="the request's deadline passed while it ran",
-                    ),
-                )
+                await self._finished(completion, _DEADLINE)
+
+    async def _abort_all(self, reason: str, error: ErrorInfo) -> None:
+        """Abort every running request (and its followers) with `error`."""
+        for request_id in list(self.running):
+            try:
+                completion = self.engine.abort(request_id, reason)
+            except Exception:  # a broken engine must not keep anyone waiting
+                log.exception("engine_abort_failed", request_id=request_id)
+                completion = None
+            if completion is not None:
+                await self._finished(completion, error)
+            else:
+                item = self.running.pop(request_id)
+                self.admitted_at.pop(request_id, None)
+                for copy in [item, *self.followers.pop(request_id, [])]:
+                    await self._send_error(copy, error)
 
     async def _finished(self, completion: Completion, error: ErrorInfo | None = None) -> None:
         item = self.running.pop(completion.request_id, None)
         admitted_at = self.admitted_at.pop(completion.request_id, time.monotonic())
         if item is None:
             return
-        await self.emitter.send(
-            engine_outcome(
-                item,
-                text=completion.text,
-                token_ids=completion.token_ids,
-                reason=completion.finish_reason,
-                model=self.model,
-                worker=self.worker_id,
-                queued_ms=(admitted_at - item.consumed_at) * 1000,
-                ttft_ms=completion.ttft_ms,
-                tpot_ms=completion.tpot_ms,
-                error=error,
+        for copy in [item, *self.followers.pop(completion.request_id, [])]:
+            await self.emitter.send(
+                engine_outcome(
+                    copy,
+                    text=completion.text,
+                    token_ids=completion.token_ids,
+                    reason=completion.finish_reason,
+                    model=self.model,
+                    worker=self.worker_id,
+                    queued_ms=(admitted_at - copy.consumed_at) * 1000,
+                    ttft_ms=completion.ttft_ms,
+                    tpot_ms=completion.tpot_ms,
+                    error=error,
+                )
             )
-        )
 
-    async def _send_error(self, item: Admitted, code: ErrorCode, message: str) -> None:
+    async def _send_error(self, item: Admitted, error: ErrorInfo) -> None:
         await self.emitter.send(
             engine_outcome(
                 item,
@@ -154,25 +184,17 @@ class GpuActor(Actor[Batch]):
                 queued_ms=(time.monotonic() - item.consumed_at) * 1000,
                 ttft_ms=None,
                 tpot_ms=None,
-                error=ErrorInfo(code=code, message=message),
+                error=error,
             )
         )
 
-    async def _fail_remaining(self) -> None:
-        """On stop: everything queued or running gets a `shutting_down` error result."""
-        shutdown = ErrorInfo(
-            code=ErrorCode.SHUTTING_DOWN,
-            message="the worker shut down before the request finished",
-        )
-        for request_id in list(self.running):
-            completion = self.engine.abort(request_id, "shutting_down")
-            if completion is not None:
-                await self._finished(completion, shutdown)
-        for batch in self.drain_mailbox():
-            for item in batch.items:
-                await self._send_error(item, shutdown.code, shutdown.message)
-        if self.running or self.admitted_at:
-            log.warning("gpu_stopped_with_leftovers", running=len(self.running))
+
+_SHUTDOWN = ErrorInfo(
+    code=ErrorCode.SHUTTING_DOWN, message="the worker shut down before the request finished"
+)
+_DEADLINE = ErrorInfo(
+    code=ErrorCode.DEADLINE_EXCEEDED, message="the request's deadline passed while it ran"
+)
 
 
 def _code(engine_code: str) -> ErrorCode:

@@ -66,7 +66,11 @@ class IngestActor(Actor[Delivered]):
         self.consumer: AIOKafkaConsumer | None = None
         self.records_read = 0
         self._bucket_added = asyncio.Event()
-        self._quiet = asyncio.Event()  # set whenever nothing is in flight
+        self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
+        # Bumped by every rebalance: a fetch made under an older assignment is not tracked
+        # past the rebalance (its partitions may have been revoked and handed back, with
+        # fetching restarted at the last commit).
+        self._generation = 0
 
     # -- the actor's life ----------------------------------------------------------------
 
@@ -89,9 +93,10 @@ class IngestActor(Actor[Delivered]):
                 mail = tg.create_task(self._mail_loop())
                 committing = tg.create_task(self._commit_loop(consumer))
                 await fetching
+                self._bucket_added.set()  # wakes the flush loop, which sees `stopping`
+                await flushing
                 # Draining: what sits in buckets runs now; then wait for every outcome.
                 await self._flush(self.buckets.drain())
-                flushing.cancel()
                 await self._wait_quiet()
                 mail.cancel()
                 committing.cancel()
@@ -113,15 +118,18 @@ class IngestActor(Actor[Delivered]):
             # admitted before the next pause can take effect.
             limit = min(self.config.fetch_max_records, self.backpressure.room)
             fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
+            # What getmany returns belongs to the assignment current now; a rebalance while
+            # it is handled resets the positions to the last commit (eager protocol).
+            generation = self._generation
             for records in fetched.values():
-                await self._ingest(consumer, records)
+                await self._ingest(records, generation)
             if fetched and self.backpressure.requests == len(self.buckets):
                 # Nothing is running: waiting to fill a batch would only add latency, and
                 # whatever arrives next joins the running batch at the engine's next step.
                 await self._flush(self.buckets.drain("idle"))
 
     async def _ingest(
-        self, consumer: AIOKafkaConsumer, records: Sequence[ConsumerRecord[bytes, bytes]]
+        self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
     ) -> None:
         """Decode and check a partition's fetched records, tokenize the good ones, queue them."""
         accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]] = []
@@ -129,10 +137,11 @@ class IngestActor(Actor[Delivered]):
             ref = RecordRef(
                 record.topic, record.partition, record.offset, record.timestamp, record.key
             )
-            if ref.tp in consumer.assignment():
-                self.tracker.track(ref.tp, ref.offset)
-            # else: revoked while this batch was being handled; the new owner reads it again
-            # from the last commit, and this result is a duplicate, never a gap.
+            if generation != self._generation:
+                # A rebalance ran while this fetch was handled: the rest of it is read again
+                # from the last commit by whoever owns the partition now.
+                break
+            self.tracker.track(ref.tp, ref.offset)
             self.records_read += 1
             headers = [(k, v) for k, v in record.headers if v is not None]
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
@@ -221,7 +230,7 @@ class IngestActor(Actor[Delivered]):
             )
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self.stopping.is_set():
             deadline = self.buckets.next_deadline()
             self._bucket_added.clear()
             if deadline is None:
@@ -290,6 +299,7 @@ class IngestActor(Actor[Delivered]):
         consumer = self.consumer
         if consumer is None:
             return
+        self._generation += 1
         final = self.tracker.revoke(revoked)
         await self._commit(consumer, final)
         log.info("partitions_revoked", partitions=_names(revoked))
@@ -297,6 +307,7 @@ class IngestActor(Actor[Delivered]):
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         # Fetching restarts at the last commit: forget whatever a stale earlier
         # assignment left, so offsets are tracked afresh.
+        self._generation += 1
         self.tracker.revoke(assigned)
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)

@@ -72,6 +72,12 @@ class ModelFront:
                 ErrorCode.UNKNOWN_MODEL,
                 f"model {request.model!r} is not served here; this worker runs {self.name!r}",
             )
+        if request.top_k > self.vocab_size:
+            raise InvalidRequest(
+                ErrorCode.INVALID_SAMPLING_PARAMS,
+                f"top_k must be at most the vocabulary size {self.vocab_size} (0 = off), "
+                f"got {request.top_k}",
+            )
         self._check_vocabulary(request.stop_token_ids, "stop_token_ids")
         if request.prompt_token_ids is not None:
             ids = request.prompt_token_ids

@@ -59,7 +59,7 @@ def rejected_at_door(
     )
     dead_letter = None
     if code in DEAD_LETTER_CODES:
-        kept = value
+        kept = value if value is not None else b""  # Kafka refuses a null key and value
         if value is not None and len(value) > max_dead_letter_bytes:
             # The original stays on the source topic (see the source headers) until retention.
             kept = value[:max_dead_letter_bytes]

@@ -70,7 +70,9 @@ class Worker:
                 log.warning("drain_timeout", running=len(self.gpu.running))
             self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
             await stepping
-            await ingesting
+            while not ingesting.done():  # a batch the ingest was still handing over
+                await self.gpu.fail_queued()
+                await asyncio.wait({ingesting}, timeout=0.1)
             self.emitter.stop()
             await emitting
         log.info(

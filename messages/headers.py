@@ -37,11 +37,18 @@ def header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> byt
     return None
 
 
+# W3C Trace Context: a traceparent is 55 characters; vendors must keep tracestate to 512.
+_TRACE_HEADER_LIMITS = {TRACEPARENT: 128, TRACESTATE: 512}
+
+
 def trace_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tuple[str, bytes]]:
-    """The W3C trace-context headers among `headers`, to pass on downstream."""
+    """The W3C trace-context headers among `headers`, to pass on downstream.
+
+    An oversized one is dropped, not copied: it would make the result too large to send.
+    """
     out = []
     for name in TRACE_HEADERS:
         value = header(headers, name)
-        if value is not None:
+        if value is not None and len(value) <= _TRACE_HEADER_LIMITS[name]:
             out.append((name, value))
     return out

@@ -13,6 +13,13 @@ from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.request import GenerateRequest
 
+# Server-side caps on what a request may make the worker carry or scan per token.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_CHARS = 16384
+
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
@@ -54,7 +61,14 @@ def check_request(request: GenerateRequest) -> None:
         )
     if request.timeout_ms is not None and request.timeout_ms <= 0:
         raise InvalidRequest(
-            ErrorCode.DEADLINE_EXCEEDED, f"timeout_ms must be positive, got {request.timeout_ms}"
+            ErrorCode.INVALID_REQUEST, f"timeout_ms must be positive, got {request.timeout_ms}"
+        )
+    metadata_chars = sum(len(k) + len(v) for k, v in request.metadata.items())
+    if len(request.metadata) > MAX_METADATA_ENTRIES or metadata_chars > MAX_METADATA_CHARS:
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST,
+            f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_CHARS} "
+            f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
 
 
@@ -70,3 +84,9 @@ def _check_sampling(request: GenerateRequest) -> None:
         raise bad(f"top_k must be ≥ 0, got {request.top_k}")
     if any(not s for s in request.stop):
         raise bad("stop strings must not be empty")
+    if len(request.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in request.stop):
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} chars")
+    if len(request.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
+    if request.seed is not None and not 0 <= request.seed < 2**63:
+        raise bad(f"seed must be in [0, 2**63), got {request.seed}")

@@ -55,9 +55,10 @@ def plan_topics(
             name,
             requests_partitions if role in _WIDE_ROLES else other_partitions,
             replication_factor=1,
-            # The worker rejects oversized requests itself, so the topic must let them in.
+            # The worker rejects oversized requests itself, so the topic must let them in; a
+            # dead letter keeps up to max_request_bytes of one, and results echo metadata.
             topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-            if role == "requests"
+            if role in ("requests", "results", "dlq")
             else {},
         )
         for role, name in chosen.items()

@@ -125,7 +125,7 @@ def test_nan_sampling_params_cannot_arrive_as_json() -> None:
 @pytest.mark.parametrize("timeout_ms", [0, -5])
 def test_timeout_must_be_positive(timeout_ms: int) -> None:
     error = broken(request(timeout_ms=timeout_ms))
-    assert error.code is ErrorCode.DEADLINE_EXCEEDED
+    assert error.code is ErrorCode.INVALID_REQUEST  # a bad value, not an expired deadline
     assert f"timeout_ms must be positive, got {timeout_ms}" == error.message
 
 
@@ -158,4 +158,25 @@ def test_the_first_broken_rule_is_reported() -> None:
     req.temperature = 0.0
     assert broken(req).code is ErrorCode.INVALID_REPLY_TO
     req.reply_to = None
-    assert broken(req).code is ErrorCode.DEADLINE_EXCEEDED
+    assert broken(req).code is ErrorCode.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"stop": ["x"] * 17},
+        {"stop": ["x" * 257]},
+        {"stop_token_ids": list(range(65))},
+        {"seed": 2**63},
+        {"seed": -1},
+    ],
+)
+def test_what_a_request_makes_the_worker_scan_is_capped(fields: dict) -> None:
+    assert broken(request(**fields)).code is ErrorCode.INVALID_SAMPLING_PARAMS
+
+
+def test_metadata_is_capped_because_it_is_echoed_back() -> None:
+    assert broken(request(metadata={str(i): "v" for i in range(65)})).code is (
+        ErrorCode.INVALID_REQUEST
+    )
+    assert broken(request(metadata={"k": "v" * 20000})).code is ErrorCode.INVALID_REQUEST
