@@ -202,7 +202,7 @@ async def wait_committed_to_end(lane: Lane, within_s: float = 30.0) -> dict[int,
         if all(done.get(p, -1) == end for p, end in ends.items() if end > 0):
             return done
         if time.monotonic() > deadline:
-            return done
+            raise AssertionError(f"commits stuck at {done}; the partitions end at {ends}")
         await asyncio.sleep(0.3)
 
 

@@ -47,14 +47,16 @@ async def test_backlog_is_worked_through_with_bounded_memory(
             samples.append(rss_bytes(worker.pid))
             await asyncio.sleep(0.25)
 
+    sampler = None
     try:
-        await worker.wait_for_log("partitions_assigned")
+        await worker.wait_for_log("partitions_assigned")  # the model is loaded by now
         sampler = asyncio.create_task(sample_rss())
         found = await results_by_id(lane, ids, within_s=600)
         committed = await wait_committed_to_end(lane)
-        sampler.cancel()
         log = worker.log()
     finally:
+        if sampler is not None:
+            sampler.cancel()
         assert worker.terminate() == 0
 
     assert set(found) == set(ids)

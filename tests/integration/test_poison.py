@@ -7,7 +7,10 @@ offsets reach the end of every partition (no offset skipped, none stuck).
 
 from __future__ import annotations
 
+import asyncio
 import random
+
+from confluent_kafka import Producer
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
@@ -57,12 +60,20 @@ BAD: dict[str, tuple[bytes, ErrorCode | None]] = {
                 ErrorCode.DEADLINE_EXCEEDED),
     "huge": (b'{"id": "huge", "prompt": "' + b"x" * (10 << 20) + b'"}',
              ErrorCode.MESSAGE_TOO_LARGE),
+    "huge-top-k": (b'{"id": "huge-top-k", "prompt": "hi", "temperature": 1, '
+                   b'"top_k": 9223372036854775808}', ErrorCode.INVALID_SAMPLING_PARAMS),
     "bad-reply": (b'{"id": "bad-reply", "prompt": "hi", "reply_to": "no such topic!"}',
                   ErrorCode.INVALID_REPLY_TO),
     # Unknown fields are ignored, whatever their type: forward compatibility.
     "unknown-field": (b'{"id": "unknown-field", "prompt_token_ids": [5, 6], '
                       b'"max_new_tokens": 2, "future": {"x": [1, 2]}}', None),
 }  # fmt: skip
+
+
+def produce_null_record(bootstrap: str, topic: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic)
+    assert producer.flush(30) == 0
 
 
 def good(i: int) -> bytes:
@@ -86,7 +97,10 @@ async def test_every_bad_input_gets_its_typed_error(kafka_bootstrap, tiny_checkp
         keys=[b"xml"],
         headers=[(h.CONTENT_TYPE, b"application/xml")],
     )
+    # A record with neither key nor value: aiokafka refuses to write one, librdkafka can.
+    await asyncio.to_thread(produce_null_record, lane.bootstrap, lane.requests)
     expected = {k: code for k, (_, code) in BAD.items()}
+    expected[""] = ErrorCode.INVALID_JSON
     expected["xml"] = ErrorCode.UNSUPPORTED_CONTENT_TYPE
     expected |= {f"good-{i}": None for i in range(len(BAD))}
 
@@ -109,18 +123,22 @@ async def test_every_bad_input_gets_its_typed_error(kafka_bootstrap, tiny_checkp
 
     dead = {k for k, code in expected.items() if code in DEAD_LETTER_CODES}
     letters = await read_all(lane.bootstrap, lane.dlq, until=len(dead))
-    assert {r.key.decode() for r in letters} == dead
+    assert {(r.key or b"").decode() for r in letters} == dead
     for letter in letters:
         names = dict(letter.headers)
-        assert names[h.DLQ_ERROR_CODE].decode() == expected[letter.key.decode()]
+        assert names[h.DLQ_ERROR_CODE].decode() == expected[(letter.key or b"").decode()]
         assert names[h.DLQ_SOURCE_TOPIC].decode() == lane.requests
         assert int(names[h.DLQ_SOURCE_OFFSET]) >= 0
         if letter.key == b"huge":  # cut to the request limit; the header keeps the size
             assert names[h.DLQ_TRUNCATED_FROM] == str(len(BAD["huge"][0])).encode()
             assert BAD["huge"][0].startswith(letter.value)
+        elif letter.key is None:
+            assert letter.value == b""
         elif letter.key != b"xml":
             assert letter.value == BAD[letter.key.decode()][0]
 
+    every = await read_all(lane.bootstrap, lane.results, until=len(expected) + 1, within_s=5)
+    assert len(every) == len(expected), "exactly one result per record"
     total = len(expected)
     assert ingest.records_read == total
     assert sum(committed.values()) == total, "commits reached the end of every partition"

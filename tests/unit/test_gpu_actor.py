@@ -63,15 +63,46 @@ async def start(engine: Engine) -> tuple[GpuActor, Collector, asyncio.Task[None]
     return actor, collector, asyncio.create_task(actor.run())
 
 
-async def test_results_and_a_refusal_from_the_engine(engine: Engine) -> None:
+async def test_a_copy_of_a_running_id_gets_the_same_result(engine: Engine) -> None:
+    """Redelivery after a rebalance, or a client retry: at-least-once, never a false error."""
     actor, collector, task = await start(engine)
-    await actor.send(Batch(bucket=32, items=[item("a", 3), item("a", 3)], tokens=6, reason="size"))
-    outcomes = {o.result.error is None: o for o in await collector.outcomes(2)}
+    first, copy = item("a", 3), item("a", 3)
+    copy.record = RecordRef("requests", 1, 77, 0)
+    await actor.send(Batch(bucket=32, items=[first, copy], tokens=6, reason="size"))
+    outcomes = await collector.outcomes(2)
     actor.stop()
     await task
-    assert outcomes[True].result.usage.completion_tokens == 3
-    assert outcomes[True].admitted and outcomes[True].cost_tokens == 6
-    assert outcomes[False].result.error.code == ErrorCode.DUPLICATE_REQUEST
+    assert [o.result.error for o in outcomes] == [None, None]
+    assert outcomes[0].result.token_ids == outcomes[1].result.token_ids
+    assert {o.record.partition for o in outcomes} == {0, 1}, "each record is answered"
+    assert all(o.admitted and o.cost_tokens == 6 for o in outcomes)
+
+
+async def test_the_engine_refuses_what_the_door_let_through(engine: Engine) -> None:
+    actor, collector, task = await start(engine)
+    too_long = item("long", 4096)  # over max_model_len: the engine's own check
+    await actor.send(Batch(bucket=32, items=[too_long], tokens=3, reason="size"))
+    (outcome,) = await collector.outcomes(1)
+    actor.stop()
+    await task
+    assert outcome.result.error.code == ErrorCode.MAX_TOKENS_TOO_LARGE
+
+
+class BrokenStep(Engine):
+    def step(self):  # type: ignore[override]
+        raise RuntimeError("device lost")
+
+
+async def test_a_failing_step_answers_its_requests_with_engine_error(tiny_checkpoints) -> None:
+    engine = BrokenStep(load_model(tiny_checkpoints["llama"], name="tiny"), EngineConfig())
+    actor, collector, task = await start(engine)
+    await actor.send(Batch(bucket=32, items=[item("x", 3), item("y", 3)], tokens=6, reason="size"))
+    outcomes = await collector.outcomes(2)
+    assert {o.result.error.code for o in outcomes} == {ErrorCode.ENGINE_ERROR}
+    assert "device lost" in outcomes[0].result.error.message
+    assert not task.done(), "the actor goes on"
+    actor.stop()
+    await task
 
 
 async def test_a_request_past_its_deadline_is_aborted(engine: Engine) -> None:
