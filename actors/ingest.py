@@ -225,6 +225,14 @@ class IngestActor(Actor[Delivered]):
 
     async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
         for f in flushed:
+            log.debug(
+                "batch_flushed",
+                bucket=f.bucket,
+                size=len(f.items),
+                tokens=f.tokens,
+                reason=f.reason,
+                oldest_wait_ms=round(f.oldest_wait_s * 1000, 2),
+            )
             await self.gpu.send(
                 Batch(bucket=f.bucket, items=f.items, tokens=f.tokens, reason=f.reason)
             )

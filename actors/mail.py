@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import TopicPartition
 
+from actors.buckets import FlushReason
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef
 
@@ -63,7 +64,7 @@ class Batch:
     bucket: int
     items: list[Admitted]
     tokens: int
-    reason: str  # "tokens" | "size" | "wait" | "drain"
+    reason: FlushReason
 
 
 @dataclass(frozen=True, slots=True)
