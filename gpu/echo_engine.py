@@ -22,17 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu.config import ModelConfig, load_hf_config
-from gpu.engine import Completion, EngineRequest, StepOutput, StepStats
+from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
 from gpu.engine_config import EngineConfig
-from gpu.errors import (
-    CheckpointError,
-    DuplicateRequest,
-    EmptyPrompt,
-    InvalidSamplingParams,
-    MaxTokensTooLarge,
-    PromptTooLong,
-    TokenOutOfVocabulary,
-)
+from gpu.errors import CheckpointError
 from gpu.gguf_tokenizer import build_gguf_tokenizer
 from gpu.tokenizer import Tokenizer
 
@@ -137,27 +129,10 @@ class EchoEngine:
         self.waiting: dict[str, tuple[EngineRequest, float]] = {}  # id → (request, arrival)
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise the typed error `Engine.validate` would for a length or vocabulary problem."""
-        n = len(request.prompt_token_ids)
-        new = request.params.max_new_tokens
-        max_prompt = self.config.max_prompt_tokens or self.max_model_len - 1
-        if request.request_id in self.waiting:
-            raise DuplicateRequest(f"request {request.request_id!r} is already running")
-        if n == 0:
-            raise EmptyPrompt("the prompt has no tokens")
-        if n > max_prompt:
-            raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
-        if new <= 0:
-            raise InvalidSamplingParams(f"max_new_tokens must be positive, got {new}")
-        if new > self.config.max_new_tokens or n + new > self.max_model_len:
-            raise MaxTokensTooLarge(
-                f"max_new_tokens {new} is over the limit of {self.config.max_new_tokens} or "
-                f"prompt ({n}) + max_new_tokens exceeds max_model_len {self.max_model_len}"
-            )
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise TokenOutOfVocabulary(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        """Raise the typed error `Engine.validate` would: the same admission rules."""
+        check_admission(
+            request, self.config, self.max_model_len, self.model.config.vocab_size, self.waiting
+        )
 
     def add(self, request: EngineRequest) -> None:
         self.validate(request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from gpu.block_allocator import BlockAllocator, blocks_for
@@ -131,39 +131,9 @@ class Engine:
 
     def validate(self, request: EngineRequest) -> None:
         """Raise the typed error a request deserves, or return if it can run."""
-        n = len(request.prompt_token_ids)
-        p = request.params
-        cfg = self.config
-        max_prompt = cfg.max_prompt_tokens or self.max_model_len - 1
-        if request.request_id in self.sequences:
-            raise DuplicateRequest(f"request {request.request_id!r} is already running")
-        if n == 0:
-            raise EmptyPrompt("the prompt has no tokens")
-        if n > max_prompt:
-            raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
-        if p.max_new_tokens <= 0:
-            raise InvalidSamplingParams(f"max_new_tokens must be positive, got {p.max_new_tokens}")
-        if p.max_new_tokens > cfg.max_new_tokens:
-            raise MaxTokensTooLarge(
-                f"max_new_tokens {p.max_new_tokens} is over the limit of {cfg.max_new_tokens}"
-            )
-        if n + p.max_new_tokens > self.max_model_len:
-            raise MaxTokensTooLarge(
-                f"prompt ({n}) + max_new_tokens ({p.max_new_tokens}) exceeds max_model_len "
-                f"{self.max_model_len}; at most {self.max_model_len - n} new tokens fit"
-            )
-        if not math.isfinite(p.temperature) or p.temperature < 0:
-            raise InvalidSamplingParams(f"temperature must be ≥ 0, got {p.temperature}")
-        if not 0 < p.top_p <= 1:  # also refuses NaN
-            raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
-        if p.top_k < 0:
-            raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")
-        if isinstance(p.stop, str) or not all(isinstance(x, str) and x for x in p.stop):
-            raise InvalidSamplingParams("stop must be a sequence of non-empty strings")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise TokenOutOfVocabulary(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        check_admission(
+            request, self.config, self.max_model_len, self.model.config.vocab_size, self.sequences
+        )
 
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
@@ -271,3 +241,48 @@ class Engine:
             finish_time=seq.finish_time,
             num_preemptions=seq.num_preemptions,
         )
+
+
+def check_admission(
+    request: EngineRequest,
+    config: EngineConfig,
+    max_model_len: int,
+    vocab: int,
+    running: Container[str],
+) -> None:
+    """The engine's admission rules: raise the typed error `request` deserves, or return.
+
+    Shared by every engine (the real one and the benchmark's echo engine).
+    """
+    n = len(request.prompt_token_ids)
+    p = request.params
+    cfg = config
+    max_prompt = cfg.max_prompt_tokens or max_model_len - 1
+    if request.request_id in running:
+        raise DuplicateRequest(f"request {request.request_id!r} is already running")
+    if n == 0:
+        raise EmptyPrompt("the prompt has no tokens")
+    if n > max_prompt:
+        raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
+    if p.max_new_tokens <= 0:
+        raise InvalidSamplingParams(f"max_new_tokens must be positive, got {p.max_new_tokens}")
+    if p.max_new_tokens > cfg.max_new_tokens:
+        raise MaxTokensTooLarge(
+            f"max_new_tokens {p.max_new_tokens} is over the limit of {cfg.max_new_tokens}"
+        )
+    if n + p.max_new_tokens > max_model_len:
+        raise MaxTokensTooLarge(
+            f"prompt ({n}) + max_new_tokens ({p.max_new_tokens}) exceeds max_model_len "
+            f"{max_model_len}; at most {max_model_len - n} new tokens fit"
+        )
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise InvalidSamplingParams(f"temperature must be ≥ 0, got {p.temperature}")
+    if not 0 < p.top_p <= 1:  # also refuses NaN
+        raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
+    if p.top_k < 0:
+        raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")
+    if isinstance(p.stop, str) or not all(isinstance(x, str) and x for x in p.stop):
+        raise InvalidSamplingParams("stop must be a sequence of non-empty strings")
+    bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise TokenOutOfVocabulary(f"token id {bad} is outside the vocabulary [0, {vocab})")
