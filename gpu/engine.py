@@ -256,8 +256,7 @@ def check_admission(
     """
     n = len(request.prompt_token_ids)
     p = request.params
-    cfg = config
-    max_prompt = cfg.max_prompt_tokens or max_model_len - 1
+    max_prompt = config.max_prompt_tokens or max_model_len - 1
     if request.request_id in running:
         raise DuplicateRequest(f"request {request.request_id!r} is already running")
     if n == 0:
@@ -266,9 +265,9 @@ def check_admission(
         raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
     if p.max_new_tokens <= 0:
         raise InvalidSamplingParams(f"max_new_tokens must be positive, got {p.max_new_tokens}")
-    if p.max_new_tokens > cfg.max_new_tokens:
+    if p.max_new_tokens > config.max_new_tokens:
         raise MaxTokensTooLarge(
-            f"max_new_tokens {p.max_new_tokens} is over the limit of {cfg.max_new_tokens}"
+            f"max_new_tokens {p.max_new_tokens} is over the limit of {config.max_new_tokens}"
         )
     if n + p.max_new_tokens > max_model_len:
         raise MaxTokensTooLarge(
