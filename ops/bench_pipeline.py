@@ -24,7 +24,7 @@ both paths (a request on the wire cannot ignore it), so both generate the same t
 
 `run_bench(options)` returns one JSON-ready dict; it reports targets, never asserts. The load
 generator's Kafka side lives in `ops/bench_kafka.py`, the worker subprocess and the CPU meter
-in `ops/bench_worker.py`.
+in `ops/bench_worker.py`, the report's skeleton, targets and warnings in `ops/bench_report.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import platform
 import tempfile
 import time
 import uuid
@@ -42,12 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import aiokafka
 import numpy as np
 import torch
 from aiokafka.admin import AIOKafkaAdminClient
 
-from actors.config import WorkerConfig
 from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
@@ -63,6 +60,7 @@ from ops.bench_kafka import (
     warm_up,
     wire_requests,
 )
+from ops.bench_report import skeleton, targets, warnings_for
 from ops.bench_worker import CpuMeter, worker_argv, worker_process
 from ops.engine_options import EngineChoice, build_engine
 from ops.kafka_local import LocalKafka, free_port
@@ -70,11 +68,7 @@ from ops.models import resolve_model
 from ops.topics import create_topics
 
 SECTIONS = ("throughput", "latency", "ceiling")
-TARGET_THROUGHPUT_RATIO = 0.95
-TARGET_ADDED_P50_MS = 10.0
-TARGET_CEILING_RPS = 10_000.0
 MAX_LIGHT_RATE = 2.0  # requests/s
-WORKER_MODE = "subprocess: `tokenmill worker`, its own process (no GIL shared with the client)"
 
 Progress = Callable[[str], None]
 
@@ -344,65 +338,11 @@ async def _ceiling_section(run: _Run) -> None:
     }
 
 
-def _skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
-    w = o.workload
-    defaults = WorkerConfig()
-    skipped = {"skipped": "not selected (--only)"}
-    return {
-        "benchmark": "pipeline",
-        "run_id": run_id,
-        "model": None,
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "aiokafka": aiokafka.__version__,
-            "cpu_count": os.cpu_count(),
-            "cpus_usable": len(os.sched_getaffinity(0)),
-            "torch_threads": torch.get_num_threads(),
-            "host_load_1m_at_start": host_load(),
-        },
-        "kafka": {
-            "broker": "given" if o.bootstrap_servers else "started for this run, on this machine",
-            "bootstrap": o.bootstrap_servers,
-            "partitions": o.partitions,
-            "client": "aiokafka, acks=all, idempotent; linger 0 ms, 5 ms for the ceiling's floods",
-        },
-        "worker": {
-            "mode": WORKER_MODE,
-            "engine_options": asdict(o.engine.engine),
-            "settings": {
-                "max_wait_ms": defaults.max_wait_ms,
-                "max_batch_size": defaults.max_batch_size,
-                "max_batch_tokens": defaults.max_batch_tokens,
-                "fetch_max_records": defaults.fetch_max_records,
-                "emit_linger_ms": defaults.linger_ms,
-                "high_watermark_requests": defaults.watermarks.high_requests,
-            },
-            "argv": {},
-            "warm_up_s": {},
-            "exit_code": {},
-        },
-        "workload": {
-            "seed": w.seed,
-            "requests": w.requests,
-            "prompt_len_range": [w.min_prompt, w.max_prompt],
-            "output_len_range": [w.min_output, w.max_output],
-            "prompts": "uniform random token ids (bench engine's), sent as prompt_token_ids",
-            "sampling": "greedy; EOS honoured on both paths (the wire has no ignore_eos)",
-        },
-        "sections": list(o.sections),
-        "throughput": skipped,
-        "latency": skipped,
-        "ceiling": skipped,
-        "warnings": [],
-    }
-
-
 async def run_bench(options: PipelineOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Run the chosen sections; a JSON-ready report (see `ops/cmd_bench.py`)."""
     o = options
     run_id = uuid.uuid4().hex[:8]
-    report = _skeleton(o, run_id)
+    report = skeleton(o, run_id)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         say = progress or (lambda _: None)
         async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
@@ -417,49 +357,6 @@ async def run_bench(options: PipelineOptions, progress: Progress | None = None) 
                 if o.bootstrap_servers is not None and run.topics_made:
                     await _delete_topics(bootstrap, run.topics_made)
     report["environment"]["host_load_1m_at_end"] = host_load()
-    report["targets"] = _targets(report)
-    report["warnings"] = _warnings(report)
+    report["targets"] = targets(report)
+    report["warnings"] = warnings_for(report)
     return report
-
-
-def _target(value: float | None, target: float, *, at_most: bool = False) -> dict[str, Any]:
-    met = None if value is None else (value <= target if at_most else value >= target)
-    return {
-        "target": target,
-        "at_most" if at_most else "at_least": True,
-        "value": value,
-        "met": met,
-    }
-
-
-def _targets(report: dict[str, Any]) -> dict[str, Any]:
-    ceiling = report["ceiling"]
-    return {
-        "throughput_ratio_vs_direct": _target(
-            report["throughput"].get("ratio"), TARGET_THROUGHPUT_RATIO
-        ),
-        "latency_added_p50_ms": _target(
-            report["latency"].get("added_ms", {}).get("p50"), TARGET_ADDED_P50_MS, at_most=True
-        ),
-        # Set for 2 cores with the broker on the same machine (see environment for this one's).
-        "ceiling_requests_per_s": _target(
-            ceiling.get("prompt_token_ids", {}).get("requests_per_s"), TARGET_CEILING_RPS
-        ),
-        "ceiling_text_requests_per_s": _target(
-            ceiling.get("text_prompts", {}).get("requests_per_s"), TARGET_CEILING_RPS
-        ),
-    }
-
-
-def _warnings(report: dict[str, Any]) -> list[str]:
-    env = report["environment"]
-    cpus = env["cpus_usable"]
-    loads = [env["host_load_1m_at_start"], env["host_load_1m_at_end"]]
-    for section in SECTIONS:
-        loads += report[section].get("host_load_1m", [])
-    if any(x is not None and x > cpus for x in loads):
-        return [
-            f"the host's 1-minute load average passed its {cpus} CPUs: other work competed for "
-            "them, so wall-clock figures are noisy (cpu_s figures much less so)"
-        ]
-    return []
