@@ -82,6 +82,7 @@ class IngestActor(Actor[Delivered]):
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=self.config.max_request_bytes + (64 << 10),
+            fetch_max_wait_ms=self.config.fetch_max_wait_ms,
         )
         consumer.subscribe([self.config.requests_topic], listener=_Rebalance(self))
         await consumer.start()
