@@ -19,13 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpu.config import ModelConfig, load_hf_config
 from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
 from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError
-from gpu.gguf_tokenizer import build_gguf_tokenizer
 from gpu.tokenizer import Tokenizer
 
 _HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -57,13 +55,11 @@ def load_echo_model(path: Path, *, name: str | None = None) -> EchoModel:
     path = Path(path)
     h = hashlib.sha256()
     if path.is_file() and path.suffix == ".gguf":
-        from gpu.gguf_loader import read_gguf_config  # gguf-py only when a GGUF is read
+        from gpu.gguf_loader import read_gguf_header  # gguf-py only when a GGUF is read
 
-        config = read_gguf_config(path)
-        meta = _GGUFMetadata(path)
-        tokenizer = build_gguf_tokenizer(meta, config)
+        config, tokenizer, header_bytes = read_gguf_header(path)
         with path.open("rb") as f:  # the header: metadata and tensor infos, not tensor data
-            h.update(f.read(meta.data_offset))
+            h.update(f.read(header_bytes))
     elif path.is_dir():
         config = load_hf_config(path)
         tokenizer = Tokenizer.from_hf_folder(path, eos_token_ids=config.eos_token_ids)
@@ -79,30 +75,6 @@ def load_echo_model(path: Path, *, name: str | None = None) -> EchoModel:
         config=config,
         tokenizer=tokenizer,
     )
-
-
-class _GGUFMetadata:
-    """`gpu.gguf_tokenizer.GGUFMetadata` over a file's fields (memory-mapped, not read)."""
-
-    def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
-        try:
-            reader = GGUFReader(path)
-        except Exception as exc:  # gguf-py fails on bad input with assorted errors
-            raise CheckpointError(path, f"not a readable GGUF file: {exc}") from exc
-        self.path = path
-        self.fields = reader.fields
-        self.data_offset = int(reader.data_offset)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        field = self.fields.get(key)
-        return default if field is None else field.contents()
-
-    def require(self, key: str) -> Any:
-        if key not in self.fields:
-            raise CheckpointError(self.path, f"GGUF metadata key {key!r} is missing")
-        return self.fields[key].contents()
 
 
 class EchoEngine:

@@ -20,6 +20,7 @@ from gpu.checkpoint import Checkpoint
 from gpu.config import ModelConfig
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.gguf_tokenizer import build_gguf_tokenizer
+from gpu.tokenizer import Tokenizer
 
 ARCHITECTURES = ("llama", "qwen2")  # general.architecture values read here
 _PERMUTED_QK = ("llama",)  # convert_hf_to_gguf.py permutes q/k rows only for LlamaModel
@@ -49,6 +50,18 @@ def read_gguf_config(path: Path) -> ModelConfig:
     """The model's shapes from the file's metadata alone; no tensor data is read."""
     path = Path(path)
     return _config(_open(path), path)
+
+
+def read_gguf_header(path: Path) -> tuple[ModelConfig, Tokenizer, int]:
+    """Config, tokenizer and the header's size in bytes, from one parse of the metadata.
+
+    No tensor data is read (the benchmark's echo engine needs no weights).
+    """
+    path = Path(path)
+    reader = _open(path)
+    config = _config(reader, path)
+    tokenizer = build_gguf_tokenizer(_Meta(reader, path), config)
+    return config, tokenizer, int(reader.data_offset)
 
 
 def load_gguf(path: Path) -> Checkpoint:

@@ -23,14 +23,24 @@ def _positive(name: str, default: int, text: str) -> Callable[[Callable[..., Any
     )
 
 
+def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The seeded workload's shape, the same for `bench engine` and `bench pipeline`."""
+    options = [
+        _positive("--requests", 64, "Requests in the (throughput) workload."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workload."),
+        _positive("--min-prompt", 16, "Shortest prompt, in tokens."),
+        _positive("--max-prompt", 256, "Longest prompt, in tokens."),
+        _positive("--min-output", 16, "Shortest output, in tokens."),
+        _positive("--max-output", 256, "Longest output, in tokens."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @bench.command("engine")
 @engine_options
-@_positive("--requests", 64, "Requests in the workload.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workload.")
-@_positive("--min-prompt", 16, "Shortest prompt, in tokens.")
-@_positive("--max-prompt", 256, "Longest prompt, in tokens.")
-@_positive("--min-output", 16, "Shortest output, in tokens.")
-@_positive("--max-output", 256, "Longest output, in tokens.")
+@_workload_options
 @_positive("--sequential-requests", 8, "Requests transformers runs one at a time.")
 @_positive("--static-batch", 16, "Batch size of transformers' static padded batches.")
 @_positive("--static-batches", 2, "How many static batches transformers runs.")
@@ -101,12 +111,7 @@ def engine(**kwargs: Any) -> None:
     help="Use this broker; default: start one for the run on free ports, then stop it.",
 )
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
-@_positive("--requests", 64, "Throughput: requests in the workload (as bench engine's).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workloads.")
-@_positive("--min-prompt", 16, "Shortest prompt, in tokens.")
-@_positive("--max-prompt", 256, "Longest prompt, in tokens.")
-@_positive("--min-output", 16, "Shortest output, in tokens.")
-@_positive("--max-output", 256, "Longest output, in tokens.")
+@_workload_options
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
