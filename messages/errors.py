@@ -42,3 +42,20 @@ class InvalidRequest(MessageError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class BatchLineRefused(MessageError):
+    """An OpenAI Batch input line that cannot become a request.
+
+    `code` is a `messages.openai_batch_mapping.LineCode` or, for a body that breaks a request
+    rule, an `ErrorCode`; `param` names the offending body field when known (OpenAI's `param`).
+    """
+
+    def __init__(
+        self, code: str, message: str, *, param: str | None = None, custom_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.custom_id = custom_id  # when the line had a usable one

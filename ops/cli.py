@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from ops.cmd_batch import batch
 from ops.cmd_bench import bench
 from ops.cmd_generate import generate
 from ops.cmd_models import models
@@ -32,6 +33,7 @@ cli.add_command(down)
 cli.add_command(topics)
 cli.add_command(worker)
 cli.add_command(submit)
+cli.add_command(batch)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from messages import headers as h
-from messages.codec import JSON, Codec
+from messages.codec import JSON, Codec, normalize_content_type
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.errors import SubmitError
@@ -90,19 +90,34 @@ class SubmitClient:
             await consumer.position(tp)
 
     async def send(self, requests: list[GenerateRequest]) -> None:
+        """Send `requests` and wait until the broker has acknowledged every one."""
+        await asyncio.gather(*[await self.send_one(r) for r in requests])
+
+    async def send_one(self, request: GenerateRequest) -> asyncio.Future[object]:
+        """Queue `request` for sending; the returned future resolves on the broker's ack."""
         assert self._producer is not None, "use `async with SubmitClient(...)`"
         if self._consumer is None:
             await self.listen()
-        futures = [
-            await self._producer.send(
-                self.topic,
-                value=_request_codec.encode(r),
-                key=r.id.encode(),
-                headers=[(h.CONTENT_TYPE, JSON.encode())],
-            )
-            for r in requests
-        ]
-        await asyncio.gather(*futures)
+        acked: asyncio.Future[object] = await self._producer.send(
+            self.topic,
+            value=_request_codec.encode(request),
+            key=request.id.encode(),
+            headers=[(h.CONTENT_TYPE, JSON.encode())],
+        )
+        return acked
+
+    async def poll(self, timeout_s: float) -> list[GenerateResult]:
+        """The results that arrived within `timeout_s` (anyone's: filter by id)."""
+        assert self._consumer is not None, "send() first"
+        fetched = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
+        results = []
+        for records in fetched.values():
+            for record in records:
+                try:
+                    results.append(_result_codec.decode(record.value or b"", _ctype(record)))
+                except msgspec.DecodeError:
+                    continue
+        return results
 
     async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:
         """Yield the result for each id in `ids` as it arrives (first one wins), until all are
@@ -111,20 +126,12 @@ class SubmitClient:
         self.missing = set(ids)
         deadline = time.monotonic() + within_s
         while self.missing and (left := deadline - time.monotonic()) > 0:
-            fetched = await self._consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000))
-            for records in fetched.values():
-                for record in records:
-                    try:
-                        result = _result_codec.decode(record.value or b"", _ctype(record))
-                    except msgspec.DecodeError:
-                        continue
-                    if result.id in self.missing:
-                        self.missing.discard(result.id)
-                        yield result
+            for result in await self.poll(min(left, 1.0)):
+                if result.id in self.missing:
+                    self.missing.discard(result.id)
+                    yield result
 
 
 def _ctype(record: object) -> str:
-    from messages.codec import normalize_content_type
-
     headers = getattr(record, "headers", ())
     return normalize_content_type(h.header(headers, h.CONTENT_TYPE))

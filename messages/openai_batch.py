@@ -1,0 +1,185 @@
+"""OpenAI Batch API JSONL: the input line, the request bodies tokenmill runs, the output line.
+
+Input, one JSON object per line (what OpenAI's Batch API and vLLM's `run_batch` accept):
+
+    {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}],
+              "max_tokens": 32}}
+
+Output, one JSON object per answered input line:
+
+    {"id": "batch_req_…", "custom_id": "q1",
+     "response": {"status_code": 200, "request_id": "…", "body": {chat.completion object}},
+     "error": null}
+
+A request the worker refused has `response.status_code` 4xx/5xx and an OpenAI error body; a
+line that never became a request (not JSON, no `custom_id`, a duplicate `custom_id`, an
+unsupported `url`, a body that cannot be mapped) has `response: null` and `error` with the
+code, the message and the input line number.
+
+Body fields that would change the answer and that tokenmill cannot honour (n > 1, logprobs,
+penalties, logit_bias, tools, …) are refused, never silently ignored; fields that do not
+change it (`user`, `stream_options`, …) are ignored. An omitted `temperature` means greedy,
+tokenmill's default, not OpenAI's 1.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+COMPLETIONS_URL = "/v1/completions"
+CHAT_COMPLETIONS_URL = "/v1/chat/completions"
+SUPPORTED_URLS = (COMPLETIONS_URL, CHAT_COMPLETIONS_URL)
+
+
+class BatchInputLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    custom_id: str
+    method: str = "POST"
+    url: str
+    body: dict[str, Any]
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """What both endpoints share. `None` means "not given": the run's default applies."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # vLLM's extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
+    """`/v1/completions`: one prompt, as text or as token ids."""
+
+    prompt: str | list[int | str]
+    echo: bool = False
+    best_of: int | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
+    """`/v1/chat/completions`: a conversation; the worker applies the model's chat template."""
+
+    messages: list[ChatMessageIn]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class ErrorObject(msgspec.Struct, kw_only=True):
+    """OpenAI's error object, the body of a non-200 response."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    error: ErrorObject
+
+
+class TokenUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: TokenUsage
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: TokenUsage
+
+
+class BatchResponse(msgspec.Struct, kw_only=True):
+    status_code: int
+    request_id: str
+    body: Any  # Completion | ChatCompletion | ErrorBody (msgspec decodes no untagged union)
+
+
+class LineError(msgspec.Struct, kw_only=True):
+    """Why an input line never became a request; `line` is its 1-based number in the file."""
+
+    code: str
+    message: str
+    line: int
+    param: str | None = None
+
+
+class BatchOutputLine(msgspec.Struct, kw_only=True):
+    id: str
+    custom_id: str | None
+    response: BatchResponse | None = None
+    error: LineError | None = None
+
+
+class AnsweredLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """What a resumed run reads back from an output line: which input line it answered."""
+
+    custom_id: str | None = None
+    response: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def line(self) -> int | None:
+        """The input line number of an error line with no usable `custom_id`."""
+        number = (self.error or {}).get("line")
+        return number if isinstance(number, int) else None
+
+    @property
+    def status_code(self) -> int | None:
+        code = (self.response or {}).get("status_code")
+        return code if isinstance(code, int) else None

@@ -1,0 +1,288 @@
+"""OpenAI Batch lines ⇄ tokenmill messages: input line → `GenerateRequest`, result → output line.
+
+    line = parse_line(raw_bytes)                          # or BatchLineRefused
+    request = to_request(line, "batch-1f2e-7")            # or BatchLineRefused
+    out = answer_line(line.custom_id, line.url, result)   # a BatchOutputLine
+    out = refusal_line(refused, line_number=7)            # a BatchOutputLine with `error`
+
+Pure functions: no I/O, no clock except `created` stamps.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+import uuid
+from typing import Any, TypeVar
+
+import msgspec
+
+from messages.error_codes import ErrorCode
+from messages.errors import BatchLineRefused, InvalidRequest
+from messages.openai_batch import (
+    CHAT_COMPLETIONS_URL,
+    COMPLETIONS_URL,
+    SUPPORTED_URLS,
+    AssistantMessage,
+    BatchInputLine,
+    BatchOutputLine,
+    BatchResponse,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionBody,
+    ChatMessageIn,
+    Completion,
+    CompletionBody,
+    CompletionChoice,
+    ErrorBody,
+    ErrorObject,
+    LineError,
+    TokenUsage,
+)
+from messages.request import ChatMessage, GenerateRequest
+from messages.result import GenerateResult
+from messages.validation import check_request
+
+
+class LineCode(enum.StrEnum):
+    """Why an input line never became a request (beside `ErrorCode`s of request rules)."""
+
+    INVALID_JSON = "invalid_json"
+    MISSING_CUSTOM_ID = "missing_custom_id"
+    DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+    UNSUPPORTED_METHOD = "unsupported_method"
+    UNSUPPORTED_URL = "unsupported_url"
+    INVALID_BODY = "invalid_body"
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"
+
+
+# The HTTP status OpenAI would answer with for each worker-side refusal; 400 otherwise.
+_STATUS = {
+    ErrorCode.UNKNOWN_MODEL: 404,
+    ErrorCode.DEADLINE_EXCEEDED: 408,
+    ErrorCode.DUPLICATE_REQUEST: 409,
+    ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.ENGINE_ERROR: 500,
+    ErrorCode.SHUTTING_DOWN: 503,
+}
+_Body = TypeVar("_Body", CompletionBody, ChatCompletionBody)
+_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+_json_decoder = msgspec.json.Decoder()
+
+
+def parse_line(raw: bytes) -> BatchInputLine:
+    """Read one input line's envelope; raise `BatchLineRefused` saying what is wrong with it."""
+    try:
+        obj = _json_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BatchLineRefused(LineCode.INVALID_JSON, f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BatchLineRefused(LineCode.INVALID_JSON, "a line must be a JSON object")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BatchLineRefused(
+            LineCode.MISSING_CUSTOM_ID, "`custom_id` must be a non-empty string", param="custom_id"
+        )
+    method, url, body = obj.get("method", "POST"), obj.get("url"), obj.get("body")
+    if method != "POST":
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_METHOD,
+            f"method {method!r}: only POST is supported",
+            param="method",
+            custom_id=custom_id,
+        )
+    if url not in SUPPORTED_URLS:
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_URL,
+            f"url {url!r}: supported are {', '.join(SUPPORTED_URLS)}",
+            param="url",
+            custom_id=custom_id,
+        )
+    if not isinstance(body, dict):
+        raise BatchLineRefused(
+            LineCode.INVALID_BODY, "`body` must be a JSON object", param="body", custom_id=custom_id
+        )
+    return BatchInputLine(custom_id=custom_id, method=method, url=url, body=body)
+
+
+def to_request(
+    line: BatchInputLine,
+    request_id: str,
+    *,
+    model: str | None = None,
+    default_max_tokens: int | None = None,
+) -> GenerateRequest:
+    """The `GenerateRequest` for `line`'s body, checked against the model-independent rules.
+
+    `model` overrides the body's model; `default_max_tokens` applies when the body gives none
+    (otherwise the wire default, 16, as OpenAI's completions endpoint). The request's metadata
+    carries the `custom_id`, so every result names the line it answers.
+    """
+    try:
+        fields = _request_fields(line)
+    except BatchLineRefused as exc:
+        exc.custom_id = line.custom_id
+        raise
+    fields["id"] = request_id
+    fields["metadata"] = {"custom_id": line.custom_id}
+    if model is not None:
+        fields["model"] = model
+    if fields.get("max_new_tokens") is None:
+        fields.pop("max_new_tokens", None)
+        if default_max_tokens is not None:
+            fields["max_new_tokens"] = default_max_tokens
+    request = GenerateRequest(**fields)
+    try:
+        check_request(request)
+    except InvalidRequest as exc:
+        raise BatchLineRefused(exc.code, exc.message, custom_id=line.custom_id) from None
+    return request
+
+
+def _request_fields(line: BatchInputLine) -> dict[str, Any]:
+    if line.url == COMPLETIONS_URL:
+        completion = _convert(line.body, CompletionBody)
+        _refuse_unsupported(completion)
+        _refuse_if(completion.echo, "echo")
+        _refuse_if(completion.best_of not in (None, 1), "best_of")
+        _refuse_if(completion.logprobs is not None, "logprobs")
+        _refuse_if(completion.suffix is not None, "suffix")
+        return {**_sampling(completion, completion.max_tokens), **_prompt(completion.prompt)}
+    assert line.url == CHAT_COMPLETIONS_URL
+    chat = _convert(line.body, ChatCompletionBody)
+    _refuse_unsupported(chat)
+    _refuse_if(chat.logprobs, "logprobs")
+    _refuse_if(bool(chat.tools), "tools")
+    _refuse_if((chat.response_format or {}).get("type", "text") != "text", "response_format")
+    if not chat.messages:
+        raise BatchLineRefused(LineCode.INVALID_BODY, "`messages` is empty", param="messages")
+    max_tokens = chat.max_completion_tokens if chat.max_completion_tokens else chat.max_tokens
+    messages = [ChatMessage(role=m.role, content=_text_of(m)) for m in chat.messages]
+    return {**_sampling(chat, max_tokens), "messages": messages}
+
+
+def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
+    try:
+        return msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        found = _PATH.search(str(exc))
+        raise BatchLineRefused(
+            LineCode.INVALID_BODY, f"body: {exc}", param=found.group(1) if found else None
+        ) from None
+
+
+def _refuse_if(condition: bool, param: str) -> None:
+    if condition:
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_PARAMETER, f"`{param}` is not supported", param=param
+        )
+
+
+def _refuse_unsupported(body: CompletionBody | ChatCompletionBody) -> None:
+    _refuse_if(body.n != 1, "n")
+    _refuse_if(body.stream, "stream")
+    _refuse_if(body.presence_penalty != 0, "presence_penalty")
+    _refuse_if(body.frequency_penalty != 0, "frequency_penalty")
+    _refuse_if(bool(body.logit_bias), "logit_bias")
+
+
+def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"model": body.model, "max_new_tokens": max_tokens}
+    if body.temperature is not None:
+        fields["temperature"] = body.temperature
+    if body.top_p is not None:
+        fields["top_p"] = body.top_p
+    if body.top_k is not None:
+        fields["top_k"] = max(body.top_k, 0)  # vLLM's -1 means "off", as tokenmill's 0
+    if body.seed is not None:
+        fields["seed"] = body.seed
+    if body.stop is not None:
+        fields["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
+    return fields
+
+
+def _prompt(prompt: str | list[int | str]) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return {"prompt_token_ids": prompt}
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return {"prompt": prompt[0]}
+    raise BatchLineRefused(
+        LineCode.INVALID_BODY,
+        "`prompt` must be a string or a list of token ids (one prompt per line)",
+        param="prompt",
+    )
+
+
+def _text_of(message: ChatMessageIn) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    kinds = {part.type for part in message.content} - {"text"}
+    if kinds:
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_PARAMETER,
+            f"message content of type {', '.join(sorted(kinds))}: only text is supported",
+            param="messages",
+        )
+    return "".join(part.text or "" for part in message.content)
+
+
+def answer_line(
+    custom_id: str, url: str, result: GenerateResult, *, created: int | None = None
+) -> BatchOutputLine:
+    """The output line for `result`: 200 with a (chat) completion object, or the refusal."""
+    return BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex}",
+        custom_id=custom_id,
+        response=BatchResponse(
+            status_code=_STATUS.get(result.error.code, 400) if result.error else 200,
+            request_id=result.id,
+            body=_body(url, result, int(time.time()) if created is None else created),
+        ),
+    )
+
+
+def _body(url: str, result: GenerateResult, created: int) -> Any:
+    if result.error is not None:
+        status = _STATUS.get(result.error.code, 400)
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return ErrorBody(
+            error=ErrorObject(message=result.error.message, type=kind, code=result.error.code)
+        )
+    model = result.model.name if result.model else ""
+    usage = TokenUsage(
+        prompt_tokens=result.usage.prompt_tokens,
+        completion_tokens=result.usage.completion_tokens,
+        total_tokens=result.usage.total_tokens,
+    )
+    finish = str(result.finish_reason)
+    if url == CHAT_COMPLETIONS_URL:
+        return ChatCompletion(
+            id=f"chatcmpl-{result.id}",
+            created=created,
+            model=model,
+            choices=[
+                ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish)
+            ],
+            usage=usage,
+        )
+    return Completion(
+        id=f"cmpl-{result.id}",
+        created=created,
+        model=model,
+        choices=[CompletionChoice(text=result.text, finish_reason=finish)],
+        usage=usage,
+    )
+
+
+def refusal_line(refused: BatchLineRefused, *, line_number: int) -> BatchOutputLine:
+    """The output line for an input line that never became a request."""
+    return BatchOutputLine(
+        id=f"batch_req_{uuid.uuid4().hex}",
+        custom_id=refused.custom_id,
+        error=LineError(
+            code=str(refused.code), message=refused.message, line=line_number, param=refused.param
+        ),
+    )

@@ -1,0 +1,129 @@
+"""The output file of a batch run: what it already answers, and appending whole lines to it.
+
+The file is the run's only state. A rerun with the same output file reads it back to skip
+every input line already answered (`read_answered`), so an interrupted run resumes. Lines are
+appended with one `os.write` per group of results, never through a buffer that could flush
+half a line; if a kill still left a partial last line, it is cut off before appending.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from messages.openai_batch import AnsweredLine, BatchOutputLine
+from ops.batch_ids import Fingerprints
+
+_answered_decoder = msgspec.json.Decoder(AnsweredLine)
+_encoder = msgspec.json.Encoder()
+
+
+def line_key(number: int) -> str:
+    """The key of an input line answered without a usable `custom_id` (no id, or a duplicate)."""
+    return f"\x00line:{number}"
+
+
+@dataclass
+class Answered:
+    """What an output file holds: the keys it answers and counts by outcome."""
+
+    keys: Fingerprints = field(default_factory=Fingerprints)
+    lines: int = 0
+    by_status: Counter[int] = field(default_factory=Counter)  # response.status_code
+    line_errors: Counter[str] = field(default_factory=Counter)  # error.code of refused lines
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    unreadable: int = 0  # lines that are not output lines (left alone, not counted)
+
+    @property
+    def ok(self) -> int:
+        return self.by_status[200]
+
+    @property
+    def errors(self) -> int:
+        return self.lines - self.ok
+
+    def count(self, line: AnsweredLine) -> None:
+        self.lines += 1
+        if line.error is not None:
+            self.line_errors[str(line.error.get("code"))] += 1
+        if line.status_code is not None:
+            self.by_status[line.status_code] += 1
+            usage = ((line.response or {}).get("body") or {}).get("usage") or {}
+            self.prompt_tokens += int(usage.get("prompt_tokens", 0))
+            self.completion_tokens += int(usage.get("completion_tokens", 0))
+
+
+def read_answered(path: Path) -> Answered:
+    """Scan an output file (missing: nothing answered) line by line, in bounded memory."""
+    answered = Answered()
+    if not path.exists():
+        return answered
+    with path.open("rb") as lines:
+        for raw in lines:
+            if not raw.endswith(b"\n"):
+                break  # a partial last line: not an answer (OutputWriter cuts it off)
+            try:
+                line = _answered_decoder.decode(raw)
+            except msgspec.DecodeError:
+                answered.unreadable += 1
+                continue
+            if line.custom_id is not None:
+                answered.keys.add(line.custom_id)
+            elif line.line is not None:
+                answered.keys.add(line_key(line.line))
+            else:
+                answered.unreadable += 1
+                continue
+            answered.count(line)
+    return answered
+
+
+class OutputWriter:
+    """Appends output lines to a file; each `write` call lands whole or, if killed, is cut."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_partial_last_line(path)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, lines: Iterable[BatchOutputLine]) -> None:
+        data = b"".join(_encoder.encode(line) + b"\n" for line in lines)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def sync(self) -> None:
+        """Make what was written survive a power loss too, not only a killed process."""
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _cut_partial_last_line(path: Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            chunk = f.read(end - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end != size:
+            f.truncate(end)
