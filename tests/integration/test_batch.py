@@ -36,6 +36,17 @@ def batch_run(lane: Lane, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def batch_status(output: Path, source: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "batch", "status", str(output), "--input", str(source)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+
+
+def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def output_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -145,10 +156,7 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
     assert refused["body"]["error"]["code"] == "unknown_model"
     assert refused["body"]["error"]["type"] == "invalid_request_error"
 
-    status = subprocess.run(
-        [sys.executable, "-m", "ops", "batch", "status", str(out), "--input", str(source)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+    status = await asyncio.to_thread(batch_status, out, source)
     assert "0 left" in status.stdout and f"{len(lines)} of {len(lines)} answered" in status.stdout
 
 
@@ -170,7 +178,7 @@ async def test_a_run_killed_midway_resumes_without_duplicates(
 
     async with worker(lane, tmp_path / "worker.log", "--engine", "echo") as process:
         argv = batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4")
-        client = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        client = start(argv)
         while not out.exists() or out.read_bytes().count(b"\n") < 300:
             assert client.poll() is None, client.communicate()[1][-2000:]
             await asyncio.sleep(0.02)
@@ -193,7 +201,7 @@ async def test_a_run_killed_midway_resumes_without_duplicates(
 
 def peak_rss_mb(argv: list[str]) -> tuple[float, dict[str, Any]]:
     """Run `argv` to the end; its own peak RSS (from wait4) and its JSON stdout."""
-    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+    with start(argv) as child:
         stdout = child.stdout.read() if child.stdout else b""
         stderr = child.stderr.read() if child.stderr else b""
         _, status, usage = os.wait4(child.pid, 0)
