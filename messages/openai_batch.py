@@ -51,10 +51,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     top_k: int | None = None  # vLLM's extension
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    n: int | None = None  # null means the default everywhere below, as OpenAI reads it
+    stream: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
 
 
@@ -62,7 +62,7 @@ class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False)
     """`/v1/completions`: one prompt, as text or as token ids."""
 
     prompt: str | list[int | str]
-    echo: bool = False
+    echo: bool | None = None
     best_of: int | None = None
     logprobs: int | None = None
     suffix: str | None = None
@@ -83,7 +83,7 @@ class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=Fa
 
     messages: list[ChatMessageIn]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 

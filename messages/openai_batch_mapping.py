@@ -67,7 +67,7 @@ _STATUS = {
     ErrorCode.SHUTTING_DOWN: 503,
 }
 _Body = TypeVar("_Body", CompletionBody, ChatCompletionBody)
-_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+_PATH = re.compile(r"(?:at `\$\.|missing required field `)([A-Za-z_]+)")
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -144,7 +144,7 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     if line.url == COMPLETIONS_URL:
         completion = _convert(line.body, CompletionBody)
         _refuse_unsupported(completion)
-        _refuse_if(completion.echo, "echo")
+        _refuse_if(bool(completion.echo), "echo")
         _refuse_if(completion.best_of not in (None, 1), "best_of")
         _refuse_if(completion.logprobs is not None, "logprobs")
         _refuse_if(completion.suffix is not None, "suffix")
@@ -152,12 +152,14 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     assert line.url == CHAT_COMPLETIONS_URL
     chat = _convert(line.body, ChatCompletionBody)
     _refuse_unsupported(chat)
-    _refuse_if(chat.logprobs, "logprobs")
+    _refuse_if(bool(chat.logprobs), "logprobs")
     _refuse_if(bool(chat.tools), "tools")
     _refuse_if((chat.response_format or {}).get("type", "text") != "text", "response_format")
     if not chat.messages:
         raise BatchLineRefused(LineCode.INVALID_BODY, "`messages` is empty", param="messages")
-    max_tokens = chat.max_completion_tokens if chat.max_completion_tokens else chat.max_tokens
+    max_tokens = (
+        chat.max_tokens if chat.max_completion_tokens is None else chat.max_completion_tokens
+    )
     messages = [ChatMessage(role=m.role, content=_text_of(m)) for m in chat.messages]
     return {**_sampling(chat, max_tokens), "messages": messages}
 
@@ -180,10 +182,10 @@ def _refuse_if(condition: bool, param: str) -> None:
 
 
 def _refuse_unsupported(body: CompletionBody | ChatCompletionBody) -> None:
-    _refuse_if(body.n != 1, "n")
-    _refuse_if(body.stream, "stream")
-    _refuse_if(body.presence_penalty != 0, "presence_penalty")
-    _refuse_if(body.frequency_penalty != 0, "frequency_penalty")
+    _refuse_if(body.n not in (None, 1), "n")
+    _refuse_if(bool(body.stream), "stream")
+    _refuse_if(body.presence_penalty not in (None, 0), "presence_penalty")
+    _refuse_if(body.frequency_penalty not in (None, 0), "frequency_penalty")
     _refuse_if(bool(body.logit_bias), "logit_bias")
 
 

@@ -54,9 +54,16 @@ class Answered:
             self.line_errors[str(line.error.get("code"))] += 1
         if line.status_code is not None:
             self.by_status[line.status_code] += 1
-            usage = ((line.response or {}).get("body") or {}).get("usage") or {}
-            self.prompt_tokens += int(usage.get("prompt_tokens", 0))
-            self.completion_tokens += int(usage.get("completion_tokens", 0))
+            self.prompt_tokens += _usage(line, "prompt_tokens")
+            self.completion_tokens += _usage(line, "completion_tokens")
+
+
+def _usage(line: AnsweredLine, name: str) -> int:
+    """A token count from a response body; 0 when the line was written by something else."""
+    body = (line.response or {}).get("body")
+    usage = body.get("usage") if isinstance(body, dict) else None
+    count = usage.get(name) if isinstance(usage, dict) else None
+    return count if isinstance(count, int) else 0
 
 
 def read_answered(path: Path) -> Answered:

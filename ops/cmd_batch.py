@@ -137,6 +137,16 @@ def status(output: Path, input_file: Path | None, as_json: bool) -> None:
         click.echo(f"{report['left']} left; `tokenmill batch run` with the same -o resumes")
 
 
+@batch.command()
+@click.argument("output", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+def show(output: Path, limit: int) -> None:
+    """Print an OUTPUT file as a table: custom_id, answer or error, finish reason, tokens."""
+    from ops.batch_table import print_table
+
+    print_table(output, limit)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     state = "complete" if summary["complete"] else "incomplete"
     click.echo(

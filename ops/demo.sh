@@ -1,27 +1,48 @@
 #!/usr/bin/env bash
 # `make demo`: the main job end to end on this machine, through a real Kafka broker.
-#   start Kafka (from its Maven jars) → create topics → start a worker on SmolLM2-135M →
-#   submit the sample jobs → print the results → drain the worker → stop Kafka.
-# KEEP_RUNNING=1 leaves Kafka up (stop it with `tokenmill down`).
+#   fetch SmolLM2-135M → start Kafka (from its Maven jars) → create topics → start a worker →
+#   `tokenmill batch run` on ops/samples/batch.jsonl (OpenAI Batch JSONL) → print the results
+#   table and the run's throughput → drain the worker → stop Kafka.
+# KEEP_RUNNING=1 leaves Kafka and the worker up and says how to stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-uv run --locked}
 PORT=${TOKENMILL_DEMO_KAFKA_PORT:-9092}
-LOG=${TMPDIR:-/tmp}/tokenmill-demo-worker.log
+WORK=${TMPDIR:-/tmp}/tokenmill-demo
+INPUT=ops/samples/batch.jsonl
+OUTPUT=$WORK/batch-output.jsonl
+LOG=$WORK/worker.log
+mkdir -p "$WORK"
+rm -f "$OUTPUT" # a fresh run (an existing output file would be resumed, i.e. skipped)
 
 $RUN tokenmill models fetch smollm2-135m >/dev/null
 BOOTSTRAP=$($RUN tokenmill up --kafka-port "$PORT")
 export TOKENMILL_BOOTSTRAP_SERVERS=$BOOTSTRAP
-stop_kafka() { [[ "${KEEP_RUNNING:-0}" == 1 ]] || $RUN tokenmill down; }
-trap stop_kafka EXIT
+WORKER=""
+finish() {
+    if [[ "${KEEP_RUNNING:-0}" == 1 ]]; then
+        echo "left running: worker pid ${WORKER:-none} (log $LOG), Kafka at $BOOTSTRAP;" \
+            "stop them with: kill -TERM ${WORKER:-<pid>}; $RUN tokenmill down" >&2
+        return
+    fi
+    if [[ -n "$WORKER" ]] && kill -0 "$WORKER" 2>/dev/null; then
+        kill -TERM "$WORKER"
+        wait "$WORKER" && echo "worker: drained and stopped (exit 0)" >&2
+    fi
+    $RUN tokenmill down
+}
+trap finish EXIT
 $RUN tokenmill topics create
 
 $RUN tokenmill worker --model smollm2-135m --group tokenmill-demo >"$LOG" 2>&1 &
 WORKER=$!
-echo "worker: pid $WORKER, log $LOG" >&2
+echo "worker: pid $WORKER, log $LOG; waiting until it consumes" >&2
+for _ in $(seq 600); do
+    grep -q '"ingest_started"' "$LOG" && break
+    kill -0 "$WORKER" 2>/dev/null || { tail -20 "$LOG" >&2; exit 1; }
+    sleep 0.5
+done
 
-$RUN tokenmill submit --file ops/samples/jobs.jsonl --wait --timeout 300 \
-    | $RUN python -m ops.show_results || true
-
-kill -TERM "$WORKER"
-wait "$WORKER" && echo "worker: drained and stopped (exit 0)" >&2
+$RUN tokenmill batch run "$INPUT" -o "$OUTPUT" --stall-timeout 300
+$RUN tokenmill batch show "$OUTPUT"
+echo "input $INPUT → output $OUTPUT ($(wc -l <"$OUTPUT") lines, OpenAI Batch output format)"

@@ -1,0 +1,533 @@
+"""OpenAI Batch lines ⇄ tokenmill messages: parse_line, to_request, answer_line, refusal_line.
+
+Input lines become a `GenerateRequest` or a `BatchLineRefused` with a closed code (and the
+offending `param`); results and refusals become output lines in OpenAI's batch output shape,
+which a resumed run reads back as `AnsweredLine`s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from messages.error_codes import ErrorCode
+from messages.errors import BatchLineRefused
+from messages.openai_batch import (
+    CHAT_COMPLETIONS_URL,
+    COMPLETIONS_URL,
+    AnsweredLine,
+    BatchInputLine,
+    BatchOutputLine,
+)
+from messages.openai_batch_mapping import (
+    LineCode,
+    answer_line,
+    parse_line,
+    refusal_line,
+    to_request,
+)
+from messages.request import ChatMessage, GenerateRequest
+from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
+
+MODEL = ModelRef(name="smollm2-135m", digest="sha256:" + "ab" * 32)
+HI = [{"role": "user", "content": "Hi"}]
+_answered_decoder = msgspec.json.Decoder(AnsweredLine)
+
+
+def raw_line(**fields: Any) -> bytes:
+    """An encoded input line; `custom_id`, `method`, `url` and `body` default to a good chat."""
+    line: dict[str, Any] = {
+        "custom_id": "q1",
+        "method": "POST",
+        "url": CHAT_COMPLETIONS_URL,
+        "body": {"messages": HI},
+    }
+    line.update(fields)
+    return msgspec.json.encode(line) + b"\n"
+
+
+def chat_line(custom_id: str = "q1", **body: Any) -> BatchInputLine:
+    return BatchInputLine(
+        custom_id=custom_id, url=CHAT_COMPLETIONS_URL, body={"messages": HI, **body}
+    )
+
+
+def completion_line(custom_id: str = "q1", **body: Any) -> BatchInputLine:
+    return BatchInputLine(custom_id=custom_id, url=COMPLETIONS_URL, body={"prompt": "Hi", **body})
+
+
+def line_refused(raw: bytes) -> BatchLineRefused:
+    with pytest.raises(BatchLineRefused) as info:
+        parse_line(raw)
+    assert info.value.message
+    return info.value
+
+
+def request_refused(line: BatchInputLine, **kw: Any) -> BatchLineRefused:
+    with pytest.raises(BatchLineRefused) as info:
+        to_request(line, "batch-t-1", **kw)
+    assert info.value.message
+    assert info.value.custom_id == line.custom_id, "a body refusal keeps the line's custom_id"
+    return info.value
+
+
+def request(line: BatchInputLine, **kw: Any) -> GenerateRequest:
+    return to_request(line, "batch-t-1", **kw)
+
+
+def ok_result(**fields: Any) -> GenerateResult:
+    fields = {
+        "id": "batch-t-1",
+        "text": "Hello there",
+        "token_ids": [1, 2],
+        "finish_reason": FinishReason.LENGTH,
+        "usage": Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        "model": MODEL,
+        **fields,
+    }
+    return GenerateResult(**fields)
+
+
+def error_result(code: ErrorCode, message: str = "why it failed") -> GenerateResult:
+    return GenerateResult(id="batch-t-1", error=ErrorInfo(code=code, message=message))
+
+
+def as_json(line: BatchOutputLine) -> dict[str, Any]:
+    decoded: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(line))
+    return decoded
+
+
+# --- parse_line: the envelope ---------------------------------------------------------------
+
+
+def test_parse_line_reads_a_chat_line() -> None:
+    line = parse_line(raw_line(custom_id="capital", body={"messages": HI, "max_tokens": 8}))
+    assert line == BatchInputLine(
+        custom_id="capital",
+        method="POST",
+        url=CHAT_COMPLETIONS_URL,
+        body={"messages": HI, "max_tokens": 8},
+    )
+
+
+def test_parse_line_reads_a_completion_line_without_a_method() -> None:
+    raw = msgspec.json.encode({"custom_id": "c", "url": COMPLETIONS_URL, "body": {"prompt": "x"}})
+    line = parse_line(raw)
+    assert (line.custom_id, line.method, line.url) == ("c", "POST", COMPLETIONS_URL)
+    assert line.body == {"prompt": "x"}
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b'{"custom_id": "q1"', b"", b"\xff\xfe"])
+def test_a_line_that_is_not_json_is_invalid_json(raw: bytes) -> None:
+    refused = line_refused(raw)
+    assert refused.code == LineCode.INVALID_JSON
+    assert refused.custom_id is None
+
+
+@pytest.mark.parametrize("raw", [b'[{"custom_id": "q1"}]', b'"q1"', b"42", b"null"])
+def test_a_line_that_is_not_a_json_object_is_invalid_json(raw: bytes) -> None:
+    refused = line_refused(raw)
+    assert refused.code == LineCode.INVALID_JSON
+    assert refused.custom_id is None
+
+
+@pytest.mark.parametrize("custom_id", ["", 7, None, ["q1"], {"id": "q1"}])
+def test_a_missing_or_unusable_custom_id_is_refused(custom_id: object) -> None:
+    refused = line_refused(raw_line(custom_id=custom_id))
+    assert refused.code == LineCode.MISSING_CUSTOM_ID
+    assert (refused.param, refused.custom_id) == ("custom_id", None)
+
+
+def test_a_line_without_custom_id_is_refused() -> None:
+    raw = msgspec.json.encode({"url": CHAT_COMPLETIONS_URL, "body": {"messages": HI}})
+    refused = line_refused(raw)
+    assert refused.code == LineCode.MISSING_CUSTOM_ID
+    assert refused.custom_id is None
+
+
+def test_a_method_other_than_post_is_refused_keeping_the_custom_id() -> None:
+    refused = line_refused(raw_line(custom_id="g1", method="GET"))
+    assert refused.code == LineCode.UNSUPPORTED_METHOD
+    assert (refused.param, refused.custom_id) == ("method", "g1")
+    assert "'GET'" in refused.message
+
+
+@pytest.mark.parametrize("url", ["/v1/embeddings", "/v1/responses", "v1/completions", None])
+def test_an_unsupported_url_is_refused_keeping_the_custom_id(url: str | None) -> None:
+    refused = line_refused(raw_line(custom_id="e1", url=url))
+    assert refused.code == LineCode.UNSUPPORTED_URL
+    assert (refused.param, refused.custom_id) == ("url", "e1")
+
+
+@pytest.mark.parametrize("body", [None, "prompt", [1, 2], 3])
+def test_a_body_that_is_not_an_object_is_invalid_body(body: object) -> None:
+    refused = line_refused(raw_line(custom_id="b1", body=body))
+    assert refused.code == LineCode.INVALID_BODY
+    assert (refused.param, refused.custom_id) == ("body", "b1")
+
+
+def test_a_line_without_body_is_invalid_body() -> None:
+    raw = msgspec.json.encode({"custom_id": "b1", "url": COMPLETIONS_URL})
+    assert line_refused(raw).code == LineCode.INVALID_BODY
+
+
+# --- to_request: completions ----------------------------------------------------------------
+
+
+def test_a_text_prompt_becomes_prompt() -> None:
+    req = request(completion_line(prompt="Once upon a time"))
+    assert req.prompt == "Once upon a time"
+    assert (req.prompt_token_ids, req.messages) == (None, None)
+
+
+def test_a_prompt_of_token_ids_becomes_prompt_token_ids() -> None:
+    req = request(completion_line(prompt=[101, 7592, 102]))
+    assert req.prompt_token_ids == [101, 7592, 102]
+    assert (req.prompt, req.messages) == (None, None)
+
+
+def test_a_prompt_list_of_one_string_becomes_prompt() -> None:
+    req = request(completion_line(prompt=["one string"]))
+    assert req.prompt == "one string"
+    assert req.prompt_token_ids is None
+
+
+@pytest.mark.parametrize("prompt", [["one", "two"], [], [1, "two"]])
+def test_a_prompt_that_is_not_one_prompt_is_invalid_body(prompt: list[Any]) -> None:
+    refused = request_refused(completion_line(prompt=prompt))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "prompt")
+
+
+def test_a_completion_body_without_prompt_is_invalid_body() -> None:
+    line = BatchInputLine(custom_id="q1", url=COMPLETIONS_URL, body={"max_tokens": 4})
+    assert request_refused(line).code == LineCode.INVALID_BODY
+
+
+# --- to_request: chat -----------------------------------------------------------------------
+
+
+def test_chat_messages_with_string_content_are_carried_over() -> None:
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
+    req = request(chat_line(messages=messages))
+    assert req.messages == [ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    assert (req.prompt, req.prompt_token_ids) == (None, None)
+
+
+def test_text_parts_of_a_chat_message_are_joined() -> None:
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    req = request(chat_line(messages=[{"role": "user", "content": parts}]))
+    assert req.messages == [ChatMessage(role="user", content="Hello, world")]
+
+
+def test_an_image_part_is_an_unsupported_parameter() -> None:
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    ]
+    refused = request_refused(chat_line(messages=[{"role": "user", "content": parts}]))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "messages")
+    assert "image_url" in refused.message
+
+
+def test_empty_messages_are_invalid_body() -> None:
+    refused = request_refused(chat_line(messages=[]))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "messages")
+
+
+# --- to_request: max tokens -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_max_tokens_becomes_max_new_tokens(make: Any) -> None:
+    assert request(make(max_tokens=40)).max_new_tokens == 40
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert request(chat_line(max_tokens=40, max_completion_tokens=7)).max_new_tokens == 7
+    assert request(chat_line(max_completion_tokens=9)).max_new_tokens == 9
+
+
+def test_max_completion_tokens_zero_is_refused_like_max_tokens_zero() -> None:
+    assert request_refused(chat_line(max_tokens=0)).code == ErrorCode.INVALID_MAX_TOKENS
+    assert request_refused(chat_line(max_completion_tokens=0)).code == (
+        ErrorCode.INVALID_MAX_TOKENS
+    )
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_without_max_tokens_the_wire_default_applies(make: Any) -> None:
+    assert request(make()).max_new_tokens == 16
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_without_max_tokens_the_run_default_applies_when_given(make: Any) -> None:
+    assert request(make(), default_max_tokens=64).max_new_tokens == 64
+    assert request(make(max_tokens=5), default_max_tokens=64).max_new_tokens == 5
+
+
+# --- to_request: sampling, model, ids -------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_sampling_fields_are_carried_over(make: Any) -> None:
+    req = request(make(temperature=0.7, top_p=0.9, seed=1234, stop=["\n\n", "END"], top_k=40))
+    assert (req.temperature, req.top_p, req.seed, req.top_k) == (0.7, 0.9, 1234, 40)
+    assert req.stop == ["\n\n", "END"]
+
+
+def test_omitted_sampling_fields_keep_tokenmills_greedy_defaults() -> None:
+    req = request(chat_line())
+    assert (req.temperature, req.top_p, req.top_k, req.seed, req.stop) == (0.0, 1.0, 0, None, [])
+
+
+def test_a_single_stop_string_becomes_a_list() -> None:
+    assert request(completion_line(stop="\n")).stop == ["\n"]
+
+
+def test_top_k_minus_one_means_off() -> None:
+    assert request(chat_line(top_k=-1)).top_k == 0
+
+
+def test_the_model_override_beats_the_body_model() -> None:
+    assert request(chat_line(model="from-body")).model == "from-body"
+    assert request(chat_line(model="from-body"), model="override").model == "override"
+    assert request(chat_line(), model="override").model == "override"
+    assert request(chat_line()).model is None
+
+
+def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
+    req = to_request(chat_line(custom_id="capital-france"), "batch-1f2e-7")
+    assert req.id == "batch-1f2e-7"
+    assert req.metadata == {"custom_id": "capital-france"}
+
+
+@pytest.mark.parametrize(
+    ("make", "body", "param"),
+    [
+        (chat_line, {"n": 2}, "n"),
+        (completion_line, {"n": 3}, "n"),
+        (chat_line, {"stream": True}, "stream"),
+        (completion_line, {"stream": True}, "stream"),
+        (chat_line, {"presence_penalty": 0.5}, "presence_penalty"),
+        (completion_line, {"frequency_penalty": -0.5}, "frequency_penalty"),
+        (chat_line, {"logit_bias": {"1": 2}}, "logit_bias"),
+        (completion_line, {"logit_bias": {"50256": -100}}, "logit_bias"),
+        (completion_line, {"echo": True}, "echo"),
+        (completion_line, {"best_of": 3}, "best_of"),
+        (completion_line, {"logprobs": 5}, "logprobs"),
+        (completion_line, {"logprobs": 0}, "logprobs"),
+        (completion_line, {"suffix": "!"}, "suffix"),
+        (chat_line, {"logprobs": True}, "logprobs"),
+        (chat_line, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (chat_line, {"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_fields_that_would_change_the_answer_are_refused(
+    make: Any, body: dict[str, Any], param: str
+) -> None:
+    refused = request_refused(make(**body))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, param)
+    assert param in refused.message
+
+
+@pytest.mark.parametrize(
+    ("make", "body"),
+    [
+        (chat_line, {"n": 1, "stream": False, "presence_penalty": 0, "logit_bias": {}}),
+        (chat_line, {"logprobs": False, "tools": [], "response_format": {"type": "text"}}),
+        (completion_line, {"echo": False, "best_of": 1, "logprobs": None}),
+    ],
+)
+def test_the_neutral_values_of_unsupported_fields_are_accepted(
+    make: Any, body: dict[str, Any]
+) -> None:
+    request(make(**body))
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"stop": 5}, "stop"),
+        ({"messages": "Hi"}, "messages"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_invalid_body_naming_it(
+    body: dict[str, Any], param: str
+) -> None:
+    refused = request_refused(chat_line(**body))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, param)
+
+
+@pytest.mark.parametrize("body", [{"temperature": -1}, {"top_p": 0}, {"stop": [""]}, {"seed": -1}])
+def test_a_broken_request_rule_is_refused_with_its_error_code(body: dict[str, Any]) -> None:
+    refused = request_refused(completion_line(custom_id="t1", **body))
+    assert refused.code == ErrorCode.INVALID_SAMPLING_PARAMS
+    assert refused.code == "invalid_sampling_params"
+    assert refused.custom_id == "t1"
+
+
+def test_unknown_harmless_fields_are_ignored() -> None:
+    line = chat_line(user="u-42", stream_options={"include_usage": True}, store=False)
+    assert request(line) == request(chat_line())
+
+
+# --- answer_line ----------------------------------------------------------------------------
+
+
+def test_a_completion_result_answers_with_a_text_completion() -> None:
+    out = as_json(answer_line("q1", COMPLETIONS_URL, ok_result(), created=1_700_000_000))
+    assert out["id"].startswith("batch_req_")
+    assert (out["custom_id"], out["error"]) == ("q1", None)
+    response = out["response"]
+    assert (response["status_code"], response["request_id"]) == (200, "batch-t-1")
+    assert response["body"] == {
+        "id": "cmpl-batch-t-1",
+        "object": "text_completion",
+        "created": 1_700_000_000,
+        "model": "smollm2-135m",
+        "choices": [
+            {"index": 0, "text": "Hello there", "logprobs": None, "finish_reason": "length"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+def test_a_chat_result_answers_with_a_chat_completion() -> None:
+    result = ok_result(text="Paris.", finish_reason=FinishReason.STOP)
+    out = as_json(answer_line("capital", CHAT_COMPLETIONS_URL, result, created=1_700_000_000))
+    assert out["custom_id"] == "capital"
+    assert out["response"]["status_code"] == 200
+    assert out["response"]["body"] == {
+        "id": "chatcmpl-batch-t-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "smollm2-135m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Paris."},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+def test_created_defaults_to_now() -> None:
+    body = as_json(answer_line("q1", COMPLETIONS_URL, ok_result()))["response"]["body"]
+    assert isinstance(body["created"], int)
+    assert body["created"] > 1_700_000_000
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        (ErrorCode.UNKNOWN_MODEL, 404, "invalid_request_error"),
+        (ErrorCode.DEADLINE_EXCEEDED, 408, "invalid_request_error"),
+        (ErrorCode.ENGINE_ERROR, 500, "server_error"),
+        (ErrorCode.SHUTTING_DOWN, 503, "server_error"),
+        (ErrorCode.PROMPT_TOO_LONG, 400, "invalid_request_error"),
+        (ErrorCode.MAX_TOKENS_TOO_LARGE, 400, "invalid_request_error"),
+    ],
+)
+@pytest.mark.parametrize("url", [COMPLETIONS_URL, CHAT_COMPLETIONS_URL])
+def test_an_error_result_answers_with_its_status_and_an_error_body(
+    code: ErrorCode, status: int, kind: str, url: str
+) -> None:
+    out = as_json(answer_line("q1", url, error_result(code, "it broke")))
+    assert (out["custom_id"], out["error"]) == ("q1", None)
+    assert out["response"] == {
+        "status_code": status,
+        "request_id": "batch-t-1",
+        "body": {"error": {"message": "it broke", "type": kind, "param": None, "code": str(code)}},
+    }
+
+
+@pytest.mark.parametrize(
+    "result", [ok_result(), error_result(ErrorCode.ENGINE_ERROR)], ids=["ok", "error"]
+)
+def test_an_answer_has_openais_batch_output_shape(result: GenerateResult) -> None:
+    out = as_json(answer_line("q1", CHAT_COMPLETIONS_URL, result))
+    assert set(out) == {"id", "custom_id", "response", "error"}
+    assert set(out["response"]) == {"status_code", "request_id", "body"}
+    assert out["error"] is None
+
+
+def test_every_output_line_gets_its_own_id() -> None:
+    ids = {answer_line("q1", COMPLETIONS_URL, ok_result()).id for _ in range(5)}
+    assert len(ids) == 5
+
+
+# --- refusal_line ---------------------------------------------------------------------------
+
+
+def test_a_refusal_has_no_response_and_an_error_with_the_line_number() -> None:
+    refused = BatchLineRefused(
+        LineCode.UNSUPPORTED_PARAMETER, "`n` is not supported", param="n", custom_id="q9"
+    )
+    out = as_json(refusal_line(refused, line_number=9))
+    assert set(out) == {"id", "custom_id", "response", "error"}
+    assert out["id"].startswith("batch_req_")
+    assert (out["custom_id"], out["response"]) == ("q9", None)
+    assert out["error"] == {
+        "code": "unsupported_parameter",
+        "message": "`n` is not supported",
+        "line": 9,
+        "param": "n",
+    }
+
+
+def test_a_refusal_without_custom_id_writes_null() -> None:
+    out = as_json(refusal_line(line_refused(b"{oops"), line_number=3))
+    assert (out["custom_id"], out["response"]) == (None, None)
+    assert (out["error"]["code"], out["error"]["line"], out["error"]["param"]) == (
+        "invalid_json",
+        3,
+        None,
+    )
+
+
+def test_a_refusal_for_a_broken_request_rule_writes_the_error_code() -> None:
+    refused = request_refused(completion_line(custom_id="t1", temperature=-1))
+    out = as_json(refusal_line(refused, line_number=2))
+    assert (out["custom_id"], out["error"]["code"]) == ("t1", "invalid_sampling_params")
+
+
+# --- round trip: what a resumed run reads back ----------------------------------------------
+
+
+def test_output_lines_read_back_as_answered_lines() -> None:
+    lines = [
+        answer_line("ok", CHAT_COMPLETIONS_URL, ok_result()),
+        answer_line("gone", COMPLETIONS_URL, error_result(ErrorCode.UNKNOWN_MODEL)),
+        refusal_line(line_refused(raw_line(custom_id="e1", url="/v1/embeddings")), line_number=5),
+        refusal_line(line_refused(b"[]"), line_number=6),
+    ]
+    read = [_answered_decoder.decode(msgspec.json.encode(line)) for line in lines]
+    assert [(a.custom_id, a.line, a.status_code) for a in read] == [
+        ("ok", None, 200),
+        ("gone", None, 404),
+        ("e1", 5, None),
+        (None, 6, None),
+    ]
+
+
+@pytest.mark.parametrize("field", ["n", "stream", "presence_penalty", "frequency_penalty", "echo"])
+def test_an_explicit_null_means_the_default(field: str) -> None:
+    assert request(completion_line(**{field: None})).prompt == "Hi"
+
+
+def test_a_missing_required_field_is_named_as_the_param() -> None:
+    line = BatchInputLine(custom_id="q1", url=COMPLETIONS_URL, body={"max_tokens": 3})
+    refused = request_refused(line)
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "prompt")
