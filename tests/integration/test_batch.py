@@ -168,24 +168,35 @@ def echo_file(path: Path, lines: int) -> Path:
     return path
 
 
-async def test_a_run_killed_midway_resumes_without_duplicates(
+async def test_a_run_interrupted_then_killed_resumes_without_duplicates(
     kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
     lane = await new_lane(kafka_bootstrap)
     total = 3000
     source = echo_file(tmp_path / "in.jsonl", total)
     out = tmp_path / "out.jsonl"
+    argv = batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4")
 
-    async with worker(lane, tmp_path / "worker.log", "--engine", "echo") as process:
-        argv = batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4")
+    async def stop_midway(sig: signal.Signals, after_lines: int) -> tuple[int, bytes]:
         client = start(argv)
-        while not out.exists() or out.read_bytes().count(b"\n") < 300:
+        while not out.exists() or out.read_bytes().count(b"\n") < after_lines:
             assert client.poll() is None, client.communicate()[1][-2000:]
             await asyncio.sleep(0.02)
-        client.send_signal(signal.SIGKILL)
-        client.communicate(timeout=30)
+        client.send_signal(sig)
+        _, stderr = await asyncio.to_thread(client.communicate, timeout=60)
+        return client.returncode, stderr
+
+    async with worker(lane, tmp_path / "worker.log", "--engine", "echo") as process:
+        code, stderr = await stop_midway(signal.SIGINT, 300)  # Ctrl-C
+        assert code == 130 and b"rerun the same command" in stderr, stderr[-2000:]
+        assert b"Traceback" not in stderr
+        after_interrupt = out.read_bytes().count(b"\n")
+        assert out.read_bytes().endswith(b"\n")
+
+        code, _ = await stop_midway(signal.SIGKILL, after_interrupt + 300)
+        assert code == -signal.SIGKILL
         after_kill = out.read_bytes().count(b"\n")
-        assert 300 <= after_kill < total, "the run finished before it could be killed"
+        assert after_interrupt + 300 <= after_kill < total, "the run ended before the kill"
 
         done = await asyncio.to_thread(batch_run, lane, str(source), "-o", str(out), "--json")
         assert process.terminate() == 0
