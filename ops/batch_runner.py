@@ -75,6 +75,7 @@ class BatchSummary:
     in_flight: int = 0  # sent and unanswered when the run ended
     wall_s: float = 0.0
     stalled: bool = False
+    peak_rss_mb: float | None = None  # this process's high-water mark (Linux)
 
     @property
     def answered(self) -> int:
@@ -104,7 +105,23 @@ class BatchSummary:
             "wall_s": round(self.wall_s, 3),
             "requests_per_s": round(self.answered / wall, 2),
             "completion_tokens_per_s": round(self.completion_tokens / wall, 2),
+            "peak_rss_mb": self.peak_rss_mb,
         }
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory (VmHWM), or None where /proc does not say.
+
+    Not `getrusage`: Linux carries a forked parent's high-water mark across `exec` into it.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def count_lines(path: Path) -> int:
@@ -217,6 +234,7 @@ async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
         progress.finished()
         run.summary.in_flight = len(run.pending)
         run.summary.wall_s = time.monotonic() - started
+        run.summary.peak_rss_mb = peak_rss_mb()
     return run.summary
 
 

@@ -250,3 +250,62 @@ def summary(report: dict[str, Any]) -> str:
             f"{', '.join(busy)}: other work competed for the CPUs, figures are noisy"
         )
     return "\n".join(lines)
+
+
+@bench.command("batch")
+@click.option(
+    "--model",
+    "-m",
+    default="smollm2-135m",
+    show_default=True,
+    help="The echo worker reads this model's config and tokenizer (no weights).",
+)
+@_positive("--lines", 100_000, "Lines in the large file (the small one has a tenth).")
+@_positive("--max-inflight", 1024, "`batch run --max-inflight`.")
+@click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Use this broker; default: start one for the run on free ports, then stop it.",
+)
+@_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
+@_positive("--timeout", 1800, "Seconds to wait for results before counting them lost.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def batch_bench(**kwargs: Any) -> None:
+    """`tokenmill batch run` against a raw Kafka client, and its memory as files grow.
+
+    One `tokenmill worker --engine echo` (no model) answers the same short requests three
+    times: from this process's raw aiokafka producer as fast as it goes (the baseline), then as
+    OpenAI Batch lines through `tokenmill batch run` subprocesses for a tenth of --lines and
+    for --lines. Reports requests/s of each, their ratio, and the batch client's peak RSS for
+    both file sizes (bounded memory: the large file's peak should barely exceed the small's).
+    """
+    import asyncio
+
+    from gpu.engine_config import EngineConfig
+    from ops.bench_batch import BatchBenchOptions, run_batch_bench
+    from ops.bench_engine import dumps
+    from ops.engine_options import EngineChoice
+
+    options = BatchBenchOptions(
+        engine=EngineChoice(model=kwargs["model"], dtype=None, device=None, engine=EngineConfig()),
+        lines=kwargs["lines"],
+        max_inflight=kwargs["max_inflight"],
+        bootstrap_servers=kwargs["bootstrap_servers"],
+        partitions=kwargs["partitions"],
+        timeout_s=kwargs["timeout"],
+    )
+    try:
+        report = asyncio.run(run_batch_bench(options, lambda line: click.echo(line, err=True)))
+    except (RuntimeError, OpsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    r = report["results"]
+    click.echo(
+        dumps(report)
+        if kwargs["as_json"]
+        else (
+            f"raw client {r['baseline_requests_per_s']} req/s · batch run "
+            f"{r['batch_requests_per_s']} req/s · ratio {r['batch_vs_raw_client']}\n"
+            f"batch client peak RSS {r['peak_rss_mb']['small']} MB ({report['small_lines']} "
+            f"lines) → {r['peak_rss_mb']['large']} MB ({report['lines']} lines)"
+        )
+    )

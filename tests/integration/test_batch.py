@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from ops.bench_batch import run_measured
 from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane
 
 MODEL = "smollm2-135m"
@@ -210,15 +210,12 @@ async def test_a_run_interrupted_then_killed_resumes_without_duplicates(
     assert all(line["response"]["status_code"] == 200 for line in output_lines(out))
 
 
-def peak_rss_mb(argv: list[str]) -> tuple[float, dict[str, Any]]:
-    """Run `argv` to the end; its own peak RSS (from wait4) and its JSON stdout."""
-    with start(argv) as child:
-        stdout = child.stdout.read() if child.stdout else b""
-        stderr = child.stderr.read() if child.stderr else b""
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-    assert child.returncode == 0, stderr[-3000:]
-    return usage.ru_maxrss / 1024, json.loads(stdout)
+def run_to_the_end(argv: list[str]) -> dict[str, Any]:
+    """Run a `batch run --json` to its end; its summary."""
+    measured = run_measured(argv, cwd=REPO)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(measured.stdout)
+    return summary
 
 
 async def test_the_clients_memory_does_not_grow_with_the_file(
@@ -232,8 +229,9 @@ async def test_the_clients_memory_does_not_grow_with_the_file(
         peaks = {}
         for source in (small, large):
             argv = batch_argv(lane, "run", str(source), "-o", str(source) + ".out", "--json")
-            peaks[source.name], summary = await asyncio.to_thread(peak_rss_mb, argv)
+            summary = await asyncio.to_thread(run_to_the_end, argv)
             assert summary["complete"] and summary["ok"] == summary["total_lines"]
+            peaks[source.name] = summary["peak_rss_mb"]
         assert process.terminate() == 0
 
     print(f"batch client peak RSS (MB): {peaks}")
