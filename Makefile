@@ -27,6 +27,7 @@ demo: env
 bench: env
 	$(RUN) tokenmill bench engine --model smollm2-135m --requests 64 --json
 	$(RUN) tokenmill bench pipeline --model smollm2-135m --json
+	$(RUN) tokenmill bench batch --json
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

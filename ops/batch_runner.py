@@ -37,6 +37,8 @@ from ops.batch_output import Answered, OutputWriter, line_key, read_answered
 from ops.errors import SubmitError
 from ops.submit_client import SubmitClient
 
+_SYNC_EVERY_S = 5.0  # fsync the output this often: a power loss, too, loses only seconds
+
 
 @dataclass(frozen=True)
 class BatchOptions:
@@ -183,6 +185,7 @@ class _Run:
                     model=self.options.model,
                     default_max_tokens=self.options.default_max_tokens,
                 )
+                request.reply_to = self.options.results_topic  # whatever the worker's default
                 return _Send(request, _Pending(line.custom_id, line.url))
             except BatchLineRefused as exc:
                 refused = exc
@@ -257,7 +260,7 @@ async def _feed(run: _Run, client: SubmitClient, writer: OutputWriter) -> None:
 
 
 async def _collect(run: _Run, client: SubmitClient, writer: OutputWriter) -> None:
-    last_answer = time.monotonic()
+    last_answer = last_sync = time.monotonic()
     while not (run.fed and not run.pending):
         if run.delivery_error is not None:
             raise SubmitError(f"a request could not be sent: {run.delivery_error}")
@@ -266,6 +269,9 @@ async def _collect(run: _Run, client: SubmitClient, writer: OutputWriter) -> Non
         if settled:
             writer.write(settled)
             last_answer = now
+            if now - last_sync > _SYNC_EVERY_S:
+                writer.sync()
+                last_sync = now
         elif not run.pending:
             last_answer = now
         elif now - last_answer > run.options.stall_timeout_s:

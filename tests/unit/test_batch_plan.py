@@ -346,6 +346,7 @@ def test_as_json_reports_every_count() -> None:
         "wall_s": 2.0,
         "requests_per_s": 4.0,
         "completion_tokens_per_s": 124.97,
+        "peak_rss_mb": None,
     }
     by_code = report.as_json()["errors_by_code"]
     assert isinstance(by_code, dict)
@@ -356,3 +357,8 @@ def test_as_json_of_an_instant_run_does_not_divide_by_zero() -> None:
     report = summary().as_json()
     assert (report["wall_s"], report["requests_per_s"], report["complete"]) == (0.0, 0.0, True)
     assert msgspec.json.decode(msgspec.json.encode(report)) == report
+
+
+async def test_requests_ask_for_their_results_on_the_clients_results_topic() -> None:
+    run, _ = new_run(results_topic="my.results")
+    assert sent(run.plan(1, line("a"))).request.reply_to == "my.results"
