@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from aiokafka.errors import MessageSizeTooLargeError
+
 from actors.config import DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
+from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused
 from messages.openai_batch import BatchOutputLine
 from messages.openai_batch_mapping import (
@@ -189,10 +192,7 @@ class _Run:
                 return _Send(request, _Pending(line.custom_id, line.url))
             except BatchLineRefused as exc:
                 refused = exc
-        self.summary.line_errors += 1
-        self.summary.errors_by_code[str(refused.code)] += 1
-        self.progress.answered(False, 0)
-        return refusal_line(refused, line_number=number)
+        return self._refusal(refused, number)
 
     def settle(self, result: GenerateResult) -> BatchOutputLine | None:
         """The output line for `result` if it answers one of ours still in flight."""
@@ -210,6 +210,23 @@ class _Run:
         summary.completion_tokens += result.usage.completion_tokens
         self.progress.answered(result.error is None, result.usage.completion_tokens)
         return answer_line(pending.custom_id, pending.url, result)
+
+    def unsendable(self, number: int, send: _Send, reason: Exception) -> BatchOutputLine:
+        """The error line for a request the producer refused to send (larger than it allows)."""
+        del self.pending[send.request.id]
+        self.window.release()
+        refused = BatchLineRefused(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"the request is larger than the producer sends ({reason})",
+            custom_id=send.answers.custom_id,
+        )
+        return self._refusal(refused, number)
+
+    def _refusal(self, refused: BatchLineRefused, number: int) -> BatchOutputLine:
+        self.summary.line_errors += 1
+        self.summary.errors_by_code[str(refused.code)] += 1
+        self.progress.answered(False, 0)
+        return refusal_line(refused, line_number=number)
 
     def on_delivery(self, future: asyncio.Future[object]) -> None:
         if not future.cancelled() and future.exception() is not None:
@@ -250,7 +267,11 @@ async def _feed(run: _Run, client: SubmitClient, writer: OutputWriter) -> None:
             elif isinstance(planned, _Send):
                 await run.window.acquire()
                 run.pending[planned.request.id] = planned.answers
-                sent = await client.send_one(planned.request)
+                try:
+                    sent = await client.send_one(planned.request)
+                except MessageSizeTooLargeError as exc:
+                    writer.write([run.unsendable(number, planned, exc)])
+                    continue
                 sent.add_done_callback(run.on_delivery)
                 run.summary.sent += 1
             if number % 512 == 0:

@@ -102,6 +102,7 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
         completion("two-answers", "x", n=2),
         completion("too-hot", "x", temperature=-1),
         completion("other-model", "x", model="gpt-4o-mini"),  # refused by the worker
+        completion("huge", "many words " * 200_000),  # over the producer's 1 MiB
         "",  # blank: not a line to answer
     ]
     source = write_jsonl(tmp_path / "in.jsonl", [*good, *bad])
@@ -151,6 +152,7 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
         "param": "n",
     }
     assert by_id["too-hot"]["error"]["code"] == "invalid_sampling_params"
+    assert by_id["huge"]["error"]["code"] == "message_too_large"
     refused = by_id["other-model"]["response"]
     assert refused["status_code"] == 404
     assert refused["body"]["error"]["code"] == "unknown_model"
