@@ -17,10 +17,10 @@ line that never became a request (not JSON, no `custom_id`, a duplicate `custom_
 unsupported `url`, a body that cannot be mapped) has `response: null` and `error` with the
 code, the message and the input line number.
 
-Body fields that would change the answer and that tokenmill cannot honour (n > 1, logprobs,
-penalties, logit_bias, tools, …) are refused, never silently ignored; fields that do not
-change it (`user`, `stream_options`, …) are ignored. An omitted `temperature` means greedy,
-tokenmill's default, not OpenAI's 1.0.
+Body fields tokenmill cannot honour (n > 1, logprobs, penalties, logit_bias, tools, vLLM's
+min_p, …, any field it does not know) are refused, never silently ignored; only fields that
+cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
+ignored. An omitted `temperature` means greedy, tokenmill's default, not OpenAI's 1.0.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension
 
 
 class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):

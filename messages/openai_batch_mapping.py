@@ -57,6 +57,15 @@ class LineCode(enum.StrEnum):
     UNSUPPORTED_PARAMETER = "unsupported_parameter"
 
 
+# Body fields tokenmill does not use that cannot change the answer: accepted and ignored.
+HARMLESS = frozenset(
+    {
+        "user", "store", "metadata", "stream_options", "service_tier",
+        "parallel_tool_calls", "top_logprobs", "tool_choice", "prompt_cache_key",
+        "safety_identifier", "reasoning_effort",
+    }
+)  # fmt: skip
+
 # The HTTP status OpenAI would answer with for each worker-side refusal; 400 otherwise.
 _STATUS = {
     ErrorCode.UNKNOWN_MODEL: 404,
@@ -77,6 +86,8 @@ def parse_line(raw: bytes) -> BatchInputLine:
         obj = _json_decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise BatchLineRefused(LineCode.INVALID_JSON, f"not JSON: {exc}") from None
+    except RecursionError:
+        raise BatchLineRefused(LineCode.INVALID_JSON, "nested too deeply") from None
     if not isinstance(obj, dict):
         raise BatchLineRefused(LineCode.INVALID_JSON, "a line must be a JSON object")
     custom_id = obj.get("custom_id")
@@ -166,12 +177,25 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
 
 def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
     try:
-        return msgspec.convert(body, kind)
+        converted = msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
         found = _PATH.search(str(exc))
         raise BatchLineRefused(
             LineCode.INVALID_BODY, f"body: {exc}", param=found.group(1) if found else None
         ) from None
+    except RecursionError:
+        raise BatchLineRefused(LineCode.INVALID_BODY, "body: nested too deeply") from None
+    _refuse_unknown(body, kind)
+    return converted
+
+
+def _refuse_unknown(body: dict[str, Any], kind: type[Any]) -> None:
+    """Refuse a field tokenmill does not know unless it cannot change the answer."""
+    for name, value in body.items():
+        if value is not None and name not in kind.__struct_fields__ and name not in HARMLESS:
+            raise BatchLineRefused(
+                LineCode.UNSUPPORTED_PARAMETER, f"`{name}` is not supported", param=name
+            )
 
 
 def _refuse_if(condition: bool, param: str) -> None:
@@ -201,6 +225,8 @@ def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None)
         fields["seed"] = body.seed
     if body.stop is not None:
         fields["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
+    if body.stop_token_ids is not None:
+        fields["stop_token_ids"] = body.stop_token_ids
     return fields
 
 

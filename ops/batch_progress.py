@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Protocol
 
 import click
+from rich import progress as rich_progress
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
-    Progress,
     TaskID,
     TextColumn,
     TimeRemainingColumn,
 )
+
+
+class Progress(Protocol):
+    """What a batch run tells about its progress."""
+
+    def started(self, total: int, already: int) -> None: ...
+    def answered(self, ok: bool, completion_tokens: int) -> None: ...
+    def finished(self) -> None: ...
 
 
 class _Counts:
@@ -25,6 +34,11 @@ class _Counts:
         self.tokens = 0
         self.since = time.monotonic()
 
+    def add(self, ok: bool, completion_tokens: int) -> None:
+        self.done += 1
+        self.errors += not ok
+        self.tokens += completion_tokens
+
     def tokens_per_s(self) -> float:
         return self.tokens / max(time.monotonic() - self.since, 1e-9)
 
@@ -34,7 +48,7 @@ class BarProgress:
 
     def __init__(self) -> None:
         self._counts = _Counts()
-        self._bar = Progress(
+        self._bar = rich_progress.Progress(
             TextColumn("[bold]batch"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -52,10 +66,7 @@ class BarProgress:
         self._bar.start()
 
     def answered(self, ok: bool, completion_tokens: int) -> None:
-        counts = self._counts
-        counts.done += 1
-        counts.errors += not ok
-        counts.tokens += completion_tokens
+        self._counts.add(ok, completion_tokens)
         if (now := time.monotonic()) - self._drawn > 0.1:
             self._drawn = now
             self._draw()
@@ -89,10 +100,7 @@ class LineProgress:
             click.echo(f"batch: resuming, {already} of {total} lines already answered", err=True)
 
     def answered(self, ok: bool, completion_tokens: int) -> None:
-        counts = self._counts
-        counts.done += 1
-        counts.errors += not ok
-        counts.tokens += completion_tokens
+        self._counts.add(ok, completion_tokens)
         if (now := time.monotonic()) - self._said >= self._every_s:
             self._said = now
             self._say()
@@ -119,8 +127,8 @@ class NoProgress:
         pass
 
 
-def progress_for(show: bool | None) -> BarProgress | LineProgress | NoProgress:
-    """`show` None: a bar on a terminal, lines otherwise; False: nothing."""
+def progress_for(show: bool | None) -> Progress:
+    """`show` True: a bar; False: nothing; None: a bar on a terminal, lines otherwise."""
     if show is False:
         return NoProgress()
-    return BarProgress() if sys.stderr.isatty() else LineProgress()
+    return BarProgress() if show or sys.stderr.isatty() else LineProgress()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +36,40 @@ def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
     return str(text or "").strip(), str(choice.get("finish_reason", "")), tokens
 
 
-def print_table(path: Path, limit: int | None = None) -> None:
-    """Print up to `limit` lines of the output file at `path`, sorted by custom_id."""
-    with path.open("rb") as f:
-        lines = [_decoder.decode(raw) for raw in f if raw.endswith(b"\n")]
-    lines.sort(key=lambda line: str(line.get("custom_id") or ""))
-    shown = lines if limit is None else lines[:limit]
-    table = Table(title=f"{path} ({len(lines)} lines)", show_lines=True)
+def print_table(path: Path, limit: int) -> None:
+    """Print the `limit` lines of the output file at `path` with the smallest custom_ids,
+    reading it in bounded memory; lines that are not output lines are counted, not shown."""
+    counts = {"lines": 0, "unreadable": 0}
+    rows = heapq.nsmallest(
+        limit, _output_lines(path, counts), key=lambda line: str(line.get("custom_id") or "")
+    )
+    table = Table(title=f"{path} ({counts['lines']} lines)", show_lines=True)
     for column in ("custom_id", "answer", "finish", "tokens"):
         table.add_column(column)
-    for line in shown:
-        table.add_row(str(line.get("custom_id") or "-"), *answer_text(line))
+    for line in rows:
+        try:
+            cells = answer_text(line)
+        except (AttributeError, TypeError, IndexError):  # a JSON object of another shape
+            cells = ("[red]not a batch output line[/]", "", "")
+        table.add_row(str(line.get("custom_id") or "-"), *cells)
     Console().print(table)
-    if len(shown) < len(lines):
-        print(f"… {len(lines) - len(shown)} more lines in {path}")
+    if len(rows) < counts["lines"]:
+        print(f"… {counts['lines'] - len(rows)} more lines in {path}")
+    if counts["unreadable"]:
+        print(f"{counts['unreadable']} lines of {path} are not batch output lines")
+
+
+def _output_lines(path: Path, counts: dict[str, int]) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return  # a partial last line, still being written
+            try:
+                line = _decoder.decode(raw)
+            except (msgspec.DecodeError, RecursionError):
+                line = None
+            if isinstance(line, dict):
+                counts["lines"] += 1
+                yield line
+            else:
+                counts["unreadable"] += 1

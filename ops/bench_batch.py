@@ -151,6 +151,7 @@ def _batch_run(
         "-o", str(tmp / f"out-{lines}.jsonl"), "--json", "--no-progress",
         "--bootstrap-servers", bootstrap, "--max-inflight", str(o.max_inflight),
         "--topic", topics["requests"], "--results-topic", topics["results"],
+        "--stall-timeout", str(o.timeout_s),
     ]  # fmt: skip
     measured = run_measured(argv, cwd=Path(__file__).resolve().parent.parent)
     if measured.returncode != 0:

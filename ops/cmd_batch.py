@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,18 +36,23 @@ def batch() -> None:
     "--default-max-tokens",
     type=click.IntRange(min=1),
     default=None,
-    help="For bodies without max_tokens (default: 16, as OpenAI's completions endpoint).",
+    help="For bodies without max_tokens, chats too (default: 16, as OpenAI's completions).",
 )
 @click.option("--topic", default=DEFAULT_REQUESTS_TOPIC, show_default=True)
 @click.option("--results-topic", default=DEFAULT_RESULTS_TOPIC, show_default=True)
 @click.option(
     "--stall-timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
+    callback=lambda _ctx, _param, value: _finite(value),
     default=300.0,
     show_default=True,
     help="Give up (exit 1, resumable) when nothing is answered for this many seconds.",
 )
-@click.option("--progress/--no-progress", default=None, help="Default: a bar on a terminal.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="A progress bar, or nothing (default: a bar on a terminal, a line every 10 s if not).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
     """Run every line of INPUT_FILE (OpenAI Batch API JSONL) and write OUTPUT lines.
@@ -58,9 +64,11 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
     command to finish it; nothing answered is asked again and no line is written twice.
     Exit 0 when every line is answered, 1 when the run stopped early.
     """
+    from aiokafka.errors import KafkaError
+
     from ops.batch_progress import progress_for
     from ops.batch_runner import BatchOptions, run_batch
-    from ops.errors import SubmitError
+    from ops.errors import BatchOutputBusy, SubmitError
 
     if output.resolve() == input_file.resolve():
         raise click.UsageError("the output file must not be the input file")
@@ -77,8 +85,10 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
     )
     try:
         summary = asyncio.run(run_batch(options, progress_for(kwargs["progress"])))
-    except SubmitError as exc:
-        raise click.ClickException(f"{exc}; rerun to resume") from exc
+    except BatchOutputBusy as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (SubmitError, KafkaError, OSError) as exc:
+        raise click.ClickException(f"{exc}; rerun the same command to resume") from exc
     except KeyboardInterrupt:
         click.echo(f"interrupted: rerun the same command to finish {output}", err=True)
         sys.exit(130)
@@ -107,7 +117,7 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
 def status(output: Path, input_file: Path | None, as_json: bool) -> None:
     """How far a run has got, read from its OUTPUT file (safe while it runs)."""
     from ops.batch_output import read_answered
-    from ops.batch_runner import count_lines
+    from ops.batch_summary import count_lines
 
     answered = read_answered(output)
     report: dict[str, Any] = {
@@ -145,6 +155,12 @@ def show(output: Path, limit: int) -> None:
     from ops.batch_table import print_table
 
     print_table(output, limit)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter("must be a finite number of seconds")
+    return value
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -268,7 +268,7 @@ def summary(report: dict[str, Any]) -> str:
     help="Use this broker; default: start one for the run on free ports, then stop it.",
 )
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
-@_positive("--timeout", 1800, "Seconds to wait for results before counting them lost.")
+@_positive("--timeout", 1800, "Seconds to wait for results (and for progress in a batch run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def batch_bench(**kwargs: Any) -> None:
     """`tokenmill batch run` against a raw Kafka client, and its memory as files grow.

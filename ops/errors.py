@@ -48,3 +48,7 @@ class TopicCreateError(OpsError):
 
 class SubmitError(OpsError):
     """`tokenmill submit` cannot reach its topics."""
+
+
+class BatchOutputBusy(OpsError):
+    """Another `tokenmill batch run` holds the output file."""

@@ -20,6 +20,7 @@ from aiokafka.structs import TopicPartition
 
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
+from messages.errors import MessageError
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.errors import SubmitError
@@ -54,10 +55,15 @@ class SubmitClient:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> SubmitClient:
-        self._producer = AIOKafkaProducer(
+        producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
         )
-        await self._producer.start()
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise SubmitError(f"cannot reach Kafka at {self.bootstrap} ({exc})") from exc
+        self._producer = producer
         return self
 
     async def __aexit__(
@@ -115,8 +121,8 @@ class SubmitClient:
             for record in records:
                 try:
                     results.append(_result_codec.decode(record.value or b"", _ctype(record)))
-                except msgspec.DecodeError:
-                    continue
+                except (msgspec.DecodeError, MessageError, RecursionError):
+                    continue  # not a result we could have asked for
         return results
 
     async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:

@@ -103,6 +103,8 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
         completion("too-hot", "x", temperature=-1),
         completion("other-model", "x", model="gpt-4o-mini"),  # refused by the worker
         completion("huge", "many words " * 200_000),  # over the producer's 1 MiB
+        "[" * 5000,  # nested too deeply to decode
+        completion("min-p", "x", min_p=0.1),  # vLLM's, not honoured here
         "",  # blank: not a line to answer
     ]
     source = write_jsonl(tmp_path / "in.jsonl", [*good, *bad])
@@ -153,6 +155,8 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
     }
     assert by_id["too-hot"]["error"]["code"] == "invalid_sampling_params"
     assert by_id["huge"]["error"]["code"] == "message_too_large"
+    assert errors[first_bad + 8]["error"]["code"] == "invalid_json"
+    assert by_id["min-p"]["error"]["code"] == "unsupported_parameter"
     refused = by_id["other-model"]["response"]
     assert refused["status_code"] == 404
     assert refused["body"]["error"]["code"] == "unknown_model"
@@ -238,4 +242,43 @@ async def test_the_clients_memory_does_not_grow_with_the_file(
 
     print(f"batch client peak RSS (MB): {peaks}")
     assert peaks["large.jsonl"] < 300, peaks
-    assert peaks["large.jsonl"] - peaks["small.jsonl"] < 40, peaks
+    assert peaks["large.jsonl"] - peaks["small.jsonl"] < 20, peaks
+
+
+async def test_with_no_worker_the_run_stops_at_the_stall_timeout_and_resumes_later(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    lane = await new_lane(kafka_bootstrap)
+    source = echo_file(tmp_path / "in.jsonl", 20)
+    out = tmp_path / "out.jsonl"
+
+    stalled = await asyncio.to_thread(
+        batch_run, lane, str(source), "-o", str(out), "--json", "--stall-timeout", "2"
+    )
+    assert stalled.returncode == 1, stalled.stderr[-2000:]
+    summary = json.loads(stalled.stdout)
+    assert summary["stalled"] and not summary["complete"]
+    assert summary["in_flight_at_end"] == 20 and out.read_bytes() == b""
+    assert "rerun to resume" in stalled.stderr
+
+    # The worker also answers the first run's 20 requests; this run ignores those results.
+    async with worker(lane, tmp_path / "worker.log", "--engine", "echo") as process:
+        done = await asyncio.to_thread(batch_run, lane, str(source), "-o", str(out), "--json")
+        assert process.terminate() == 0
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["answered"] == 20
+    assert sorted(line["custom_id"] for line in output_lines(out)) == sorted(
+        f"line-{i}" for i in range(20)
+    )
+
+
+async def test_an_unreachable_broker_is_a_one_line_error(tmp_path: Path) -> None:
+    source = echo_file(tmp_path / "in.jsonl", 3)
+    argv = [
+        sys.executable, "-m", "ops", "batch", "run", str(source), "-o", str(tmp_path / "out"),
+        "--bootstrap-servers", "127.0.0.1:1",
+    ]  # fmt: skip
+    done = await asyncio.to_thread(run_measured, argv, REPO)
+    assert done.returncode == 1
+    assert "cannot reach Kafka at 127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr

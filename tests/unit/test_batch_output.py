@@ -22,7 +22,8 @@ from messages.openai_batch import (
 )
 from messages.openai_batch_mapping import LineCode, answer_line, refusal_line
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
-from ops.batch_output import OutputWriter, line_key, read_answered
+from ops.batch_output import OutputWriter, read_answered
+from ops.errors import BatchOutputBusy
 
 MODEL = ModelRef(name="smollm2-135m", digest="sha256:" + "cd" * 32)
 
@@ -146,18 +147,37 @@ def test_answered_lines_are_keyed_by_custom_id_or_line_number(tmp_path: Path) ->
             refused(LineCode.DUPLICATE_CUSTOM_ID, 4),
         ],
     )
-    keys = read_answered(path).keys
-    assert len(keys) == 4
-    assert all(key in keys for key in ["a", "c", "u", line_key(4)])
-    assert line_key(3) not in keys, "a refused line with a custom_id is keyed by it"
-    assert "4" not in keys
-    assert "b" not in keys
+    answered = read_answered(path)
+    assert len(answered.keys) == 3
+    assert all(key in answered.keys for key in ["a", "c", "u"])
+    assert answered.line_numbers == {4}, "a refused line with a custom_id is keyed by it"
+    assert "4" not in answered.keys
+    assert "b" not in answered.keys
+    assert answered.answers(None, 4) and answered.answers("a", 9)
+    assert not answered.answers(None, 3) and not answered.answers("b", 4)
 
 
-def test_line_keys_cannot_collide_with_custom_ids() -> None:
-    assert line_key(4) != "4"
-    assert line_key(4) != line_key(40)
-    assert line_key(4).startswith("\x00")
+def test_line_numbers_cannot_collide_with_custom_ids(tmp_path: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    write(path, [refused(LineCode.INVALID_JSON, 3)])
+    answered = read_answered(path)
+    assert not answered.answers("\x00line:3", 9) and not answered.answers("3", 9)
+
+
+def test_a_second_writer_on_the_same_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    first = OutputWriter(path)
+    with pytest.raises(BatchOutputBusy, match="another `tokenmill batch run`"):
+        OutputWriter(path)
+    first.close()
+    OutputWriter(path).close()  # free again once the first is closed
+
+
+def test_a_deeply_nested_line_is_unreadable_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(b"[" * 5000 + b"\n" + msgspec.json.encode(ok("a")) + b"\n")
+    answered = read_answered(path)
+    assert (answered.lines, answered.unreadable) == (1, 1)
 
 
 # --- read_answered and OutputWriter: damaged files ------------------------------------------
@@ -180,6 +200,15 @@ def test_a_complete_last_line_without_newline_is_not_an_answer_either(tmp_path: 
     answered = read_answered(path)
     assert answered.lines == 1
     assert "b" not in answered.keys
+
+
+def test_a_writer_gives_a_whole_last_line_its_newline_instead_of_cutting_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(msgspec.json.encode(ok("a")) + b"\n" + msgspec.json.encode(ok("b")))
+    write(path, [ok("c")])
+    assert [line.custom_id for line in read_lines(path)] == ["a", "b", "c"]
 
 
 def test_a_new_writer_cuts_a_partial_last_line_off(tmp_path: Path) -> None:

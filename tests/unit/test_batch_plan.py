@@ -1,4 +1,4 @@
-"""The batch runner's decisions without Kafka: `_Run.plan` per line, `_Run.settle` per result.
+"""A batch run's decisions without Kafka: `BatchPlan.plan` per line, `.settle` per result.
 
 `plan` turns a line into a request to send, an error line, or nothing (answered by an earlier
 run); `settle` turns a result into an output line when it answers one of ours in flight. Also
@@ -17,8 +17,9 @@ import pytest
 from messages.error_codes import ErrorCode
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchOutputLine
 from messages.result import ErrorInfo, FinishReason, GenerateResult, Usage
-from ops.batch_output import Answered, line_key
-from ops.batch_runner import BatchOptions, BatchSummary, _Pending, _Run, _Send, count_lines
+from ops.batch_output import Answered
+from ops.batch_plan import MAX_ATTEMPTS, BatchPlan, InFlight
+from ops.batch_summary import BatchSummary, count_lines
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -37,16 +38,20 @@ class RecordingProgress:
         self.calls.append(("finished",))
 
 
-def new_run(*already: str, **options: Any) -> tuple[_Run, RecordingProgress]:
-    """A run whose output file already answers the keys `already`. Call inside a loop."""
-    answered = Answered()
+def new_run(
+    *already: str, line_numbers: tuple[int, ...] = (), **options: Any
+) -> tuple[BatchPlan, RecordingProgress]:
+    """A run whose output file already answers the custom_ids `already` and the id-less lines
+    `line_numbers`. Call inside an event loop (the window is an asyncio.Semaphore)."""
+    answered = Answered(line_numbers=set(line_numbers))
     for key in already:
         answered.keys.add(key)
     progress = RecordingProgress()
-    batch = BatchOptions(
-        input=Path("in.jsonl"), output=Path("out.jsonl"), bootstrap="unused", **options
-    )
-    return _Run(batch, answered, progress), progress
+    options.setdefault("max_inflight", 256)
+    options.setdefault("results_topic", "tokenmill.results")
+    summary = BatchSummary(input="in.jsonl", output="out.jsonl")
+    plan = BatchPlan(answered=answered, progress=progress, summary=summary, **options)
+    return plan, progress
 
 
 def line(custom_id: Any = "q1", url: str = CHAT_COMPLETIONS_URL, **body: Any) -> bytes:
@@ -57,8 +62,8 @@ def line(custom_id: Any = "q1", url: str = CHAT_COMPLETIONS_URL, **body: Any) ->
     return msgspec.json.encode({"custom_id": custom_id, "url": url, "body": body}) + b"\n"
 
 
-def sent(planned: object) -> _Send:
-    assert isinstance(planned, _Send), planned
+def sent(planned: object) -> InFlight:
+    assert isinstance(planned, InFlight), planned
     return planned
 
 
@@ -76,11 +81,11 @@ def result(request_id: str, **fields: Any) -> GenerateResult:
     return GenerateResult(id=request_id, **fields)
 
 
-async def in_flight(run: _Run, number: int, raw: bytes) -> str:
+async def in_flight(run: BatchPlan, number: int, raw: bytes) -> str:
     """Plan a line and register it as sent, as the feeder does; returns the request id."""
     send = sent(run.plan(number, raw))
     await run.window.acquire()
-    run.pending[send.request.id] = send.answers
+    run.track(send)
     return send.request.id
 
 
@@ -93,7 +98,7 @@ async def test_a_good_line_becomes_a_request_to_send() -> None:
     assert send.request.id == f"batch-{run.tag}-3"
     assert send.request.metadata == {"custom_id": "capital"}
     assert send.request.max_new_tokens == 24
-    assert send.answers == _Pending("capital", CHAT_COMPLETIONS_URL)
+    assert (send.custom_id, send.url, send.line) == ("capital", CHAT_COMPLETIONS_URL, 3)
     assert (run.summary.line_errors, run.summary.already) == (0, 0)
     assert progress.calls == []
 
@@ -113,7 +118,7 @@ async def test_the_run_options_reach_the_request() -> None:
     run, _ = new_run(model="smollm2-135m", default_max_tokens=64)
     send = sent(run.plan(1, line("c1", url=COMPLETIONS_URL, model="other")))
     assert (send.request.model, send.request.max_new_tokens) == ("smollm2-135m", 64)
-    assert send.answers == _Pending("c1", COMPLETIONS_URL)
+    assert (send.custom_id, send.url) == ("c1", COMPLETIONS_URL)
 
 
 async def test_a_duplicate_custom_id_on_a_later_line_is_an_error_line() -> None:
@@ -157,7 +162,7 @@ async def test_a_bad_line_already_answered_by_custom_id_is_skipped() -> None:
 
 
 async def test_an_id_less_bad_line_already_answered_is_skipped_by_its_number() -> None:
-    run, _ = new_run(line_key(3))
+    run, _ = new_run(line_numbers=(3,))
     assert run.plan(3, b"{not json\n") is None
     assert run.summary.already == 1
     out = error_line(run.plan(4, b"{not json\n"))
@@ -167,7 +172,7 @@ async def test_an_id_less_bad_line_already_answered_is_skipped_by_its_number() -
 
 
 async def test_an_answered_duplicate_is_skipped_by_its_number() -> None:
-    run, _ = new_run(line_key(2))
+    run, _ = new_run(line_numbers=(2,))
     sent(run.plan(1, line("q1")))
     assert run.plan(2, line("q1")) is None
     assert run.summary.already == 1
@@ -338,6 +343,7 @@ def test_as_json_reports_every_count() -> None:
         "ok": 5,
         "refused": 1,
         "line_errors": 2,
+        "retried": 0,
         "errors_by_code": {"engine_error": 1, "invalid_json": 1, "unsupported_url": 1},
         "in_flight_at_end": 1,
         "stalled": True,
@@ -362,3 +368,47 @@ def test_as_json_of_an_instant_run_does_not_divide_by_zero() -> None:
 async def test_requests_ask_for_their_results_on_the_clients_results_topic() -> None:
     run, _ = new_run(results_topic="my.results")
     assert sent(run.plan(1, line("a"))).request.reply_to == "my.results"
+
+
+async def test_a_line_nested_too_deeply_is_an_error_line_not_a_crash() -> None:
+    run, _ = new_run()
+    out = error_line(run.plan(1, b"[" * 5000 + b"\n"))
+    assert out.error is not None and out.error.code == "invalid_json"
+
+
+async def test_a_request_the_worker_could_not_run_is_sent_again_then_answered() -> None:
+    run, _ = new_run(max_inflight=1)
+    request_id = await in_flight(run, 1, line("q1"))
+    shutting_down = ErrorInfo(code=ErrorCode.SHUTTING_DOWN, message="draining")
+    again = sent(run.settle(result(request_id, error=shutting_down)))
+    assert again.request.id != request_id and again.custom_id == "q1" and again.attempt == 2
+    assert run.window.locked(), "the resend keeps the slot"
+    run.track(again)
+    out = run.settle(result(again.request.id))
+    assert isinstance(out, BatchOutputLine) and out.response is not None
+    assert out.response.status_code == 200
+    assert (run.summary.retried, run.summary.ok) == (1, 1)
+    assert not run.window.locked()
+
+
+async def test_a_request_is_sent_at_most_max_attempts_times() -> None:
+    run, _ = new_run()
+    request_id = await in_flight(run, 1, line("q1"))
+    failed = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message="step failed")
+    for _ in range(MAX_ATTEMPTS - 1):
+        again = sent(run.settle(result(request_id, error=failed)))
+        run.track(again)
+        request_id = again.request.id
+    out = run.settle(result(request_id, error=failed))
+    assert isinstance(out, BatchOutputLine) and out.response is not None
+    assert out.response.status_code == 500
+    assert (run.summary.retried, run.summary.refused) == (MAX_ATTEMPTS - 1, 1)
+
+
+async def test_a_request_kafka_will_not_take_becomes_an_error_line_for_its_line() -> None:
+    run, _ = new_run(max_inflight=1)
+    request_id = await in_flight(run, 7, line("big"))
+    out = run.unsendable(request_id, RuntimeError("too large"))
+    assert out.error is not None
+    assert (out.custom_id, out.error.code, out.error.line) == ("big", "message_too_large", 7)
+    assert run.pending == {} and not run.window.locked()

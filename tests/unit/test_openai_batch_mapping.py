@@ -380,6 +380,22 @@ def test_unknown_harmless_fields_are_ignored() -> None:
     assert request(line) == request(chat_line())
 
 
+@pytest.mark.parametrize(
+    "field", ["min_p", "repetition_penalty", "ignore_eos", "functions", "some_new_field"]
+)
+def test_an_unknown_field_that_could_change_the_answer_is_refused(field: str) -> None:
+    refused = request_refused(completion_line(**{field: 1}))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, field)
+
+
+def test_an_unknown_field_set_to_null_is_ignored() -> None:
+    assert request(completion_line(min_p=None)) == request(completion_line())
+
+
+def test_stop_token_ids_are_carried_over() -> None:
+    assert request(completion_line(stop_token_ids=[2, 7])).stop_token_ids == [2, 7]
+
+
 # --- answer_line ----------------------------------------------------------------------------
 
 
