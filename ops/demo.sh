@@ -3,12 +3,14 @@
 #   fetch SmolLM2-135M → start Kafka (from its Maven jars) → create topics → start a worker →
 #   `tokenmill batch run` on ops/samples/batch.jsonl (OpenAI Batch JSONL) → print the results
 #   table and the run's throughput → drain the worker → stop Kafka.
-# KEEP_RUNNING=1 leaves Kafka and the worker up and says how to stop them.
+# The broker is a fresh one (its own state dir, a free port unless TOKENMILL_DEMO_KAFKA_PORT),
+# so no earlier backlog stands before the demo's lines. KEEP_RUNNING=1 leaves Kafka and the
+# worker up and says how to stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-uv run --locked}
-PORT=${TOKENMILL_DEMO_KAFKA_PORT:-9092}
 WORK=${TMPDIR:-/tmp}/tokenmill-demo
+STATE=$WORK/kafka
 INPUT=ops/samples/batch.jsonl
 OUTPUT=$WORK/batch-output.jsonl
 LOG=$WORK/worker.log
@@ -16,20 +18,23 @@ mkdir -p "$WORK"
 rm -f "$OUTPUT" # a fresh run (an existing output file would be resumed, i.e. skipped)
 
 $RUN tokenmill models fetch smollm2-135m >/dev/null
-BOOTSTRAP=$($RUN tokenmill up --kafka-port "$PORT")
+$RUN tokenmill down --state-dir "$STATE" >/dev/null 2>&1 || true # one left by KEEP_RUNNING=1
+rm -rf "$STATE"
+PORT=${TOKENMILL_DEMO_KAFKA_PORT:-$($RUN python -c 'from ops.kafka_local import free_port; print(free_port())')}
+BOOTSTRAP=$($RUN tokenmill up --kafka-port "$PORT" --state-dir "$STATE")
 export TOKENMILL_BOOTSTRAP_SERVERS=$BOOTSTRAP
 WORKER=""
 finish() {
     if [[ "${KEEP_RUNNING:-0}" == 1 ]]; then
         echo "left running: worker pid ${WORKER:-none} (log $LOG), Kafka at $BOOTSTRAP;" \
-            "stop them with: kill -TERM ${WORKER:-<pid>}; $RUN tokenmill down" >&2
+            "stop them with: kill -TERM ${WORKER:-<pid>}; $RUN tokenmill down --state-dir $STATE" >&2
         return
     fi
     if [[ -n "$WORKER" ]] && kill -0 "$WORKER" 2>/dev/null; then
         kill -TERM "$WORKER"
         wait "$WORKER" && echo "worker: drained and stopped (exit 0)" >&2
     fi
-    $RUN tokenmill down
+    $RUN tokenmill down --state-dir "$STATE"
 }
 trap finish EXIT
 $RUN tokenmill topics create
