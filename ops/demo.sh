@@ -20,8 +20,7 @@ rm -f "$OUTPUT" # a fresh run (an existing output file would be resumed, i.e. sk
 $RUN tokenmill models fetch smollm2-135m >/dev/null
 $RUN tokenmill down --state-dir "$STATE" >/dev/null 2>&1 || true # one left by KEEP_RUNNING=1
 rm -rf "$STATE"
-PORT=${TOKENMILL_DEMO_KAFKA_PORT:-$($RUN python -c 'from ops.kafka_local import free_port; print(free_port())')}
-BOOTSTRAP=$($RUN tokenmill up --kafka-port "$PORT" --state-dir "$STATE")
+BOOTSTRAP=$($RUN tokenmill up --kafka-port "${TOKENMILL_DEMO_KAFKA_PORT:-0}" --state-dir "$STATE")
 export TOKENMILL_BOOTSTRAP_SERVERS=$BOOTSTRAP
 WORKER=""
 finish() {
