@@ -63,7 +63,8 @@ from ops.bench_kafka import (
 from ops.bench_report import skeleton, targets, warnings_for
 from ops.bench_worker import CpuMeter, worker_argv, worker_process
 from ops.engine_options import EngineChoice, build_engine
-from ops.kafka_local import LocalKafka, free_port
+from ops.kafka_local import LocalKafka
+from ops.local_process import free_port
 from ops.models import resolve_model
 from ops.topics import create_topics
 

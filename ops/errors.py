@@ -52,3 +52,11 @@ class SubmitError(OpsError):
 
 class BatchOutputBusy(OpsError):
     """Another `tokenmill batch run` holds the output file."""
+
+
+class JaegerBuildError(OpsError):
+    """Jaeger could not be built with Go (no `go`, or the build failed)."""
+
+
+class JaegerStartError(OpsError):
+    """The local Jaeger did not start, or its query API did not answer in time."""

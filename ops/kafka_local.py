@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -37,6 +36,7 @@ from aiokafka.errors import KafkaError
 
 from ops.errors import KafkaStartError
 from ops.kafka_jars import KafkaRuntime, file_lock
+from ops.local_process import accepts, alive, bindable, free_port, spawn_detached, wait_exit
 
 MAX_MESSAGE_BYTES = 16 << 20
 _HEAP = ("-Xms256m", "-Xmx768m")
@@ -80,14 +80,6 @@ appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = file
 """
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def probe(bootstrap: str, timeout: float = 5.0) -> bool:
@@ -180,9 +172,9 @@ class LocalKafka:
         """Block until the broker lists itself in metadata; `KafkaStartError` if it exits first."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.pid is not None and not _alive(self.pid):
+            if self.pid is not None and not alive(self.pid):
                 raise KafkaStartError(f"the broker (pid {self.pid}) exited; {self._log_tail()}")
-            if _accepts(self.port) and probe(self.bootstrap):
+            if accepts(self.port) and probe(self.bootstrap):
                 return
             if time.monotonic() > deadline:
                 raise KafkaStartError(
@@ -194,7 +186,7 @@ class LocalKafka:
     def _launch(self) -> None:
         if self.port == 0:
             self.port = free_port()
-        if not _bindable(self.port):
+        if not bindable(self.port):
             raise KafkaStartError(
                 f"port {self.port} on 127.0.0.1 is already in use; pick another (--kafka-port) "
                 "or stop what listens there"
@@ -214,7 +206,7 @@ class LocalKafka:
         if not (data / "meta.properties").is_file():
             self._format(runtime, props, log4j2)
         argv = runtime.command("kafka.Kafka", str(props), log4j2=log4j2, jvm=_HEAP)
-        self.pid = _spawn(argv, self._path("kafka.out"))
+        self.pid = spawn_detached(argv, self._path("kafka.out"))
         recorded = _Recorded(self.pid, self.port, self.controller_port)
         self._path("broker.json").write_text(json.dumps(dataclasses.asdict(recorded)) + "\n")
 
@@ -241,7 +233,7 @@ class LocalKafka:
             recorded = _Recorded(**json.loads(self._path("broker.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        if not _alive(recorded.pid) or not _runs(recorded.pid, self._path("server.properties")):
+        if not alive(recorded.pid) or not _runs(recorded.pid, self._path("server.properties")):
             return None
         return recorded
 
@@ -253,9 +245,9 @@ class LocalKafka:
             return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(running.pid, signal.SIGTERM)
-            if not _wait_exit(running.pid, grace):
+            if not wait_exit(running.pid, grace):
                 os.kill(running.pid, signal.SIGKILL)
-                _wait_exit(running.pid, 10.0)
+                wait_exit(running.pid, 10.0)
         return running.pid
 
     def _path(self, name: str) -> Path:
@@ -279,42 +271,6 @@ def _cluster_id() -> str:
             return cid
 
 
-def _spawn(argv: list[str], output: Path) -> int:
-    """Start `argv` in a session of its own, stdout and stderr appended to `output`.
-
-    `os.posix_spawn`, not `subprocess.Popen`: the broker outlives any Popen object (and often
-    this process), and a Popen collected while its child runs emits a ResourceWarning.
-    """
-    return os.posix_spawn(
-        argv[0],
-        argv,
-        os.environ,
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ],
-        setsid=True,
-        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores these; Popen resets them too
-    )
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs; reaps it first if it is our exited child (else it stays a zombie)."""
-    try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-        return reaped == 0
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        pass
-    return True
-
-
 def _runs(pid: int, properties: Path) -> bool:
     """Whether `pid` is a broker started with `properties` (guards against pid reuse)."""
     try:
@@ -324,30 +280,3 @@ def _runs(pid: int, properties: Path) -> bool:
     except OSError:
         return False
     return b"kafka.Kafka" in argv and str(properties).encode() in argv
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM does
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True

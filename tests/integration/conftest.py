@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.kafka_local import LocalKafka, free_port
+from ops.kafka_local import LocalKafka
+from ops.local_process import free_port
 
 
 @pytest.fixture(scope="session")

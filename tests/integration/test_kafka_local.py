@@ -11,7 +11,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from ops.cli import cli
-from ops.kafka_local import LocalKafka, free_port
+from ops.kafka_local import LocalKafka
+from ops.local_process import free_port
 from ops.topics import DEFAULT_TOPICS, create_topics, describe_topics
 
 
