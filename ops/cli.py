@@ -15,6 +15,7 @@ from ops.cmd_plan import plan
 from ops.cmd_services import down, up
 from ops.cmd_submit import submit
 from ops.cmd_topics import topics
+from ops.cmd_trace import trace
 from ops.cmd_worker import worker
 
 
@@ -34,6 +35,7 @@ cli.add_command(topics)
 cli.add_command(worker)
 cli.add_command(submit)
 cli.add_command(batch)
+cli.add_command(trace)
 
 
 def main() -> None:

@@ -60,3 +60,11 @@ class JaegerBuildError(OpsError):
 
 class JaegerStartError(OpsError):
     """The local Jaeger did not start, or its query API did not answer in time."""
+
+
+class JaegerQueryError(OpsError):
+    """Jaeger's query API could not be reached or answered with an error."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

@@ -17,46 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ops.jaeger_local import LocalJaeger
+from tests.e2e.otlp import Span, send
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def post_span(jaeger: LocalJaeger, service: str, trace_id: str, span_id: str) -> int:
-    now = time.time_ns()
-    body = {
-        "resourceSpans": [
-            {
-                "resource": {
-                    "attributes": [{"key": "service.name", "value": {"stringValue": service}}]
-                },
-                "scopeSpans": [
-                    {
-                        "scope": {"name": "tests.e2e"},
-                        "spans": [
-                            {
-                                "traceId": trace_id,
-                                "spanId": span_id,
-                                "name": "probe",
-                                "kind": 1,
-                                "startTimeUnixNano": str(now - 5_000_000),
-                                "endTimeUnixNano": str(now),
-                                "attributes": [
-                                    {"key": "tokenmill.probe", "value": {"boolValue": True}}
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            }
-        ]
-    }
-    request = urllib.request.Request(
-        f"{jaeger.otlp_http}/v1/traces",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return int(reply.status)
 
 
 def query(jaeger: LocalJaeger, path: str) -> Any:
@@ -66,7 +29,8 @@ def query(jaeger: LocalJaeger, path: str) -> Any:
 
 def test_a_span_sent_over_otlp_is_found_through_the_query_api(jaeger: LocalJaeger) -> None:
     trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
-    assert post_span(jaeger, "tokenmill-e2e-probe", trace_id, span_id) == 200
+    probe = Span(trace_id, span_id, "probe", attributes={"tokenmill.probe": True})
+    assert send(jaeger, "tokenmill-e2e-probe", [probe]) == 200
 
     deadline = time.monotonic() + 30
     while True:  # the collector batches for up to 200 ms before storing
