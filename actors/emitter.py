@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from actors.config import WorkerConfig
 from actors.mail import Delivered, Outcome
 from actors.runtime import Actor
+from actors.tracing import RequestSpans, start_request_spans
 from messages import headers as h
 from messages.codec import Codec
 from messages.error_codes import ErrorCode
@@ -59,18 +60,19 @@ class EmitterActor(Actor[Outcome]):
                     sends = []
                     for outcome in group:
                         await self._window.acquire()
-                        sends.append(await self._produce(producer, outcome))
+                        spans = start_request_spans(outcome, group=self.config.group)
+                        sends.append((await self._produce(producer, outcome, spans), spans))
                     confirms.create_task(self._confirm(group, sends))
         finally:
             await producer.stop()
             log.info("emitter_stopped", results=self.results_sent, dlq=self.dead_letters_sent)
 
     async def _produce(
-        self, producer: AIOKafkaProducer, outcome: Outcome
+        self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
     ) -> list[asyncio.Future[object]]:
         """Queue the outcome's records in the producer; returns their ack futures."""
         headers = [
-            *outcome.trace,
+            *spans.headers,
             (h.CONTENT_TYPE, outcome.content_type.encode()),
             (h.SCHEMA, _RESULT_SCHEMA),
         ]
@@ -119,12 +121,19 @@ class EmitterActor(Actor[Outcome]):
         return futures
 
     async def _confirm(
-        self, group: list[Outcome], sends: list[list[asyncio.Future[object]]]
+        self,
+        group: list[Outcome],
+        sends: list[tuple[list[asyncio.Future[object]], RequestSpans]],
     ) -> None:
         try:
-            for outcome, futures in zip(group, sends, strict=True):
-                for future in futures:
-                    await future  # raises when the broker refused it after retries
+            for outcome, (futures, spans) in zip(group, sends, strict=True):
+                try:
+                    for future in futures:
+                        await future  # raises when the broker refused it after retries
+                except BaseException as exc:
+                    spans.end(exc)
+                    raise
+                spans.end()
                 self.results_sent += 1
                 self.dead_letters_sent += len(futures) - 1
                 if self.ingest is not None:

@@ -69,6 +69,7 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
     from ops.batch_progress import progress_for
     from ops.batch_runner import BatchOptions, run_batch
     from ops.errors import BatchOutputBusy, SubmitError
+    from ops.telemetry import setup_tracing, shutdown_tracing
 
     if output.resolve() == input_file.resolve():
         raise click.UsageError("the output file must not be the input file")
@@ -84,7 +85,11 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
         stall_timeout_s=kwargs["stall_timeout"],
     )
     try:
-        summary = asyncio.run(run_batch(options, progress_for(kwargs["progress"])))
+        tracing = setup_tracing("tokenmill-cli")
+        try:
+            summary = asyncio.run(run_batch(options, progress_for(kwargs["progress"])))
+        finally:
+            shutdown_tracing(tracing)
     except BatchOutputBusy as exc:
         raise click.ClickException(str(exc)) from exc
     except (SubmitError, KafkaError, OSError) as exc:

@@ -96,7 +96,7 @@ def _start_jaeger(
         raise click.ClickException(str(exc)) from exc
     state = "started" if started else "already running"
     click.echo(f"jaeger: {state}, UI and query API at {local.ui_url} (pid {local.pid})", err=True)
-    click.echo(f"jaeger: export OTEL_EXPORTER_OTLP_ENDPOINT={local.otlp_grpc}", err=True)
+    click.echo(f"jaeger: export OTEL_EXPORTER_OTLP_ENDPOINT={local.otlp_http}", err=True)
 
 
 @click.command()

@@ -50,6 +50,7 @@ def submit(**kwargs: Any) -> None:
     """
     from ops.errors import SubmitError
     from ops.submit_client import SubmitClient, read_jobs
+    from ops.telemetry import setup_tracing, shutdown_tracing
 
     if bool(kwargs["prompt"]) == bool(kwargs["jobs_file"]):
         raise click.UsageError("give a PROMPT or --file, not both and not neither")
@@ -62,7 +63,11 @@ def submit(**kwargs: Any) -> None:
         requests = [_prompt_request(kwargs)]
     client = SubmitClient(kwargs["bootstrap_servers"], kwargs["topic"], kwargs["results_topic"])
     try:
-        ok = asyncio.run(_submit(client, requests, kwargs["wait"], kwargs["timeout"]))
+        tracing = setup_tracing("tokenmill-cli")
+        try:
+            ok = asyncio.run(_submit(client, requests, kwargs["wait"], kwargs["timeout"]))
+        finally:
+            shutdown_tracing(tracing)
     except SubmitError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(0 if ok else 1)

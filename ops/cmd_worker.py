@@ -40,6 +40,7 @@ def worker(**kwargs: Any) -> None:
     from actors.model_front import ModelFront
     from actors.worker import Worker
     from ops.logging_setup import configure_logging
+    from ops.telemetry import setup_tracing, shutdown_tracing
 
     configure_logging(kwargs.pop("log_level"))
     config = worker_config(kwargs)
@@ -50,7 +51,11 @@ def worker(**kwargs: Any) -> None:
         thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
     )
     service = Worker(config, engine, ModelFront.of_engine(engine), thread)
-    asyncio.run(_serve(service))
+    tracing = setup_tracing("tokenmill", instance_id=config.worker_id)
+    try:
+        asyncio.run(_serve(service))
+    finally:
+        shutdown_tracing(tracing)
 
 
 def _echo_engine(choice: EngineChoice) -> EchoEngine:

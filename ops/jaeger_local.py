@@ -4,7 +4,7 @@ makes, for development, the demo and the end-to-end tests.
     jaeger = LocalJaeger(state_dir, ui_port=16686, otlp_grpc_port=4317, otlp_http_port=4318)
     jaeger.start()        # True when started, False when one already ran from state_dir
     jaeger.ui_url         -> "http://127.0.0.1:16686"   (query API under /api)
-    jaeger.otlp_grpc      -> "http://127.0.0.1:4317"    (OTEL_EXPORTER_OTLP_ENDPOINT)
+    jaeger.otlp_http      -> "http://127.0.0.1:4318"    (OTEL_EXPORTER_OTLP_ENDPOINT)
     jaeger.stop()
 
 Its collector config (written into the state dir) has one pipeline: OTLP gRPC and HTTP in,

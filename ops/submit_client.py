@@ -17,6 +17,9 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
@@ -25,6 +28,8 @@ from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.errors import SubmitError
 
+_tracer = trace.get_tracer("tokenmill.client")
+_propagator = TraceContextTextMapPropagator()
 _request_codec = Codec(GenerateRequest)
 _result_codec = Codec(GenerateResult)
 
@@ -104,12 +109,31 @@ class SubmitClient:
         assert self._producer is not None, "use `async with SubmitClient(...)`"
         if self._consumer is None:
             await self.listen()
-        acked: asyncio.Future[object] = await self._producer.send(
-            self.topic,
-            value=_request_codec.encode(request),
-            key=request.id.encode(),
-            headers=[(h.CONTENT_TYPE, JSON.encode())],
+        span = _tracer.start_span(
+            f"send {self.topic}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.name": "send",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": self.topic,
+                "messaging.kafka.message.key": request.id,
+                "tokenmill.request_id": request.id,
+            },
         )
+        carrier: dict[str, str] = {}
+        _propagator.inject(carrier, context=trace.set_span_in_context(span))
+        headers = [(h.CONTENT_TYPE, JSON.encode())]
+        headers += [(key, value.encode()) for key, value in carrier.items()]
+        try:
+            acked: asyncio.Future[object] = await self._producer.send(
+                self.topic, value=_request_codec.encode(request), key=request.id.encode(),
+                headers=headers,
+            )  # fmt: skip
+        except BaseException:
+            span.end()
+            raise
+        acked.add_done_callback(lambda _: span.end())
         return acked
 
     async def poll(self, timeout_s: float) -> list[GenerateResult]:

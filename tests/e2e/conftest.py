@@ -20,3 +20,7 @@ def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalJaeger]:
         yield local
     finally:
         local.stop()
+
+
+# The session's real Kafka broker, shared with the integration tests' fixtures.
+from tests.integration.conftest import kafka, kafka_bootstrap  # noqa: E402, F401

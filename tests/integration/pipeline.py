@@ -230,6 +230,7 @@ class WorkerProcess:
     model: str
     log_path: Path
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -237,7 +238,7 @@ class WorkerProcess:
             sys.executable, "-m", "ops", "worker", "--model", self.model,
             *self.lane.worker_args(), *self.extra,
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
         return self

@@ -1,0 +1,126 @@
+"""A request's spans in the worker, recorded when its result is sent, from what it carries.
+
+The emitter calls `start_request_spans(outcome, ...)` just before producing a result. From the
+request's own trace headers (the producer's `traceparent`, or none: a new trace) and the
+result's timings it records, with explicit start and end times:
+
+    process <requests topic>   CONSUMER   consumed → result acknowledged
+      queue                               consumed → admitted to the engine
+      prefill                             admitted → first token
+      decode                              first token → last token
+      send <reply topic>       PRODUCER   produced → acknowledged (its context goes into the
+                                          result's headers, so consumers continue the trace)
+
+Nothing is traced inside the engine or on the hot path of a step: the engine's per-request
+timings become spans afterwards. With no tracer provider set up (`ops/telemetry.py`), every
+span is a no-op and the request's own trace headers pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from actors.mail import Headers, Outcome
+
+REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
+
+_propagator = TraceContextTextMapPropagator()
+_tracer = trace.get_tracer("tokenmill.worker")
+
+
+@dataclass
+class RequestSpans:
+    """The spans still open while a result is on its way to the broker."""
+
+    process: Span
+    send: Span
+    headers: Headers  # the trace headers to put on the result
+
+    def end(self, error: BaseException | None = None) -> None:
+        now = time.time_ns()
+        if error is not None:
+            for span in (self.send, self.process):
+                span.set_status(Status(StatusCode.ERROR, repr(error)))
+                span.set_attribute("error.type", type(error).__name__)
+        self.send.end(end_time=now)
+        self.process.end(end_time=now)
+
+
+def start_request_spans(outcome: Outcome, *, group: str, now_ns: int | None = None) -> RequestSpans:
+    """Open the outcome's `process` and `send` spans and record its finished phases."""
+    now = time.time_ns() if now_ns is None else now_ns
+    result, record = outcome.result, outcome.record
+    timings = result.timings
+    consumed = now - int(timings.total_ms * 1e6)
+    parent = _propagator.extract({k: v.decode("latin-1") for k, v in outcome.trace})
+    process = _tracer.start_span(
+        f"process {record.topic}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        start_time=consumed,
+        attributes={
+            "messaging.system": "kafka",
+            "messaging.operation.name": "process",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": record.topic,
+            "messaging.destination.partition.id": str(record.partition),
+            "messaging.kafka.offset": record.offset,
+            "messaging.kafka.message.key": (record.key or b"").decode("utf-8", "replace"),
+            "messaging.consumer.group.name": group,
+            REQUEST_ID_ATTRIBUTE: result.id,
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": result.usage.completion_tokens,
+            "gen_ai.response.finish_reasons": [str(result.finish_reason)],
+        },
+    )
+    if result.model is not None:
+        process.set_attribute("gen_ai.request.model", result.model.name)
+        process.set_attribute("tokenmill.model.digest", result.model.digest)
+    if timings.ttft_ms is not None:
+        process.set_attribute("tokenmill.ttft_ms", round(timings.ttft_ms, 3))
+    if result.error is not None:
+        process.set_status(Status(StatusCode.ERROR, result.error.message))
+        process.set_attribute("error.type", str(result.error.code))
+    inside = trace.set_span_in_context(process)
+    if outcome.admitted:
+        admitted = consumed + int(timings.queued_ms * 1e6)
+        _phase("queue", inside, consumed, admitted)
+        if timings.ttft_ms is not None:
+            first_token = consumed + int(timings.ttft_ms * 1e6)
+            _phase("prefill", inside, admitted, first_token)
+            _phase("decode", inside, first_token, now)
+    send = _tracer.start_span(
+        f"send {outcome.reply_topic}",
+        context=inside,
+        kind=SpanKind.PRODUCER,
+        start_time=now,
+        attributes={
+            "messaging.system": "kafka",
+            "messaging.operation.name": "send",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": outcome.reply_topic,
+            REQUEST_ID_ATTRIBUTE: result.id,
+        },
+    )
+    return RequestSpans(process, send, _headers_for(send, outcome.trace))
+
+
+def _phase(name: str, parent: Context, start: int, end: int) -> None:
+    span = _tracer.start_span(name, context=parent, start_time=start)
+    span.end(end_time=max(start, end))
+
+
+def _headers_for(send: Span, original: Headers) -> Headers:
+    """The send span's context as trace headers; the request's own when it is not recorded."""
+    if not send.get_span_context().is_valid:
+        return original
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(send))
+    return [(key, value.encode()) for key, value in carrier.items()]
