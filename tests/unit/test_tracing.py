@@ -1,0 +1,86 @@
+"""A request's spans, recorded from an `Outcome` when its result is sent (actors/tracing.py),
+into an in-memory exporter: names, parents, kinds, times, attributes and result headers."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from actors.mail import Outcome, RecordRef
+from actors.tracing import start_request_spans
+from messages.error_codes import ErrorCode
+from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01".encode()
+NOW = 1_800_000_000_000_000_000  # ns
+
+
+def outcome(*, admitted: bool = True, error: ErrorInfo | None = None) -> Outcome:
+    result = GenerateResult(
+        id="job-1",
+        finish_reason=FinishReason.ERROR if error else FinishReason.LENGTH,
+        usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        model=ModelRef(name="smollm2-135m", digest="sha256:ab"),
+        timings=Timings(queued_ms=1.0, ttft_ms=4.0, total_ms=10.0),
+        error=error,
+    )
+    return Outcome(
+        record=RecordRef(topic="reqs", partition=2, offset=17, timestamp_ms=0, key=b"job-1"),
+        result=result,
+        reply_topic="res",
+        content_type="application/json",
+        trace=[("traceparent", PARENT)],
+        admitted=admitted,
+    )
+
+
+def recorded(item: Outcome) -> tuple[dict[str, object], list[tuple[str, bytes]]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = start_request_spans(item, group="workers", now_ns=NOW, provider=provider)
+    spans.end()
+    return {span.name: span for span in exporter.get_finished_spans()}, spans.headers
+
+
+def test_without_a_provider_nothing_is_recorded_and_the_headers_pass_through() -> None:
+    spans = start_request_spans(outcome(), group="workers")
+    assert spans.headers == [("traceparent", PARENT)]
+    spans.end()
+
+
+def test_the_spans_continue_the_producers_trace_with_their_phases_in_time() -> None:
+    spans, headers = recorded(outcome())
+    assert set(spans) == {"process reqs", "queue", "prefill", "decode", "send res"}
+    process = spans["process reqs"]
+    assert f"{process.context.trace_id:032x}" == TRACE_ID
+    assert f"{process.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert process.kind == SpanKind.CONSUMER and spans["send res"].kind == SpanKind.PRODUCER
+    for child in ("queue", "prefill", "decode", "send res"):
+        assert spans[child].parent.span_id == process.context.span_id
+    consumed = NOW - 10_000_000
+    assert process.start_time == consumed
+    assert (spans["queue"].start_time, spans["queue"].end_time) == (consumed, consumed + 1_000_000)
+    assert spans["prefill"].end_time == spans["decode"].start_time == consumed + 4_000_000
+    attributes = process.attributes
+    assert attributes["messaging.kafka.offset"] == 17
+    assert attributes["messaging.destination.partition.id"] == "2"
+    assert attributes["messaging.consumer.group.name"] == "workers"
+    assert attributes["tokenmill.request_id"] == "job-1"
+    assert attributes["gen_ai.usage.output_tokens"] == 2
+    assert attributes["gen_ai.request.model"] == "smollm2-135m"
+    ((name, value),) = headers
+    send = spans["send res"].context
+    assert (name, value.decode()) == ("traceparent", f"00-{TRACE_ID}-{send.span_id:016x}-01")
+
+
+def test_a_refused_request_has_an_error_and_no_engine_phases() -> None:
+    refused = ErrorInfo(code=ErrorCode.PROMPT_TOO_LONG, message="too long")
+    spans, _ = recorded(outcome(admitted=False, error=refused))
+    assert set(spans) == {"process reqs", "send res"}
+    process = spans["process reqs"]
+    assert process.status.status_code == StatusCode.ERROR
+    assert process.attributes["error.type"] == "prompt_too_long"
