@@ -23,6 +23,7 @@ from actors.engine_thread import engine_thread
 from actors.mail import Admitted, Batch, Outcome
 from actors.results import engine_outcome
 from actors.runtime import Actor
+from actors.tracing import record_batch_span
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.errors import RequestRejected
 from gpu.sequence import SamplingParams
@@ -98,7 +99,9 @@ class GpuActor(Actor[Batch]):
 
     async def _admit(self, batch: Batch) -> None:
         now = time.monotonic()
+        batch_span = record_batch_span(batch)
         for item in batch.items:
+            item.batch_span = batch_span
             request = item.request
             if request.id in self.running:
                 self.followers.setdefault(request.id, []).append(item)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiokafka.structs import TopicPartition
+from opentelemetry.trace import SpanContext
 
 from actors.buckets import FlushReason
 from messages.request import GenerateRequest
@@ -50,6 +51,7 @@ class Admitted:
     trace: Headers
     consumed_at: float  # monotonic seconds
     deadline: float | None  # monotonic seconds
+    batch_span: SpanContext | None = None  # the span of the batch it ran in, when traced
 
     @property
     def cost_tokens(self) -> int:
@@ -88,6 +90,7 @@ class Outcome:
     cost_tokens: int = 0  # > 0 when it was counted against the backpressure watermarks
     admitted: bool = False  # it went through the engine (counted as outstanding work)
     dead_letter: DeadLetter | None = None
+    batch_span: SpanContext | None = None  # linked from the request's process span
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,4 +127,5 @@ def engine_outcome(
         trace=item.trace,
         cost_tokens=item.cost_tokens,
         admitted=True,
+        batch_span=item.batch_span,
     )

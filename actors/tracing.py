@@ -11,6 +11,10 @@ result's timings it records, with explicit start and end times:
       send <reply topic>       PRODUCER   produced → acknowledged (its context goes into the
                                           result's headers, so consumers continue the trace)
 
+The GPU actor records one `batch` span per flushed length bucket as it admits it
+(`record_batch_span`: bucket, size, tokens, flush reason), in a trace of its own with a link to
+each member's incoming context; each member's `process` span links back to it.
+
 Nothing is traced inside the engine or on the hot path of a step: the engine's per-request
 timings become spans afterwards. With no tracer provider set up (`ops/telemetry.py`), every
 span is a no-op and the request's own trace headers pass through unchanged.
@@ -23,10 +27,10 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from actors.mail import Headers, Outcome
+from actors.mail import Batch, Headers, Outcome
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
 
@@ -71,12 +75,13 @@ def start_request_spans(
     result, record = outcome.result, outcome.record
     timings = result.timings
     consumed = now - int(timings.total_ms * 1e6)
-    parent = _propagator.extract({k: v.decode("latin-1") for k, v in outcome.trace})
+    parent = _extract(outcome.trace)
     process = tracer.start_span(
         f"process {record.topic}",
         context=parent,
         kind=SpanKind.CONSUMER,
         start_time=consumed,
+        links=[Link(outcome.batch_span)] if outcome.batch_span is not None else [],
         attributes={
             "messaging.system": "kafka",
             "messaging.operation.name": "process",
@@ -123,6 +128,39 @@ def start_request_spans(
         },
     )
     return RequestSpans(process, send, _headers_for(send, outcome.trace))
+
+
+def record_batch_span(
+    batch: Batch, provider: trace.TracerProvider | None = None
+) -> SpanContext | None:
+    """One span for a flushed batch as the GPU actor admits it, linked to each member's
+    incoming trace context; its context (None when tracing is off) goes with every member so
+    the member's `process` span links back to it."""
+    provider = provider or trace.get_tracer_provider()
+    if isinstance(provider, _NOT_SET_UP):
+        return None
+    links = []
+    for item in batch.items:
+        member = trace.get_current_span(_extract(item.trace)).get_span_context()
+        if member.is_valid:
+            links.append(Link(member, {REQUEST_ID_ATTRIBUTE: item.request.id}))
+    span = provider.get_tracer("tokenmill.worker").start_span(
+        "batch",
+        context=Context(),  # a trace of its own: it belongs to every member's trace at once
+        links=links,
+        attributes={
+            "tokenmill.bucket": batch.bucket,
+            "tokenmill.batch.size": len(batch.items),
+            "tokenmill.batch.tokens": batch.tokens,
+            "tokenmill.batch.flush_reason": str(batch.reason),
+        },
+    )
+    span.end()
+    return span.get_span_context()
+
+
+def _extract(headers: Headers) -> Context:
+    return _propagator.extract({k: v.decode("latin-1") for k, v in headers})
 
 
 def _phase(tracer: trace.Tracer, name: str, parent: Context, start: int, end: int) -> None:

@@ -50,6 +50,17 @@ async def wait_for(find: Any, within_s: float = 60.0) -> Any:
         await asyncio.sleep(0.5)
 
 
+def batch_of(jaeger: LocalJaeger, trace: dict[str, Any], process: SpanNode) -> Any:
+    """The `batch` span the process span links to (it lives in a trace of its own)."""
+    (span,) = [s for s in trace["spans"] if s["spanID"] == process.span_id]
+    links = [r for r in span["references"] if r["traceID"] != trace["traceID"]]
+    if not links:
+        return None
+    found = trace_by_id(jaeger.ui_url, links[0]["traceID"])
+    spans = [s for s in (found or {}).get("spans", []) if s["spanID"] == links[0]["spanID"]]
+    return spans[0] if spans else None
+
+
 def names(nodes: list[SpanNode]) -> list[str]:
     return [node.name for node in nodes]
 
@@ -97,6 +108,11 @@ async def test_each_request_leaves_one_connected_trace(
         assert process.tags["gen_ai.usage.output_tokens"] >= 1
         assert names(process.children) == ["queue", "prefill", "decode", f"send {lane.results}"]
         assert not process.error
+        batch = await wait_for(lambda span=found, node=process: batch_of(jaeger, span, node))
+        assert batch["operationName"] == "batch"
+        tags = {tag["key"]: tag["value"] for tag in batch["tags"]}
+        assert tags["tokenmill.batch.size"] >= 1 and "tokenmill.bucket" in tags
+        assert found["traceID"] in {ref["traceID"] for ref in batch["references"]}
 
     (bad,) = await wait_for(lambda: traces_of_request(jaeger.ui_url, "traced-bad"))
     (process,) = TraceTree.of(bad).roots[0].children

@@ -84,3 +84,47 @@ def test_a_refused_request_has_an_error_and_no_engine_phases() -> None:
     process = spans["process reqs"]
     assert process.status.status_code == StatusCode.ERROR
     assert process.attributes["error.type"] == "prompt_too_long"
+
+
+def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> None:
+    from actors.mail import Admitted, Batch
+    from actors.tracing import record_batch_span
+    from messages.request import GenerateRequest
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    item = outcome()
+    member = Admitted(
+        request=GenerateRequest(id="job-1", prompt_token_ids=[1, 2, 3]),
+        record=item.record,
+        prompt_token_ids=[1, 2, 3],
+        reply_topic="res",
+        content_type="application/json",
+        trace=[("traceparent", PARENT)],
+        consumed_at=0.0,
+        deadline=None,
+    )
+    batch = Batch(bucket=32, items=[member], tokens=19, reason="size")
+    batch_context = record_batch_span(batch, provider)
+    assert batch_context is not None
+    (batch_span,) = exporter.get_finished_spans()
+    assert batch_span.name == "batch" and batch_span.parent is None
+    assert batch_span.attributes["tokenmill.batch.size"] == 1
+    assert batch_span.attributes["tokenmill.bucket"] == 32
+    (link,) = batch_span.links
+    assert f"{link.context.trace_id:032x}" == TRACE_ID
+
+    item.batch_span = batch_context
+    spans = start_request_spans(item, group="workers", now_ns=NOW, provider=provider)
+    spans.end()
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process reqs")
+    (back,) = process.links
+    assert back.context.span_id == batch_context.span_id
+
+
+def test_without_a_provider_a_batch_has_no_span() -> None:
+    from actors.mail import Batch
+    from actors.tracing import record_batch_span
+
+    assert record_batch_span(Batch(bucket=32, items=[], tokens=0, reason="size")) is None
