@@ -15,12 +15,8 @@ it opens no port but the four above.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
-import signal
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -29,7 +25,15 @@ from pathlib import Path
 from ops.errors import JaegerStartError
 from ops.jaeger_build import jaeger_binary
 from ops.kafka_jars import file_lock
-from ops.local_process import alive, bindable, free_port, spawn_detached, wait_exit
+from ops.local_process import (
+    alive,
+    bindable,
+    free_port,
+    runs_with,
+    spawn_detached,
+    terminate,
+    wait_until,
+)
 
 DEFAULT_UI_PORT = 16686
 DEFAULT_OTLP_GRPC_PORT = 4317
@@ -149,18 +153,14 @@ class LocalJaeger:
             return self._kill(grace)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.pid is not None and not alive(self.pid):
-                raise JaegerStartError(f"jaeger (pid {self.pid}) exited; {self._log_tail()}")
-            if self._answers():
-                return
-            if time.monotonic() > deadline:
-                raise JaegerStartError(
-                    f"jaeger's query API on {self.ui_url} did not answer within {timeout:.0f} s; "
-                    + self._log_tail()
-                )
-            time.sleep(0.2)
+        failed = wait_until(self._answers, pid=self.pid, timeout=timeout)
+        if failed == "exited":
+            raise JaegerStartError(f"jaeger (pid {self.pid}) exited; {self._log_tail()}")
+        if failed == "timeout":
+            raise JaegerStartError(
+                f"jaeger's query API on {self.ui_url} did not answer within {timeout:.0f} s; "
+                + self._log_tail()
+            )
 
     def _answers(self) -> bool:
         try:
@@ -206,7 +206,9 @@ class LocalJaeger:
             recorded = _Recorded(**json.loads((self.state_dir / "jaeger.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        if not alive(recorded.pid) or not _runs(recorded.pid, self.state_dir / "config.yaml"):
+        if not alive(recorded.pid) or not runs_with(
+            recorded.pid, str(self.state_dir / "config.yaml")
+        ):
             return None
         return recorded
 
@@ -216,11 +218,7 @@ class LocalJaeger:
         self.pid = None
         if running is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(running.pid, signal.SIGTERM)
-            if not wait_exit(running.pid, grace):
-                os.kill(running.pid, signal.SIGKILL)
-                wait_exit(running.pid, 10.0)
+        terminate(running.pid, grace)
         return running.pid
 
     def _log_tail(self, lines: int = 20) -> str:
@@ -229,14 +227,3 @@ class LocalJaeger:
             return f"no log in {self.state_dir}"
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         return f"--- {log} (last {len(tail)} lines)\n" + "\n".join(tail)
-
-
-def _runs(pid: int, config: Path) -> bool:
-    """Whether `pid` is a Jaeger started with `config` (guards against pid reuse)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()
-    except OSError:
-        return False
-    return str(config).encode() in argv

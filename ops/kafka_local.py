@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import json
-import os
-import signal
 import subprocess
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +32,16 @@ from aiokafka.errors import KafkaError
 
 from ops.errors import KafkaStartError
 from ops.kafka_jars import KafkaRuntime, file_lock
-from ops.local_process import accepts, alive, bindable, free_port, spawn_detached, wait_exit
+from ops.local_process import (
+    accepts,
+    alive,
+    bindable,
+    free_port,
+    runs_with,
+    spawn_detached,
+    terminate,
+    wait_until,
+)
 
 MAX_MESSAGE_BYTES = 16 << 20
 _HEAP = ("-Xms256m", "-Xmx768m")
@@ -170,18 +175,16 @@ class LocalKafka:
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         """Block until the broker lists itself in metadata; `KafkaStartError` if it exits first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.pid is not None and not alive(self.pid):
-                raise KafkaStartError(f"the broker (pid {self.pid}) exited; {self._log_tail()}")
-            if accepts(self.port) and probe(self.bootstrap):
-                return
-            if time.monotonic() > deadline:
-                raise KafkaStartError(
-                    f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s; "
-                    + self._log_tail()
-                )
-            time.sleep(0.25)
+        failed = wait_until(
+            lambda: accepts(self.port) and probe(self.bootstrap), pid=self.pid, timeout=timeout
+        )
+        if failed == "exited":
+            raise KafkaStartError(f"the broker (pid {self.pid}) exited; {self._log_tail()}")
+        if failed == "timeout":
+            raise KafkaStartError(
+                f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s; "
+                + self._log_tail()
+            )
 
     def _launch(self) -> None:
         if self.port == 0:
@@ -233,7 +236,9 @@ class LocalKafka:
             recorded = _Recorded(**json.loads(self._path("broker.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        if not alive(recorded.pid) or not _runs(recorded.pid, self._path("server.properties")):
+        if not alive(recorded.pid) or not runs_with(
+            recorded.pid, "kafka.Kafka", str(self._path("server.properties"))
+        ):
             return None
         return recorded
 
@@ -243,11 +248,7 @@ class LocalKafka:
         self.pid = None
         if running is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(running.pid, signal.SIGTERM)
-            if not wait_exit(running.pid, grace):
-                os.kill(running.pid, signal.SIGKILL)
-                wait_exit(running.pid, 10.0)
+        terminate(running.pid, grace)
         return running.pid
 
     def _path(self, name: str) -> Path:
@@ -269,14 +270,3 @@ def _cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not cid.startswith("-"):  # StorageTool would read it as an option
             return cid
-
-
-def _runs(pid: int, properties: Path) -> bool:
-    """Whether `pid` is a broker started with `properties` (guards against pid reuse)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()  # no procfs: trust the record
-    except OSError:
-        return False
-    return b"kafka.Kafka" in argv and str(properties).encode() in argv

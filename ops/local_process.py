@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -81,3 +82,40 @@ def bindable(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def terminate(pid: int, grace: float) -> None:
+    """SIGTERM `pid`, then SIGKILL if it still runs after `grace` seconds; gone is fine."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if not wait_exit(pid, grace):
+            os.kill(pid, signal.SIGKILL)
+            wait_exit(pid, 10.0)
+    except ProcessLookupError:
+        pass
+
+
+def wait_until(ready: Callable[[], bool], *, pid: int | None, timeout: float) -> str | None:
+    """Poll `ready` until it holds (None), `pid` exits ("exited") or `timeout` s pass
+    ("timeout"); the caller turns a failure into its own error, with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pid is not None and not alive(pid):
+            return "exited"
+        if ready():
+            return None
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(0.2)
+
+
+def runs_with(pid: int, *arguments: str) -> bool:
+    """Whether `pid`'s command line holds every one of `arguments` (guards against pid reuse
+    when adopting a recorded process)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no procfs: trust the record
+    except OSError:
+        return False
+    return all(argument.encode() in argv for argument in arguments)
