@@ -9,6 +9,7 @@ once the emitter reports the result delivered.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from aiokafka.structs import TopicPartition
@@ -91,6 +92,8 @@ class Outcome:
     admitted: bool = False  # it went through the engine (counted as outstanding work)
     dead_letter: DeadLetter | None = None
     batch_span: SpanContext | None = None  # linked from the request's process span
+    request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
+    finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,4 +128,5 @@ def engine_outcome(
         cost_tokens=item.cost_tokens,
         admitted=True,
         batch_span=item.batch_span,
+        request=item.request,
     )

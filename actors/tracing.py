@@ -31,6 +31,7 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from actors.mail import Batch, Headers, Outcome
+from messages.request import GenerateRequest
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
 
@@ -74,7 +75,7 @@ def start_request_spans(
     now = time.time_ns() if now_ns is None else now_ns
     result, record = outcome.result, outcome.record
     timings = result.timings
-    consumed = now - int(timings.total_ms * 1e6)
+    consumed = outcome.finished_ns - int(timings.total_ms * 1e6)
     parent = _extract(outcome.trace)
     process = tracer.start_span(
         f"process {record.topic}",
@@ -92,15 +93,18 @@ def start_request_spans(
             "messaging.kafka.message.key": (record.key or b"").decode("utf-8", "replace"),
             "messaging.consumer.group.name": group,
             REQUEST_ID_ATTRIBUTE: result.id,
-            "gen_ai.operation.name": "text_completion",
+            "gen_ai.operation.name": _operation(outcome.request),
+            "gen_ai.provider.name": "tokenmill",
             "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
             "gen_ai.usage.output_tokens": result.usage.completion_tokens,
             "gen_ai.response.finish_reasons": [str(result.finish_reason)],
         },
     )
     if result.model is not None:
-        process.set_attribute("gen_ai.request.model", result.model.name)
+        process.set_attribute("gen_ai.response.model", result.model.name)
         process.set_attribute("tokenmill.model.digest", result.model.digest)
+    if outcome.request is not None:
+        process.set_attributes(_request_attributes(outcome.request))
     if timings.ttft_ms is not None:
         process.set_attribute("tokenmill.ttft_ms", round(timings.ttft_ms, 3))
     if result.error is not None:
@@ -113,7 +117,7 @@ def start_request_spans(
         if timings.ttft_ms is not None:
             first_token = consumed + int(timings.ttft_ms * 1e6)
             _phase(tracer, "prefill", inside, admitted, first_token)
-            _phase(tracer, "decode", inside, first_token, now)
+            _phase(tracer, "decode", inside, first_token, outcome.finished_ns)
     send = tracer.start_span(
         f"send {outcome.reply_topic}",
         context=inside,
@@ -157,6 +161,21 @@ def record_batch_span(
     )
     span.end()
     return span.get_span_context()
+
+
+def _operation(request: GenerateRequest | None) -> str:
+    return "chat" if request is not None and request.messages is not None else "text_completion"
+
+
+def _request_attributes(request: GenerateRequest) -> dict[str, str | int | float]:
+    attributes: dict[str, str | int | float] = {
+        "gen_ai.request.max_tokens": request.max_new_tokens,
+        "gen_ai.request.temperature": request.temperature,
+        "gen_ai.request.top_p": request.top_p,
+    }
+    if request.model is not None:
+        attributes["gen_ai.request.model"] = request.model
+    return attributes
 
 
 def _extract(headers: Headers) -> Context:

@@ -31,15 +31,20 @@ def trace(request_id: str, jaeger_url: str, service: str, lookback: str, as_json
     A request retried or answered twice has several traces: all are printed, newest first.
     """
     from ops.errors import JaegerQueryError
-    from ops.jaeger_query import trace_by_id, traces_of_request
+    from ops.jaeger_query import lookback_seconds, trace_by_id, traces_of_request
     from ops.trace_tree import TraceTree
 
     try:
-        if _TRACE_ID.fullmatch(request_id):
-            one = trace_by_id(jaeger_url, request_id)
-            traces = [one] if one is not None else []
-        else:
-            traces = traces_of_request(jaeger_url, request_id, service=service, lookback=lookback)
+        lookback_seconds(lookback)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--lookback") from exc
+    try:
+        one = trace_by_id(jaeger_url, request_id) if _TRACE_ID.fullmatch(request_id) else None
+        traces = (
+            [one]
+            if one is not None  # a 32-hex request id that is no trace id is searched for too
+            else traces_of_request(jaeger_url, request_id, service=service, lookback=lookback)
+        )
     except JaegerQueryError as exc:
         raise click.ClickException(str(exc)) from exc
     if not traces:

@@ -26,6 +26,7 @@ from ops.errors import JaegerStartError
 from ops.jaeger_build import jaeger_binary
 from ops.kafka_jars import file_lock
 from ops.local_process import (
+    accepts,
     alive,
     bindable,
     free_port,
@@ -36,6 +37,8 @@ from ops.local_process import (
 )
 
 DEFAULT_UI_PORT = 16686
+# Loopback requests must not go through an http_proxy from the environment.
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 DEFAULT_OTLP_GRPC_PORT = 4317
 DEFAULT_OTLP_HTTP_PORT = 4318
 
@@ -163,8 +166,11 @@ class LocalJaeger:
             )
 
     def _answers(self) -> bool:
+        """The query API answers and both OTLP receivers accept connections."""
+        if not (accepts(self.otlp_grpc_port) and accepts(self.otlp_http_port)):
+            return False
         try:
-            with urllib.request.urlopen(f"{self.ui_url}/api/services", timeout=2) as reply:
+            with LOOPBACK.open(f"{self.ui_url}/api/services", timeout=2) as reply:
                 return bool(reply.status == 200)
         except (urllib.error.URLError, OSError):
             return False

@@ -125,7 +125,10 @@ async def test_each_request_leaves_one_connected_trace(
 
     by_id = {json.loads(r.value)["id"]: r for r in results if r.value}
     result_trace = header(by_id["traced-foreign"].headers, TRACEPARENT)
-    assert result_trace is not None and result_trace.decode().split("-")[1] == foreign_trace
+    assert result_trace is not None
+    _, trace_id, span_id, _ = result_trace.decode().split("-")
+    assert trace_id == foreign_trace, "the result continues the producer's trace"
+    assert span_id != foreign.decode().split("-")[2], "from the worker's send span"
 
 
 async def test_with_no_collector_every_request_is_still_answered(

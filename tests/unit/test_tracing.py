@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from actors.mail import Outcome, RecordRef
 from actors.tracing import start_request_spans
 from messages.error_codes import ErrorCode
+from messages.request import ChatMessage, GenerateRequest
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -34,7 +35,10 @@ def outcome(*, admitted: bool = True, error: ErrorInfo | None = None) -> Outcome
         content_type="application/json",
         trace=[("traceparent", PARENT)],
         admitted=admitted,
-    )
+        request=GenerateRequest(id="job-1", messages=[ChatMessage(role="user", content="Hi")],
+                                max_new_tokens=7, temperature=0.5, model="smollm2-135m"),
+        finished_ns=NOW - 2_000_000,  # the emitter got to it 2 ms after it finished
+    )  # fmt: skip
 
 
 def recorded(item: Outcome) -> tuple[dict[str, object], list[tuple[str, bytes]]]:
@@ -61,8 +65,9 @@ def test_the_spans_continue_the_producers_trace_with_their_phases_in_time() -> N
     assert process.kind == SpanKind.CONSUMER and spans["send res"].kind == SpanKind.PRODUCER
     for child in ("queue", "prefill", "decode", "send res"):
         assert spans[child].parent.span_id == process.context.span_id
-    consumed = NOW - 10_000_000
+    consumed = NOW - 12_000_000  # 10 ms of timings, ending when the outcome was made
     assert process.start_time == consumed
+    assert spans["decode"].end_time == NOW - 2_000_000
     assert (spans["queue"].start_time, spans["queue"].end_time) == (consumed, consumed + 1_000_000)
     assert spans["prefill"].end_time == spans["decode"].start_time == consumed + 4_000_000
     attributes = process.attributes
@@ -71,7 +76,11 @@ def test_the_spans_continue_the_producers_trace_with_their_phases_in_time() -> N
     assert attributes["messaging.consumer.group.name"] == "workers"
     assert attributes["tokenmill.request_id"] == "job-1"
     assert attributes["gen_ai.usage.output_tokens"] == 2
+    assert attributes["gen_ai.response.model"] == "smollm2-135m"
     assert attributes["gen_ai.request.model"] == "smollm2-135m"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.max_tokens"] == 7
+    assert attributes["gen_ai.request.temperature"] == 0.5
     ((name, value),) = headers
     send = spans["send res"].context
     assert (name, value.decode()) == ("traceparent", f"00-{TRACE_ID}-{send.span_id:016x}-01")
@@ -89,7 +98,6 @@ def test_a_refused_request_has_an_error_and_no_engine_phases() -> None:
 def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> None:
     from actors.mail import Admitted, Batch
     from actors.tracing import record_batch_span
-    from messages.request import GenerateRequest
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
