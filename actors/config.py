@@ -47,6 +47,8 @@ class WorkerConfig:
     # idle fetches it adds slowed a CPU engine sharing 2 cores with the broker by ~40%
     # (measured with `bench pipeline --only latency`). Lower it where cores are not scarce.
     fetch_max_wait_ms: int = 500
+    log_sample_rate: float = 0.01  # share of successful requests logged as request_done
+    log_payloads: bool = False  # prompt and output text in request logs (never by default)
 
     def __post_init__(self) -> None:
         positive = {
@@ -61,6 +63,8 @@ class WorkerConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if not 0.0 <= self.log_sample_rate <= 1.0:
+            raise ValueError(f"log_sample_rate must be within [0, 1], got {self.log_sample_rate}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be ≥ 0, got {self.max_wait_ms}")
         if not self.group:

@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 
 from actors.config import WorkerConfig
 from actors.mail import Delivered, Outcome
+from actors.request_log import log_outcome
 from actors.runtime import Actor
 from actors.tracing import RequestSpans, start_request_spans
 from messages import headers as h
@@ -134,6 +135,12 @@ class EmitterActor(Actor[Outcome]):
                     spans.end(exc)
                     raise
                 spans.end()
+                log_outcome(
+                    outcome,
+                    spans.headers,
+                    sample_rate=self.config.log_sample_rate,
+                    payloads=self.config.log_payloads,
+                )
                 self.results_sent += 1
                 self.dead_letters_sent += len(futures) - 1
                 if self.ingest is not None:

@@ -25,6 +25,7 @@ from actors.config import WorkerConfig
 from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef
 from actors.model_front import ModelFront
 from actors.offsets import OffsetTracker
+from actors.request_log import request_context
 from actors.results import rejected_at_door
 from actors.runtime import Actor
 from messages import headers as h
@@ -206,7 +207,8 @@ class IngestActor(Actor[Delivered]):
             ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
         except UnsupportedContentType:
             ctype = JSON
-        log.info("request_rejected", code=exc.code.value, request_id=request_id, offset=ref.offset)
+        with request_context(ref, request_id, h.trace_headers(headers)):
+            log.info("request_rejected", code=exc.code.value)
         outcome = rejected_at_door(
             ref,
             exc.code,

@@ -88,6 +88,18 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt("--shutdown-timeout", type=float, default=30.0, help="Seconds to drain."),
         _opt("--commit-interval", type=float, default=1.0, help="Seconds between commits."),
         _opt("--log-level", default="info"),
+        _opt(
+            "--log-sample-rate",
+            type=click.FloatRange(0, 1),
+            default=0.01,
+            help="Share of successful requests logged (request_done); failures always are.",
+        ),
+        _opt(
+            "--log-payloads",
+            is_flag=True,
+            default=False,
+            help="Put prompts and outputs in request logs (off: never logged).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -118,6 +130,8 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             ),
             shutdown_timeout_s=kwargs.pop("shutdown_timeout"),
             commit_interval_s=kwargs.pop("commit_interval"),
+            log_sample_rate=kwargs.pop("log_sample_rate"),
+            log_payloads=kwargs.pop("log_payloads"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -1,0 +1,95 @@
+"""The per-request log line and the context every request's log lines carry.
+
+    with request_context(record, "job-17", headers):   # binds request_id, trace_id, span_id,
+        log.info("request_rejected", code=...)        # topic, partition, offset (contextvars)
+
+    log_outcome(outcome, result_headers, sample_rate=0.01, payloads=False)
+
+`log_outcome` runs once a result is acknowledged: a sampled `request_done` (info) for a
+result without error, and always a `request_failed` (warning) for an engine-side error
+(refusals at the door are logged by the ingest as `request_rejected`). Prompt and output
+text appear only with `payloads` on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+
+from actors.mail import Headers, Outcome, RecordRef
+from messages import headers as h
+
+log = structlog.get_logger("tokenmill.requests")
+
+
+def trace_ids(headers: Headers) -> tuple[str, str]:
+    """(trace id, span id) from a W3C traceparent header; empty strings without one."""
+    value = h.header(headers, h.TRACEPARENT)
+    parts = value.decode("latin-1").split("-") if value else []
+    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+        return parts[1], parts[2]
+    return "", ""
+
+
+@contextmanager
+def request_context(record: RecordRef, request_id: str, headers: Headers) -> Iterator[None]:
+    trace_id, span_id = trace_ids(headers)
+    with structlog.contextvars.bound_contextvars(
+        request_id=request_id,
+        trace_id=trace_id,
+        span_id=span_id,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+    ):
+        yield
+
+
+def log_outcome(
+    outcome: Outcome,
+    headers: Headers,
+    *,
+    sample_rate: float,
+    payloads: bool,
+    draw: Callable[[], float] = random.random,
+) -> None:
+    result = outcome.result
+    failed = result.error is not None and outcome.admitted
+    if result.error is not None and not failed:
+        return  # refused at the door: the ingest logged it
+    if not failed and draw() >= sample_rate:
+        return
+    fields: dict[str, Any] = {
+        "finish_reason": str(result.finish_reason),
+        "prompt_tokens": result.usage.prompt_tokens,
+        "completion_tokens": result.usage.completion_tokens,
+        "ttft_ms": result.timings.ttft_ms,
+        "total_ms": round(result.timings.total_ms, 3),
+    }
+    if payloads:
+        request = outcome.request
+        fields["prompt"] = (
+            request.prompt if request and request.prompt is not None else _chat(outcome)
+        )
+        fields["text"] = result.text
+    with request_context(outcome.record, result.id, headers):
+        if result.error is not None:
+            log.warning(
+                "request_failed", code=str(result.error.code), message=result.error.message,
+                **fields,
+            )  # fmt: skip
+        else:
+            log.info("request_done", **fields)
+
+
+def _chat(outcome: Outcome) -> Any:
+    request = outcome.request
+    if request is None:
+        return None
+    if request.messages is not None:
+        return [{"role": m.role, "content": m.content} for m in request.messages]
+    return request.prompt_token_ids
