@@ -119,10 +119,6 @@ class LocalJaeger:
         return f"http://127.0.0.1:{self.ui_port}"
 
     @property
-    def otlp_grpc(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_grpc_port}"
-
-    @property
     def otlp_http(self) -> str:
         return f"http://127.0.0.1:{self.otlp_http_port}"
 

@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from actors.tracing import tracing_active
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.errors import MessageError
@@ -109,7 +110,27 @@ class SubmitClient:
         assert self._producer is not None, "use `async with SubmitClient(...)`"
         if self._consumer is None:
             await self.listen()
-        span = _tracer.start_span(
+        headers = [(h.CONTENT_TYPE, JSON.encode())]
+        span = self._send_span(request) if tracing_active() else None  # none: no span work
+        if span is not None:
+            carrier: dict[str, str] = {}
+            _propagator.inject(carrier, context=trace.set_span_in_context(span))
+            headers += [(key, value.encode()) for key, value in carrier.items()]
+        try:
+            acked: asyncio.Future[object] = await self._producer.send(
+                self.topic, value=_request_codec.encode(request), key=request.id.encode(),
+                headers=headers,
+            )  # fmt: skip
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        if span is not None:
+            acked.add_done_callback(lambda _: span.end())
+        return acked
+
+    def _send_span(self, request: GenerateRequest) -> trace.Span:
+        return _tracer.start_span(
             f"send {self.topic}",
             kind=SpanKind.PRODUCER,
             attributes={
@@ -121,20 +142,6 @@ class SubmitClient:
                 "tokenmill.request_id": request.id,
             },
         )
-        carrier: dict[str, str] = {}
-        _propagator.inject(carrier, context=trace.set_span_in_context(span))
-        headers = [(h.CONTENT_TYPE, JSON.encode())]
-        headers += [(key, value.encode()) for key, value in carrier.items()]
-        try:
-            acked: asyncio.Future[object] = await self._producer.send(
-                self.topic, value=_request_codec.encode(request), key=request.id.encode(),
-                headers=headers,
-            )  # fmt: skip
-        except BaseException:
-            span.end()
-            raise
-        acked.add_done_callback(lambda _: span.end())
-        return acked
 
     async def poll(self, timeout_s: float) -> list[GenerateResult]:
         """The results that arrived within `timeout_s` (anyone's: filter by id)."""
