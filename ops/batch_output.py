@@ -47,6 +47,10 @@ class Answered:
     def ok(self) -> int:
         return self.by_status[200]
 
+    @property
+    def errors(self) -> int:
+        return self.lines - self.ok
+
     def answers(self, custom_id: str | None, number: int) -> bool:
         """Whether input line `number` (with that `custom_id`, or None) is answered here."""
         return custom_id in self.keys if custom_id is not None else number in self.line_numbers
