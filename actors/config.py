@@ -49,6 +49,22 @@ class WorkerConfig:
     fetch_max_wait_ms: int = 500
     log_sample_rate: float = 0.01  # share of successful requests logged as request_done
     log_payloads: bool = False  # prompt and output text in request logs (never by default)
+    # Control plane: commands on `control_topic` are applied only when signed with this secret
+    # (HMAC-SHA256); None refuses every command. Swapped-to models must lie in `models_dir`.
+    control_topic: str = DEFAULT_CONTROL_TOPIC
+    control_secret: str | None = field(default=None, repr=False)
+    models_dir: str | None = None  # None: the model cache (`ops.models.cache_dir()/models`)
+    # Swaps: None lets the device's free memory decide whether both models fit; a number of
+    # bytes caps what all loaded models plus their KV pools may hold (below it: drain mode).
+    swap_memory_budget_bytes: int | None = None
+    keep_previous_model: bool = True  # keep the old model in standby so rollback is a flip
+    # Health and metrics over HTTP (/healthz, /readyz, /metrics); None: no HTTP server.
+    http_host: str = "0.0.0.0"
+    http_port: int | None = None
+    # Supervision: a child that crashes more than `max_restarts` times in `restart_window_s`
+    # makes the worker drain and exit non-zero.
+    max_restarts: int = 5
+    restart_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         positive = {

@@ -16,6 +16,7 @@ from aiokafka.structs import TopicPartition
 from opentelemetry.trace import SpanContext
 
 from actors.buckets import FlushReason
+from messages.control import Command
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef
 
@@ -94,6 +95,14 @@ class Outcome:
     batch_span: SpanContext | None = None  # linked from the request's process span
     request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedCommand:
+    """A control command whose signature, age and nonce were checked (ControlActor → supervisor)."""
+
+    command: Command
+    nonce: str
 
 
 @dataclass(frozen=True, slots=True)

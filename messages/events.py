@@ -14,6 +14,7 @@ class _Event(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fiel
     v: int = 1
     worker: str
     at: float
+    command: str | None = None  # the nonce of the command this answers, if any
 
 
 class WorkerStarted(_Event, tag="worker_started"):
@@ -63,6 +64,16 @@ class StatusReply(_Event, tag="status_reply"):
     running: int
     kv_blocks_used: int
     kv_blocks_total: int
+    standby: ModelRef | None = None  # the model a rollback would flip back to, when loaded
+    draining: bool = False
+    restarts: int = 0  # child restarts since the worker started
+
+
+class ChildRestarted(_Event, tag="child_restarted"):
+    child: str  # "ingest" | "gpu" | "emitter" | "control" | "http"
+    error: str
+    restarts: int  # within the restart window, this one included
+    backoff_ms: float
 
 
 Event = (
@@ -74,4 +85,5 @@ Event = (
     | ModelSwapFailed
     | CommandRefused
     | StatusReply
+    | ChildRestarted
 )

@@ -84,6 +84,7 @@ DEAD_LETTERED = {
 FINISH_REASONS = ["stop", "length", "deadline", "cancelled", "error"]
 EVENT_TYPES = {
     "worker_started",
+    "child_restarted",
     "worker_draining",
     "worker_stopped",
     "model_swap_started",
