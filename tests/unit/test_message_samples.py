@@ -32,6 +32,7 @@ SAMPLE_FILES = {
     "control_rollback.json",
     "control_status.json",
     "control_swap_model.json",
+    "event_child_restarted.json",
     "event_command_refused.json",
     "event_model_swap_failed.json",
     "event_model_swap_started.json",
