@@ -18,7 +18,9 @@ __all__ = ["BucketConfig", "FlushReason", "Flushed", "LengthBuckets", "default_b
 
 T = TypeVar("T")
 
-FlushReason = Literal["tokens", "size", "wait", "idle", "drain"]
+FlushReason = Literal[
+    "tokens", "size", "wait", "idle", "drain", "requeued"
+]  # requeued: after a crash
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class WorkerConfig:
     log_payloads: bool = False  # prompt and output text in request logs (never by default)
     # Control plane: commands on `control_topic` are applied only when signed with this secret
     # (HMAC-SHA256); None refuses every command. Swapped-to models must lie in `models_dir`.
-    control_topic: str = DEFAULT_CONTROL_TOPIC
+    control_topic: str | None = None  # None: no control plane (the CLI defaults it on)
     control_secret: str | None = field(default=None, repr=False)
     models_dir: str | None = None  # None: the model cache (`ops.models.cache_dir()/models`)
     # Swaps: None lets the device's free memory decide whether both models fit; a number of

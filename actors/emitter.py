@@ -8,11 +8,13 @@ uncommitted and the request is redelivered, so nothing is lost.
 
 Mailbox: `Outcome`s from the ingest and the GPU actor. Sends: `Delivered` to the ingest.
 `stop()`: produce what is queued, wait for every acknowledgement, close.
+After a crash, a restarted `run()` first produces again what was never acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -37,13 +39,21 @@ class EmitterActor(Actor[Outcome]):
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__("emitter", mailbox_size=1024)
         self.config = config
-        self.ingest: Actor[Delivered] | None = None  # wired by the worker (a cycle)
+        self.ingest: Actor[Any] | None = None  # takes `Delivered`  # wired by the worker (a cycle)
         self.codec = Codec(GenerateResult)
         self.results_sent = 0
         self.dead_letters_sent = 0
         self._window = asyncio.Semaphore(config.emit_max_in_flight)
+        # Outcomes handed to the producer but not yet acknowledged: produced again when the
+        # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
+        self._unconfirmed: dict[int, Outcome] = {}
 
     async def run(self) -> None:
+        self._window = asyncio.Semaphore(self.config.emit_max_in_flight)
+        backlog = list(self._unconfirmed.values())
+        self._unconfirmed.clear()
+        if backlog:
+            log.warning("emitter_resending", outcomes=len(backlog))
         producer = AIOKafkaProducer(
             bootstrap_servers=self.config.bootstrap_servers,
             client_id=f"tokenmill-{self.config.worker_id}",
@@ -56,11 +66,17 @@ class EmitterActor(Actor[Outcome]):
         await producer.start()
         try:
             async with asyncio.TaskGroup() as confirms:
-                while (first := await self.receive()) is not None:
-                    group = [first, *self.drain_mailbox()]
+                while True:
+                    if backlog:
+                        group, backlog = backlog, []
+                    elif (first := await self.receive()) is not None:
+                        group = [first, *self.drain_mailbox()]
+                    else:
+                        break
                     sends = []
                     for outcome in group:
                         await self._window.acquire()
+                        self._unconfirmed[id(outcome)] = outcome
                         spans = start_request_spans(outcome, group=self.config.group)
                         sends.append((await self._produce(producer, outcome, spans), spans))
                     confirms.create_task(self._confirm(group, sends))
@@ -151,6 +167,7 @@ class EmitterActor(Actor[Outcome]):
                             cost_tokens=outcome.cost_tokens,
                         )
                     )
+                self._unconfirmed.pop(id(outcome), None)
         finally:
             for _ in group:
                 self._window.release()

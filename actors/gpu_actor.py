@@ -1,110 +1,292 @@
-"""GpuActor: admits `Batch`es into the engine and steps it on one dedicated thread.
+"""GpuActor: admits `Batch`es into the engines of its `ModelHolder` and steps them on one thread.
 
-The engine (`gpu/`) is synchronous; `engine.step()` runs in a single-thread executor so the
-event loop stays free for Kafka I/O. The engine is touched by one thing at a time: between
-steps by this actor (add, abort), during a step by the engine thread.
+The engines (`gpu/`) are synchronous; every `engine.step()` runs in a single-thread executor
+so the event loop stays free for Kafka I/O. An engine is touched by one thing at a time:
+between steps by this actor (add, abort, flip), during a step by the engine thread.
 
-Mailbox: `Batch`es from the ingest. Sends: `Outcome`s to the emitter.
+Two engines may be loaded at once (see `gpu.model_holder`): the active one, which new
+requests run on, and the standby one, which finishes what it held when a swap flipped away
+from it. Each request runs on the model whose tokenizer the ingest used for it; if that model
+is gone (a drain-mode swap unloaded it), it is tokenized again for the active model.
+
+Mailbox: `Batch`es from the ingest and `SwapOrder`s from the supervisor. Sends: `Outcome`s to
+the emitter, `UseModel` to the ingest after a flip, swap events to the events publisher.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
 A step that raises fails the requests it held with `engine_error`; the actor goes on.
 A request whose id is already running waits for that run and gets its result too.
+If `run()` itself crashes, the supervisor calls `recover()` (each held request is queued
+again once, or failed) and runs it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from actors.engine_thread import engine_thread
-from actors.mail import Admitted, Batch, Outcome
+from actors.faults import Faults
+from actors.mail import Admitted, Batch, Outcome, SwapOrder, UseModel
+from actors.model_front import ModelFront
 from actors.results import engine_outcome
 from actors.runtime import Actor
 from actors.tracing import record_batch_span
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.errors import RequestRejected
+from gpu.model_holder import ModelHolder
 from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
-from messages.result import ErrorInfo, ModelRef
+from messages.errors import InvalidRequest
+from messages.events import Event
+from messages.result import ErrorInfo
 
 log = structlog.get_logger("tokenmill.gpu")
 
 
 class EngineLike(Protocol):
+    model: Any  # .name, .digest, .path, .tokenizer, .config
+    config: Any  # its EngineConfig
+
     def add(self, request: EngineRequest) -> None: ...
     def step(self) -> StepOutput: ...
     def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None: ...
     def has_work(self) -> bool: ...
 
 
-class GpuActor(Actor[Batch]):
+StepObserver = Callable[[StepOutput], None]
+
+
+class GpuActor(Actor[Batch | SwapOrder]):
     def __init__(
         self,
         engine: EngineLike,
-        model: ModelRef,
         emitter: Actor[Outcome],
         worker_id: str,
         thread: ThreadPoolExecutor | None = None,
+        *,
+        front: ModelFront | None = None,
+        faults: Faults | None = None,
+        on_step: StepObserver | None = None,
     ) -> None:
         """`thread`: the single-thread executor the engine was built on (see engine_thread);
-        by default a new one, owned and shut down by this actor."""
+        by default a new one, owned and shut down by this actor. `front`: the engine's
+        `ModelFront` when the caller has it already."""
         super().__init__("gpu", mailbox_size=64)
         self.thread = thread
-        self.engine = engine
-        self.model = model
+        self.holder = ModelHolder(engine)
+        self.fronts: dict[str, ModelFront] = {
+            engine.model.digest: front or ModelFront.of_engine(engine)
+        }
         self.emitter = emitter
         self.worker_id = worker_id
-        self.running: dict[str, Admitted] = {}  # request id → what the engine holds
+        self.faults = faults or Faults()
+        self.on_step = on_step
+        # Wired by the worker: who hears about a flip, who publishes swap events, and
+        # what performs swaps (see actors.model_swap).
+        self.ingest: Actor[Any] | None = None
+        self.events: Actor[Event] | None = None
+        self.swapper: Any = None
+        self.running: dict[str, Admitted] = {}  # request id → what an engine holds
+        self.engine_of: dict[str, EngineLike] = {}  # request id → the engine running it
         self.admitted_at: dict[str, float] = {}
         # Copies of a running id (a redelivery, a client retry): answered with its result.
         self.followers: dict[str, list[Admitted]] = {}
+        self.admitting = True  # False while a drain-mode swap waits for the engines to empty
+        self.held: list[Batch] = []  # batches received while not admitting
+        self.idle = asyncio.Event()  # set whenever no engine has work
+        self.requeued: set[str] = set()  # ids queued again after a crash (once only)
+        self.steps = 0
+        self._flip: tuple[EngineLike, asyncio.Future[float]] | None = None
+        self._release_standby_when_idle = False
+        self._active_thread: ThreadPoolExecutor | None = None
+
+    # -- what others may read ------------------------------------------------------------
+
+    @property
+    def engine(self) -> EngineLike:
+        """The active engine: new requests run here."""
+        return self.holder.active  # type: ignore[return-value]
+
+    @property
+    def front(self) -> ModelFront:
+        return self.fronts[self.engine.model.digest]
+
+    @property
+    def model_loaded(self) -> bool:
+        """False only inside a drain-mode swap, between unloading one model and the next."""
+        return hasattr(self.engine, "step")
+
+    def has_work(self) -> bool:
+        return any(e.has_work() for e in self.holder.engines())
+
+    # -- the actor's life ----------------------------------------------------------------
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         thread = self.thread or engine_thread()
+        self._active_thread = thread
+        swaps: set[asyncio.Task[None]] = set()
         try:
             while not self.stopping.is_set():
-                batches = self.drain_mailbox()
-                if not batches and not self.engine.has_work():
-                    batch = await self.receive()
-                    batches = [batch] if batch is not None else []
-                for batch in batches:
-                    await self._admit(batch)
+                for message in self.drain_mailbox():
+                    if isinstance(message, SwapOrder):
+                        task = asyncio.create_task(self._swap(message), name="swap")
+                        swaps.add(task)
+                        task.add_done_callback(swaps.discard)
+                    else:
+                        self.held.append(message)
+                if self.admitting:
+                    batches, self.held = self.held, []
+                    for batch in batches:
+                        await self._admit(batch)
                 await self._expire_deadlines()
-                if self.engine.has_work():
-                    try:
-                        out = await loop.run_in_executor(thread, self.engine.step)
-                    except Exception as exc:  # any engine failure fails the batch it held
-                        log.exception("engine_step_failed", running=len(self.running))
-                        await self._abort_all(
-                            "error", ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))
-                        )
-                        continue
-                    for completion in out.finished:
-                        await self._finished(completion)
+                await self._at_step_boundary()
+                busy = [e for e in self.holder.engines() if e.has_work()]
+                if not busy:
+                    self.idle.set()
+                    self._wakeup.clear()
+                    if self.mailbox.empty() and self._flip is None:
+                        await self._wakeup.wait()
+                    continue
+                self.idle.clear()
+                for engine in busy:
+                    await self._step(loop, thread, engine)
             await self._abort_all("shutting_down", _SHUTDOWN)
             await self.fail_queued()
+            self.idle.set()  # a drain-mode swap waiting for quiet sees `stopping` now
+            if self._flip is not None:
+                self._flip[1].cancel()
+                self._flip = None
+            await asyncio.gather(*swaps, return_exceptions=True)
         finally:
+            for task in swaps:  # only left after a crash: the supervisor runs us again
+                task.cancel()
+            self.idle.set()
             if thread is not self.thread:
                 thread.shutdown(wait=False, cancel_futures=True)
 
+    async def _step(self, loop: asyncio.AbstractEventLoop, thread: Any, engine: Any) -> None:
+        try:
+            out = await loop.run_in_executor(thread, engine.step)
+        except Exception as exc:  # any engine failure fails the requests it held
+            log.exception("engine_step_failed", model=engine.model.name, running=len(self.running))
+            error = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))
+            await self._abort_all("error", error, only=engine)
+            return
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(out)
+        for completion in out.finished:
+            await self._finished(completion)
+        self.faults.after_gpu_step(self.steps)  # test-only; raises when a test asked for it
+
     async def fail_queued(self) -> None:
-        """Answer every batch waiting in the mailbox with `shutting_down` (after `stop()`)."""
-        for batch in self.drain_mailbox():
-            for item in batch.items:
-                await self._send_error(item, _SHUTDOWN)
+        """Answer every batch waiting (mailbox or held) with `shutting_down` (after `stop()`)."""
+        batches, self.held = self.held, []
+        for message in [*batches, *self.drain_mailbox()]:
+            if isinstance(message, Batch):
+                for item in message.items:
+                    await self._send_error(item, _SHUTDOWN)
+
+    def recover(self) -> list[Outcome]:
+        """After `run()` crashed: take back what the engines held.
+
+        Each running request (and its copies) is queued again once; one that was already
+        queued again after an earlier crash is answered with `engine_error` instead (returned,
+        for the caller to send). Call before running the actor again.
+        """
+        again: list[Admitted] = []
+        failed: list[Outcome] = []
+        for request_id, item in list(self.running.items()):
+            engine = self.engine_of.get(request_id)
+            try:
+                if engine is not None:
+                    engine.abort(request_id, "error")
+            except Exception:
+                log.exception("engine_abort_failed", request_id=request_id)
+            copies = [item, *self.followers.pop(request_id, [])]
+            if request_id in self.requeued:
+                failed += [self._error_outcome(c, _CRASHED) for c in copies]
+            else:
+                self.requeued.add(request_id)
+                again += copies
+        self.running.clear()
+        self.engine_of.clear()
+        self.admitted_at.clear()
+        if again:
+            self.held.insert(0, Batch(bucket=0, items=again, tokens=0, reason="requeued"))
+        self._flip = None
+        self.admitting = True
+        log.warning("gpu_recovered", requeued=len(again), failed=len(failed))
+        return failed
+
+    # -- swaps (see actors.model_swap for the procedure) -----------------------------------
+
+    async def _swap(self, order: SwapOrder) -> None:
+        if self.swapper is None:
+            log.warning("swap_unsupported", model=order.requested)
+            return
+        await self.swapper.swap(self, order)
+
+    async def flip_to(self, engine: Any) -> float:
+        """Flip to `engine` (loaded, in standby) at the next step boundary; returns the ms
+        from this call to the flip."""
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._flip = (engine, future)
+        self._wakeup.set()
+        return await future
+
+    def release_standby_when_idle(self) -> None:
+        self._release_standby_when_idle = True
+        self._wakeup.set()
+
+    def add_front(self, engine: EngineLike) -> ModelFront:
+        front = ModelFront.of_engine(engine)
+        self.fronts[engine.model.digest] = front
+        return front
+
+    def forget_front(self, digest: str) -> None:
+        if self.holder.by_digest(digest) is None:
+            self.fronts.pop(digest, None)
+
+    async def _at_step_boundary(self) -> None:
+        if self._flip is not None:
+            engine, future = self._flip
+            self._flip = None
+            start = time.perf_counter()
+            if self.holder.standby is not engine:
+                future.set_exception(RuntimeError("the engine to flip to is not in standby"))
+            else:
+                self.holder.flip()
+                if self.ingest is not None:
+                    await self.ingest.send(UseModel(self.front))
+                future.set_result((time.perf_counter() - start) * 1e3)
+        standby = self.holder.standby
+        if self._release_standby_when_idle and standby is not None and not standby.has_work():
+            self._release_standby_when_idle = False
+            self.holder.release_standby()
+            self.forget_front(standby.model.digest)
+            log.info("model_released", model=standby.model.name, digest=standby.model.digest)
+
+    # -- admission ----------------------------------------------------------------------
 
     async def _admit(self, batch: Batch) -> None:
         now = time.monotonic()
-        batch_span = record_batch_span(batch)
+        batch_span = record_batch_span(batch) if batch.reason != "requeued" else None
         for item in batch.items:
-            item.batch_span = batch_span
+            if batch_span is not None:
+                item.batch_span = batch_span
             request = item.request
             if request.id in self.running:
                 self.followers.setdefault(request.id, []).append(item)
+                continue
+            engine, prompt = self._engine_for(item)
+            if engine is None:
+                await self._send_error(item, prompt)
                 continue
             params = SamplingParams(
                 max_new_tokens=request.max_new_tokens,
@@ -117,32 +299,51 @@ class GpuActor(Actor[Batch]):
             )
             engine_request = EngineRequest(
                 request_id=request.id,
-                prompt_token_ids=item.prompt_token_ids,
+                prompt_token_ids=prompt,
                 params=params,
                 priority=request.priority,
                 arrival_time=item.consumed_at,
             )
             try:
-                self.engine.add(engine_request)
+                engine.add(engine_request)
             except RequestRejected as exc:
                 await self._send_error(item, ErrorInfo(code=_code(exc.code), message=str(exc)))
                 continue
             self.running[request.id] = item
+            self.engine_of[request.id] = engine
             self.admitted_at[request.id] = now
+        self.idle.clear()
+
+    def _engine_for(self, item: Admitted) -> tuple[Any, Any]:
+        """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).
+
+        An item tokenized for another model (queued before a flip) is tokenized again.
+        """
+        if item.model_digest in ("", self.engine.model.digest):
+            return self.engine, item.prompt_token_ids
+        try:
+            return self.engine, self.front.prompt_tokens(item.request)
+        except InvalidRequest as exc:
+            return None, ErrorInfo(code=exc.code, message=str(exc))
 
     async def _expire_deadlines(self) -> None:
         now = time.monotonic()
         expired = [i for i, it in self.running.items() if it.deadline and it.deadline <= now]
         for request_id in expired:
-            completion = self.engine.abort(request_id, "deadline")
+            completion = self.engine_of[request_id].abort(request_id, "deadline")
             if completion is not None:
                 await self._finished(completion, _DEADLINE)
 
-    async def _abort_all(self, reason: str, error: ErrorInfo) -> None:
+    async def _abort_all(
+        self, reason: str, error: ErrorInfo, only: EngineLike | None = None
+    ) -> None:
         """Abort every running request (and its followers) with `error`."""
         for request_id in list(self.running):
+            engine = self.engine_of.get(request_id)
+            if only is not None and engine is not only:
+                continue
             try:
-                completion = self.engine.abort(request_id, reason)
+                completion = engine.abort(request_id, reason) if engine is not None else None
             except Exception:  # a broken engine must not keep anyone waiting
                 log.exception("engine_abort_failed", request_id=request_id)
                 completion = None
@@ -151,14 +352,19 @@ class GpuActor(Actor[Batch]):
             else:
                 item = self.running.pop(request_id)
                 self.admitted_at.pop(request_id, None)
+                self.engine_of.pop(request_id, None)
                 for copy in [item, *self.followers.pop(request_id, [])]:
                     await self._send_error(copy, error)
 
     async def _finished(self, completion: Completion, error: ErrorInfo | None = None) -> None:
         item = self.running.pop(completion.request_id, None)
         admitted_at = self.admitted_at.pop(completion.request_id, time.monotonic())
+        engine = self.engine_of.pop(completion.request_id, None)
         if item is None:
             return
+        self.requeued.discard(completion.request_id)
+        front = self.fronts.get(engine.model.digest) if engine is not None else None
+        model = (front or self.front).ref
         for copy in [item, *self.followers.pop(completion.request_id, [])]:
             await self.emitter.send(
                 engine_outcome(
@@ -166,7 +372,7 @@ class GpuActor(Actor[Batch]):
                     text=completion.text,
                     token_ids=completion.token_ids,
                     reason=completion.finish_reason,
-                    model=self.model,
+                    model=model,
                     worker=self.worker_id,
                     queued_ms=(admitted_at - copy.consumed_at) * 1000,
                     ttft_ms=completion.ttft_ms,
@@ -176,19 +382,20 @@ class GpuActor(Actor[Batch]):
             )
 
     async def _send_error(self, item: Admitted, error: ErrorInfo) -> None:
-        await self.emitter.send(
-            engine_outcome(
-                item,
-                text="",
-                token_ids=[],
-                reason="error",
-                model=self.model,
-                worker=self.worker_id,
-                queued_ms=(time.monotonic() - item.consumed_at) * 1000,
-                ttft_ms=None,
-                tpot_ms=None,
-                error=error,
-            )
+        await self.emitter.send(self._error_outcome(item, error))
+
+    def _error_outcome(self, item: Admitted, error: ErrorInfo) -> Outcome:
+        return engine_outcome(
+            item,
+            text="",
+            token_ids=[],
+            reason="error",
+            model=self.front.ref,
+            worker=self.worker_id,
+            queued_ms=(time.monotonic() - item.consumed_at) * 1000,
+            ttft_ms=None,
+            tpot_ms=None,
+            error=error,
         )
 
 
@@ -197,6 +404,10 @@ _SHUTDOWN = ErrorInfo(
 )
 _DEADLINE = ErrorInfo(
     code=ErrorCode.DEADLINE_EXCEEDED, message="the request's deadline passed while it ran"
+)
+_CRASHED = ErrorInfo(
+    code=ErrorCode.ENGINE_ERROR,
+    message="the GPU actor crashed twice while running this request",
 )
 
 

@@ -4,7 +4,7 @@ Owns the consumer, the `OffsetTracker` and the backpressure state. Every record 
 in exactly one `Outcome` (a result or an error result, plus a dead letter when undecodable);
 its offset is committed only after the emitter reports that outcome delivered.
 
-Mailbox: `Delivered` notices from the emitter.
+Mailbox: `Delivered` notices from the emitter; `UseModel` from the GPU actor after a model flip.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -22,7 +23,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from actors.backpressure import Backpressure, Decision
 from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
 from actors.config import WorkerConfig
-from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef
+from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
 from actors.model_front import ModelFront
 from actors.offsets import OffsetTracker
 from actors.request_log import request_context
@@ -41,12 +42,12 @@ log = structlog.get_logger("tokenmill.ingest")
 _POLL_MS = 100
 
 
-class IngestActor(Actor[Delivered]):
+class IngestActor(Actor[Delivered | UseModel]):
     def __init__(
         self,
         config: WorkerConfig,
         front: ModelFront,
-        gpu: Actor[Batch],
+        gpu: Actor[Any],  # takes `Batch`es
         emitter: Actor[Outcome],
     ) -> None:
         super().__init__("ingest", mailbox_size=max(config.emit_max_in_flight, 1024))
@@ -66,6 +67,7 @@ class IngestActor(Actor[Delivered]):
         )
         self.consumer: AIOKafkaConsumer | None = None
         self.records_read = 0
+        self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
         self._bucket_added = asyncio.Event()
         self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
         # Bumped by every rebalance: a fetch made under an older assignment is not tracked
@@ -76,6 +78,7 @@ class IngestActor(Actor[Delivered]):
     # -- the actor's life ----------------------------------------------------------------
 
     async def run(self) -> None:
+        self.joined = False
         self.consumer = consumer = AIOKafkaConsumer(
             bootstrap_servers=self.config.bootstrap_servers,
             group_id=self.config.group,
@@ -165,9 +168,8 @@ class IngestActor(Actor[Delivered]):
             return
         # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
         loop = asyncio.get_running_loop()
-        tokens = await loop.run_in_executor(
-            None, _tokenize_all, self.front, [a[1] for a in accepted]
-        )
+        front = self.front  # a flip meanwhile: the GPU actor tokenizes these again
+        tokens = await loop.run_in_executor(None, _tokenize_all, front, [a[1] for a in accepted])
         now = time.monotonic()
         for (ref, request, ctype, headers, deadline), ids in zip(accepted, tokens, strict=True):
             if isinstance(ids, InvalidRequest):
@@ -182,6 +184,7 @@ class IngestActor(Actor[Delivered]):
                 trace=h.trace_headers(headers),
                 consumed_at=now,
                 deadline=deadline,
+                model_digest=front.digest,
             )
             self._account(self.backpressure.admit(1, item.cost_tokens))
             await self._flush(self.buckets.add(item, len(ids)))
@@ -259,6 +262,10 @@ class IngestActor(Actor[Delivered]):
         while True:
             first = await self.mailbox.get()
             for delivered in [first, *self.drain_mailbox()]:
+                if isinstance(delivered, UseModel):
+                    self.front = delivered.front
+                    log.info("ingest_model", model=self.front.name, digest=self.front.digest)
+                    continue
                 self.tracker.done(delivered.record.tp, delivered.record.offset)
                 if delivered.admitted:
                     self._account(self.backpressure.release(1, delivered.cost_tokens))
@@ -319,6 +326,7 @@ class IngestActor(Actor[Delivered]):
         # Fetching restarts at the last commit: forget whatever a stale earlier
         # assignment left, so offsets are tracked afresh.
         self._generation += 1
+        self.joined = True
         self.tracker.revoke(assigned)
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)

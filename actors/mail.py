@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import SpanContext
 
 from actors.buckets import FlushReason
+from actors.model_front import ModelFront
 from messages.control import Command
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef
@@ -54,6 +56,7 @@ class Admitted:
     consumed_at: float  # monotonic seconds
     deadline: float | None  # monotonic seconds
     batch_span: SpanContext | None = None  # the span of the batch it ran in, when traced
+    model_digest: str = ""  # the model whose tokenizer made `prompt_token_ids`
 
     @property
     def cost_tokens(self) -> int:
@@ -95,6 +98,22 @@ class Outcome:
     batch_span: SpanContext | None = None  # linked from the request's process span
     request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOrder:
+    """Supervisor → GPU actor: swap to the checkpoint at `target` (None: roll back)."""
+
+    target: Path | None
+    requested: str  # the name the command used, for events
+    command: str | None = None  # the command's nonce, for events
+
+
+@dataclass(frozen=True, slots=True)
+class UseModel:
+    """GPU actor → ingest, after a flip: tokenize and check new requests with this model."""
+
+    front: ModelFront
 
 
 @dataclass(frozen=True, slots=True)

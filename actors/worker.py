@@ -1,24 +1,34 @@
-"""A worker: the ingest, GPU and emitter actors wired together in one `TaskGroup`.
+"""A worker: the ingest, GPU and emitter actors (plus control and HTTP) under one supervisor.
 
     ingest ──Batch──► gpu ──Outcome──► emitter ──Delivered──► ingest
+       ▲               │ UseModel (after a model flip)
+       └───────────────┘
+    control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu;  events ◄── every actor
 
 `drain()` (SIGTERM/SIGINT, via the CLI) stops fetching and lets in-flight work finish within
 `shutdown_timeout_s`; what is left after that is failed with `shutting_down`. Then offsets are
-committed and the clients closed. `run()` returns once everything has stopped.
+committed and the clients closed. `run()` returns once everything has stopped; `exit_code`
+then says whether the worker ended cleanly (0) or gave up (1).
 """
 
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import structlog
 
 from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
+from actors.faults import Faults
 from actors.gpu_actor import EngineLike, GpuActor
 from actors.ingest import IngestActor
 from actors.model_front import ModelFront
+from actors.model_paths import AliasResolver
+from actors.model_swap import EngineBuilder, Swapper, SwapSettings, engine_builder_like
+from actors.supervisor import Supervisor
 
 log = structlog.get_logger("tokenmill.worker")
 
@@ -30,23 +40,56 @@ class Worker:
         engine: EngineLike,
         front: ModelFront,
         engine_thread: ThreadPoolExecutor | None = None,
+        *,
+        build: EngineBuilder | None = None,
+        aliases: AliasResolver | None = None,
+        faults: Faults | None = None,
+        metrics: Any = None,
     ) -> None:
         """`engine_thread`: the thread the engine was built on, to step it on (see
-        `actors.engine_thread`)."""
+        `actors.engine_thread`). `build(path)`: how a swap builds an engine for another
+        checkpoint (default: like `engine`). `metrics`: a `WorkerMetrics` to fill, if any."""
         self.config = config
         self.front = front
+        self.metrics = metrics
         self.emitter = EmitterActor(config)
-        self.gpu = GpuActor(engine, front.ref, self.emitter, config.worker_id, engine_thread)
+        self.gpu = GpuActor(
+            engine, self.emitter, config.worker_id, engine_thread, front=front, faults=faults
+        )
         self.ingest = IngestActor(config, front, self.gpu, self.emitter)
         self.emitter.ingest = self.ingest
-        self._drain = asyncio.Event()
-        self.started = asyncio.Event()
+        self.gpu.ingest = self.ingest
+        self.gpu.swapper = Swapper(
+            build or engine_builder_like(engine),
+            SwapSettings(config.swap_memory_budget_bytes, config.keep_previous_model),
+        )
+        self.control = self._control()
+        self.gpu.events = self.control
+        self.supervisor = Supervisor(
+            config,
+            self.ingest,
+            self.gpu,
+            self.emitter,
+            control=self.control,
+            http=None,
+            models_dir=Path(config.models_dir) if config.models_dir else None,
+            aliases=aliases,
+        )
+        if self.control is not None:
+            self.control.commands = self.supervisor
+        self.supervisor.http = self._http()
+
+    @property
+    def started(self) -> asyncio.Event:
+        return self.supervisor.started
+
+    @property
+    def exit_code(self) -> int:
+        return self.supervisor.exit_code
 
     def drain(self) -> None:
         """Begin a graceful shutdown. Safe to call more than once, from a signal handler too."""
-        if not self._drain.is_set():
-            log.info("worker_draining", timeout_s=self.config.shutdown_timeout_s)
-        self._drain.set()
+        self.supervisor.drain()
 
     async def run(self) -> None:
         log.info(
@@ -57,27 +100,21 @@ class Worker:
             group=self.config.group,
             topic=self.config.requests_topic,
         )
-        async with asyncio.TaskGroup() as tg:
-            emitting = tg.create_task(self.emitter.run(), name="emitter")
-            stepping = tg.create_task(self.gpu.run(), name="gpu")
-            ingesting = tg.create_task(self.ingest.run(), name="ingest")
-            self.started.set()
-            await self._drain.wait()
-            self.ingest.stop()
-            try:
-                await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
-            except TimeoutError:
-                log.warning("drain_timeout", running=len(self.gpu.running))
-            self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
-            await stepping
-            while not ingesting.done():  # a batch the ingest was still handing over
-                await self.gpu.fail_queued()
-                await asyncio.wait({ingesting}, timeout=0.1)
-            self.emitter.stop()
-            await emitting
-        log.info(
-            "worker_stopped",
-            records=self.ingest.records_read,
-            results=self.emitter.results_sent,
-            dlq=self.emitter.dead_letters_sent,
+        await self.supervisor.run()
+
+    def _control(self) -> Any:
+        if self.config.control_topic is None:
+            return None
+        from actors.control import ControlActor
+
+        return ControlActor(self.config, None)  # commands: the supervisor, wired below
+
+    def _http(self) -> Any:
+        if self.config.http_port is None:
+            return None
+        from actors.http_server import HttpServer
+
+        metrics = self.metrics.render if self.metrics is not None else (lambda: b"")
+        return HttpServer(
+            self.config.http_host, self.config.http_port, self.supervisor.readiness, metrics
         )

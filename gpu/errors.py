@@ -67,3 +67,7 @@ class OutOfKVBlocks(EngineError):
 
 class MemoryPlanError(EngineError):
     """The memory plan does not fit the device budget."""
+
+
+class SmokeTestFailed(EngineError):
+    """A freshly loaded model produced non-finite logits or no tokens on a tiny prompt."""

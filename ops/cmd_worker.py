@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -37,6 +39,8 @@ def worker(**kwargs: Any) -> None:
     is its request's prompt tokens): it measures the plumbing's ceiling; never serve with it.
     """
     from actors.engine_thread import build_on, engine_thread
+    from actors.faults import Faults
+    from actors.metrics import WorkerMetrics
     from actors.model_front import ModelFront
     from actors.worker import Worker
     from ops.logging_setup import configure_logging
@@ -46,16 +50,47 @@ def worker(**kwargs: Any) -> None:
     config = worker_config(kwargs)
     kind = kwargs.pop("engine_kind")
     choice = engine_choice(kwargs)
+    try:
+        faults = Faults.from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     thread = engine_thread()  # the engine is built where it will be stepped
     engine = build_on(
         thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
     )
-    service = Worker(config, engine, ModelFront.of_engine(engine), thread)
+    service = Worker(
+        config,
+        engine,
+        ModelFront.of_engine(engine),
+        thread,
+        build=_echo_builder(choice) if kind == "echo" else None,
+        aliases=_registry_alias,
+        faults=faults,
+        metrics=WorkerMetrics(),
+    )
     tracing = setup_tracing("tokenmill", instance_id=config.worker_id)
     try:
         asyncio.run(_serve(service))
     finally:
         shutdown_tracing(tracing)
+    if service.exit_code:
+        raise SystemExit(service.exit_code)
+
+
+def _registry_alias(name: str) -> Path | None:
+    """A registry alias's model file (fetched once into the cache), else None."""
+    from ops.models import REGISTRY, resolve_model
+
+    return resolve_model(name) if name in REGISTRY else None
+
+
+def _echo_builder(choice: EngineChoice) -> Callable[[Path], EchoEngine]:
+    def build(path: Path) -> EchoEngine:
+        from gpu.echo_engine import EchoEngine, load_echo_model
+
+        return EchoEngine(load_echo_model(path), choice.engine)
+
+    return build
 
 
 def _echo_engine(choice: EngineChoice) -> EchoEngine:

@@ -16,7 +16,9 @@ import click
 
 from actors.backpressure import Watermarks
 from actors.config import (
+    DEFAULT_CONTROL_TOPIC,
     DEFAULT_DLQ_TOPIC,
+    DEFAULT_EVENTS_TOPIC,
     DEFAULT_REQUESTS_TOPIC,
     DEFAULT_RESULTS_TOPIC,
     WorkerConfig,
@@ -24,6 +26,12 @@ from actors.config import (
 )
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def default_models_dir() -> Path:
+    from ops.models import cache_dir
+
+    return cache_dir() / "models"
 
 
 def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -52,9 +60,10 @@ def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-def _opt(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    env = "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper()
-    return click.option(name, envvar=env, show_default=True, show_envvar=True, **kwargs)
+def _opt(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    name = decls[0].split("/")[0]
+    kwargs.setdefault("envvar", "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper())
+    return click.option(*decls, show_default=True, show_envvar=True, **kwargs)
 
 
 def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -94,6 +103,33 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=0.01,
             help="Share of successful requests logged (request_done); failures always are.",
         ),
+        _opt("--http-port", type=int, default=9464, help="/healthz, /readyz, /metrics; -1: off."),
+        _opt("--http-host", default="0.0.0.0", help="Address the HTTP server binds."),
+        _opt("--control-topic", default=DEFAULT_CONTROL_TOPIC, help="Signed commands; '': off."),
+        _opt("--events-topic", default=DEFAULT_EVENTS_TOPIC, help="Lifecycle and swap events."),
+        _opt(
+            "--control-secret",
+            default=None,
+            help="Shared HMAC secret of control commands (unset: every command is refused).",
+        ),
+        _opt(
+            "--models-dir",
+            default=None,
+            help="Swaps may load only from here (default: the model cache).",
+        ),
+        _opt(
+            "--swap-memory-budget",
+            type=int,
+            default=None,
+            help="Bytes all loaded models + KV may use (default: free device memory decides).",
+        ),
+        _opt(
+            "--keep-previous-model/--no-keep-previous-model",
+            default=True,
+            help="Keep the old model loaded after a swap so rollback is a flip.",
+        ),
+        _opt("--max-restarts", type=int, default=5, help="Crashes of one actor per window."),
+        _opt("--restart-window", type=float, default=60.0, help="Seconds; then drain, exit 1."),
         _opt(
             "--log-payloads",
             is_flag=True,
@@ -132,6 +168,16 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             commit_interval_s=kwargs.pop("commit_interval"),
             log_sample_rate=kwargs.pop("log_sample_rate"),
             log_payloads=kwargs.pop("log_payloads"),
+            http_port=http_port if (http_port := kwargs.pop("http_port")) >= 0 else None,
+            http_host=kwargs.pop("http_host"),
+            control_topic=kwargs.pop("control_topic") or None,
+            events_topic=kwargs.pop("events_topic"),
+            control_secret=kwargs.pop("control_secret") or None,
+            models_dir=kwargs.pop("models_dir") or str(default_models_dir()),
+            swap_memory_budget_bytes=kwargs.pop("swap_memory_budget"),
+            keep_previous_model=kwargs.pop("keep_previous_model"),
+            max_restarts=kwargs.pop("max_restarts"),
+            restart_window_s=kwargs.pop("restart_window"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

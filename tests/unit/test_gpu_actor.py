@@ -15,7 +15,6 @@ from gpu.engine_config import EngineConfig
 from gpu.loader import load_model
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
-from messages.result import ModelRef
 
 
 class Collector(Actor[Outcome]):
@@ -59,7 +58,7 @@ def engine(tiny_checkpoints) -> Engine:
 
 async def start(engine: Engine) -> tuple[GpuActor, Collector, asyncio.Task[None]]:
     collector = Collector()
-    actor = GpuActor(engine, ModelRef(name="tiny", digest="d"), collector, "w1")
+    actor = GpuActor(engine, collector, "w1")
     return actor, collector, asyncio.create_task(actor.run())
 
 

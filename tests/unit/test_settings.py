@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from actors.backpressure import Watermarks
 from actors.config import WorkerConfig
-from ops.settings import DEFAULT_BOOTSTRAP, worker_config, worker_options
+from ops.settings import DEFAULT_BOOTSTRAP, default_models_dir, worker_config, worker_options
 
 
 @click.command()
@@ -59,7 +59,12 @@ def test_defaults() -> None:
         bootstrap_servers=DEFAULT_BOOTSTRAP,
         worker_id="w1",
         watermarks=Watermarks(high_requests=512, high_tokens=262144),
+        # The CLI turns on what a library user opts into: control plane, HTTP, models dir.
+        control_topic="tokenmill.control",
+        http_port=9464,
+        models_dir=str(default_models_dir()),
     )
+    assert config.control_secret is None, "no secret: every command is refused"
     assert config.group == "tokenmill"
     assert config.bucket_boundaries is None
     assert config.max_request_bytes == 1 << 20

@@ -1,0 +1,297 @@
+"""Supervisor: runs the worker's actors in one `TaskGroup`, restarts what crashes, drains.
+
+    control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu
+    every child ◄── started, watched, restarted (one-for-one, backoff) ── supervisor
+
+A child whose `run()` raises is restarted after a backoff (see `RestartPolicy`); before the
+GPU actor runs again it gives back what its engines held (`GpuActor.recover`), so every
+request still gets exactly one result. More crashes than the policy allows, or an HTTP port
+that cannot be bound, make the worker drain and exit non-zero (`exit_code`).
+
+`drain()` (SIGTERM/SIGINT, a `Drain` command): stop fetching, let in-flight work finish within
+`shutdown_timeout_s`, fail what is left with `shutting_down`, commit, close.
+Mailbox: `VerifiedCommand`s from the control actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from actors.config import WorkerConfig
+from actors.emitter import EmitterActor
+from actors.gpu_actor import GpuActor
+from actors.ingest import IngestActor
+from actors.mail import SwapOrder, VerifiedCommand
+from actors.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
+from actors.restart_policy import RestartPolicy
+from actors.runtime import Actor
+from messages.control import Drain, Rollback, Status, SwapModel
+from messages.events import (
+    ChildRestarted,
+    Event,
+    ModelSwapFailed,
+    StatusReply,
+    WorkerDraining,
+    WorkerStarted,
+    WorkerStopped,
+)
+
+log = structlog.get_logger("tokenmill.supervisor")
+
+_GRACE_S = 30.0  # beyond shutdown_timeout_s, before a stuck drain is cut short
+
+
+class Supervisor(Actor[VerifiedCommand]):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        ingest: IngestActor,
+        gpu: GpuActor,
+        emitter: EmitterActor,
+        *,
+        control: Any = None,
+        http: Any = None,
+        models_dir: Path | None = None,
+        aliases: AliasResolver | None = None,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        """`control`: the `ControlActor` (commands in, events out), `http`: the health and
+        metrics server; both optional. `models_dir`/`aliases`: where swaps may load from."""
+        super().__init__("supervisor", mailbox_size=64)
+        self.config = config
+        self.ingest, self.gpu, self.emitter = ingest, gpu, emitter
+        self.control, self.http = control, http
+        self.models_dir = models_dir
+        self.aliases = aliases
+        self.on_restart = on_restart
+        self.policy = RestartPolicy(config.max_restarts, config.restart_window_s)
+        self.exit_code = 0
+        self.draining = False
+        self.down: set[str] = set()  # children between a crash and their restart
+        self.started_at = time.monotonic()
+        self.started = asyncio.Event()
+        self._drain = asyncio.Event()
+        self._drain_reason = "signal"
+
+    # -- what others may call ------------------------------------------------------------
+
+    def drain(self, reason: str = "signal") -> None:
+        """Begin a graceful shutdown. Safe to call more than once, from a signal handler too."""
+        if not self._drain.is_set():
+            self._drain_reason = reason
+            log.info("worker_draining", reason=reason, timeout_s=self.config.shutdown_timeout_s)
+        self._drain.set()
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        """Ready: consuming, a model loaded, not draining, every child up, control listening."""
+        details: dict[str, object] = {
+            "consuming": self.ingest.joined,
+            "model_loaded": self.gpu.model_loaded,
+            "model": self.gpu.front.name,
+            "draining": self.draining,
+            "children_down": sorted(self.down),
+        }
+        if self.control is not None:
+            details["control"] = self.control.ready.is_set()
+        ready = (
+            bool(details["consuming"])
+            and bool(details["model_loaded"])
+            and not self.draining
+            and not self.down
+            and details.get("control", True) is True
+        )
+        return ready, details
+
+    # -- the worker's life ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        children: list[Actor[Any]] = [self.emitter, self.gpu, self.ingest]
+        if self.control is not None:
+            children.append(self.control)
+        if self.http is not None:
+            children.append(self.http)
+        async with asyncio.TaskGroup() as tg:
+            tasks = {c.name: tg.create_task(self._supervise(c), name=c.name) for c in children}
+            commands = tg.create_task(self._commands(), name="commands")
+            self.started.set()
+            await self._publish(
+                WorkerStarted(
+                    worker=self.config.worker_id,
+                    at=time.time(),
+                    model=self.gpu.front.ref,
+                    group=self.config.group,
+                    requests_topic=self.config.requests_topic,
+                )
+            )
+            await self._drain.wait()
+            self.draining = True
+            await self._publish(
+                WorkerDraining(
+                    worker=self.config.worker_id,
+                    at=time.time(),
+                    reason=self._drain_reason,
+                    in_flight=len(self.gpu.running),
+                )
+            )
+            try:
+                async with asyncio.timeout(self.config.shutdown_timeout_s + _GRACE_S):
+                    await self._stop_children(tasks)
+            except TimeoutError:
+                log.error("drain_stuck", children=[n for n, t in tasks.items() if not t.done()])
+                self.exit_code = self.exit_code or 1
+                for task in tasks.values():
+                    task.cancel()
+            commands.cancel()
+        log.info(
+            "worker_stopped",
+            records=self.ingest.records_read,
+            results=self.emitter.results_sent,
+            dlq=self.emitter.dead_letters_sent,
+            exit_code=self.exit_code,
+        )
+
+    async def _stop_children(self, tasks: dict[str, asyncio.Task[None]]) -> None:
+        """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP."""
+        ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
+        self.ingest.stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
+        except TimeoutError:
+            log.warning("drain_timeout", running=len(self.gpu.running))
+        self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
+        await stepping
+        while not ingesting.done():  # a batch the ingest was still handing over
+            await self.gpu.fail_queued()
+            await asyncio.wait({ingesting}, timeout=0.1)
+        self.emitter.stop()
+        await emitting
+        await self._publish(
+            WorkerStopped(
+                worker=self.config.worker_id,
+                at=time.time(),
+                answered=self.emitter.results_sent,
+                failed_on_shutdown=0,
+            )
+        )
+        for child in (self.control, self.http):
+            if child is not None:
+                child.stop()
+                await tasks[child.name]
+
+    async def _supervise(self, child: Actor[Any]) -> None:
+        """Run `child` until it returns; restart it when it crashes, within the policy."""
+        while True:
+            try:
+                await child.run()
+                return
+            except Exception as exc:
+                if child is self.http and not _listening(self.http):
+                    log.error("http_unavailable", port=self.config.http_port, error=repr(exc))
+                    self._give_up(f"cannot serve HTTP on port {self.config.http_port}: {exc}")
+                    return
+                self.down.add(child.name)
+                backoff = self.policy.on_crash(child.name, time.monotonic())
+                restarts = self.policy.recent(child.name)
+                log.exception(
+                    "child_crashed", child=child.name, restarts=restarts, backoff_s=backoff
+                )
+                if backoff is None:
+                    window = self.config.restart_window_s
+                    self._give_up(f"{child.name} crashed {restarts} times within {window:.0f} s")
+                    return
+                if self.on_restart is not None:
+                    self.on_restart(child.name)
+                await self._publish(
+                    ChildRestarted(
+                        worker=self.config.worker_id,
+                        at=time.time(),
+                        child=child.name,
+                        error=repr(exc)[:500],
+                        restarts=restarts,
+                        backoff_ms=backoff * 1e3,
+                    )
+                )
+                await asyncio.sleep(backoff)
+                if child is self.gpu:
+                    for outcome in self.gpu.recover():
+                        await self.emitter.send(outcome)
+                self.down.discard(child.name)
+                log.info("child_restarted", child=child.name)
+
+    def _give_up(self, why: str) -> None:
+        log.error("worker_giving_up", reason=why)
+        self.exit_code = 1
+        self.drain(why)
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def _commands(self) -> None:
+        while (verified := await self.receive()) is not None:
+            command, nonce = verified.command, verified.nonce
+            log.info("command_received", command=type(command).__name__, nonce=nonce)
+            if isinstance(command, SwapModel):
+                await self._swap(command.model, nonce)
+            elif isinstance(command, Rollback):
+                await self.gpu.send(SwapOrder(target=None, requested="rollback", command=nonce))
+            elif isinstance(command, Drain):
+                self.drain("drain command")
+            elif isinstance(command, Status):
+                await self._publish(self.status(nonce))
+
+    async def _swap(self, name: str, nonce: str) -> None:
+        models_dir = self.models_dir
+        try:
+            if models_dir is None:
+                raise ModelPathRefused("this worker has no models directory configured")
+            path = await asyncio.to_thread(resolve_in_models_dir, name, models_dir, self.aliases)
+        except Exception as exc:  # a refused path or an alias that cannot be fetched
+            log.warning("swap_refused", model=name, reason=str(exc))
+            await self._publish(
+                ModelSwapFailed(
+                    worker=self.config.worker_id,
+                    at=time.time(),
+                    command=nonce,
+                    to_model=name,
+                    reason=str(exc),
+                )
+            )
+            return
+        await self.gpu.send(SwapOrder(target=path, requested=name, command=nonce))
+
+    def status(self, nonce: str | None = None) -> StatusReply:
+        gpu = self.gpu
+        engine: Any = gpu.engine
+        standby = gpu.holder.standby
+        running = len(gpu.running)
+        return StatusReply(
+            worker=self.config.worker_id,
+            at=time.time(),
+            command=nonce,
+            model=gpu.front.ref,
+            uptime_s=time.monotonic() - self.started_at,
+            queued=max(self.ingest.backpressure.requests - running, 0),
+            running=running,
+            kv_blocks_used=int(getattr(engine, "blocks_used", 0)),
+            kv_blocks_total=int(getattr(engine, "num_blocks", 0)),
+            standby=gpu.fronts[standby.model.digest].ref
+            if standby is not None and standby.model.digest in gpu.fronts
+            else None,
+            draining=self.draining,
+            restarts=self.policy.total(),
+        )
+
+    async def _publish(self, event: Event) -> None:
+        if self.control is not None and not self.control.stopping.is_set():
+            with contextlib.suppress(Exception):
+                await self.control.send(event)
+
+
+def _listening(http: Any) -> bool:
+    return bool(http.listening.is_set())
