@@ -47,6 +47,7 @@ class EmitterActor(Actor[Outcome]):
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
         self._unconfirmed: dict[int, Outcome] = {}
+        self.metrics: Any = None  # a WorkerMetrics, when the worker has one
 
     async def run(self) -> None:
         self._window = asyncio.Semaphore(self.config.emit_max_in_flight)
@@ -158,6 +159,8 @@ class EmitterActor(Actor[Outcome]):
                     payloads=self.config.log_payloads,
                 )
                 self.results_sent += 1
+                if self.metrics is not None:
+                    self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
                 self.dead_letters_sent += len(futures) - 1
                 if self.ingest is not None:
                     await self.ingest.send(

@@ -67,6 +67,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         )
         self.consumer: AIOKafkaConsumer | None = None
         self.records_read = 0
+        self.metrics: Any = None  # a WorkerMetrics, when the worker has one
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
         self._bucket_added = asyncio.Event()
         self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
@@ -231,6 +232,8 @@ class IngestActor(Actor[Delivered | UseModel]):
 
     async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
         for f in flushed:
+            if self.metrics is not None:
+                self.metrics.observe_batch(len(f.items), f.tokens, f.reason)
             log.debug(
                 "batch_flushed",
                 bucket=f.bucket,

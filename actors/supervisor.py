@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,7 @@ class Supervisor(Actor[VerifiedCommand]):
         self.exit_code = 0
         self.draining = False
         self.down: set[str] = set()  # children between a crash and their restart
+        self.given_up: set[str] = set()  # children that crashed too often to restart
         self.started_at = time.monotonic()
         self.started = asyncio.Event()
         self._drain = asyncio.Event()
@@ -161,13 +163,19 @@ class Supervisor(Actor[VerifiedCommand]):
         """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP."""
         ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
         self.ingest.stop()
+        gpu_lost = "gpu" in self.given_up  # what it held will never finish here
         try:
-            await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
+            if not gpu_lost:
+                await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
         except TimeoutError:
             log.warning("drain_timeout", running=len(self.gpu.running))
         self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
         await stepping
         while not ingesting.done():  # a batch the ingest was still handing over
+            if gpu_lost:  # leave its records uncommitted: another worker answers them
+                ingesting.cancel()
+                await asyncio.wait({ingesting})
+                break
             await self.gpu.fail_queued()
             await asyncio.wait({ingesting}, timeout=0.1)
         self.emitter.stop()
@@ -192,7 +200,7 @@ class Supervisor(Actor[VerifiedCommand]):
                 await child.run()
                 return
             except Exception as exc:
-                if child is self.http and not _listening(self.http):
+                if child is self.http and _cannot_bind(exc):
                     log.error("http_unavailable", port=self.config.http_port, error=repr(exc))
                     self._give_up(f"cannot serve HTTP on port {self.config.http_port}: {exc}")
                     return
@@ -203,6 +211,7 @@ class Supervisor(Actor[VerifiedCommand]):
                     "child_crashed", child=child.name, restarts=restarts, backoff_s=backoff
                 )
                 if backoff is None:
+                    self.given_up.add(child.name)
                     window = self.config.restart_window_s
                     self._give_up(f"{child.name} crashed {restarts} times within {window:.0f} s")
                     return
@@ -293,5 +302,10 @@ class Supervisor(Actor[VerifiedCommand]):
                 await self.control.send(event)
 
 
-def _listening(http: Any) -> bool:
-    return bool(http.listening.is_set())
+def _cannot_bind(exc: Exception) -> bool:
+    """The HTTP port is taken or not ours: a configuration error, not worth restarting for."""
+    return isinstance(exc, OSError) and exc.errno in (
+        errno.EADDRINUSE,
+        errno.EACCES,
+        errno.EADDRNOTAVAIL,
+    )

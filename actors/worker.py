@@ -54,7 +54,13 @@ class Worker:
         self.metrics = metrics
         self.emitter = EmitterActor(config)
         self.gpu = GpuActor(
-            engine, self.emitter, config.worker_id, engine_thread, front=front, faults=faults
+            engine,
+            self.emitter,
+            config.worker_id,
+            engine_thread,
+            front=front,
+            faults=faults,
+            on_step=(lambda out: metrics.observe_step(out.stats)) if metrics else None,
         )
         self.ingest = IngestActor(config, front, self.gpu, self.emitter)
         self.emitter.ingest = self.ingest
@@ -62,7 +68,9 @@ class Worker:
         self.gpu.swapper = Swapper(
             build or engine_builder_like(engine),
             SwapSettings(config.swap_memory_budget_bytes, config.keep_previous_model),
+            on_swap=metrics.swap if metrics else None,
         )
+        self.emitter.metrics = self.ingest.metrics = metrics
         self.control = self._control()
         self.gpu.events = self.control
         self.supervisor = Supervisor(
@@ -74,6 +82,7 @@ class Worker:
             http=None,
             models_dir=Path(config.models_dir) if config.models_dir else None,
             aliases=aliases,
+            on_restart=metrics.child_restarted if metrics else None,
         )
         if self.control is not None:
             self.control.commands = self.supervisor
@@ -114,7 +123,23 @@ class Worker:
             return None
         from actors.http_server import HttpServer
 
-        metrics = self.metrics.render if self.metrics is not None else (lambda: b"")
         return HttpServer(
-            self.config.http_host, self.config.http_port, self.supervisor.readiness, metrics
+            self.config.http_host, self.config.http_port, self.supervisor.readiness, self.scrape
         )
+
+    def scrape(self) -> bytes:
+        """/metrics: gauges that describe the present are read now, then everything rendered."""
+        metrics = self.metrics
+        if metrics is None:
+            return b""
+        gpu, ingest = self.gpu, self.ingest
+        standby = gpu.holder.standby
+        metrics.set_models(
+            (gpu.front.name, gpu.front.digest),
+            (standby.model.name, standby.model.digest) if standby is not None else None,
+        )
+        metrics.set_queue_depth(max(ingest.backpressure.requests - len(gpu.running), 0))
+        consumer = ingest.consumer
+        paused = len(consumer.paused()) if consumer is not None and ingest.joined else 0
+        metrics.set_paused_partitions(paused)
+        return bytes(metrics.render())

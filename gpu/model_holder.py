@@ -11,6 +11,7 @@ GPU actor), which touches the holder only between engine steps.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,9 +76,19 @@ class ModelHolder:
 
 
 def free_device_memory() -> None:
-    """Collect dropped engines now and hand cached device blocks back to the driver."""
+    """Collect dropped engines now and hand freed memory back: cached CUDA blocks to the
+    driver, and on the host the C heap's free pages to the kernel (glibc keeps them)."""
     gc.collect()
     import torch  # here, so the holder's bookkeeping stays importable without a device
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    _trim_host_heap()
+
+
+def _trim_host_heap() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

@@ -38,6 +38,8 @@ def worker_argv(
         "--results-topic": topics["results"],
         "--dlq-topic": topics["dlq"],
         "--worker-id": f"bench-{kind}",
+        "--http-port": -1,  # benchmarks measure the pipeline: no HTTP server, no control plane
+        "--control-topic": "",
     }
     args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
     return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]

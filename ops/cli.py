@@ -9,6 +9,7 @@ import click
 
 from ops.cmd_batch import batch
 from ops.cmd_bench import bench
+from ops.cmd_control import drain, rollback, status, swap
 from ops.cmd_generate import generate
 from ops.cmd_models import models
 from ops.cmd_plan import plan
@@ -36,6 +37,10 @@ cli.add_command(worker)
 cli.add_command(submit)
 cli.add_command(batch)
 cli.add_command(trace)
+cli.add_command(swap)
+cli.add_command(rollback)
+cli.add_command(drain)
+cli.add_command(status)
 
 
 def main() -> None:

@@ -69,6 +69,8 @@ class Lane:
             "--results-topic", self.results,
             "--dlq-topic", self.dlq,
             "--commit-interval", "0.2",
+            "--http-port", "-1",  # tests that need HTTP or the control plane turn them on
+            "--control-topic", "",
         ]  # fmt: skip
 
 
@@ -263,6 +265,14 @@ class WorkerProcess:
             self.process.send_signal(sig)
         try:
             return self.process.wait(timeout=90)
+        finally:
+            self._log.close()
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the worker to exit on its own; its exit code."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=timeout)
         finally:
             self._log.close()
 

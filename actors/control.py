@@ -1,0 +1,205 @@
+"""ControlActor: signed commands in from the control topic, the worker's events out.
+
+Reads the control topic in a consumer group of its own (`<group>.control.<worker id>`), so
+every worker sees every command; a new group starts at the topic's end. Each record is
+decoded and verified (`messages.signing`): a good command goes to the supervisor as a
+`VerifiedCommand`; anything else becomes a `CommandRefused` event and a warning, never a
+crash. Accepted nonces outlive a restart of the actor, so a record read twice is applied once.
+
+Mailbox: `Event`s to publish on the events topic (JSON, keyed by worker id), in order.
+Sends: `VerifiedCommand` to `commands`. `ready` is set once the consumer's positions are
+resolved: a command produced after that is seen. `stop()`: stop reading, publish every event
+still in the mailbox, wait for the broker's acknowledgements, close. `run()` may be called
+again after it raised; it makes fresh Kafka clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import msgspec
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.errors import IllegalStateError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from actors.config import WorkerConfig
+from actors.mail import VerifiedCommand
+from actors.runtime import Actor
+from messages import headers as h
+from messages.codec import JSON
+from messages.events import CommandRefused, Event
+from messages.signing import CommandRefusedError, NonceCache, decode_signed, verify_command
+
+log = structlog.get_logger("tokenmill.control")
+
+_POLL_MS = 100
+_EVENT_SCHEMA = b"Event/1"
+_encoder = msgspec.json.Encoder()
+
+
+class ControlActor(Actor[Event]):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        commands: Actor[VerifiedCommand] | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`commands` may be wired after construction (the supervisor and this actor refer to
+        each other); it must be set before `run()`."""
+        super().__init__("control", mailbox_size=256)
+        if config.control_topic is None:
+            raise ValueError("a ControlActor needs config.control_topic")
+        self.config = config
+        self.topic: str = config.control_topic
+        self.commands = commands
+        self.clock = clock
+        self.ready = asyncio.Event()
+        self.nonces = NonceCache()
+        self.accepted = 0
+        self.refused = 0
+        self.published = 0
+        self._assigned = asyncio.Event()  # set by the rebalance listener
+
+    async def publish(self, event: Event) -> None:
+        """Queue `event` for the events topic (the same as `send`)."""
+        await self.send(event)
+
+    async def run(self) -> None:
+        if self.commands is None:
+            raise RuntimeError("ControlActor.commands is not wired")
+        self.ready.clear()
+        self._assigned.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.config.bootstrap_servers,
+                client_id=f"tokenmill-{self.config.worker_id}-events",
+                acks="all",
+                enable_idempotence=True,
+            )
+            stack.push_async_callback(producer.stop)
+            await producer.start()
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.config.bootstrap_servers,
+                group_id=f"{self.config.group}.control.{self.config.worker_id}",
+                client_id=f"tokenmill-{self.config.worker_id}-control",
+                auto_offset_reset="latest",
+                enable_auto_commit=True,
+            )
+            consumer.subscribe([self.topic], listener=_Assigned(self))
+            stack.push_async_callback(consumer.stop)
+            await consumer.start()
+            log.info("control_started", topic=self.topic)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    reading = tg.create_task(self._read_loop(consumer))
+                    positions = tg.create_task(self._ready_loop(consumer))
+                    tg.create_task(self._publish_loop(producer))
+                    await reading
+                    positions.cancel()
+                # Refusals queued by the last records read, after the publish loop ended.
+                for event in self.drain_mailbox():
+                    await self._publish(producer, event)
+                await producer.flush()
+            finally:
+                self.ready.clear()
+                log.info(
+                    "control_stopped",
+                    accepted=self.accepted,
+                    refused=self.refused,
+                    published=self.published,
+                )
+
+    # -- commands in -----------------------------------------------------------------------
+
+    async def _read_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while not self.stopping.is_set():
+            fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            for records in fetched.values():
+                for record in records:
+                    await self._handle(record)
+
+    def _verdict(self, value: bytes | None) -> VerifiedCommand | CommandRefusedError:
+        """What to do with one control record's value: the decision, without the effects."""
+        try:
+            signed = decode_signed(value or b"")
+            command = verify_command(
+                signed, self.config.control_secret, now=self.clock(), nonces=self.nonces
+            )
+        except CommandRefusedError as exc:
+            return exc
+        return VerifiedCommand(command=command, nonce=signed.nonce)
+
+    async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        """Hand a verified command to the supervisor, or publish why it was refused."""
+        with structlog.contextvars.bound_contextvars(
+            topic=record.topic, partition=record.partition, offset=record.offset
+        ):
+            verdict = self._verdict(record.value)
+            if isinstance(verdict, VerifiedCommand):
+                self.accepted += 1
+                kind = type(verdict.command).__name__
+                log.info("command_accepted", command=kind, nonce=verdict.nonce)
+                assert self.commands is not None  # checked by run()
+                await self.commands.send(verdict)
+                return
+            self.refused += 1
+            log.warning(
+                "command_refused", reason=verdict.reason, detail=verdict.detail, nonce=verdict.nonce
+            )
+            refusal = CommandRefused(
+                worker=self.config.worker_id,
+                at=self.clock(),
+                reason=f"{verdict.reason}: {verdict.detail}",
+                command=verdict.nonce,
+            )
+            await self.send(refusal)
+
+    async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
+        """Set `ready` whenever a new assignment has every position resolved."""
+        while True:
+            await self._assigned.wait()
+            self._assigned.clear()
+            try:
+                for tp in consumer.assignment():
+                    await consumer.position(tp)
+            except IllegalStateError:  # revoked meanwhile: the next assignment sets it
+                continue
+            if not self._assigned.is_set():
+                self.ready.set()
+                log.info("control_ready", partitions=len(consumer.assignment()))
+
+    def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._assigned.set()
+
+    def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.ready.clear()
+
+    # -- events out ------------------------------------------------------------------------
+
+    async def _publish_loop(self, producer: AIOKafkaProducer) -> None:
+        while (event := await self.receive()) is not None:
+            await self._publish(producer, event)
+
+    async def _publish(self, producer: AIOKafkaProducer, event: Event) -> None:
+        await producer.send_and_wait(
+            self.config.events_topic,
+            value=_encoder.encode(event),
+            key=self.config.worker_id.encode(),
+            headers=[(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, _EVENT_SCHEMA)],
+        )
+        self.published += 1
+
+
+class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, control: ControlActor) -> None:
+        self.control = control
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.control.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.control.on_assigned(assigned)
