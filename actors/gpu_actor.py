@@ -268,9 +268,11 @@ class GpuActor(Actor[Batch | SwapOrder]):
         standby = self.holder.standby
         if self._release_standby_when_idle and standby is not None and not standby.has_work():
             self._release_standby_when_idle = False
+            name, digest = standby.model.name, standby.model.digest
+            del standby  # the holder's reference is then the last one
             self.holder.release_standby()
-            self.forget_front(standby.model.digest)
-            log.info("model_released", model=standby.model.name, digest=standby.model.digest)
+            self.forget_front(digest)
+            log.info("model_released", model=name, digest=digest)
 
     # -- admission ----------------------------------------------------------------------
 

@@ -165,10 +165,6 @@ class Swapper:
         if not plan.both_fit:
             return await self._drain_swap(gpu, target, done)
         loaded = await self._load(self._loader_thread(), target)
-        if loaded.engine.model.digest == gpu.engine.model.digest:
-            del loaded
-            free_device_memory()
-            return done(source)  # the same weights under another path
         gpu.add_front(loaded.engine)
         gpu.holder.install_standby(loaded.engine)
         flip_ms = await gpu.flip_to(loaded.engine)
@@ -227,13 +223,15 @@ class Swapper:
         standby = gpu.holder.standby
         if standby is None:
             return
+        digest = standby.model.digest
+        del standby  # the holder's reference must be the last one when it lets go
         # Its last sequences end inside steps of the GPU actor; a 10 ms poll is plenty.
-        while standby.has_work() and not gpu.stopping.is_set():  # noqa: ASYNC110
+        while _standby_busy(gpu) and not gpu.stopping.is_set():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if gpu.stopping.is_set():
             raise SwapError("the worker is shutting down")
         gpu.holder.release_standby()
-        gpu.forget_front(standby.model.digest)
+        gpu.forget_front(digest)
 
     async def _plan(self, gpu: GpuActor, target: Path) -> SwapPlan:
         active = gpu.engine
@@ -270,6 +268,11 @@ class Swapper:
             self.on_swap(outcome, pause_s)
 
 
+def _standby_busy(gpu: GpuActor) -> bool:
+    standby = gpu.holder.standby
+    return standby is not None and standby.has_work()
+
+
 def _same_path(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
@@ -280,13 +283,14 @@ async def _publish(gpu: GpuActor, event: Event) -> None:
 
 
 def engine_builder_like(active: Any) -> EngineBuilder:
-    """A builder for engines like `active` (same engine settings, dtype and device)."""
+    """A builder for engines like `active` (same engine settings, dtype and device); it keeps
+    those settings, never `active` itself, so a swapped-out engine can be freed."""
+    config, dtype, device = active.config, active.model.dtype, active.model.device
 
     def build(path: Path) -> Any:
         from gpu.engine import Engine
         from gpu.loader import load_model
 
-        model = load_model(path, dtype=active.model.dtype, device=active.model.device)
-        return Engine(model, active.config)
+        return Engine(load_model(path, dtype=dtype, device=device), config)
 
     return build

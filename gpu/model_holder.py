@@ -56,23 +56,22 @@ class ModelHolder:
         self.swaps += 1
         return self.active
 
-    def replace_active(self, engine: HeldEngine) -> HeldEngine:
-        """Drain-mode swap: `engine` becomes active; the old one is dropped. Returns it."""
-        old, self.active = self.active, engine
+    def replace_active(self, engine: HeldEngine) -> None:
+        """Drain-mode swap: `engine` becomes active; the old one is dropped (the caller
+        must hold no reference to it for its memory to come back)."""
+        self.active = engine
         self.swaps += 1
         free_device_memory()
-        return old
 
-    def release_standby(self) -> HeldEngine | None:
-        """Drop the standby engine (it must be idle) and return device memory."""
-        engine = self.standby
-        if engine is None:
-            return None
-        if engine.has_work():
+    def release_standby(self) -> None:
+        """Drop the standby engine (it must be idle) and return its memory (the caller must
+        hold no reference to it)."""
+        if self.standby is None:
+            return
+        if self.standby.has_work():
             raise RuntimeError("the standby engine still runs sequences")
         self.standby = None
         free_device_memory()
-        return engine
 
 
 def free_device_memory() -> None:
@@ -87,8 +86,33 @@ def free_device_memory() -> None:
 
 
 def _trim_host_heap() -> None:
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def map_large_host_allocations(threshold_bytes: int = 1 << 20) -> bool:
+    """Serve host allocations of `threshold_bytes` or more with their own mappings (glibc).
+
+    glibc raises its mmap threshold as large blocks are freed, after which weights of a
+    loaded model come from the heap arenas of whichever thread loaded them, and a swapped-out
+    model leaves holes there that are not given back. A fixed threshold keeps every weight in
+    its own mapping, returned to the kernel the moment it is freed: the worker's memory after
+    many swaps stays where it was after the first. Call once at start-up; False if not glibc.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
+
+
+_M_MMAP_THRESHOLD = -3  # from glibc's malloc.h
+
+
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+        libc.malloc_trim  # noqa: B018  # glibc only
+        return libc
+    except (OSError, AttributeError):  # not glibc
+        return None

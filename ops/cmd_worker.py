@@ -43,6 +43,7 @@ def worker(**kwargs: Any) -> None:
     from actors.metrics import WorkerMetrics
     from actors.model_front import ModelFront
     from actors.worker import Worker
+    from gpu.model_holder import map_large_host_allocations
     from ops.logging_setup import configure_logging
     from ops.telemetry import setup_tracing, shutdown_tracing
 
@@ -54,6 +55,7 @@ def worker(**kwargs: Any) -> None:
         faults = Faults.from_env()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    map_large_host_allocations()  # swapped-out models give their memory back
     thread = engine_thread()  # the engine is built where it will be stepped
     engine = build_on(
         thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
@@ -68,6 +70,7 @@ def worker(**kwargs: Any) -> None:
         faults=faults,
         metrics=WorkerMetrics(),
     )
+    del engine  # the worker's model holder owns it now; a swap must be able to free it
     tracing = setup_tracing("tokenmill", instance_id=config.worker_id)
     try:
         asyncio.run(_serve(service))
