@@ -307,7 +307,10 @@ def _print_status(replies: list[Any]) -> None:
             "yes" if r.draining else "no",
             str(r.restarts),
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: no width to fit, keep each row whole
+        console = Console(width=200)
+    console.print(table)
 
 
 def _duration(seconds: float) -> str:

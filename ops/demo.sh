@@ -55,7 +55,11 @@ finish() {
 trap finish EXIT
 $RUN tokenmill topics create
 
-$RUN tokenmill worker --model smollm2-135m --group tokenmill-demo >"$LOG" 2>&1 &
+# The control plane's shared secret (for `tokenmill status` below) and a free HTTP port.
+export TOKENMILL_CONTROL_SECRET=${TOKENMILL_CONTROL_SECRET:-demo-$RANDOM$RANDOM}
+HTTP_PORT=$($RUN python -c 'from ops.local_process import free_port; print(free_port())')
+$RUN tokenmill worker --model smollm2-135m --group tokenmill-demo --http-port "$HTTP_PORT" \
+    >"$LOG" 2>&1 &
 WORKER=$!
 echo "worker: pid $WORKER, log $LOG; waiting until it consumes" >&2
 for _ in $(seq 600); do
@@ -67,6 +71,8 @@ done
 $RUN tokenmill batch run "$INPUT" -o "$OUTPUT" --stall-timeout 300
 $RUN tokenmill batch show "$OUTPUT"
 echo "input $INPUT → output $OUTPUT ($(wc -l <"$OUTPUT") lines, OpenAI Batch output format)"
+$RUN tokenmill status # a signed Status command; the worker answers on tokenmill.events
+echo "worker: http://127.0.0.1:$HTTP_PORT/readyz and /metrics (Prometheus)" >&2
 
 if [[ -n "$JAEGER_URL" ]]; then
     REQUEST=$(grep -m1 '"status_code":200' "$OUTPUT" | sed 's/.*"request_id":"\([^"]*\)".*/\1/')
