@@ -86,8 +86,10 @@ class ControlActor(Actor[Event]):
                 bootstrap_servers=self.config.bootstrap_servers,
                 group_id=f"{self.config.group}.control.{self.config.worker_id}",
                 client_id=f"tokenmill-{self.config.worker_id}-control",
+                # Never committed: every start reads from the end, so a restarted worker
+                # does not apply again what it applied (or was killed by) before.
                 auto_offset_reset="latest",
-                enable_auto_commit=True,
+                enable_auto_commit=False,
             )
             consumer.subscribe([self.topic], listener=_Assigned(self))
             stack.push_async_callback(consumer.stop)

@@ -74,10 +74,11 @@ class EmitterActor(Actor[Outcome]):
                         group = [first, *self.drain_mailbox()]
                     else:
                         break
+                    for outcome in group:  # before any await: a crash resends all of them
+                        self._unconfirmed[id(outcome)] = outcome
                     sends = []
                     for outcome in group:
                         await self._window.acquire()
-                        self._unconfirmed[id(outcome)] = outcome
                         spans = start_request_spans(outcome, group=self.config.group)
                         sends.append((await self._produce(producer, outcome, spans), spans))
                     confirms.create_task(self._confirm(group, sends))

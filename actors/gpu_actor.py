@@ -34,6 +34,7 @@ from actors.mail import Admitted, Batch, Outcome, SwapOrder, UseModel
 from actors.model_front import ModelFront
 from actors.results import engine_outcome
 from actors.runtime import Actor
+from actors.step_boundary import StepBoundary, new_future, resolve
 from actors.tracing import record_batch_span
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.errors import RequestRejected
@@ -42,7 +43,7 @@ from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.events import Event
-from messages.result import ErrorInfo
+from messages.result import ErrorInfo, ModelRef
 
 log = structlog.get_logger("tokenmill.gpu")
 
@@ -99,9 +100,11 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.held: list[Batch] = []  # batches received while not admitting
         self.idle = asyncio.Event()  # set whenever no engine has work
         self.requeued: set[str] = set()  # ids queued again after a crash (once only)
+        self.model_of: dict[str, ModelRef] = {}  # request id → the model it runs on
         self.steps = 0
-        self._flip: tuple[EngineLike, asyncio.Future[float]] | None = None
-        self._release_standby_when_idle = False
+        self.failed_on_shutdown = 0
+        self.boundary = StepBoundary()  # what a swap waits for between two steps
+        self.fatal: BaseException | None = None  # set by a swap that left no model loaded
         self._active_thread: ThreadPoolExecutor | None = None
 
     # -- what others may read ------------------------------------------------------------
@@ -131,7 +134,11 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self._active_thread = thread
         swaps: set[asyncio.Task[None]] = set()
         try:
+            if not self.model_loaded:  # a crash in the middle of a drain-mode swap
+                await self._load_back(thread)
             while not self.stopping.is_set():
+                if self.fatal is not None:
+                    raise self.fatal
                 for message in self.drain_mailbox():
                     if isinstance(message, SwapOrder):
                         task = asyncio.create_task(self._swap(message), name="swap")
@@ -139,35 +146,38 @@ class GpuActor(Actor[Batch | SwapOrder]):
                         task.add_done_callback(swaps.discard)
                     else:
                         self.held.append(message)
-                if self.admitting:
-                    batches, self.held = self.held, []
-                    for batch in batches:
-                        await self._admit(batch)
+                while self.admitting and self.held:
+                    await self._admit(self.held.pop(0))
                 await self._expire_deadlines()
                 await self._at_step_boundary()
-                busy = [e for e in self.holder.engines() if e.has_work()]
-                if not busy:
-                    self.idle.set()
+                if not await self._step_busy(loop, thread):
                     self._wakeup.clear()
-                    if self.mailbox.empty() and self._flip is None:
+                    if self.mailbox.empty() and not self.boundary.pending():
                         await self._wakeup.wait()
-                    continue
-                self.idle.clear()
-                for engine in busy:
-                    await self._step(loop, thread, engine)
             await self._abort_all("shutting_down", _SHUTDOWN)
             await self.fail_queued()
-            self.idle.set()  # a drain-mode swap waiting for quiet sees `stopping` now
-            if self._flip is not None:
-                self._flip[1].cancel()
-                self._flip = None
-            await asyncio.gather(*swaps, return_exceptions=True)
         finally:
-            for task in swaps:  # only left after a crash: the supervisor runs us again
+            self.boundary.cancel_all()
+            for task in swaps:  # a swap in progress fails; the active model stays
                 task.cancel()
+            await asyncio.gather(*swaps, return_exceptions=True)
             self.idle.set()
             if thread is not self.thread:
                 thread.shutdown(wait=False, cancel_futures=True)
+
+    async def _step_busy(self, loop: asyncio.AbstractEventLoop, thread: Any) -> bool:
+        """Step every engine that has work, once; False if none had any."""
+        busy = [e for e in self.holder.engines() if e.has_work()]
+        if not busy:
+            self.idle.set()
+            if not self.admitting:
+                resolve(self.boundary.quiet)  # drain mode: nothing runs, nothing is admitted
+                self.boundary.quiet = []
+            return False
+        self.idle.clear()
+        for engine in busy:
+            await self._step(loop, thread, engine)
+        return True
 
     async def _step(self, loop: asyncio.AbstractEventLoop, thread: Any, engine: Any) -> None:
         try:
@@ -216,10 +226,10 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 again += copies
         self.running.clear()
         self.engine_of.clear()
+        self.model_of.clear()
         self.admitted_at.clear()
         if again:
             self.held.insert(0, Batch(bucket=0, items=again, tokens=0, reason="requeued"))
-        self._flip = None
         self.admitting = True
         log.warning("gpu_recovered", requeued=len(again), failed=len(failed))
         return failed
@@ -234,15 +244,38 @@ class GpuActor(Actor[Batch | SwapOrder]):
 
     async def flip_to(self, engine: Any) -> float:
         """Flip to `engine` (loaded, in standby) at the next step boundary; returns the ms
-        from this call to the flip."""
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._flip = (engine, future)
+        the flip took. Raises `CancelledError` if the actor stops first."""
+        self._not_stopping()
+        future: asyncio.Future[float] = new_future()
+        self.boundary.flip = (engine, future)
         self._wakeup.set()
         return await future
 
-    def release_standby_when_idle(self) -> None:
-        self._release_standby_when_idle = True
+    async def release_standby(self) -> None:
+        """Drop the standby engine once its sequences are done (at a step boundary)."""
+        self._not_stopping()
+        await self.request_release()
+
+    def request_release(self) -> asyncio.Future[None]:
+        """Ask for the standby engine to be dropped once idle; the future says when."""
+        future: asyncio.Future[None] = new_future()
+        self.boundary.release.append(future)
         self._wakeup.set()
+        return future
+
+    async def quiesce(self) -> None:
+        """Stop admitting; return once no engine has work (drain mode). The caller sets
+        `admitting` back."""
+        self._not_stopping()
+        self.admitting = False
+        future: asyncio.Future[None] = new_future()
+        self.boundary.quiet.append(future)
+        self._wakeup.set()
+        await future
+
+    def _not_stopping(self) -> None:
+        if self.stopping.is_set():
+            raise asyncio.CancelledError("the worker is shutting down")
 
     def add_front(self, engine: EngineLike) -> ModelFront:
         front = ModelFront.of_engine(engine)
@@ -254,9 +287,9 @@ class GpuActor(Actor[Batch | SwapOrder]):
             self.fronts.pop(digest, None)
 
     async def _at_step_boundary(self) -> None:
-        if self._flip is not None:
-            engine, future = self._flip
-            self._flip = None
+        if self.boundary.flip is not None:
+            engine, future = self.boundary.flip
+            self.boundary.flip = None
             start = time.perf_counter()
             if self.holder.standby is not engine:
                 future.set_exception(RuntimeError("the engine to flip to is not in standby"))
@@ -265,14 +298,24 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 if self.ingest is not None:
                     await self.ingest.send(UseModel(self.front))
                 future.set_result((time.perf_counter() - start) * 1e3)
-        standby = self.holder.standby
-        if self._release_standby_when_idle and standby is not None and not standby.has_work():
-            self._release_standby_when_idle = False
-            name, digest = standby.model.name, standby.model.digest
-            del standby  # the holder's reference is then the last one
-            self.holder.release_standby()
-            self.forget_front(digest)
-            log.info("model_released", model=name, digest=digest)
+            del engine
+        if self.boundary.release and not _busy(self.holder.standby):
+            if self.holder.standby is not None:
+                name, digest = self.holder.standby.model.name, self.holder.standby.model.digest
+                self.holder.release_standby()  # the holder held the last reference
+                self.forget_front(digest)
+                log.info("model_released", model=name, digest=digest)
+            resolve(self.boundary.release)
+            self.boundary.release = []
+
+    async def _load_back(self, thread: ThreadPoolExecutor) -> None:
+        """Load the model a failed drain-mode swap left unloaded (or raise: no model)."""
+        path = self.engine.model.path
+        log.warning("model_loading_back", path=str(path))
+        engine = await asyncio.get_running_loop().run_in_executor(thread, self.swapper.build, path)
+        self.holder.replace_active(engine)
+        self.fatal = None
+        self.admitting = True
 
     # -- admission ----------------------------------------------------------------------
 
@@ -290,31 +333,42 @@ class GpuActor(Actor[Batch | SwapOrder]):
             if engine is None:
                 await self._send_error(item, prompt)
                 continue
-            params = SamplingParams(
-                max_new_tokens=request.max_new_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                top_k=request.top_k,
-                seed=request.seed,
-                stop=tuple(request.stop),
-                stop_token_ids=tuple(request.stop_token_ids),
-            )
-            engine_request = EngineRequest(
+            try:
+                self._add(engine, item, prompt)
+            except RequestRejected as exc:
+                await self._send_error(item, ErrorInfo(code=_code(exc.code), message=str(exc)))
+                continue
+            except Exception as exc:  # never lose an item: it is answered, the actor goes on
+                log.exception("admit_failed", request_id=request.id)
+                error = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))
+                await self._send_error(item, error)
+                continue
+            self.running[request.id] = item
+            self.engine_of[request.id] = engine
+            self.model_of[request.id] = self.fronts[engine.model.digest].ref
+            self.admitted_at[request.id] = now
+        self.idle.clear()
+
+    def _add(self, engine: EngineLike, item: Admitted, prompt: list[int]) -> None:
+        request = item.request
+        params = SamplingParams(
+            max_new_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=request.seed,
+            stop=tuple(request.stop),
+            stop_token_ids=tuple(request.stop_token_ids),
+        )
+        engine.add(
+            EngineRequest(
                 request_id=request.id,
                 prompt_token_ids=prompt,
                 params=params,
                 priority=request.priority,
                 arrival_time=item.consumed_at,
             )
-            try:
-                engine.add(engine_request)
-            except RequestRejected as exc:
-                await self._send_error(item, ErrorInfo(code=_code(exc.code), message=str(exc)))
-                continue
-            self.running[request.id] = item
-            self.engine_of[request.id] = engine
-            self.admitted_at[request.id] = now
-        self.idle.clear()
+        )
 
     def _engine_for(self, item: Admitted) -> tuple[Any, Any]:
         """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).
@@ -327,6 +381,8 @@ class GpuActor(Actor[Batch | SwapOrder]):
             return self.engine, self.front.prompt_tokens(item.request)
         except InvalidRequest as exc:
             return None, ErrorInfo(code=exc.code, message=str(exc))
+        except Exception as exc:  # the new model's tokenizer or template failed on it
+            return None, ErrorInfo(code=ErrorCode.INVALID_PROMPT, message=repr(exc))
 
     async def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -355,19 +411,22 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 item = self.running.pop(request_id)
                 self.admitted_at.pop(request_id, None)
                 self.engine_of.pop(request_id, None)
+                self.model_of.pop(request_id, None)
+                self.requeued.discard(request_id)
                 for copy in [item, *self.followers.pop(request_id, [])]:
                     await self._send_error(copy, error)
 
     async def _finished(self, completion: Completion, error: ErrorInfo | None = None) -> None:
         item = self.running.pop(completion.request_id, None)
         admitted_at = self.admitted_at.pop(completion.request_id, time.monotonic())
-        engine = self.engine_of.pop(completion.request_id, None)
+        self.engine_of.pop(completion.request_id, None)
+        model = self.model_of.pop(completion.request_id, None) or self.front.ref
         if item is None:
             return
         self.requeued.discard(completion.request_id)
-        front = self.fronts.get(engine.model.digest) if engine is not None else None
-        model = (front or self.front).ref
         for copy in [item, *self.followers.pop(completion.request_id, [])]:
+            if error is _SHUTDOWN:
+                self.failed_on_shutdown += 1
             await self.emitter.send(
                 engine_outcome(
                     copy,
@@ -384,6 +443,8 @@ class GpuActor(Actor[Batch | SwapOrder]):
             )
 
     async def _send_error(self, item: Admitted, error: ErrorInfo) -> None:
+        if error is _SHUTDOWN:
+            self.failed_on_shutdown += 1
         await self.emitter.send(self._error_outcome(item, error))
 
     def _error_outcome(self, item: Admitted, error: ErrorInfo) -> Outcome:
@@ -411,6 +472,10 @@ _CRASHED = ErrorInfo(
     code=ErrorCode.ENGINE_ERROR,
     message="the GPU actor crashed twice while running this request",
 )
+
+
+def _busy(engine: Any) -> bool:
+    return engine is not None and engine.has_work()
 
 
 def _code(engine_code: str) -> ErrorCode:

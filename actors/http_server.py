@@ -27,6 +27,7 @@ __all__ = ["METRICS_CONTENT_TYPE", "HttpServer"]
 log = structlog.get_logger("tokenmill.http")
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_CONNECTIONS = 64  # open at once; more are closed at once
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 ALLOWED = ("GET", "HEAD")
@@ -171,6 +172,9 @@ class HttpServer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONNECTIONS:  # a flood: keep descriptors for Kafka
+            writer.close()
+            return
         self._connections.add(task)
         try:
             answer = await self._answer(reader)

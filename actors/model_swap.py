@@ -93,7 +93,7 @@ class Swapper:
     async def swap(self, gpu: GpuActor, order: SwapOrder) -> None:
         async with self._lock:
             source = gpu.front.ref
-            await _publish(
+            _publish(
                 gpu,
                 ModelSwapStarted(
                     worker=gpu.worker_id,
@@ -106,20 +106,12 @@ class Swapper:
             log.info("model_swap_started", to=order.requested, source=source.name)
             try:
                 event = await self._swap(gpu, order, source)
+            except asyncio.CancelledError:  # the worker stops (or the GPU actor crashed)
+                self._failed(gpu, order, "the worker stopped before the swap finished")
+                raise
             except Exception as exc:  # every failure is reported; the active model serves on
                 reason = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
-                log.warning("model_swap_failed", to=order.requested, reason=reason)
-                self._heard("failed", None)
-                await _publish(
-                    gpu,
-                    ModelSwapFailed(
-                        worker=gpu.worker_id,
-                        at=time.time(),
-                        command=order.command,
-                        to_model=order.requested,
-                        reason=reason,
-                    ),
-                )
+                self._failed(gpu, order, reason)
                 return
             self._heard("swapped", event.pause_ms / 1e3 if event.drained else None)
             log.info(
@@ -133,7 +125,21 @@ class Swapper:
                 drained=event.drained,
                 pause_ms=round(event.pause_ms, 1),
             )
-            await _publish(gpu, event)
+            _publish(gpu, event)
+
+    def _failed(self, gpu: GpuActor, order: SwapOrder, reason: str) -> None:
+        log.warning("model_swap_failed", to=order.requested, reason=reason)
+        self._heard("failed", None)
+        _publish(
+            gpu,
+            ModelSwapFailed(
+                worker=gpu.worker_id,
+                at=time.time(),
+                command=order.command,
+                to_model=order.requested,
+                reason=reason,
+            ),
+        )
 
     async def _swap(self, gpu: GpuActor, order: SwapOrder, source: ModelRef) -> ModelSwapped:
         target = order.target if order.target is not None else self.previous
@@ -155,11 +161,12 @@ class Swapper:
 
         if _same_path(active_path, target):
             return done(source)  # already serving it: nothing to do
-        standby = gpu.holder.standby
-        if standby is not None and _same_path(Path(standby.model.path), target):
-            flip_ms = await gpu.flip_to(standby)  # rollback to a model still loaded: a flip
+        standby_path = _standby_path(gpu)
+        if standby_path is not None and _same_path(standby_path, target):
+            # Rollback to a model still loaded: a flip, no load.
+            flip_ms = await gpu.flip_to(gpu.holder.standby)
             return done(gpu.front.ref, flip_ms=flip_ms)
-        await self._release_standby(gpu)
+        await gpu.release_standby()  # at a step boundary, once its sequences are done
         plan = await self._plan(gpu, target)
         log.info("swap_plan", to=str(target), plan=plan.describe())
         if not plan.both_fit:
@@ -169,7 +176,7 @@ class Swapper:
         gpu.holder.install_standby(loaded.engine)
         flip_ms = await gpu.flip_to(loaded.engine)
         if not self.settings.keep_previous:
-            gpu.release_standby_when_idle()
+            gpu.request_release()  # done by the GPU actor once the old one's work is done
         return done(
             gpu.front.ref, load_ms=loaded.load_ms, smoke_ms=loaded.smoke_ms, flip_ms=flip_ms
         )
@@ -179,27 +186,21 @@ class Swapper:
     ) -> ModelSwapped:
         """Stop admitting, wait for the engines to empty, unload, load, resume."""
         pause_start = time.perf_counter()
-        gpu.admitting = False
         try:
-            while gpu.has_work() and not gpu.stopping.is_set():
-                gpu.idle.clear()
-                gpu._wakeup.set()
-                await gpu.idle.wait()
-            if gpu.stopping.is_set():
-                raise SwapError("the worker is shutting down")
-            await self._release_standby(gpu)
-            old = gpu.holder.active
-            old_path = Path(old.model.path)
-            gpu.holder.replace_active(_Unloaded(old.model))
-            del old
-            free_device_memory()
+            await gpu.quiesce()  # at a step boundary: nothing admitted, nothing running
+            gpu.holder.release_standby()
+            old_path = Path(gpu.engine.model.path)
+            gpu.holder.replace_active(_Unloaded(gpu.engine.model))  # frees the old weights
             thread = gpu._active_thread or self._loader_thread()  # nothing steps meanwhile
             try:
                 loaded = await self._load(thread, target)
-            except Exception:
-                restored = await self._load(thread, old_path)  # serve the old model again
-                gpu.holder.replace_active(restored.engine)
-                raise
+                failure = None
+            except Exception as exc:  # the failed engine goes with `exc` at the block's end
+                failure = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+            if failure is not None:
+                free_device_memory()
+                await self._load_back(gpu, thread, old_path, failure)
+                raise SwapError(failure)
             old_digest = gpu.engine.model.digest
             front = gpu.add_front(loaded.engine)
             gpu.holder.replace_active(loaded.engine)
@@ -207,7 +208,8 @@ class Swapper:
             if gpu.ingest is not None:
                 await gpu.ingest.send(UseModel(front))
         finally:
-            gpu.admitting = True
+            if gpu.model_loaded:
+                gpu.admitting = True
             gpu._wakeup.set()
         pause_ms = (time.perf_counter() - pause_start) * 1e3
         return done(
@@ -218,20 +220,18 @@ class Swapper:
             pause_ms=pause_ms,
         )
 
-    async def _release_standby(self, gpu: GpuActor) -> None:
-        """Empty the standby slot, first letting it finish the sequences it holds."""
-        standby = gpu.holder.standby
-        if standby is None:
-            return
-        digest = standby.model.digest
-        del standby  # the holder's reference must be the last one when it lets go
-        # Its last sequences end inside steps of the GPU actor; a 10 ms poll is plenty.
-        while _standby_busy(gpu) and not gpu.stopping.is_set():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        if gpu.stopping.is_set():
-            raise SwapError("the worker is shutting down")
-        gpu.holder.release_standby()
-        gpu.forget_front(digest)
+    async def _load_back(
+        self, gpu: GpuActor, thread: ThreadPoolExecutor, path: Path, failure: str
+    ) -> None:
+        """After a failed drain-mode load: serve the old model again, or stop the GPU actor
+        (its supervisor restarts it, which loads the old model once more)."""
+        try:
+            restored = await self._load(thread, path)
+        except Exception as exc:
+            gpu.fatal = SwapError(f"{failure}; loading {path} back failed too: {exc!r}")
+            gpu._wakeup.set()
+            raise gpu.fatal from None
+        gpu.holder.replace_active(restored.engine)
 
     async def _plan(self, gpu: GpuActor, target: Path) -> SwapPlan:
         active = gpu.engine
@@ -268,18 +268,19 @@ class Swapper:
             self.on_swap(outcome, pause_s)
 
 
-def _standby_busy(gpu: GpuActor) -> bool:
+def _standby_path(gpu: GpuActor) -> Path | None:
     standby = gpu.holder.standby
-    return standby is not None and standby.has_work()
+    return Path(standby.model.path) if standby is not None else None
 
 
 def _same_path(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-async def _publish(gpu: GpuActor, event: Event) -> None:
-    if gpu.events is not None:
-        await gpu.events.send(event)
+def _publish(gpu: GpuActor, event: Event) -> None:
+    """Never waits: a full events mailbox (the control actor down) drops the event."""
+    if gpu.events is not None and not gpu.events.try_send(event):
+        log.warning("event_dropped", type=type(event).__name__)
 
 
 def engine_builder_like(active: Any) -> EngineBuilder:

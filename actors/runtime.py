@@ -31,6 +31,16 @@ class Actor(abc.ABC, Generic[M]):
         await self.mailbox.put(message)
         self._wakeup.set()
 
+    def try_send(self, message: M) -> bool:
+        """Deliver `message` if the mailbox has room; False (dropped) when it is full. For
+        notices a sender must never wait on, such as events."""
+        try:
+            self.mailbox.put_nowait(message)
+        except asyncio.QueueFull:
+            return False
+        self._wakeup.set()
+        return True
+
     def stop(self) -> None:
         """Ask the actor to finish: it stops taking new work and returns from `run()`."""
         self.stopping.set()

@@ -16,7 +16,6 @@ Mailbox: `VerifiedCommand`s from the control actor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import time
 from collections.abc import Callable
@@ -81,13 +80,16 @@ class Supervisor(Actor[VerifiedCommand]):
         self.started = asyncio.Event()
         self._drain = asyncio.Event()
         self._drain_reason = "signal"
+        self._drain_command: str | None = None
+        self._swaps: asyncio.Queue[tuple[str | None, str]] = asyncio.Queue()  # (model, nonce)
 
     # -- what others may call ------------------------------------------------------------
 
-    def drain(self, reason: str = "signal") -> None:
-        """Begin a graceful shutdown. Safe to call more than once, from a signal handler too."""
+    def drain(self, reason: str = "signal", command: str | None = None) -> None:
+        """Begin a graceful shutdown. Safe to call more than once, from a signal handler too.
+        `command`: the nonce of the `Drain` command that asked for it, for its events."""
         if not self._drain.is_set():
-            self._drain_reason = reason
+            self._drain_reason, self._drain_command = reason, command
             log.info("worker_draining", reason=reason, timeout_s=self.config.shutdown_timeout_s)
         self._drain.set()
 
@@ -122,8 +124,9 @@ class Supervisor(Actor[VerifiedCommand]):
         async with asyncio.TaskGroup() as tg:
             tasks = {c.name: tg.create_task(self._supervise(c), name=c.name) for c in children}
             commands = tg.create_task(self._commands(), name="commands")
+            swaps = tg.create_task(self._swap_orders(), name="swap-orders")
             self.started.set()
-            await self._publish(
+            self._publish(
                 WorkerStarted(
                     worker=self.config.worker_id,
                     at=time.time(),
@@ -134,10 +137,11 @@ class Supervisor(Actor[VerifiedCommand]):
             )
             await self._drain.wait()
             self.draining = True
-            await self._publish(
+            self._publish(
                 WorkerDraining(
                     worker=self.config.worker_id,
                     at=time.time(),
+                    command=self._drain_command,
                     reason=self._drain_reason,
                     in_flight=len(self.gpu.running),
                 )
@@ -151,6 +155,7 @@ class Supervisor(Actor[VerifiedCommand]):
                 for task in tasks.values():
                     task.cancel()
             commands.cancel()
+            swaps.cancel()
         log.info(
             "worker_stopped",
             records=self.ingest.records_read,
@@ -163,35 +168,46 @@ class Supervisor(Actor[VerifiedCommand]):
         """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP."""
         ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
         self.ingest.stop()
-        gpu_lost = "gpu" in self.given_up  # what it held will never finish here
-        try:
-            if not gpu_lost:
+        if self.given_up & {"ingest", "gpu", "emitter"}:
+            await self._abandon(tasks)
+        else:
+            try:
                 await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
-        except TimeoutError:
-            log.warning("drain_timeout", running=len(self.gpu.running))
-        self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
-        await stepping
-        while not ingesting.done():  # a batch the ingest was still handing over
-            if gpu_lost:  # leave its records uncommitted: another worker answers them
-                ingesting.cancel()
-                await asyncio.wait({ingesting})
-                break
-            await self.gpu.fail_queued()
-            await asyncio.wait({ingesting}, timeout=0.1)
-        self.emitter.stop()
-        await emitting
-        await self._publish(
+            except TimeoutError:
+                log.warning("drain_timeout", running=len(self.gpu.running))
+            self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
+            await stepping
+            while not ingesting.done():  # a batch the ingest was still handing over
+                await self.gpu.fail_queued()
+                await asyncio.wait({ingesting}, timeout=0.1)
+            self.emitter.stop()
+            await emitting
+        self._publish(
             WorkerStopped(
                 worker=self.config.worker_id,
                 at=time.time(),
+                command=self._drain_command,
                 answered=self.emitter.results_sent,
-                failed_on_shutdown=0,
+                failed_on_shutdown=self.gpu.failed_on_shutdown,
             )
         )
         for child in (self.control, self.http):
             if child is not None:
                 child.stop()
                 await tasks[child.name]
+
+    async def _abandon(self, tasks: dict[str, asyncio.Task[None]]) -> None:
+        """A core actor is gone for good: what is in flight cannot be answered here. Leave
+        it uncommitted (another worker answers it) and answer nothing with `shutting_down`."""
+        log.warning("abandoning_in_flight", lost=sorted(self.given_up))
+        core = [tasks["ingest"], tasks["gpu"]]
+        for task in core:
+            task.cancel()
+        await asyncio.wait(core)
+        if "emitter" in self.given_up:
+            return
+        self.emitter.stop()  # what it holds was answered; let it reach the broker
+        await tasks["emitter"]
 
     async def _supervise(self, child: Actor[Any]) -> None:
         """Run `child` until it returns; restart it when it crashes, within the policy."""
@@ -217,7 +233,7 @@ class Supervisor(Actor[VerifiedCommand]):
                     return
                 if self.on_restart is not None:
                     self.on_restart(child.name)
-                await self._publish(
+                self._publish(
                     ChildRestarted(
                         worker=self.config.worker_id,
                         at=time.time(),
@@ -246,13 +262,23 @@ class Supervisor(Actor[VerifiedCommand]):
             command, nonce = verified.command, verified.nonce
             log.info("command_received", command=type(command).__name__, nonce=nonce)
             if isinstance(command, SwapModel):
-                await self._swap(command.model, nonce)
+                self._swaps.put_nowait((command.model, nonce))
             elif isinstance(command, Rollback):
-                await self.gpu.send(SwapOrder(target=None, requested="rollback", command=nonce))
+                self._swaps.put_nowait((None, nonce))
             elif isinstance(command, Drain):
-                self.drain("drain command")
+                self.drain("drain command", nonce)
             elif isinstance(command, Status):
-                await self._publish(self.status(nonce))
+                self._publish(self.status(nonce))
+
+    async def _swap_orders(self) -> None:
+        """Swap and rollback commands, in order; resolving a name may fetch a model, so this
+        runs apart from the command loop (a Status or Drain never waits behind a download)."""
+        while True:
+            name, nonce = await self._swaps.get()
+            if name is None:
+                await self.gpu.send(SwapOrder(target=None, requested="rollback", command=nonce))
+            else:
+                await self._swap(name, nonce)
 
     async def _swap(self, name: str, nonce: str) -> None:
         models_dir = self.models_dir
@@ -262,7 +288,7 @@ class Supervisor(Actor[VerifiedCommand]):
             path = await asyncio.to_thread(resolve_in_models_dir, name, models_dir, self.aliases)
         except Exception as exc:  # a refused path or an alias that cannot be fetched
             log.warning("swap_refused", model=name, reason=str(exc))
-            await self._publish(
+            self._publish(
                 ModelSwapFailed(
                     worker=self.config.worker_id,
                     at=time.time(),
@@ -296,10 +322,13 @@ class Supervisor(Actor[VerifiedCommand]):
             restarts=self.policy.total(),
         )
 
-    async def _publish(self, event: Event) -> None:
-        if self.control is not None and not self.control.stopping.is_set():
-            with contextlib.suppress(Exception):
-                await self.control.send(event)
+    def _publish(self, event: Event) -> None:
+        """Never waits: with the control actor down and its mailbox full, the event is
+        dropped (and logged) rather than holding up a restart or a drain."""
+        if self.control is None or self.control.stopping.is_set():
+            return
+        if not self.control.try_send(event):
+            log.warning("event_dropped", type=type(event).__name__)
 
 
 def _cannot_bind(exc: Exception) -> bool:

@@ -69,6 +69,7 @@ def planned_engine_bytes(
 def free_bytes(device: torch.device) -> int:
     """Memory free for a new model now: CUDA's free memory, or the host's MemAvailable."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks cached by PyTorch but unused are free to a new model
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
     try:

@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from messages.control import Status, SwapModel
+from messages.control import Drain, Status, SwapModel
 from messages.events import (
     CommandRefused,
     Event,
     ModelSwapFailed,
     ModelSwapped,
     StatusReply,
+    WorkerDraining,
+    WorkerStopped,
 )
 from messages.request import GenerateRequest
 from messages.signing import sign_command
@@ -235,8 +237,14 @@ async def test_failed_swaps_leave_the_active_model_serving(
             [GenerateRequest(id="after", prompt="still serving?", max_new_tokens=4)],
         )
         found = await results_by_id(rig.lane, ["after"], within_s=60)
+        # A signed Drain: the worker drains, says so with the command's nonce, exits 0.
+        drained = await rig.command(Drain(), WorkerStopped, within_s=120)
+        code = await asyncio.to_thread(rig.worker.wait, 60)
     finally:
-        rig.worker.terminate()
+        rig.worker.close()
+    assert [type(e) for e in drained] == [WorkerDraining, WorkerStopped]
+    assert drained[1].answered >= 1 and drained[1].failed_on_shutdown == 0
+    assert code == 0
     assert "truncated" in reasons["truncated"]
     assert "attn_k" in reasons["bad-shape.gguf"] and "shape" in reasons["bad-shape.gguf"]
     assert "'..'" in reasons["../outside"]

@@ -181,3 +181,66 @@ async def test_a_crashed_actor_requeues_what_it_held_once(tiny_checkpoints) -> N
         outcomes = await rig.outcomes.take(3, Outcome)
         assert sorted(o.result.id for o in outcomes) == ["c0", "c1", "c2"]
         assert all(o.result.error is None for o in outcomes)
+
+
+async def test_stopping_during_a_load_ends_promptly_and_reports_the_swap_failed(
+    tiny_checkpoints,
+) -> None:
+    rig = Rig(tiny_checkpoints["llama"])
+    build = rig.gpu.swapper.build
+
+    def slow_build(path: Path) -> object:
+        time.sleep(1.0)
+        return build(path)
+
+    rig.gpu.swapper.build = slow_build
+    async with rig:
+        await rig.gpu.send(SwapOrder(target=tiny_checkpoints["gpt2"], requested="b", command="n"))
+        await rig.events.take(1, ModelSwapStarted)
+        rig.gpu.stop()
+        async with asyncio.timeout(10):
+            await rig.task
+        (failed,) = await rig.events.take(1, ModelSwapFailed)
+        assert "stopped" in failed.reason
+        assert rig.gpu.engine.model.digest == rig.first
+        rig.task = asyncio.create_task(asyncio.sleep(0))  # already stopped: nothing to await
+
+
+async def test_a_drain_swap_whose_old_model_cannot_come_back_stops_the_actor(
+    tiny_checkpoints, tmp_path: Path
+) -> None:
+    """Load fails, loading the old model back fails too: the actor raises (its supervisor
+    restarts it, which loads the old model again) instead of serving with no model."""
+    rig = Rig(tiny_checkpoints["llama"], budget=1)
+    build = rig.gpu.swapper.build
+    attempts = []
+
+    def flaky_build(path: Path) -> object:
+        attempts.append(path)
+        if len(attempts) <= 2:
+            raise OSError("disk went away")
+        return build(path)
+
+    rig.gpu.swapper.build = flaky_build
+    async with rig:
+        await rig.gpu.send(SwapOrder(target=tiny_checkpoints["gpt2"], requested="b", command="n"))
+        with pytest.raises(Exception, match="loading .* back failed"):
+            await rig.task
+        assert not rig.gpu.model_loaded
+        assert rig.gpu.recover() == []
+        rig.task = asyncio.create_task(rig.gpu.run())  # loads the old model back, serves
+        await rig.gpu.send(batch(item("back", rig.first)))
+        (out,) = await rig.outcomes.take(1, Outcome)
+        assert out.result.error is None and out.result.model.digest == rig.first
+
+
+async def test_an_item_that_cannot_be_tokenized_again_is_answered(tiny_checkpoints) -> None:
+    async with Rig(tiny_checkpoints["llama"]) as rig:
+        stale = item("stale", "sha256:a-model-gone-since")
+        stale.request = GenerateRequest(
+            id="stale", messages=[{"role": "user", "content": "hi"}], max_new_tokens=2
+        )
+        await rig.gpu.send(batch(stale, item("fine", rig.first)))
+        outcomes = {o.result.id: o.result for o in await rig.outcomes.take(2, Outcome)}
+        assert outcomes["stale"].error is not None, "the tiny model has no chat template"
+        assert outcomes["fine"].error is None
