@@ -309,3 +309,113 @@ def batch_bench(**kwargs: Any) -> None:
             f"lines) → {r['peak_rss_mb']['large']} MB ({report['lines']} lines)"
         )
     )
+
+
+@bench.command("swap")
+@click.option(
+    "--model",
+    "-m",
+    default="smollm2-135m",
+    show_default=True,
+    help="Alias or .gguf file; the worker's a.gguf and b.gguf are both links to it.",
+)
+@click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Use this broker; default: start one for the run on free ports, then stop it.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3.0,
+    show_default=True,
+    help="Requests per second, sent on schedule (open loop).",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=45.0,
+    show_default=True,
+    help="Seconds of steady load.",
+)
+@click.option(
+    "--swap-at",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    default=0.4,
+    show_default=True,
+    help="When the swap command goes out, as a share of --duration.",
+)
+@_positive("--max-new-tokens", 16, "New tokens per request.")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Give the worker a 1-byte swap memory budget: a drain-mode swap, not a flip.",
+)
+@_positive("--timeout", 120, "Seconds to wait for the worker, the swap, and the last results.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def swap_bench(**kwargs: Any) -> None:
+    """A zero-downtime model swap under steady load: latency and throughput around it.
+
+    Runs one `tokenmill worker` on a.gguf from a temp models dir that also holds b.gguf (both
+    hard links to --model's file, so b is a real second load of the same bytes), on a broker
+    started for the run unless --bootstrap-servers. Sends short greedy requests at --rate for
+    --duration and, at --swap-at of it, a signed swap to b.gguf. Reports the swap's timings
+    (load, smoke test, flip or drain pause), and for requests sent before the command, during
+    the swap and after it: latency p50/p99/max, throughput and the models that answered; then
+    requests lost, duplicates, errors, p99 during/before and the throughput dip (slowest 1-s
+    bin around the swap over the mean before it). Exits 1 when the swap fails.
+    """
+    import asyncio
+
+    from ops.bench_engine import dumps
+    from ops.bench_swap import SwapBenchOptions, run_swap_bench
+
+    try:
+        options = SwapBenchOptions(
+            model=kwargs["model"],
+            rate=kwargs["rate"],
+            duration_s=kwargs["duration"],
+            swap_at=kwargs["swap_at"],
+            max_new_tokens=kwargs["max_new_tokens"],
+            drain=kwargs["drain"],
+            bootstrap_servers=kwargs["bootstrap_servers"],
+            timeout_s=kwargs["timeout"],
+        )
+        report = asyncio.run(run_swap_bench(options, lambda line: click.echo(line, err=True)))
+    except (ValueError, RuntimeError, OpsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else swap_summary(report))
+    swap = report["swap"]
+    if swap["outcome"] != "swapped":
+        raise click.ClickException(f"the swap {swap['outcome']}: {swap['reason']}")
+
+
+def swap_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    c, s = report["config"], report["swap"]
+    lines = [
+        f"{c['model']} a → b · {c['mode']} · {c['rate_per_s']}/s for {c['duration_s']} s, "
+        f"{c['max_new_tokens']} new tokens · {report['environment']['cpus_usable']} CPUs"
+    ]
+    if s["outcome"] == "swapped":
+        lines.append(
+            f"  swap   load {s['load_ms']} ms · smoke {s['smoke_ms']} ms · flip {s['flip_ms']} ms"
+            f" · pause {s['pause_ms']} ms (drained: {s['drained']}) · command → swapped "
+            f"{s['command_to_swapped_ms']} ms"
+        )
+    else:
+        lines.append(f"  swap   {s['outcome']}: {s['reason']}")
+    for name, w in report["windows"].items():
+        lat = w["latency_ms"]
+        models = ", ".join(f"{m} {n}" for m, n in w["models"].items()) or "none"
+        lines.append(
+            f"  {name:<6} {w['count']:>4} sent · p50 {lat['p50']} / p99 {lat['p99']} / max "
+            f"{lat['max']} ms · {w['throughput_per_s']} results/s · answered by {models}"
+        )
+    lines.append(
+        f"  lost {report['lost']} · duplicates {report['duplicates']} · errors "
+        f"{report['errors'] or 0} · p99 during/before {report['p99_during_over_before']} · "
+        f"throughput dip {report['throughput_dip']}"
+    )
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)

@@ -224,7 +224,7 @@ async def test_a_drain_swap_whose_old_model_cannot_come_back_stops_the_actor(
     rig.gpu.swapper.build = flaky_build
     async with rig:
         await rig.gpu.send(SwapOrder(target=tiny_checkpoints["gpt2"], requested="b", command="n"))
-        with pytest.raises(Exception, match="loading .* back failed"):
+        with pytest.raises(Exception, match=r"loading .* back failed"):
             await rig.task
         assert not rig.gpu.model_loaded
         assert rig.gpu.recover() == []
