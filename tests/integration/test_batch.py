@@ -178,7 +178,7 @@ async def test_a_run_interrupted_then_killed_resumes_without_duplicates(
     kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
     lane = await new_lane(kafka_bootstrap)
-    total = 3000
+    total = 10_000  # enough that the signals land midway even on a loaded machine
     source = echo_file(tmp_path / "in.jsonl", total)
     out = tmp_path / "out.jsonl"
     argv = batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4")
