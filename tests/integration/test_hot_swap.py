@@ -294,3 +294,48 @@ async def test_memory_returns_after_ten_swaps(kafka_bootstrap, tmp_path, models_
         f"MiB ({growth:+.1%}); after each: {series}"
     )
     assert abs(growth) <= 0.05, f"{after_first} → {after_ten}"
+
+
+async def test_every_worker_in_the_group_applies_a_command(
+    kafka_bootstrap, tmp_path, tiny_checkpoints
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copytree(tiny_checkpoints["llama"], models / "llama")
+    shutil.copytree(tiny_checkpoints["gpt2"], models / "gpt2")
+    (tmp_path / "a").mkdir()
+    first = await start_rig(kafka_bootstrap, tmp_path / "a", models / "llama", models)
+    port = free_port()
+    second = WorkerProcess(
+        first.lane,
+        str(models / "llama"),
+        tmp_path / "second.log",
+        list(first.worker.extra),
+    )
+    second.extra[second.extra.index("--http-port") + 1] = str(port)
+    second.start()
+    try:
+        await wait_ready(second, port, within_s=180)
+        statuses = await both(first, Status(), StatusReply)
+        replies = [e for e in statuses if isinstance(e, StatusReply)]
+        swapped = await both(first, SwapModel(model="gpt2"), ModelSwapped)
+    finally:
+        first.worker.terminate()
+        second.terminate()
+    assert len({r.worker for r in replies}) == 2, replies
+    done = [e for e in swapped if isinstance(e, ModelSwapped)]
+    assert len({e.worker for e in done}) == 2
+    assert {e.to_model.name for e in done} == {"gpt2"}
+
+
+async def both(rig: Rig, command: object, kind: type) -> list[Event]:
+    """Send `command`; the events it got once two workers have answered with `kind`."""
+    return await send_command(
+        rig.lane.bootstrap,
+        command,  # type: ignore[arg-type]
+        secret=rig.control.secret,
+        control_topic=rig.control.control,
+        events_topic=rig.control.events,
+        wait_s=120,
+        until=lambda events: len({e.worker for e in events if isinstance(e, kind)}) == 2,
+    )
