@@ -69,6 +69,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.records_read = 0
         self.metrics: Any = None  # a WorkerMetrics, when the worker has one
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
+        self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._bucket_added = asyncio.Event()
         self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
         # Bumped by every rebalance: a fetch made under an older assignment is not tracked
@@ -148,6 +149,7 @@ class IngestActor(Actor[Delivered | UseModel]):
                 # from the last commit by whoever owns the partition now.
                 break
             self.tracker.track(ref.tp, ref.offset)
+            self.fetched_to[ref.tp] = ref.offset + 1
             self.records_read += 1
             headers = [(k, v) for k, v in record.headers if v is not None]
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
@@ -322,8 +324,23 @@ class IngestActor(Actor[Delivered | UseModel]):
             return
         self._generation += 1
         final = self.tracker.revoke(revoked)
+        for tp in revoked:
+            self.fetched_to.pop(tp, None)
         await self._commit(consumer, final)
         log.info("partitions_revoked", partitions=_names(revoked))
+
+    def lag(self) -> dict[int, int]:
+        """Records not yet fetched, per assigned partition of the requests topic (from the
+        high watermark of the last fetch; partitions not fetched from yet are left out)."""
+        consumer = self.consumer
+        if consumer is None or not self.joined:
+            return {}
+        out = {}
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None and tp in self.fetched_to:
+                out[tp.partition] = max(high - self.fetched_to[tp], 0)
+        return out
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         # Fetching restarts at the last commit: forget whatever a stale earlier

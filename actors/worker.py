@@ -52,6 +52,7 @@ class Worker:
         self.config = config
         self.front = front
         self.metrics = metrics
+        self._lag_partitions: set[int] = set()
         self.emitter = EmitterActor(config)
         self.gpu = GpuActor(
             engine,
@@ -142,4 +143,10 @@ class Worker:
         consumer = ingest.consumer
         paused = len(consumer.paused()) if consumer is not None and ingest.joined else 0
         metrics.set_paused_partitions(paused)
+        lag = ingest.lag()
+        for partition in self._lag_partitions - lag.keys():
+            metrics.forget_partition(partition)
+        for partition, records in lag.items():
+            metrics.set_consumer_lag(partition, records)
+        self._lag_partitions = set(lag)
         return bytes(metrics.render())

@@ -92,6 +92,8 @@ async def test_a_crashed_gpu_actor_is_restarted_and_its_requests_answered(
     assert metrics[("tokenmill_child_restarts_total", (("child", "gpu"),))] == 1
     answered = sum(v for (name, labels), v in metrics.items() if name == "tokenmill_requests_total")
     assert answered == len(ids)
+    lag = {labels: v for (name, labels), v in metrics.items() if name == "tokenmill_consumer_lag"}
+    assert lag and set(lag.values()) == {0}, "every partition read to its end"
     assert code == 0, log[-3000:]
 
 
