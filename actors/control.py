@@ -27,6 +27,7 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.config import WorkerConfig
+from actors.lifecycle_spans import record_event_span
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor
 from messages import headers as h
@@ -158,6 +159,7 @@ class ControlActor(Actor[Event]):
                 reason=f"{verdict.reason}: {verdict.detail}",
                 command=verdict.nonce,
             )
+            record_event_span(refusal)
             await self.send(refusal)
 
     async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:

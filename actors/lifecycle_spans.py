@@ -1,0 +1,67 @@
+"""Swaps, restarts and refused commands as spans, beside the events that report them.
+
+Each event a worker publishes (`messages/events.py`) that describes something with a duration
+or a failure is also recorded as a span in a trace of its own, so an operator finds a swap's
+load, smoke test and flip, or a crashed actor's restart, in Jaeger next to the requests it
+affected (service `tokenmill`, span names `model swap`, `restart <child>`, `command refused`).
+Spans are recorded after the fact from the event's own times; with no tracer provider set
+up, nothing is done.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from actors.tracing import tracing_active
+from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
+
+Attributes = dict[str, str | int | float | bool]
+
+
+def record_event_span(event: Event, provider: trace.TracerProvider | None = None) -> None:
+    """Record `event` as a span if it is a swap, a failed swap, a restart or a refusal."""
+    provider = provider or trace.get_tracer_provider()
+    if not tracing_active(provider):
+        return
+    end_ns = int(event.at * 1e9)
+    attributes: Attributes = {"tokenmill.worker": event.worker}
+    if event.command:
+        attributes["tokenmill.command.nonce"] = event.command
+    error: str | None = None
+    if isinstance(event, ModelSwapped):
+        name = "model swap"
+        took_ms = (
+            event.pause_ms if event.drained else event.load_ms + event.smoke_ms + event.flip_ms
+        )
+        attributes |= {
+            "tokenmill.swap.from_model": event.from_model.name,
+            "tokenmill.swap.to_model": event.to_model.name,
+            "tokenmill.model.digest": event.to_model.digest,
+            "tokenmill.swap.load_ms": event.load_ms,
+            "tokenmill.swap.smoke_ms": event.smoke_ms,
+            "tokenmill.swap.flip_ms": event.flip_ms,
+            "tokenmill.swap.drained": event.drained,
+            "tokenmill.swap.pause_ms": event.pause_ms,
+        }
+    elif isinstance(event, ModelSwapFailed):
+        name, took_ms, error = "model swap", 0.0, event.reason
+        attributes |= {"tokenmill.swap.to_model": event.to_model, "error.type": "swap_failed"}
+    elif isinstance(event, ChildRestarted):
+        name, took_ms, error = f"restart {event.child}", event.backoff_ms, event.error
+        attributes |= {
+            "tokenmill.child": event.child,
+            "tokenmill.restarts": event.restarts,
+            "error.type": "child_crashed",
+        }
+    elif isinstance(event, CommandRefused):
+        name, took_ms, error = "command refused", 0.0, event.reason
+        attributes["error.type"] = event.reason.split(":", 1)[0]
+    else:
+        return
+    span = provider.get_tracer("tokenmill.worker").start_span(
+        name, start_time=end_ns - int(took_ms * 1e6), attributes=attributes
+    )
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end(end_time=end_ns)
