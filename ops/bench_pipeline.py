@@ -61,6 +61,7 @@ from ops.bench_kafka import (
     wire_requests,
 )
 from ops.bench_report import skeleton, targets, warnings_for
+from ops.bench_tracing import tracing_section
 from ops.bench_worker import CpuMeter, worker_argv, worker_process
 from ops.engine_options import EngineChoice, build_engine
 from ops.kafka_local import LocalKafka
@@ -68,7 +69,8 @@ from ops.local_process import free_port
 from ops.models import resolve_model
 from ops.topics import create_topics
 
-SECTIONS = ("throughput", "latency", "ceiling")
+SECTIONS = ("throughput", "latency", "ceiling", "tracing")
+DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
 MAX_LIGHT_RATE = 2.0  # requests/s
 
 Progress = Callable[[str], None]
@@ -78,7 +80,7 @@ Progress = Callable[[str], None]
 class PipelineOptions:
     engine: EngineChoice  # the direct engine's, and the worker's engine options
     workload: BenchOptions = field(default_factory=BenchOptions)  # as `bench engine`'s
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
     bootstrap_servers: str | None = None  # None: start a broker for this run
     partitions: int = 6
     rate: float | None = None  # latency, requests/s; None: light for the engine (`light_rate`)
@@ -86,6 +88,7 @@ class PipelineOptions:
     latency_max_new_tokens: int = 16
     echo_requests: int = 20_000
     echo_prompt_tokens: int = 16
+    tracing_requests: int = 5_000  # per run; runs alternate off, on, off, on
     timeout_s: float = 600.0  # per wait for a worker's results
 
     def __post_init__(self) -> None:
@@ -354,6 +357,13 @@ async def run_bench(options: PipelineOptions, progress: Progress | None = None) 
                     await _model_sections(run)
                 if "ceiling" in o.sections:
                     await _ceiling_section(run)
+                if "tracing" in o.sections:
+                    p = o.echo_prompt_tokens
+                    prompts = [
+                        [(i * 31 + k) % 250 + 3 for k in range(p)]  # in any vocabulary
+                        for i in range(o.tracing_requests)
+                    ]
+                    report["tracing"] = await tracing_section(run, prompts)
             finally:
                 if o.bootstrap_servers is not None and run.topics_made:
                     await _delete_topics(bootstrap, run.topics_made)

@@ -78,6 +78,7 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
         "throughput": skipped,
         "latency": skipped,
         "ceiling": skipped,
+        "tracing": skipped,
         "warnings": [],
     }
 

@@ -46,10 +46,16 @@ def worker_argv(
 
 
 @contextlib.asynccontextmanager
-async def worker_process(argv: list[str], log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Run the worker with only these settings (no TOKENMILL_* from this environment);
-    SIGTERM (a drain) on the way out, SIGKILL if it has not exited within a minute."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_")}
+async def worker_process(
+    argv: list[str], log: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run the worker with only these settings (no TOKENMILL_* or OTEL_* from this
+    environment; `env` adds its own); SIGTERM (a drain) on the way out, SIGKILL if it has
+    not exited within a minute."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_", "OTEL_"))},
+        **(env or {}),
+    }
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env

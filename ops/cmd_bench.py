@@ -101,9 +101,10 @@ def engine(**kwargs: Any) -> None:
 @engine_options
 @click.option(
     "--only",
-    type=click.Choice(["throughput", "latency", "ceiling"]),
+    type=click.Choice(["throughput", "latency", "ceiling", "tracing"]),
     multiple=True,
-    help="Run only this section (repeatable); default: all three.",
+    help="Run only this section (repeatable); default: the first three. tracing: an echo "
+    "worker with tracing off and on (sampled at 1.0, into a Jaeger started for the run).",
 )
 @click.option(
     "--bootstrap-servers",
@@ -123,6 +124,7 @@ def engine(**kwargs: Any) -> None:
 @_positive("--latency-max-new-tokens", 16, "Latency: new tokens per request.")
 @_positive("--echo-requests", 20000, "Ceiling: requests to the echo worker, per prompt kind.")
 @_positive("--echo-prompt-tokens", 16, "Ceiling: tokens per prompt (and new tokens).")
+@_positive("--tracing-requests", 5000, "Tracing: echo requests per run (off, on, off, on).")
 @_positive("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def pipeline(**kwargs: Any) -> None:
@@ -143,7 +145,7 @@ def pipeline(**kwargs: Any) -> None:
 
     from gpu.errors import EngineError
     from ops.bench_engine import BenchOptions, dumps
-    from ops.bench_pipeline import SECTIONS, PipelineOptions, run_bench
+    from ops.bench_pipeline import DEFAULT_SECTIONS, SECTIONS, PipelineOptions, run_bench
 
     choice = engine_choice(kwargs)
     try:
@@ -157,7 +159,7 @@ def pipeline(**kwargs: Any) -> None:
                 min_output=kwargs["min_output"],
                 max_output=kwargs["max_output"],
             ),
-            sections=tuple(s for s in SECTIONS if not kwargs["only"] or s in kwargs["only"]),
+            sections=tuple(s for s in SECTIONS if s in kwargs["only"]) or DEFAULT_SECTIONS,
             bootstrap_servers=kwargs["bootstrap_servers"],
             partitions=kwargs["partitions"],
             rate=kwargs["rate"],
@@ -165,6 +167,7 @@ def pipeline(**kwargs: Any) -> None:
             latency_max_new_tokens=kwargs["latency_max_new_tokens"],
             echo_requests=kwargs["echo_requests"],
             echo_prompt_tokens=kwargs["echo_prompt_tokens"],
+            tracing_requests=kwargs["tracing_requests"],
             timeout_s=kwargs["timeout"],
         )
         report = asyncio.run(run_bench(options, progress=lambda line: click.echo(line, err=True)))
@@ -198,6 +201,13 @@ def pipeline_summary(report: dict[str, Any]) -> str:
         lines.append(
             f"  ceiling     {c['prompt_token_ids']['requests_per_s']} req/s (token ids) · "
             f"{c['text_prompts']['requests_per_s']} req/s (text)"
+        )
+    tr = report["tracing"]
+    if "ratio_on_vs_off" in tr:
+        rates = tr["requests_per_s"]
+        lines.append(
+            f"  tracing     off {rates['off']} req/s · on {rates['on']} req/s · ratio "
+            f"{tr['ratio_on_vs_off']} (target ≥ {tr['target_ratio_at_least']})"
         )
     for key, target in report["targets"].items():
         verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
@@ -327,9 +337,9 @@ def batch_bench(**kwargs: Any) -> None:
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
-    default=3.0,
+    default=1.5,
     show_default=True,
-    help="Requests per second, sent on schedule (open loop).",
+    help="Requests per second, sent on schedule (open loop); light enough for SmolLM2 on 2 CPUs.",
 )
 @click.option(
     "--duration",
