@@ -13,7 +13,7 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from actors.tracing import tracing_active
+from actors.tracing import tracing_active, worker_tracer
 from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
 
 Attributes = dict[str, str | int | float | bool]
@@ -59,7 +59,7 @@ def record_event_span(event: Event, provider: trace.TracerProvider | None = None
         attributes["error.type"] = event.reason.split(":", 1)[0]
     else:
         return
-    span = provider.get_tracer("tokenmill.worker").start_span(
+    span = worker_tracer(provider).start_span(
         name, start_time=end_ns - int(took_ms * 1e6), attributes=attributes
     )
     if error is not None:
