@@ -1,0 +1,558 @@
+"""The swap benchmark: one zero-downtime model swap under steady open-loop load.
+
+One `tokenmill worker` subprocess serves `a.gguf` from a models directory in a temp dir that
+also holds `b.gguf`: two hard links (copies across filesystems) to the chosen GGUF file. A real
+broker (a local one on free ports unless a bootstrap address is given) carries topics named
+for this run. Requests go out at a fixed rate, open loop (sends are scheduled, never wait for
+answers); at `swap_at` of the run a signed `SwapModel("b.gguf")` goes out on the control topic.
+
+Each request falls in a window by its send time: `before` the command, `during` (until the
+worker's `model_swapped` event) and `after`. Per window: latency (send → result fetched here)
+p50/p99/max, throughput (results/s arriving within the window's span) and the models that
+answered. Then requests lost, duplicates, errors by code, p99 during / p99 before, and the
+throughput dip: the slowest 1-s bin from the command to 2 s past the swap, over the before
+window's mean. Windows and bins use unix times (the worker's `at` is one: same host); latency
+uses this process's monotonic clock. CPU seconds of the worker, this client, the broker and
+every other process on the host over the load are reported beside them: on a shared machine
+the others' work is what makes wall-clock figures noisy.
+
+`b` is a real second load (another path, named "b" in results) of the same bytes, so both
+models have the same digest. With `drain` the worker gets a 1-byte swap memory budget: the
+two models cannot both fit, which forces a drain-mode swap (stop admitting, finish, unload,
+load, resume) instead of a flip.
+
+`run_swap_bench(options)` returns one JSON-ready dict; it never asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from messages.codec import Codec
+from messages.control import Command, Status, SwapModel
+from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted, StatusReply
+from messages.request import GenerateRequest
+from messages.result import GenerateResult
+from ops.bench_engine import host_load
+from ops.bench_pipeline import _delete_topics, broker
+from ops.bench_worker import CpuMeter, log_tail, worker_process
+from ops.control_client import send_command
+from ops.models import resolve_model
+from ops.topics import create_topics
+
+Progress = Callable[[str], None]
+ROLES = ("requests", "results", "dlq", "control", "events")
+DIP_BIN_S = 1.0
+DIP_AFTER_SWAP_S = 2.0
+QUANTILES = {"p50": 50, "p99": 99, "max": 100}
+_requests = Codec(GenerateRequest)
+_results = Codec(GenerateResult)
+
+
+@dataclass(frozen=True)
+class SwapBenchOptions:
+    model: str = "smollm2-135m"  # an alias or a .gguf file: both a and b are links to it
+    # requests/s. At 3/s (16 new tokens) SmolLM2 on 2 CPUs already kept both cores ~85% busy
+    # before the swap, leaving the swap's load no room: 1.5 leaves about half of them to it.
+    rate: float = 1.5
+    duration_s: float = 45.0  # of the steady load
+    swap_at: float = 0.4  # share of duration_s at which the swap command goes out
+    max_new_tokens: int = 16
+    drain: bool = False  # force a drain-mode swap
+    bootstrap_servers: str | None = None  # None: start a broker for this run
+    timeout_s: float = 120.0  # per wait: the worker's start, the swap, the last results
+
+    def __post_init__(self) -> None:
+        if min(self.rate, self.duration_s, self.timeout_s) <= 0 or self.max_new_tokens < 1:
+            raise ValueError("rate, duration, timeout and max_new_tokens must be positive")
+        if not 0 < self.swap_at < 1:
+            raise ValueError("swap_at must lie between 0 and 1 (a share of the duration)")
+
+    @property
+    def requests(self) -> int:
+        return max(1, round(self.rate * self.duration_s))
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """When something happened here: monotonic seconds for durations, unix for windows."""
+
+    mono: float
+    unix: float
+
+    @staticmethod
+    def now() -> Stamp:
+        return Stamp(time.monotonic(), time.time())
+
+
+@dataclass
+class SwapRun:
+    """What the load and the swap left behind, for `summarize`."""
+
+    sent: dict[str, Stamp] = field(default_factory=dict)  # request id → handed to the producer
+    late_ms: list[float] = field(default_factory=list)  # each send behind its schedule
+    load_span: tuple[float, float] = (0.0, 0.0)  # unix: first and last send
+    command_at: float | None = None  # unix, just before `send_command`
+    events: list[Event] = field(default_factory=list)  # those answering the swap command
+
+
+class ResultLog:
+    """Reads the results topic from its end as it was on entry; stamps each result on arrival."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: Collection[int]) -> None:
+        self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.first: dict[str, tuple[Stamp, GenerateResult]] = {}  # id → its first result
+        self.duplicates: Counter[str] = Counter()  # id → results after the first
+        self._fetched = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ResultLog:
+        await self.consumer.start()
+        try:
+            self.consumer.assign(self.tps)
+            await self.consumer.seek_to_end(*self.tps)
+            for tp in self.tps:  # resolve positions now, not lazily after results arrive
+                await self.consumer.position(tp)
+        except BaseException:
+            await self.consumer.stop()
+            raise
+        self._task = asyncio.create_task(self._collect())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.consumer.stop()
+
+    async def _collect(self) -> None:
+        while True:
+            fetched = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
+            stamp = Stamp.now()
+            for records in fetched.values():
+                for record in records:
+                    result = _results.decode(record.value or b"")
+                    if result.id in self.first:
+                        self.duplicates[result.id] += 1
+                    else:
+                        self.first[result.id] = (stamp, result)
+            if fetched:
+                self._fetched.set()
+
+    async def missing(self, ids: Collection[str], within_s: float) -> set[str]:
+        """The ids still unanswered once every one is in, or after `within_s` seconds."""
+        left = set(ids) - self.first.keys()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while left:
+                    self._fetched.clear()
+                    await self._fetched.wait()
+                    left -= self.first.keys()
+        return left
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def link_models(source: Path, models_dir: Path) -> str:
+    """`a.gguf` and `b.gguf` in `models_dir`, hard links to `source` (else copies)."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    how = "hard links"
+    for name in ("a.gguf", "b.gguf"):
+        try:
+            os.link(source, models_dir / name)
+        except OSError:  # another filesystem, or links not allowed
+            shutil.copyfile(source, models_dir / name)
+            how = "copies"
+    return how
+
+
+@dataclass(frozen=True)
+class Rig:
+    """This run's broker, topics (by role) and control secret."""
+
+    bootstrap: str
+    broker_pid: int | None  # when this run started the broker
+    topics: dict[str, str]
+    secret: str
+
+    async def command(
+        self, command: Command, answered: tuple[type, ...], wait_s: float
+    ) -> list[Event]:
+        """Send a signed command; its events, once one is of an `answered` type (or `wait_s`)."""
+        return await send_command(
+            self.bootstrap,
+            command,
+            secret=self.secret,
+            control_topic=self.topics["control"],
+            events_topic=self.topics["events"],
+            wait_s=wait_s,
+            until=lambda events: any(isinstance(e, answered) for e in events),
+        )
+
+
+def worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
+    flags = {
+        "--model": models_dir / "a.gguf",
+        "--models-dir": models_dir,
+        "--bootstrap-servers": rig.bootstrap,
+        "--group": f"{rig.topics['requests']}.workers",
+        "--requests-topic": rig.topics["requests"],
+        "--results-topic": rig.topics["results"],
+        "--dlq-topic": rig.topics["dlq"],
+        "--control-topic": rig.topics["control"],
+        "--events-topic": rig.topics["events"],
+        "--control-secret": rig.secret,
+        "--worker-id": "bench-swap",
+        "--http-port": -1,
+        "--swap-memory-budget": 1 if drain else None,  # no room for two models: drain mode
+    }
+    args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
+    return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]
+
+
+async def _until_ready(
+    rig: Rig,
+    results: ResultLog,
+    producer: AIOKafkaProducer,
+    proc: asyncio.subprocess.Process,
+    log: Path,
+    o: SwapBenchOptions,
+) -> float:
+    """A warm-up request answered (model loaded, group joined), then a status reply (the
+    control consumer is reading). Seconds it took; RuntimeError if the worker exits or stalls."""
+    start = time.monotonic()
+    warm = _load_request("warm-0", 0, o)
+    await producer.send_and_wait(rig.topics["requests"], _requests.encode(warm), key=b"warm-0")
+    waiting = asyncio.ensure_future(results.missing([warm.id], o.timeout_s))
+    exited = asyncio.ensure_future(proc.wait())
+    await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+    exited.cancel()
+    if not waiting.done() or waiting.result():
+        waiting.cancel()
+        raise RuntimeError(f"the worker did not answer its warm-up request:\n{log_tail(log)}")
+    # A command sent before the control consumer has its positions is never seen: ask again.
+    while time.monotonic() - start < o.timeout_s and proc.returncode is None:
+        if await rig.command(Status(), (StatusReply,), 3.0):
+            return round(time.monotonic() - start, 2)
+    raise RuntimeError(f"the worker never answered a status command:\n{log_tail(log)}")
+
+
+async def _steady_load(
+    producer: AIOKafkaProducer, topic: str, o: SwapBenchOptions, run: SwapRun
+) -> None:
+    """Send at `o.rate` for `o.duration_s`, each at its scheduled time; wait for the acks."""
+    values = [
+        (f"load-{i}", _requests.encode(_load_request(f"load-{i}", i, o))) for i in range(o.requests)
+    ]
+    acks = []
+    start = time.monotonic()
+    for i, (request_id, value) in enumerate(values):
+        due = start + i / o.rate
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        run.sent[request_id] = stamp = Stamp.now()
+        run.late_ms.append((stamp.mono - due) * 1e3)
+        acks.append(await producer.send(topic, value=value, key=request_id.encode()))
+    await asyncio.gather(*acks)
+    stamps = list(run.sent.values())
+    run.load_span = (stamps[0].unix, stamps[-1].unix)
+
+
+def _load_request(request_id: str, i: int, o: SwapBenchOptions) -> GenerateRequest:
+    prompt = f"Write one sentence about the number {i}."
+    return GenerateRequest(id=request_id, prompt=prompt, max_new_tokens=o.max_new_tokens)
+
+
+async def _swap_later(rig: Rig, o: SwapBenchOptions, run: SwapRun) -> None:
+    await asyncio.sleep(o.swap_at * o.duration_s)
+    run.command_at = time.time()
+    answered = (ModelSwapped, ModelSwapFailed)
+    run.events = await rig.command(SwapModel(model="b.gguf"), answered, o.timeout_s)
+
+
+async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the load and the swap; a JSON-ready report (see `ops/cmd_bench.py`)."""
+    say = progress or (lambda _: None)
+    run_id = uuid.uuid4().hex[:8]
+    source = resolve_model(o.model)
+    load_at_start = host_load()
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-swap-") as tmp:
+        models_dir = Path(tmp) / "models"
+        linked = link_models(source, models_dir)
+        async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
+            topics = {role: f"tokenmill-bench-{run_id}-swap.{role}" for role in ROLES}
+            await create_topics(bootstrap, requests_partitions=3, names=topics)
+            rig = Rig(bootstrap, pid, topics, secrets.token_hex(16))
+            try:
+                report = await _measure(o, rig, models_dir, say)
+            finally:
+                if o.bootstrap_servers is not None:
+                    await _delete_topics(bootstrap, list(topics.values()))
+    report["config"] = {
+        "model": o.model,
+        "model_file": str(source),
+        "mode": "drain" if o.drain else "flip",
+        "rate_per_s": o.rate,
+        "duration_s": o.duration_s,
+        "swap_at": o.swap_at,
+        "requests": o.requests,
+        "max_new_tokens": o.max_new_tokens,
+        "prompts": "text, 'Write one sentence about the number {i}.'; greedy",
+    }
+    report["models"] = {
+        "linked_as": linked,
+        "note": "a.gguf and b.gguf are links to the same file: b is a real second load (another "
+        "path, named b in results) of the same bytes, so both digests are equal",
+    }
+    report["kafka"] = {
+        "broker": "given" if o.bootstrap_servers else "started for this run, on this machine",
+        "requests_partitions": 3,
+    }
+    report["environment"] = {
+        "python": sys.version.split()[0],
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "host_load_1m": [load_at_start, host_load()],
+    }
+    report["warnings"] = warnings_for(report)
+    return report
+
+
+async def _measure(
+    o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Progress
+) -> dict[str, Any]:
+    argv = worker_argv(models_dir, rig, o.drain)
+    log = models_dir.parent / "worker.log"
+    run = SwapRun()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=rig.bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+    )
+    await producer.start()
+    try:
+        partitions = await producer.partitions_for(rig.topics["results"])
+        async with (
+            worker_process(argv, log) as proc,
+            ResultLog(rig.bootstrap, rig.topics["results"], partitions) as results,
+        ):
+            say("worker: loading a.gguf, then a warm-up request and a status command")
+            ready_s = await _until_ready(rig, results, producer, proc, log, o)
+            say(f"load: {o.rate}/s for {o.duration_s} s; swap to b.gguf at {o.swap_at:.0%}")
+            meter = CpuMeter({"worker": proc.pid, "client": os.getpid(), "broker": rig.broker_pid})
+            meter.start()
+            host = host_busy_s()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_steady_load(producer, rig.topics["requests"], o, run))
+                tg.create_task(_swap_later(rig, o, run))
+            say("load: sent; waiting for the last results")
+            await results.missing(run.sent.keys(), o.timeout_s)
+            cpu = cpu_use(meter, host, time.time() - run.load_span[0])
+        exit_code = proc.returncode
+    finally:
+        await producer.stop()
+    shown = argv[3:]
+    shown[shown.index("--control-secret") + 1] = "<random, for this run>"
+    worker = {"argv": shown, "ready_s": ready_s, "exit_code": exit_code}
+    return summarize(run, results) | {"cpu_s": cpu, "worker": worker}
+
+
+def host_busy_s() -> float | None:
+    """CPU seconds all of this host's CPUs have been busy since boot (/proc/stat)."""
+    try:
+        user, nice, system, _idle, _iowait, irq, softirq = map(
+            int, Path("/proc/stat").read_text().split()[1:8]
+        )
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_use(meter: CpuMeter, host_before: float | None, wall_s: float) -> dict[str, Any]:
+    """CPU seconds of the worker, this client and the broker over the load and its tail, and of
+    everything else on the host: the others compete for the same CPUs."""
+    ours = meter.read()
+    host_now = host_busy_s()
+    host = None if host_now is None or host_before is None else host_now - host_before
+    known = [v for v in ours.values() if v is not None]
+    # The host's counter and each process's are read moments apart: a quiet host can come out
+    # a little below zero.
+    others = round(max(0.0, host - sum(known)), 2) if host is not None else None
+    return {**ours, "other_processes": others, "wall_s": round(wall_s, 2)}
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def summarize(run: SwapRun, results: ResultLog) -> dict[str, Any]:
+    """Windows, losses and the dip from what was sent, answered and the swap's events."""
+    started = next((e for e in run.events if isinstance(e, ModelSwapStarted)), None)
+    outcome = next((e for e in run.events if isinstance(e, ModelSwapped | ModelSwapFailed)), None)
+    command_at = run.command_at if run.command_at is not None else math.inf
+    swapped_at = outcome.at if isinstance(outcome, ModelSwapped) else math.inf
+    arrived = {i: results.first[i] for i in run.sent if i in results.first}
+    arrivals = sorted(stamp.unix for stamp, _ in arrived.values())
+    # Throughput counts arrivals between the first one and the last send, within a window.
+    steady = (arrivals[0] if arrivals else math.inf, run.load_span[1])
+    bounds = {
+        "before": (-math.inf, command_at),
+        "during": (command_at, swapped_at),
+        "after": (swapped_at, math.inf),
+    }
+    windows = {name: _window(run, arrived, arrivals, sent, steady) for name, sent in bounds.items()}
+    errors = Counter(str(r.error.code) for _, r in arrived.values() if r.error is not None)
+    before, during = windows["before"]["latency_ms"]["p99"], windows["during"]["latency_ms"]["p99"]
+    return {
+        "benchmark": "swap",
+        "swap": _swap_fields(run, started, outcome),
+        "windows": windows,
+        "lost": len(run.sent) - len(arrived),
+        "duplicates": sum(results.duplicates.values()),
+        "errors": dict(errors),
+        "p99_during_over_before": round(during / before, 3) if before and during else None,
+        **_dip(arrivals, command_at, swapped_at, run.load_span[1], windows["before"]),
+        "send_late_ms": {"p50": _pct(run.late_ms, 50), "max": _pct(run.late_ms, 100)},
+        # Flat when the worker keeps up with the rate; rising when its queue grows.
+        "before_p50_ms_by_half": _halves(run, arrived, command_at),
+    }
+
+
+def _halves(
+    run: SwapRun, arrived: dict[str, tuple[Stamp, GenerateResult]], command_at: float
+) -> list[float | None]:
+    """p50 latency of the first and the second half of the before window, in send order."""
+    latency = [
+        (arrived[i][0].mono - sent.mono) * 1e3
+        for i, sent in run.sent.items()
+        if sent.unix < command_at and i in arrived
+    ]
+    middle = len(latency) // 2
+    return [_pct(latency[:middle], 50), _pct(latency[middle:], 50)]
+
+
+def _swap_fields(run: SwapRun, started: Event | None, outcome: Event | None) -> dict[str, Any]:
+    def since_command(at: float | None) -> float | None:
+        return None if at is None or run.command_at is None else round((at - run.command_at) * 1e3)
+
+    fields: dict[str, Any] = {
+        "command": "SwapModel(model='b.gguf')",
+        "command_sent_at": run.command_at,  # just before send_command: includes its connect
+        "command_to_started_ms": since_command(started.at if started else None),
+    }
+    match outcome:
+        case ModelSwapped():
+            return fields | {
+                "outcome": "swapped",
+                "from_model": msgspec.to_builtins(outcome.from_model),
+                "to_model": msgspec.to_builtins(outcome.to_model),
+                "digests_equal": outcome.from_model.digest == outcome.to_model.digest,
+                "load_ms": round(outcome.load_ms, 1),
+                "smoke_ms": round(outcome.smoke_ms, 1),
+                "flip_ms": round(outcome.flip_ms, 3),
+                "drained": outcome.drained,
+                "pause_ms": round(outcome.pause_ms, 1),
+                "command_to_swapped_ms": since_command(outcome.at),
+            }
+        case ModelSwapFailed():
+            return fields | {"outcome": "failed", "reason": outcome.reason}
+        case _:
+            return fields | {"outcome": "no answer", "reason": "no model_swapped event in time"}
+
+
+def _window(
+    run: SwapRun,
+    arrived: dict[str, tuple[Stamp, GenerateResult]],
+    arrivals: Sequence[float],
+    sent_in: tuple[float, float],
+    steady: tuple[float, float],
+) -> dict[str, Any]:
+    """Requests sent in [start, end); results of any request arriving in it (within `steady`),
+    per second."""
+    start, end = sent_in
+    ids = [i for i, sent in run.sent.items() if start <= sent.unix < end]
+    answered = [arrived[i] for i in ids if i in arrived]
+    latency = [(arrived[i][0].mono - run.sent[i].mono) * 1e3 for i in ids if i in arrived]
+    start, end = max(start, steady[0]), min(end, steady[1])
+    span = end - start if math.isfinite(end - start) and end > start else None
+    in_span = sum(1 for t in arrivals if start <= t < end)
+    models = Counter(_model_name(r) for _, r in answered)
+    return {
+        "count": len(ids),
+        "answered": len(answered),
+        "latency_ms": {key: _pct(latency, q) for key, q in QUANTILES.items()},
+        "span_s": round(span, 3) if span is not None else None,
+        "throughput_per_s": round(in_span / span, 3) if span else None,
+        "models": dict(models),
+    }
+
+
+def _dip(
+    arrivals: Sequence[float],
+    command_at: float,
+    swapped_at: float,
+    load_end: float,
+    before: dict[str, Any],
+) -> dict[str, Any]:
+    """The slowest 1-s bin of arrivals from the command to 2 s past the swap (within the load),
+    over the before window's mean throughput."""
+    end = min(swapped_at + DIP_AFTER_SWAP_S, load_end)
+    mean = before["throughput_per_s"]
+    if not (math.isfinite(command_at) and math.isfinite(end)) or not mean:
+        return {"throughput_dip": None, "throughput_bins_per_s": []}
+    bins = max(1, int((end - command_at) // DIP_BIN_S))
+    counts = [0] * bins
+    for t in arrivals:
+        k = int((t - command_at) // DIP_BIN_S)
+        if 0 <= k < bins:
+            counts[k] += 1
+    rates = [c / DIP_BIN_S for c in counts]
+    return {"throughput_dip": round(min(rates) / mean, 3), "throughput_bins_per_s": rates}
+
+
+def _model_name(result: GenerateResult) -> str:
+    """The model file's stem: the worker names its first model by its --model argument (a
+    path here), and a swapped-in one by its file's stem."""
+    return Path(result.model.name).stem if result.model is not None else "none"
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if len(values) else None
+
+
+def warnings_for(report: dict[str, Any]) -> list[str]:
+    out = []
+    cpu = report["cpu_s"]
+    if cpu["other_processes"] is not None and cpu["other_processes"] > 0.25 * cpu["wall_s"]:
+        out.append(
+            f"other processes used {cpu['other_processes']} CPU seconds in the "
+            f"{cpu['wall_s']} s of load: they competed with the worker"
+        )
+    if (late := report["send_late_ms"]["max"]) is not None and late > 100:
+        out.append(f"a send went out {late} ms behind its schedule: the load was not steady")
+    first, second = report["before_p50_ms_by_half"]
+    if first is not None and second is not None and second > max(1.5 * first, first + 200):
+        out.append(
+            f"before the swap, p50 latency rose from {first} to {second} ms: the worker did not "
+            "keep up with the rate, so every window measures a growing queue"
+        )
+    if report["lost"]:
+        out.append(f"{report['lost']} requests had no result within the timeout")
+    return out

@@ -1,0 +1,79 @@
+"""`tokenmill bench swap` for a few seconds against the session broker: the report's shape, that
+no request is lost and that the swap happened, never its timings (this machine's speed is not
+under test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+WINDOW_KEYS = {"count", "answered", "latency_ms", "span_s", "throughput_per_s", "models"}
+SWAP_KEYS = {"load_ms", "smoke_ms", "flip_ms", "drained", "pause_ms", "command_to_swapped_ms"}
+
+
+def bench_swap(bootstrap: str, *extra: str) -> dict[str, Any]:
+    """Run the command as a person would; its JSON report. The swap goes out early (a fifth in)
+    so that requests are still sent after it even where a busy machine slows the load."""
+    argv = [
+        sys.executable, "-m", "ops", "bench", "swap", "--json",
+        "--bootstrap-servers", bootstrap,
+        "--duration", "30", "--swap-at", "0.2", "--rate", "2", "--max-new-tokens", "8",
+        *extra,
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def check_swapped_under_load(report: dict[str, Any]) -> dict[str, Any]:
+    """Nothing lost or failed, a answered before the command and b after the swap; the swap."""
+    assert {
+        "config", "swap", "windows", "lost", "duplicates", "errors", "p99_during_over_before",
+        "throughput_dip", "worker", "models", "environment", "warnings",
+    } <= set(report)  # fmt: skip
+    assert report["lost"] == 0
+    assert report["errors"] == {}
+    assert report["duplicates"] == 0
+    assert report["worker"]["exit_code"] == 0
+    windows = report["windows"]
+    assert set(windows) == {"before", "during", "after"}
+    for window in windows.values():
+        assert set(window) >= WINDOW_KEYS
+        assert window["answered"] == window["count"]
+    assert sum(w["count"] for w in windows.values()) == report["config"]["requests"] == 60
+    assert windows["before"]["models"].get("a", 0) > 0
+    assert windows["after"]["count"] > 0
+    assert set(windows["after"]["models"]) == {"b"}
+    swap = report["swap"]
+    assert swap["outcome"] == "swapped"
+    assert set(swap) >= SWAP_KEYS
+    assert swap["to_model"]["name"] == "b"
+    assert swap["digests_equal"]  # a and b are links to the same file
+    return dict(swap)
+
+
+def test_a_flip_under_load_loses_nothing(kafka_bootstrap: str) -> None:
+    report = bench_swap(kafka_bootstrap)
+
+    swap = check_swapped_under_load(report)
+    assert report["config"]["mode"] == "flip"
+    assert not swap["drained"]
+    assert swap["pause_ms"] == 0
+
+
+def test_a_drain_mode_swap_under_load_loses_nothing(kafka_bootstrap: str) -> None:
+    report = bench_swap(kafka_bootstrap, "--drain")
+
+    swap = check_swapped_under_load(report)
+    assert report["config"]["mode"] == "drain"
+    assert swap["drained"]
+    assert swap["pause_ms"] > 0
