@@ -44,7 +44,19 @@ def batch_status(output: Path, source: Path) -> subprocess.CompletedProcess[str]
 
 
 def start(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """The client as a user's shell starts it: with Ctrl-C live even when this test session
+    runs in the background (where the shell ignores SIGINT, and children inherit that)."""
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def output_lines(path: Path) -> list[dict[str, Any]]:
@@ -178,7 +190,7 @@ async def test_a_run_interrupted_then_killed_resumes_without_duplicates(
     kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
     lane = await new_lane(kafka_bootstrap)
-    total = 10_000  # enough that the signals land midway even on a loaded machine
+    total = 3000
     source = echo_file(tmp_path / "in.jsonl", total)
     out = tmp_path / "out.jsonl"
     argv = batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4")
