@@ -439,6 +439,8 @@ class GpuActor(Actor[Batch | SwapOrder]):
                     ttft_ms=completion.ttft_ms,
                     tpot_ms=completion.tpot_ms,
                     error=error,
+                    prompt_tokens=completion.prompt_tokens,
+                    preemptions=completion.num_preemptions,
                 )
             )
 

@@ -97,6 +97,7 @@ class Outcome:
     dead_letter: DeadLetter | None = None
     batch_span: SpanContext | None = None  # linked from the request's process span
     request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
+    preemptions: int = 0  # times the engine preempted it (KV blocks ran out)
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
 
 

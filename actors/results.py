@@ -94,9 +94,16 @@ def engine_outcome(
     ttft_ms: float | None,
     tpot_ms: float | None,
     error: ErrorInfo | None = None,
+    prompt_tokens: int | None = None,
+    preemptions: int = 0,
 ) -> Outcome:
-    """The outcome of a request that reached the engine (finished, aborted or refused there)."""
-    prompt_tokens = len(item.prompt_token_ids)
+    """The outcome of a request that reached the engine (finished, aborted or refused there).
+
+    `prompt_tokens`: as the engine counted them (a request tokenized again for a swapped-in
+    model has another count than the ingest's); `preemptions`: times it was preempted.
+    """
+    if prompt_tokens is None:
+        prompt_tokens = len(item.prompt_token_ids)
     result = GenerateResult(
         id=item.request.id,
         text=text,
@@ -129,4 +136,5 @@ def engine_outcome(
         admitted=True,
         batch_span=item.batch_span,
         request=item.request,
+        preemptions=preemptions,
     )

@@ -126,6 +126,8 @@ def start_request_spans(
         process.set_attributes(_request_attributes(outcome.request))
     if timings.ttft_ms is not None:
         process.set_attribute("tokenmill.ttft_ms", round(timings.ttft_ms, 3))
+    if outcome.admitted:
+        process.set_attribute("tokenmill.preemptions", outcome.preemptions)
     if result.error is not None:
         process.set_status(Status(StatusCode.ERROR, result.error.message))
         process.set_attribute("error.type", str(result.error.code))

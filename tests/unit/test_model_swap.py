@@ -244,3 +244,17 @@ async def test_an_item_that_cannot_be_tokenized_again_is_answered(tiny_checkpoin
         outcomes = {o.result.id: o.result for o in await rig.outcomes.take(2, Outcome)}
         assert outcomes["stale"].error is not None, "the tiny model has no chat template"
         assert outcomes["fine"].error is None
+
+
+async def test_usage_counts_the_tokens_of_the_model_that_ran_it(tiny_checkpoints) -> None:
+    """Tokenized again for the new model: usage is the new model's count, not the ingest's."""
+    async with Rig(tiny_checkpoints["llama"]) as rig:
+        swapped = await rig.swap(tiny_checkpoints["gpt2"])
+        assert isinstance(swapped, ModelSwapped)
+        stale = item("stale", rig.first)
+        stale.request = GenerateRequest(id="stale", prompt="The quick brown fox", max_new_tokens=2)
+        stale.prompt_token_ids = [5] * 40  # what an old tokenizer made of it
+        await rig.gpu.send(batch(stale))
+        (out,) = await rig.outcomes.take(1, Outcome)
+        expected = len(rig.gpu.front.tokenizer.encode("The quick brown fox"))
+        assert out.result.usage.prompt_tokens == expected != 40

@@ -79,6 +79,7 @@ def test_the_spans_continue_the_producers_trace_with_their_phases_in_time() -> N
     assert attributes["gen_ai.response.model"] == "smollm2-135m"
     assert attributes["gen_ai.request.model"] == "smollm2-135m"
     assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["tokenmill.preemptions"] == 0
     assert attributes["gen_ai.request.max_tokens"] == 7
     assert attributes["gen_ai.request.temperature"] == 0.5
     ((name, value),) = headers
@@ -93,6 +94,7 @@ def test_a_refused_request_has_an_error_and_no_engine_phases() -> None:
     process = spans["process reqs"]
     assert process.status.status_code == StatusCode.ERROR
     assert process.attributes["error.type"] == "prompt_too_long"
+    assert "tokenmill.preemptions" not in process.attributes, "it never reached the engine"
 
 
 def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> None:
