@@ -98,7 +98,6 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.followers: dict[str, list[Admitted]] = {}
         self.admitting = True  # False while a drain-mode swap waits for the engines to empty
         self.held: list[Batch] = []  # batches received while not admitting
-        self.idle = asyncio.Event()  # set whenever no engine has work
         self.requeued: set[str] = set()  # ids queued again after a crash (once only)
         self.model_of: dict[str, ModelRef] = {}  # request id → the model it runs on
         self.steps = 0
@@ -161,7 +160,6 @@ class GpuActor(Actor[Batch | SwapOrder]):
             for task in swaps:  # a swap in progress fails; the active model stays
                 task.cancel()
             await asyncio.gather(*swaps, return_exceptions=True)
-            self.idle.set()
             if thread is not self.thread:
                 thread.shutdown(wait=False, cancel_futures=True)
 
@@ -169,12 +167,10 @@ class GpuActor(Actor[Batch | SwapOrder]):
         """Step every engine that has work, once; False if none had any."""
         busy = [e for e in self.holder.engines() if e.has_work()]
         if not busy:
-            self.idle.set()
             if not self.admitting:
                 resolve(self.boundary.quiet)  # drain mode: nothing runs, nothing is admitted
                 self.boundary.quiet = []
             return False
-        self.idle.clear()
         for engine in busy:
             await self._step(loop, thread, engine)
         return True
@@ -347,7 +343,6 @@ class GpuActor(Actor[Batch | SwapOrder]):
             self.engine_of[request.id] = engine
             self.model_of[request.id] = self.fronts[engine.model.digest].ref
             self.admitted_at[request.id] = now
-        self.idle.clear()
 
     def _add(self, engine: EngineLike, item: Admitted, prompt: list[int]) -> None:
         request = item.request

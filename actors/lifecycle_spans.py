@@ -10,11 +10,15 @@ up, nothing is done.
 
 from __future__ import annotations
 
+import structlog
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from actors.runtime import Actor
 from actors.tracing import tracing_active, worker_tracer
 from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
+
+log = structlog.get_logger("tokenmill.events")
 
 Attributes = dict[str, str | int | float | bool]
 
@@ -65,3 +69,14 @@ def record_event_span(event: Event, provider: trace.TracerProvider | None = None
     if error is not None:
         span.set_status(Status(StatusCode.ERROR, error))
     span.end(end_time=end_ns)
+
+
+def publish_event(events: Actor[Event] | None, event: Event) -> None:
+    """Record `event`'s span and hand it to the events publisher (the control actor) without
+    waiting: when that actor is missing, stopped or its mailbox full, the event is dropped
+    and logged rather than holding up a swap, a restart or a drain."""
+    record_event_span(event)
+    if events is None or events.stopping.is_set():
+        return
+    if not events.try_send(event):
+        log.warning("event_dropped", type=type(event).__name__)

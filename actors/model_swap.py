@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from actors.lifecycle_spans import record_event_span
+from actors.lifecycle_spans import publish_event
 from actors.mail import SwapOrder, UseModel
 from gpu.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
 from gpu.model_holder import free_device_memory
@@ -279,10 +279,7 @@ def _same_path(a: Path, b: Path) -> bool:
 
 
 def _publish(gpu: GpuActor, event: Event) -> None:
-    """Never waits: a full events mailbox (the control actor down) drops the event."""
-    record_event_span(event)
-    if gpu.events is not None and not gpu.events.try_send(event):
-        log.warning("event_dropped", type=type(event).__name__)
+    publish_event(gpu.events, event)
 
 
 def engine_builder_like(active: Any) -> EngineBuilder:

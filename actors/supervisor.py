@@ -28,7 +28,7 @@ from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.gpu_actor import GpuActor
 from actors.ingest import IngestActor
-from actors.lifecycle_spans import record_event_span
+from actors.lifecycle_spans import publish_event
 from actors.mail import SwapOrder, VerifiedCommand
 from actors.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
 from actors.restart_policy import RestartPolicy
@@ -324,13 +324,7 @@ class Supervisor(Actor[VerifiedCommand]):
         )
 
     def _publish(self, event: Event) -> None:
-        """Never waits: with the control actor down and its mailbox full, the event is
-        dropped (and logged) rather than holding up a restart or a drain."""
-        record_event_span(event)
-        if self.control is None or self.control.stopping.is_set():
-            return
-        if not self.control.try_send(event):
-            log.warning("event_dropped", type=type(event).__name__)
+        publish_event(self.control, event)
 
 
 def _cannot_bind(exc: Exception) -> bool:

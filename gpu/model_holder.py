@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -29,7 +28,6 @@ class ModelHolder:
     def __init__(self, active: HeldEngine) -> None:
         self.active: HeldEngine = active
         self.standby: HeldEngine | None = None
-        self.swaps = 0
 
     def engines(self) -> list[HeldEngine]:
         """The loaded engines, active first."""
@@ -37,10 +35,6 @@ class ModelHolder:
 
     def by_digest(self, digest: str) -> HeldEngine | None:
         return next((e for e in self.engines() if e.model.digest == digest), None)
-
-    def by_path(self, path: Path) -> HeldEngine | None:
-        path = Path(path).resolve()
-        return next((e for e in self.engines() if Path(e.model.path).resolve() == path), None)
 
     def install_standby(self, engine: HeldEngine) -> None:
         """Put a freshly loaded engine in the standby slot, which must be empty."""
@@ -53,14 +47,12 @@ class ModelHolder:
         if self.standby is None:
             raise RuntimeError("nothing in standby to flip to")
         self.active, self.standby = self.standby, self.active
-        self.swaps += 1
         return self.active
 
     def replace_active(self, engine: HeldEngine) -> None:
         """Drain-mode swap: `engine` becomes active; the old one is dropped (the caller
         must hold no reference to it for its memory to come back)."""
         self.active = engine
-        self.swaps += 1
         free_device_memory()
 
     def release_standby(self) -> None:

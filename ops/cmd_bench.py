@@ -23,6 +23,13 @@ def _positive(name: str, default: int, text: str) -> Callable[[Callable[..., Any
     )
 
 
+_broker_option = click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Use this broker; default: start one for the run on free ports, then stop it.",
+)
+
+
 def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The seeded workload's shape, the same for `bench engine` and `bench pipeline`."""
     options = [
@@ -106,11 +113,7 @@ def engine(**kwargs: Any) -> None:
     help="Run only this section (repeatable); default: the first three. tracing: an echo "
     "worker with tracing off and on (sampled at 1.0, into a Jaeger started for the run).",
 )
-@click.option(
-    "--bootstrap-servers",
-    default=None,
-    help="Use this broker; default: start one for the run on free ports, then stop it.",
-)
+@_broker_option
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_workload_options
 @click.option(
@@ -272,11 +275,7 @@ def summary(report: dict[str, Any]) -> str:
 )
 @_positive("--lines", 100_000, "Lines in the large file (the small one has a tenth).")
 @_positive("--max-inflight", 1024, "`batch run --max-inflight`.")
-@click.option(
-    "--bootstrap-servers",
-    default=None,
-    help="Use this broker; default: start one for the run on free ports, then stop it.",
-)
+@_broker_option
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_positive("--timeout", 1800, "Seconds to wait for results (and for progress in a batch run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
@@ -329,11 +328,7 @@ def batch_bench(**kwargs: Any) -> None:
     show_default=True,
     help="Alias or .gguf file; the worker's a.gguf and b.gguf are both links to it.",
 )
-@click.option(
-    "--bootstrap-servers",
-    default=None,
-    help="Use this broker; default: start one for the run on free ports, then stop it.",
-)
+@_broker_option
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
