@@ -5,6 +5,7 @@ Used by the swap planner: both numbers are bytes of device memory (host memory o
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,19 @@ def engine_bytes(engine: Any) -> int:
 
 
 def read_config(path: Path) -> ModelConfig:
-    """A checkpoint's config without reading its weights (HF folder or .gguf)."""
-    path = Path(path)
+    """A checkpoint's config without reading its weights (HF folder or .gguf).
+
+    Remembered per file version: a GGUF header parse costs seconds (its tokenizer arrays) and
+    leaves heap behind, and swaps back and forth plan for the same files again and again.
+    """
+    path = Path(path).resolve()
+    stat = path.stat() if path.exists() else None
+    version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    return _read_config(path, version)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_config(path: Path, _version: tuple[int, int] | None) -> ModelConfig:
     if path.is_file() and path.suffix == ".gguf":
         from gpu.gguf_loader import read_gguf_config
 
