@@ -3,8 +3,9 @@
 Each `WorkerMetrics` holds a private `CollectorRegistry`, so several workers in one process
 (tests, a bench) never share series. The names the Grafana dashboard reads are a contract,
 listed in compose/README.md; the rest (model info, steps, swaps, restarts, process and device
-memory) are for operators. Every method is cheap and does no I/O: actors call them inline on
-the event loop, and only `render()` (the scrape) reads /proc for the process collector.
+memory, GPU utilisation) are for operators. Every method is cheap and does no I/O: actors call
+them inline on the event loop, and only `render()` (the scrape) reads /proc for the process
+collector.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from prometheus_client import (
 from actors.buckets import FlushReason
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from actors.gpu_utilization import GpuUtilization
     from gpu.engine import StepStats  # gpu.engine imports torch; only its fields are read here
     from messages.result import GenerateResult
 
@@ -174,6 +178,20 @@ class WorkerMetrics:
             ["device"],
             registry=r,
         )
+        self.gpu_utilization = Gauge(
+            "tokenmill_gpu_utilization_ratio",
+            "Share of NVML's last sample period in which a kernel ran (0-1), per NVML device; "
+            "only with a CUDA device.",
+            ["device"],
+            registry=r,
+        )
+        self.gpu_memory_bandwidth_utilization = Gauge(
+            "tokenmill_gpu_memory_bandwidth_utilization_ratio",
+            "Share of NVML's last sample period in which device memory was read or written "
+            "(0-1), per NVML device; only with a CUDA device.",
+            ["device"],
+            registry=r,
+        )
 
         # Known label values start at 0, so rate() sees the first increment.
         for reason in get_args(FlushReason):
@@ -244,6 +262,19 @@ class WorkerMetrics:
         """
         self.device_memory_allocated.labels(device).set(allocated)
         self.device_memory_reserved.labels(device).set(reserved)
+
+    def set_gpu_utilization(self, gpus: Iterable[GpuUtilization]) -> None:
+        """The GPUs' utilisation now, labelled by NVML index ("nvml:0"; not torch's cuda:N).
+
+        Replaces the previous series, so a GPU that did not answer this time has none rather
+        than a stale value. Not called on CPU, like `set_device_memory`.
+        """
+        self.gpu_utilization.clear()
+        self.gpu_memory_bandwidth_utilization.clear()
+        for gpu in gpus:
+            device = f"nvml:{gpu.index}"
+            self.gpu_utilization.labels(device).set(gpu.gpu)
+            self.gpu_memory_bandwidth_utilization.labels(device).set(gpu.memory_bandwidth)
 
     def child_restarted(self, child: str) -> None:
         self.child_restarts.labels(child).inc()

@@ -24,11 +24,13 @@ from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.faults import Faults
 from actors.gpu_actor import EngineLike, GpuActor
+from actors.gpu_utilization import GpuUtilizationSampler
 from actors.ingest import IngestActor
 from actors.model_front import ModelFront
 from actors.model_paths import AliasResolver
 from actors.model_swap import EngineBuilder, Swapper, SwapSettings, engine_builder_like
 from actors.supervisor import Supervisor
+from gpu.device_memory import device_memory
 
 log = structlog.get_logger("tokenmill.worker")
 
@@ -53,6 +55,7 @@ class Worker:
         self.front = front
         self.metrics = metrics
         self._lag_partitions: set[int] = set()
+        self._gpu_utilization = GpuUtilizationSampler()  # NVML is loaded on the first sample
         self.emitter = EmitterActor(config)
         self.gpu = GpuActor(
             engine,
@@ -149,4 +152,9 @@ class Worker:
         for partition, records in lag.items():
             metrics.set_consumer_lag(partition, records)
         self._lag_partitions = set(lag)
+        devices = device_memory()
+        for device in devices:
+            metrics.set_device_memory(device.device, device.allocated, device.reserved)
+        if devices:  # on CUDA: a worker on CPU reports no GPU, even on a machine that has one
+            metrics.set_gpu_utilization(self._gpu_utilization.sample())
         return bytes(metrics.render())

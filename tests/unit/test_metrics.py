@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.gpu_utilization import GpuUtilization
 from actors.metrics import WorkerMetrics
 from gpu.engine import StepStats
 from messages.error_codes import ErrorCode
@@ -97,6 +98,8 @@ def test_operator_metrics_are_exposed_too() -> None:
         "tokenmill_process_resident_memory_bytes",
         "tokenmill_device_memory_allocated_bytes",
         "tokenmill_device_memory_reserved_bytes",
+        "tokenmill_gpu_utilization_ratio",
+        "tokenmill_gpu_memory_bandwidth_utilization_ratio",
     } <= names
 
 
@@ -234,6 +237,26 @@ def test_swaps_restarts_and_device_memory() -> None:
 
     with pytest.raises(ValueError, match="swap outcome must be one of"):
         metrics.swap("flipped")  # type: ignore[arg-type]
+
+
+def test_gpu_utilization_is_per_nvml_device_and_a_silent_gpu_loses_its_series() -> None:
+    metrics = WorkerMetrics()
+    assert not [k for k in scrape(metrics) if k[0].startswith("tokenmill_gpu_")]  # CPU: none
+
+    metrics.set_gpu_utilization([GpuUtilization(0, 0.87, 0.4), GpuUtilization(1, 0.0, 1.0)])
+    s = scrape(metrics)
+    assert value(s, "tokenmill_gpu_utilization_ratio", device="nvml:0") == pytest.approx(0.87)
+    assert value(s, "tokenmill_gpu_utilization_ratio", device="nvml:1") == 0
+    bandwidth = "tokenmill_gpu_memory_bandwidth_utilization_ratio"
+    assert value(s, bandwidth, device="nvml:0") == pytest.approx(0.4)
+    assert value(s, bandwidth, device="nvml:1") == 1
+
+    metrics.set_gpu_utilization([GpuUtilization(1, 0.5, 0.25)])  # nvml:0 did not answer
+    gpus = {k: v for k, v in scrape(metrics).items() if k[0].startswith("tokenmill_gpu_")}
+    assert gpus == {
+        ("tokenmill_gpu_utilization_ratio", (("device", "nvml:1"),)): 0.5,
+        (bandwidth, (("device", "nvml:1"),)): 0.25,
+    }
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the collector reads /proc")
