@@ -436,6 +436,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
                     error=error,
                     prompt_tokens=completion.prompt_tokens,
                     preemptions=completion.num_preemptions,
+                    kv_blocks=completion.num_kv_blocks,
                 )
             )
 

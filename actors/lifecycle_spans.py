@@ -4,32 +4,32 @@ Each event a worker publishes (`messages/events.py`) that describes something wi
 or a failure is also recorded as a span in a trace of its own, so an operator finds a swap's
 load, smoke test and flip, or a crashed actor's restart, in Jaeger next to the requests it
 affected (service `tokenmill`, span names `model swap`, `restart <child>`, `command refused`).
-Spans are recorded after the fact from the event's own times; with no tracer provider set
-up, nothing is done.
+Spans are recorded after the fact from the event's own times, through the same recorder as
+the requests' (`actors/tracing.py`); with none installed, nothing is done.
 """
 
 from __future__ import annotations
 
 import structlog
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from actors.runtime import Actor
-from actors.tracing import tracing_active, worker_tracer
+from actors.span_records import AttributeValue, SpanRecord, new_span_id, new_trace_id
+from actors.tracing import SpanRecorder, installed_span_recorder
 from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
 
 log = structlog.get_logger("tokenmill.events")
 
-Attributes = dict[str, str | int | float | bool]
 
+def record_event_span(event: Event, recorder: SpanRecorder | None = None) -> None:
+    """Record `event` as a span if it is a swap, a failed swap, a restart or a refusal.
 
-def record_event_span(event: Event, provider: trace.TracerProvider | None = None) -> None:
-    """Record `event` as a span if it is a swap, a failed swap, a restart or a refusal."""
-    provider = provider or trace.get_tracer_provider()
-    if not tracing_active(provider):
+    `recorder`: the installed one unless given (tests give their own)."""
+    recorder = recorder or installed_span_recorder()
+    if recorder is None:
         return
     end_ns = int(event.at * 1e9)
-    attributes: Attributes = {"tokenmill.worker": event.worker}
+    attributes: dict[str, AttributeValue] = {"tokenmill.worker": event.worker}
     if event.command:
         attributes["tokenmill.command.nonce"] = event.command
     error: str | None = None
@@ -63,12 +63,15 @@ def record_event_span(event: Event, provider: trace.TracerProvider | None = None
         attributes["error.type"] = event.reason.split(":", 1)[0]
     else:
         return
-    span = worker_tracer(provider).start_span(
-        name, start_time=end_ns - int(took_ms * 1e6), attributes=attributes
-    )
-    if error is not None:
-        span.set_status(Status(StatusCode.ERROR, error))
-    span.end(end_time=end_ns)
+    trace_id = new_trace_id()
+    if not recorder.samples(None, trace_id, name, SpanKind.INTERNAL):
+        return
+    start_ns = end_ns - int(took_ms * 1e6)
+    span = SpanRecord(
+        name, SpanKind.INTERNAL.value, trace_id, new_span_id(), 0, False, start_ns, end_ns,
+        attributes, error=error,
+    )  # fmt: skip
+    recorder.sink([span])
 
 
 def publish_event(events: Actor[Event] | None, event: Event) -> None:

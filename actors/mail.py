@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka.structs import TopicPartition
-from opentelemetry.trace import SpanContext
 
 from actors.buckets import FlushReason
 from actors.model_front import ModelFront
+from actors.span_records import SpanLink
 from messages.control import Command
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef
@@ -55,7 +55,7 @@ class Admitted:
     trace: Headers
     consumed_at: float  # monotonic seconds
     deadline: float | None  # monotonic seconds
-    batch_span: SpanContext | None = None  # the span of the batch it ran in, when traced
+    batch_span: SpanLink | None = None  # the span of the batch it ran in, when traced
     model_digest: str = ""  # the model whose tokenizer made `prompt_token_ids`
 
     @property
@@ -95,9 +95,10 @@ class Outcome:
     cost_tokens: int = 0  # > 0 when it was counted against the backpressure watermarks
     admitted: bool = False  # it went through the engine (counted as outstanding work)
     dead_letter: DeadLetter | None = None
-    batch_span: SpanContext | None = None  # linked from the request's process span
+    batch_span: SpanLink | None = None  # linked from the request's process span
     request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
     preemptions: int = 0  # times the engine preempted it (KV blocks ran out)
+    kv_blocks: int = 0  # KV-cache blocks it held when it finished
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
 
 

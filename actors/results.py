@@ -96,11 +96,13 @@ def engine_outcome(
     error: ErrorInfo | None = None,
     prompt_tokens: int | None = None,
     preemptions: int = 0,
+    kv_blocks: int = 0,
 ) -> Outcome:
     """The outcome of a request that reached the engine (finished, aborted or refused there).
 
     `prompt_tokens`: as the engine counted them (a request tokenized again for a swapped-in
-    model has another count than the ingest's); `preemptions`: times it was preempted.
+    model has another count than the ingest's); `preemptions`: times it was preempted;
+    `kv_blocks`: the KV-cache blocks it held at its end.
     """
     if prompt_tokens is None:
         prompt_tokens = len(item.prompt_token_ids)
@@ -137,4 +139,5 @@ def engine_outcome(
         batch_span=item.batch_span,
         request=item.request,
         preemptions=preemptions,
+        kv_blocks=kv_blocks,
     )

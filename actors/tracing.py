@@ -16,64 +16,90 @@ The GPU actor records one `batch` span per flushed length bucket as it admits it
 each member's incoming context; each member's `process` span links back to it.
 
 Nothing is traced inside the engine or on the hot path of a step: the engine's per-request
-timings become spans afterwards. With no tracer provider set up (`ops/telemetry.py`), every
-span is a no-op and the request's own trace headers pass through unchanged.
+timings become spans afterwards. Spans are plain records (`actors/span_records.py`) handed to
+the installed `SpanRecorder`'s sink — in a worker, the span export process
+(`ops/telemetry.setup_worker_tracing`), which builds the SDK's spans and exports them. With no
+recorder installed nothing is recorded and the request's own trace headers pass through.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 from actors.mail import Batch, Headers, Outcome
+from actors.span_records import (
+    AttributeValue,
+    SpanLink,
+    SpanRecord,
+    new_span_id,
+    new_trace_id,
+)
+from actors.trace_context import Parent, incoming_parent, outgoing_headers
 from messages.request import GenerateRequest
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
 
-_propagator = TraceContextTextMapPropagator()
-_NOT_SET_UP = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_INTERNAL, _PRODUCER, _CONSUMER = SpanKind.INTERNAL, SpanKind.PRODUCER, SpanKind.CONSUMER
 
 
-def tracing_active(provider: trace.TracerProvider | None = None) -> bool:
-    """Whether this process has set up a tracer provider (`ops/telemetry.py`); when not,
-    callers skip span work altogether rather than make no-op spans."""
-    return not isinstance(provider or trace.get_tracer_provider(), _NOT_SET_UP)
+@dataclass(frozen=True)
+class SpanRecorder:
+    """Where this process's worker spans go: each trace is kept or not by `sampler` (the
+    SDK's, as `OTEL_TRACES_SAMPLER` chose it), kept spans are handed to `sink`."""
+
+    sampler: Sampler
+    sink: Callable[[Sequence[SpanRecord]], None]
+
+    def samples(self, parent: Parent | None, trace_id: str, name: str, kind: SpanKind) -> bool:
+        context = None
+        if parent is not None:
+            state = TraceState.from_header([parent.state]) if parent.state else None
+            flags = TraceFlags(TraceFlags.SAMPLED if parent.sampled else TraceFlags.DEFAULT)
+            remote = SpanContext(int(trace_id, 16), parent.span_id, True, flags, state)
+            context = trace.set_span_in_context(NonRecordingSpan(remote))
+        decision = self.sampler.should_sample(context, int(trace_id, 16), name, kind).decision
+        return decision is Decision.RECORD_AND_SAMPLE
 
 
-def worker_tracer(provider: trace.TracerProvider) -> trace.Tracer:
-    """The worker's tracer from `provider`, made once (the SDK builds a new one per call,
-    which cost about a sixth of a request's span work)."""
-    cached = _tracers.get(id(provider))
-    if cached is None or cached[0] is not provider:
-        cached = (provider, provider.get_tracer("tokenmill.worker"))
-        _tracers[id(provider)] = cached
-    return cached[1]
+_installed: SpanRecorder | None = None
 
 
-_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
+def install_span_recorder(recorder: SpanRecorder | None) -> None:
+    """Make `recorder` this process's (None: stop recording)."""
+    global _installed
+    _installed = recorder
+
+
+def installed_span_recorder() -> SpanRecorder | None:
+    return _installed
 
 
 @dataclass
 class RequestSpans:
-    """The spans still open while a result is on its way to the broker."""
+    """A request's spans, waiting for its result's acknowledgement to end `process` and
+    `send`; `headers`: the trace headers to put on the result."""
 
-    process: Span
-    send: Span
-    headers: Headers  # the trace headers to put on the result
+    headers: Headers
+    records: list[SpanRecord]  # `process` first, `send` last; empty when not recorded
+    sink: Callable[[Sequence[SpanRecord]], None] | None = None
 
     def end(self, error: BaseException | None = None) -> None:
-        now = time.time_ns()
+        if not self.records or self.sink is None:
+            return
+        process, send = self.records[0], self.records[-1]
+        process.end_ns = send.end_ns = max(time.time_ns(), send.start_ns)
         if error is not None:
-            for span in (self.send, self.process):
-                span.set_status(Status(StatusCode.ERROR, repr(error)))
-                span.set_attribute("error.type", type(error).__name__)
-        self.send.end(end_time=now)
-        self.process.end(end_time=now)
+            for span in (send, process):
+                span.error = repr(error)
+                span.attributes["error.type"] = type(error).__name__
+        self.sink(self.records)
 
 
 def start_request_spans(
@@ -81,137 +107,142 @@ def start_request_spans(
     *,
     group: str,
     now_ns: int | None = None,
-    provider: trace.TracerProvider | None = None,
+    recorder: SpanRecorder | None = None,
 ) -> RequestSpans:
-    """Open the outcome's `process` and `send` spans and record its finished phases.
+    """The outcome's spans, all but `process` and `send` finished; and the result's headers.
 
-    `provider`: the process's global one unless given (tests give their own)."""
-    provider = provider or trace.get_tracer_provider()
-    if not tracing_active(provider):
-        # No tracing in this process: skip the no-op spans (~15 µs a result) altogether.
-        return RequestSpans(trace.INVALID_SPAN, trace.INVALID_SPAN, outcome.trace)
-    tracer = worker_tracer(provider)
+    `recorder`: the installed one unless given (tests give their own)."""
+    recorder = recorder or _installed
+    if recorder is None:
+        return RequestSpans(outcome.trace, [])
     now = time.time_ns() if now_ns is None else now_ns
-    result, record = outcome.result, outcome.record
-    timings = result.timings
+    record = outcome.record
+    parent = incoming_parent(outcome.trace)
+    trace_id = parent.trace_id if parent is not None else new_trace_id()
+    state = parent.state if parent is not None else ""
+    send_id = new_span_id()
+    process_name = f"process {record.topic}"
+    if not recorder.samples(parent, trace_id, process_name, _CONSUMER):
+        headers = outgoing_headers(trace_id, send_id, sampled=False, state=state)
+        return RequestSpans(headers, [])
+    process_id = new_span_id()
+    timings = outcome.result.timings
     consumed = outcome.finished_ns - int(timings.total_ms * 1e6)
-    parent = _extract(outcome.trace)
-    process = tracer.start_span(
-        f"process {record.topic}",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        start_time=consumed,
-        links=[Link(outcome.batch_span)] if outcome.batch_span is not None else [],
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.operation.name": "process",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": record.topic,
-            "messaging.destination.partition.id": str(record.partition),
-            "messaging.kafka.offset": record.offset,
-            "messaging.kafka.message.key": (record.key or b"").decode("utf-8", "replace"),
-            "messaging.consumer.group.name": group,
-            REQUEST_ID_ATTRIBUTE: result.id,
-            "gen_ai.operation.name": _operation(outcome.request),
-            "gen_ai.provider.name": "tokenmill",
-            "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
-            "gen_ai.usage.output_tokens": result.usage.completion_tokens,
-            "gen_ai.response.finish_reasons": [str(result.finish_reason)],
-        },
+    process = SpanRecord(
+        name=process_name,
+        kind=_CONSUMER.value,
+        trace_id=trace_id,
+        span_id=process_id,
+        parent_id=parent.span_id if parent is not None else 0,
+        parent_remote=True,
+        start_ns=consumed,
+        end_ns=now,
+        attributes=_process_attributes(outcome, group),
+        links=[outcome.batch_span] if outcome.batch_span is not None else [],
+        error=outcome.result.error.message if outcome.result.error is not None else None,
+        trace_state=state,
     )
-    if result.model is not None:
-        process.set_attribute("gen_ai.response.model", result.model.name)
-        process.set_attribute("tokenmill.model.digest", result.model.digest)
-    if outcome.request is not None:
-        process.set_attributes(_request_attributes(outcome.request))
-    if timings.ttft_ms is not None:
-        process.set_attribute("tokenmill.ttft_ms", round(timings.ttft_ms, 3))
-    if outcome.admitted:
-        process.set_attribute("tokenmill.preemptions", outcome.preemptions)
-    if result.error is not None:
-        process.set_status(Status(StatusCode.ERROR, result.error.message))
-        process.set_attribute("error.type", str(result.error.code))
-    inside = trace.set_span_in_context(process)
+    records = [process]
+
+    def child(name: str, kind: SpanKind, start: int, end: int) -> SpanRecord:
+        span_id = send_id if kind is _PRODUCER else new_span_id()
+        return SpanRecord(
+            name, kind.value, trace_id, span_id, process_id, False, start, max(start, end), {},
+            trace_state=state,
+        )  # fmt: skip
+
     if outcome.admitted:
         admitted = consumed + int(timings.queued_ms * 1e6)
-        _phase(tracer, "queue", inside, consumed, admitted)
+        records.append(child("queue", _INTERNAL, consumed, admitted))
         if timings.ttft_ms is not None:
             first_token = consumed + int(timings.ttft_ms * 1e6)
-            _phase(tracer, "prefill", inside, admitted, first_token)
-            _phase(tracer, "decode", inside, first_token, outcome.finished_ns)
-    send = tracer.start_span(
-        f"send {outcome.reply_topic}",
-        context=inside,
-        kind=SpanKind.PRODUCER,
-        start_time=now,
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.operation.name": "send",
-            "messaging.operation.type": "send",
-            "messaging.destination.name": outcome.reply_topic,
-            REQUEST_ID_ATTRIBUTE: result.id,
-        },
-    )
-    return RequestSpans(process, send, _headers_for(send, outcome.trace))
+            records.append(child("prefill", _INTERNAL, admitted, first_token))
+            records.append(child("decode", _INTERNAL, first_token, outcome.finished_ns))
+    send = child(f"send {outcome.reply_topic}", _PRODUCER, now, now)
+    send.attributes = {
+        "messaging.system": "kafka",
+        "messaging.operation.name": "send",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": outcome.reply_topic,
+        REQUEST_ID_ATTRIBUTE: outcome.result.id,
+    }
+    records.append(send)
+    headers = outgoing_headers(trace_id, send_id, sampled=True, state=state)
+    return RequestSpans(headers, records, recorder.sink)
 
 
-def record_batch_span(
-    batch: Batch, provider: trace.TracerProvider | None = None
-) -> SpanContext | None:
+def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> SpanLink | None:
     """One span for a flushed batch as the GPU actor admits it, linked to each member's
-    incoming trace context; its context (None when tracing is off) goes with every member so
+    incoming trace context; its reference (None when not recorded) goes with every member so
     the member's `process` span links back to it."""
-    provider = provider or trace.get_tracer_provider()
-    if not tracing_active(provider):
+    recorder = recorder or _installed
+    if recorder is None:
+        return None
+    trace_id = new_trace_id()  # a trace of its own: it belongs to every member's trace at once
+    if not recorder.samples(None, trace_id, "batch", _INTERNAL):
         return None
     links = []
     for item in batch.items:
-        member = trace.get_current_span(_extract(item.trace)).get_span_context()
-        if member.is_valid:
-            links.append(Link(member, {REQUEST_ID_ATTRIBUTE: item.request.id}))
-    span = worker_tracer(provider).start_span(
-        "batch",
-        context=Context(),  # a trace of its own: it belongs to every member's trace at once
-        links=links,
-        attributes={
-            "tokenmill.bucket": batch.bucket,
-            "tokenmill.batch.size": len(batch.items),
-            "tokenmill.batch.tokens": batch.tokens,
-            "tokenmill.batch.flush_reason": str(batch.reason),
-        },
+        member = incoming_parent(item.trace)
+        if member is not None:
+            links.append(
+                SpanLink(member.trace_id, member.span_id, {REQUEST_ID_ATTRIBUTE: item.request.id})
+            )
+    now = time.time_ns()
+    span_id = new_span_id()
+    attributes: dict[str, AttributeValue] = {
+        "tokenmill.bucket": batch.bucket,
+        "tokenmill.batch.size": len(batch.items),
+        "tokenmill.batch.tokens": batch.tokens,
+        "tokenmill.batch.flush_reason": str(batch.reason),
+    }
+    recorder.sink(
+        [
+            SpanRecord(
+                "batch", _INTERNAL.value, trace_id, span_id, 0, False, now, now, attributes, links
+            )
+        ]
     )
-    span.end()
-    return span.get_span_context()
+    return SpanLink(trace_id, span_id)
+
+
+def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValue]:
+    result, record = outcome.result, outcome.record
+    attributes: dict[str, AttributeValue] = {
+        "messaging.system": "kafka",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": record.topic,
+        "messaging.destination.partition.id": str(record.partition),
+        "messaging.kafka.offset": record.offset,
+        "messaging.kafka.message.key": (record.key or b"").decode("utf-8", "replace"),
+        "messaging.consumer.group.name": group,
+        REQUEST_ID_ATTRIBUTE: result.id,
+        "gen_ai.operation.name": _operation(outcome.request),
+        "gen_ai.provider.name": "tokenmill",
+        "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": result.usage.completion_tokens,
+        "gen_ai.response.finish_reasons": [str(result.finish_reason)],
+    }
+    if result.model is not None:
+        attributes["gen_ai.response.model"] = result.model.name
+        attributes["tokenmill.model.digest"] = result.model.digest
+    request = outcome.request
+    if request is not None:
+        attributes["gen_ai.request.max_tokens"] = request.max_new_tokens
+        attributes["gen_ai.request.temperature"] = request.temperature
+        attributes["gen_ai.request.top_p"] = request.top_p
+        if request.model is not None:
+            attributes["gen_ai.request.model"] = request.model
+    if result.timings.ttft_ms is not None:
+        attributes["tokenmill.ttft_ms"] = round(result.timings.ttft_ms, 3)
+    if outcome.admitted:
+        attributes["tokenmill.preemptions"] = outcome.preemptions
+        attributes["tokenmill.kv_blocks"] = outcome.kv_blocks
+    if result.error is not None:
+        attributes["error.type"] = str(result.error.code)
+    return attributes
 
 
 def _operation(request: GenerateRequest | None) -> str:
     return "chat" if request is not None and request.messages is not None else "text_completion"
-
-
-def _request_attributes(request: GenerateRequest) -> dict[str, str | int | float]:
-    attributes: dict[str, str | int | float] = {
-        "gen_ai.request.max_tokens": request.max_new_tokens,
-        "gen_ai.request.temperature": request.temperature,
-        "gen_ai.request.top_p": request.top_p,
-    }
-    if request.model is not None:
-        attributes["gen_ai.request.model"] = request.model
-    return attributes
-
-
-def _extract(headers: Headers) -> Context:
-    return _propagator.extract({k: v.decode("latin-1") for k, v in headers})
-
-
-def _phase(tracer: trace.Tracer, name: str, parent: Context, start: int, end: int) -> None:
-    span = tracer.start_span(name, context=parent, start_time=start)
-    span.end(end_time=max(start, end))
-
-
-def _headers_for(send: Span, original: Headers) -> Headers:
-    """The send span's context as trace headers; the request's own when it is not recorded."""
-    if not send.get_span_context().is_valid:
-        return original
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, context=trace.set_span_in_context(send))
-    return [(key, value.encode()) for key, value in carrier.items()]

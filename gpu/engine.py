@@ -53,6 +53,7 @@ class Completion:
     first_token_time: float | None
     finish_time: float
     num_preemptions: int
+    num_kv_blocks: int = 0  # KV-cache blocks it held when it finished (its peak)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -221,6 +222,7 @@ class Engine:
         return min(hits) if hits else None
 
     def _finish(self, seq: Seq, reason: str) -> Completion:
+        kv_blocks = len(seq.block_table)  # before the scheduler frees them
         self.scheduler.finish(seq, reason)
         del self.sequences[seq.request_id]
         seq.finish_time = self.clock()
@@ -240,6 +242,7 @@ class Engine:
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
             num_preemptions=seq.num_preemptions,
+            num_kv_blocks=kv_blocks,
         )
 
 

@@ -45,7 +45,7 @@ def worker(**kwargs: Any) -> None:
     from actors.worker import Worker
     from gpu.model_holder import map_large_host_allocations
     from ops.logging_setup import configure_logging
-    from ops.telemetry import setup_tracing, shutdown_tracing
+    from ops.telemetry import setup_worker_tracing, shutdown_worker_tracing
 
     configure_logging(kwargs.pop("log_level"))
     config = worker_config(kwargs)
@@ -71,11 +71,11 @@ def worker(**kwargs: Any) -> None:
         metrics=WorkerMetrics(),
     )
     del engine  # the worker's model holder owns it now; a swap must be able to free it
-    tracing = setup_tracing("tokenmill", instance_id=config.worker_id)
+    tracing = setup_worker_tracing("tokenmill", instance_id=config.worker_id)
     try:
         asyncio.run(_serve(service))
     finally:
-        shutdown_tracing(tracing)
+        shutdown_worker_tracing(tracing)
     if service.exit_code:
         raise SystemExit(service.exit_code)
 

@@ -21,7 +21,6 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from actors.tracing import tracing_active
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.errors import MessageError
@@ -111,7 +110,7 @@ class SubmitClient:
         if self._consumer is None:
             await self.listen()
         headers = [(h.CONTENT_TYPE, JSON.encode())]
-        span = self._send_span(request) if tracing_active() else None  # none: no span work
+        span = self._send_span(request) if _tracing_set_up() else None  # none: no span work
         if span is not None:
             carrier: dict[str, str] = {}
             _propagator.inject(carrier, context=trace.set_span_in_context(span))
@@ -172,3 +171,9 @@ class SubmitClient:
 def _ctype(record: object) -> str:
     headers = getattr(record, "headers", ())
     return normalize_content_type(h.header(headers, h.CONTENT_TYPE))
+
+
+def _tracing_set_up() -> bool:
+    """Whether this process set up a tracer provider (`ops/telemetry.setup_tracing`)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 from actors.lifecycle_spans import record_event_span
@@ -16,18 +14,17 @@ from messages.events import (
     StatusReply,
 )
 from messages.result import ModelRef
+from tests.unit.span_capture import SpanCapture
 
 A, B = ModelRef(name="a", digest="sha256:a"), ModelRef(name="b", digest="sha256:b")
 AT = 1_800_000_000.0
 
 
 def recorded(*events: object) -> list:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    capture = SpanCapture()
     for event in events:
-        record_event_span(event, provider)  # type: ignore[arg-type]
-    return list(exporter.get_finished_spans())
+        record_event_span(event, capture.recorder)  # type: ignore[arg-type]
+    return capture.spans()
 
 
 def test_a_swap_spans_its_load_smoke_test_and_flip() -> None:
@@ -66,7 +63,7 @@ def test_failures_and_restarts_are_error_spans() -> None:
     ]
 
 
-def test_other_events_and_no_provider_record_nothing() -> None:
+def test_other_events_no_recorder_and_unsampled_traces_record_nothing() -> None:
     status = StatusReply(
         worker="w",
         at=AT,
@@ -78,4 +75,9 @@ def test_other_events_and_no_provider_record_nothing() -> None:
         kv_blocks_total=1,
     )
     assert recorded(status) == []
-    record_event_span(status)  # no provider set up: a no-op, no error
+    record_event_span(status)  # no recorder installed: a no-op, no error
+    dropped = SpanCapture(ALWAYS_OFF)
+    record_event_span(
+        ModelSwapFailed(worker="w", at=AT, to_model="c", reason="x"), dropped.recorder
+    )
+    assert dropped.records == []

@@ -1,11 +1,10 @@
 """A request's spans, recorded from an `Outcome` when its result is sent (actors/tracing.py),
-into an in-memory exporter: names, parents, kinds, times, attributes and result headers."""
+read back as the export process builds them: names, parents, kinds, times, attributes, links
+and the result's headers."""
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors.mail import Outcome, RecordRef
@@ -13,6 +12,7 @@ from actors.tracing import start_request_spans
 from messages.error_codes import ErrorCode
 from messages.request import ChatMessage, GenerateRequest
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
+from tests.unit.span_capture import SpanCapture
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01".encode()
@@ -42,15 +42,13 @@ def outcome(*, admitted: bool = True, error: ErrorInfo | None = None) -> Outcome
 
 
 def recorded(item: Outcome) -> tuple[dict[str, object], list[tuple[str, bytes]]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    spans = start_request_spans(item, group="workers", now_ns=NOW, provider=provider)
+    capture = SpanCapture()
+    spans = start_request_spans(item, group="workers", now_ns=NOW, recorder=capture.recorder)
     spans.end()
-    return {span.name: span for span in exporter.get_finished_spans()}, spans.headers
+    return capture.by_name(), spans.headers
 
 
-def test_without_a_provider_nothing_is_recorded_and_the_headers_pass_through() -> None:
+def test_without_a_recorder_nothing_is_recorded_and_the_headers_pass_through() -> None:
     spans = start_request_spans(outcome(), group="workers")
     assert spans.headers == [("traceparent", PARENT)]
     spans.end()
@@ -101,9 +99,7 @@ def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> N
     from actors.mail import Admitted, Batch
     from actors.tracing import record_batch_span
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    capture = SpanCapture()
     item = outcome()
     member = Admitted(
         request=GenerateRequest(id="job-1", prompt_token_ids=[1, 2, 3]),
@@ -116,9 +112,9 @@ def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> N
         deadline=None,
     )
     batch = Batch(bucket=32, items=[member], tokens=19, reason="size")
-    batch_context = record_batch_span(batch, provider)
+    batch_context = record_batch_span(batch, capture.recorder)
     assert batch_context is not None
-    (batch_span,) = exporter.get_finished_spans()
+    (batch_span,) = capture.spans()
     assert batch_span.name == "batch" and batch_span.parent is None
     assert batch_span.attributes["tokenmill.batch.size"] == 1
     assert batch_span.attributes["tokenmill.bucket"] == 32
@@ -126,15 +122,64 @@ def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> N
     assert f"{link.context.trace_id:032x}" == TRACE_ID
 
     item.batch_span = batch_context
-    spans = start_request_spans(item, group="workers", now_ns=NOW, provider=provider)
+    spans = start_request_spans(item, group="workers", now_ns=NOW, recorder=capture.recorder)
     spans.end()
-    process = next(s for s in exporter.get_finished_spans() if s.name == "process reqs")
+    process = capture.by_name()["process reqs"]
     (back,) = process.links
     assert back.context.span_id == batch_context.span_id
 
 
-def test_without_a_provider_a_batch_has_no_span() -> None:
+def test_without_a_recorder_a_batch_has_no_span() -> None:
     from actors.mail import Batch
     from actors.tracing import record_batch_span
 
     assert record_batch_span(Batch(bucket=32, items=[], tokens=0, reason="size")) is None
+
+
+def test_the_process_span_counts_the_kv_blocks_the_request_held() -> None:
+    item = outcome()
+    item.kv_blocks = 3
+    spans, _ = recorded(item)
+    assert spans["process reqs"].attributes["tokenmill.kv_blocks"] == 3
+
+
+def test_a_send_that_fails_ends_process_and_send_with_its_error() -> None:
+    capture = SpanCapture()
+    spans = start_request_spans(outcome(), group="workers", now_ns=NOW, recorder=capture.recorder)
+    spans.end(TimeoutError("broker"))
+    for span in capture.spans():
+        if span.name in ("process reqs", "send res"):
+            assert span.status.status_code == StatusCode.ERROR
+            assert span.attributes["error.type"] == "TimeoutError"
+
+
+def test_an_unsampled_parent_records_nothing_and_passes_its_decision_on() -> None:
+    item = outcome()
+    item.trace = [("traceparent", f"00-{TRACE_ID}-b7ad6b7169203331-00".encode())]
+    capture = SpanCapture()
+    spans = start_request_spans(item, group="workers", now_ns=NOW, recorder=capture.recorder)
+    spans.end()
+    assert capture.records == []
+    ((_name, value),) = spans.headers
+    _version, trace_id, span_id, flags = value.decode().split("-")
+    assert (trace_id, flags) == (TRACE_ID, "00") and span_id != "b7ad6b7169203331"
+
+
+def test_the_samplers_ratio_decides_for_a_request_without_a_parent() -> None:
+    item = outcome()
+    item.trace = []
+    kept = SpanCapture(ParentBased(TraceIdRatioBased(1.0)))
+    start_request_spans(item, group="w", now_ns=NOW, recorder=kept.recorder).end()
+    assert {s.parent for s in kept.spans() if s.name == "process reqs"} == {None}
+    dropped = SpanCapture(ParentBased(ALWAYS_OFF))
+    spans = start_request_spans(item, group="w", now_ns=NOW, recorder=dropped.recorder)
+    spans.end()
+    assert dropped.records == [] and spans.headers[0][1].endswith(b"-00")
+
+
+def test_tracestate_travels_on_to_the_result_and_the_spans() -> None:
+    item = outcome()
+    item.trace = [("traceparent", PARENT), ("tracestate", b"vendor=abc")]
+    spans, headers = recorded(item)
+    assert ("tracestate", b"vendor=abc") in headers
+    assert spans["send res"].context.trace_state.to_header() == "vendor=abc"

@@ -1,0 +1,61 @@
+"""W3C Trace Context in Kafka headers: read a request's parent, write a result's.
+
+    parent = incoming_parent(headers)       # None: no valid traceparent, the request starts a trace
+    outgoing_headers(parent.trace_id, span_id, sampled=True, state=parent.state)
+
+The same rules as OpenTelemetry's TraceContext propagator (version `ff` and all-zero ids are
+invalid, version 00 has exactly four fields, a later version may have more), written out so the
+worker's hot path builds no OpenTelemetry context objects.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from actors.mail import Headers
+from messages import headers as h
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """The span a request's producer sent it from."""
+
+    trace_id: str  # 32 hex digits
+    span_id: int
+    sampled: bool
+    state: str  # the `tracestate` header as it came, "" without one
+
+
+def incoming_parent(headers: Headers) -> Parent | None:
+    value = h.header(headers, h.TRACEPARENT)
+    if value is None:
+        return None
+    match = _TRACEPARENT.fullmatch(value.decode("latin-1").strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE:
+        return None
+    if span_id == _ZERO_SPAN:
+        return None
+    state = h.header(headers, h.TRACESTATE)
+    return Parent(
+        trace_id=trace_id,
+        span_id=int(span_id, 16),
+        sampled=bool(int(flags, 16) & 1),
+        state=state.decode("latin-1").strip() if state else "",
+    )
+
+
+def outgoing_headers(trace_id: str, span_id: int, *, sampled: bool, state: str = "") -> Headers:
+    """The trace headers that make `span_id` the parent of whoever consumes the message."""
+    headers = [
+        (h.TRACEPARENT, f"00-{trace_id}-{span_id:016x}-{'01' if sampled else '00'}".encode())
+    ]
+    if state:
+        headers.append((h.TRACESTATE, state.encode("latin-1")))
+    return headers
