@@ -122,7 +122,9 @@ class SpanSink:
             if time.monotonic() - self._started_at < self.restart_after or self._closing:
                 self.lost += len(records)
                 return
-            log.error("span_export_restarted", exit_code=process and process.returncode)
+            if process is not None:
+                log.error("span_export_restarted", exit_code=process.returncode)
+                _close_quietly(process.stdin)
             self._spawn()
             process = self._process
             if process is None:
@@ -133,7 +135,7 @@ class SpanSink:
         try:
             process.stdin.write(len(payload).to_bytes(FRAME_HEADER_BYTES, "big") + payload)
             process.stdin.flush()
-        except OSError:  # the process died: its pipe is broken
+        except (OSError, ValueError):  # the process died (broken pipe) or close() gave up
             self.lost += len(records)
             return
         self.written += len(records)

@@ -89,6 +89,7 @@ class PipelineOptions:
     echo_requests: int = 20_000
     echo_prompt_tokens: int = 16
     tracing_requests: int = 5_000  # per run; runs alternate off, on, off, on
+    tracing_model_requests: int = 48  # per run to a worker on the model; 0: echo only
     timeout_s: float = 600.0  # per wait for a worker's results
 
     def __post_init__(self) -> None:

@@ -87,6 +87,23 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
+def child_pids(pid: int | None) -> list[int]:
+    """The processes whose parent is `pid` (e.g. a worker's span export process)."""
+    if pid is None:
+        return []
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
 class CpuMeter:
     """CPU seconds each named process uses between `start()` and `read()`: unlike wall time,
     not inflated by other work on a busy host."""

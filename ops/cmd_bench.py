@@ -128,6 +128,14 @@ def engine(**kwargs: Any) -> None:
 @_positive("--echo-requests", 20000, "Ceiling: requests to the echo worker, per prompt kind.")
 @_positive("--echo-prompt-tokens", 16, "Ceiling: tokens per prompt (and new tokens).")
 @_positive("--tracing-requests", 5000, "Tracing: echo requests per run (off, on, off, on).")
+@click.option(
+    "--tracing-model-requests",
+    type=click.IntRange(min=0),
+    default=48,
+    show_default=True,
+    help="Tracing: requests per run to a worker on the model, with --latency-max-new-tokens "
+    "new tokens each (0: echo only).",
+)
 @_positive("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def pipeline(**kwargs: Any) -> None:
@@ -171,6 +179,7 @@ def pipeline(**kwargs: Any) -> None:
             echo_requests=kwargs["echo_requests"],
             echo_prompt_tokens=kwargs["echo_prompt_tokens"],
             tracing_requests=kwargs["tracing_requests"],
+            tracing_model_requests=kwargs["tracing_model_requests"],
             timeout_s=kwargs["timeout"],
         )
         report = asyncio.run(run_bench(options, progress=lambda line: click.echo(line, err=True)))
@@ -205,12 +214,18 @@ def pipeline_summary(report: dict[str, Any]) -> str:
             f"  ceiling     {c['prompt_token_ids']['requests_per_s']} req/s (token ids) · "
             f"{c['text_prompts']['requests_per_s']} req/s (text)"
         )
-    tr = report["tracing"]
-    if "ratio_on_vs_off" in tr:
-        rates = tr["requests_per_s"]
+    tracing = report["tracing"]
+    for label, tr in (("echo", tracing), ("model", tracing.get("model", {}))):
+        if "ratio_on_vs_off" not in tr:
+            continue
+        rates, elsewhere = tr["requests_per_s"], tr["tracing_cpu_us_per_request_elsewhere"]
         lines.append(
-            f"  tracing     off {rates['off']} req/s · on {rates['on']} req/s · ratio "
+            f"  tracing ({label}) off {rates['off']} req/s · on {rates['on']} req/s · ratio "
             f"{tr['ratio_on_vs_off']} (target ≥ {tr['target_ratio_at_least']})"
+        )
+        lines.append(
+            f"    CPU per request: worker +{tr['tracing_cpu_us_per_request']} µs · "
+            f"span export {elsewhere['span_export']} µs · jaeger {elsewhere['jaeger']} µs"
         )
     for key, target in report["targets"].items():
         verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]

@@ -30,6 +30,7 @@ async def test_tracing_off_and_on_in_one_run(
         partitions=2,
         echo_prompt_tokens=8,
         tracing_requests=300,
+        tracing_model_requests=4,
         timeout_s=120,
     )
 
@@ -39,8 +40,12 @@ async def test_tracing_off_and_on_in_one_run(
     tracing = report["tracing"]
     assert "skipped" not in tracing, tracing
     assert report["ceiling"] == {"skipped": "not selected (--only)"}
-    for mode in ("off", "on"):
-        assert len(tracing[mode]) == tracing["rounds"] == 2
-        assert [(r["results"], r["errors"]) for r in tracing[mode]] == [(300, 0)] * 2, tracing
-    assert isinstance(tracing["ratio_on_vs_off"], float)
-    assert isinstance(tracing["met"], bool)
+    for workload, n in ((tracing, 300), (tracing["model"], 4)):
+        rounds = workload["rounds"]
+        for mode in ("off", "on"):
+            runs = [(r["results"], r["errors"]) for r in workload[mode]]
+            assert runs == [(n, 0)] * rounds, workload
+        assert isinstance(workload["ratio_on_vs_off"], float)
+        assert isinstance(workload["met"], bool)
+        cpu = workload["tracing_cpu_us_per_request_elsewhere"]
+        assert cpu["span_export"] is not None and cpu["span_export"] > 0, "it exported spans"
