@@ -31,6 +31,8 @@ KEY_ATTRIBUTES = (
     "tokenmill.bucket",
     "tokenmill.batch.size",
     "tokenmill.ttft_ms",
+    "tokenmill.kv_blocks",
+    "tokenmill.preemptions",
     "error.type",
 )
 

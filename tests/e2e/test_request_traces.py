@@ -106,6 +106,8 @@ async def test_each_request_leaves_one_connected_trace(
         assert process.tags["messaging.system"] == "kafka"
         assert process.tags["messaging.consumer.group.name"] == lane.group
         assert process.tags["gen_ai.usage.output_tokens"] >= 1
+        assert process.tags["tokenmill.kv_blocks"] >= 1
+        assert process.tags["tokenmill.preemptions"] == 0
         assert names(process.children) == ["queue", "prefill", "decode", f"send {lane.results}"]
         assert not process.error
         batch = await wait_for(lambda span=found, node=process: batch_of(jaeger, span, node))
