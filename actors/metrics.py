@@ -160,6 +160,14 @@ class WorkerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.trace_spans = Counter(
+            "tokenmill_trace_spans",
+            "Worker spans by fate: handed_on to the span export process, or dropped (its "
+            "queue was full or it was down).",
+            ["outcome"],
+            registry=r,
+        )
+        self._trace_spans_seen = {"handed_on": 0, "dropped": 0}
         self.swap_pause = Histogram(
             "tokenmill_swap_pause_seconds",
             "How long admission was paused for a model swap's flip.",
@@ -198,6 +206,8 @@ class WorkerMetrics:
             self.bucket_flushes.labels(reason)
         for outcome in _SWAP_OUTCOMES:
             self.model_swaps.labels(outcome)
+        for outcome in self._trace_spans_seen:
+            self.trace_spans.labels(outcome)
 
     def observe_outcome(self, result: GenerateResult, *, admitted: bool) -> None:
         """A finished request. Latencies count only for requests that reached the engine.
@@ -286,6 +296,14 @@ class WorkerMetrics:
         self.model_swaps.labels(outcome).inc()
         if pause_s is not None:
             self.swap_pause.observe(pause_s)
+
+    def set_trace_spans(self, handed_on: int, dropped: int) -> None:
+        """The span sink's running totals (they only grow); the counters follow them."""
+        for outcome, total in (("handed_on", handed_on), ("dropped", dropped)):
+            seen = self._trace_spans_seen[outcome]
+            if total > seen:
+                self.trace_spans.labels(outcome).inc(total - seen)
+                self._trace_spans_seen[outcome] = total
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format 0.0.4 (what `/metrics` serves)."""

@@ -56,6 +56,7 @@ class SpanRecorder:
 
     sampler: Sampler
     sink: Callable[[Sequence[SpanRecord]], None]
+    counts: Callable[[], tuple[int, int]] | None = None  # spans (handed on, dropped) so far
 
     def samples(self, parent: Parent | None, trace_id: str, name: str, kind: SpanKind) -> bool:
         context = None

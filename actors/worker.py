@@ -30,6 +30,7 @@ from actors.model_front import ModelFront
 from actors.model_paths import AliasResolver
 from actors.model_swap import EngineBuilder, Swapper, SwapSettings, engine_builder_like
 from actors.supervisor import Supervisor
+from actors.tracing import installed_span_recorder
 from gpu.device_memory import device_memory
 
 log = structlog.get_logger("tokenmill.worker")
@@ -152,6 +153,9 @@ class Worker:
         for partition, records in lag.items():
             metrics.set_consumer_lag(partition, records)
         self._lag_partitions = set(lag)
+        recorder = installed_span_recorder()
+        if recorder is not None and recorder.counts is not None:
+            metrics.set_trace_spans(*recorder.counts())
         devices = device_memory()
         for device in devices:
             metrics.set_device_memory(device.device, device.allocated, device.reserved)

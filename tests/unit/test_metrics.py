@@ -276,3 +276,14 @@ def test_two_workers_do_not_share_series() -> None:
     assert value(s, "tokenmill_queue_depth") == 0
     assert not [k for k in s if k[0] == "tokenmill_child_restarts_total"]
     assert value(scrape(one), "tokenmill_generated_tokens_total") == 3
+
+
+def test_trace_spans_follow_the_sinks_running_totals() -> None:
+    metrics = WorkerMetrics()
+    assert value(scrape(metrics), "tokenmill_trace_spans_total", outcome="dropped") == 0
+    metrics.set_trace_spans(5, 0)
+    metrics.set_trace_spans(8, 2)
+    metrics.set_trace_spans(8, 2)  # a scrape with nothing new adds nothing
+    samples = scrape(metrics)
+    assert value(samples, "tokenmill_trace_spans_total", outcome="handed_on") == 8
+    assert value(samples, "tokenmill_trace_spans_total", outcome="dropped") == 2
