@@ -162,8 +162,9 @@ class WorkerMetrics:
         )
         self.trace_spans = Counter(
             "tokenmill_trace_spans",
-            "Worker spans by fate: handed_on to the span export process, or dropped (its "
-            "queue was full or it was down).",
+            "Worker spans by fate: handed_on (written to the span export process's pipe; "
+            "what it then fails to send is in its log) or dropped before that (the queue was "
+            "full, or the process was down).",
             ["outcome"],
             registry=r,
         )

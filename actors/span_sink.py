@@ -81,6 +81,8 @@ class SpanSink:
         process = self._process
         if process is None:
             return
+        if self._thread.is_alive():  # blocked writing to a process stuck exporting: give up
+            process.kill()  # first, or closing its stdin would wait for the writer's lock
         _close_quietly(process.stdin)
         try:
             process.wait(max(deadline - time.monotonic(), 0.1))
@@ -97,7 +99,11 @@ class SpanSink:
     def _spawn(self) -> None:
         self._started_at = time.monotonic()
         try:
-            self._process = subprocess.Popen(self.argv, stdin=subprocess.PIPE)
+            # A session of its own: Ctrl-C or a SIGTERM to the worker's process group does not
+            # reach it; it ends when its stdin does (the worker stopped or died).
+            self._process = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, start_new_session=True
+            )
         except OSError as exc:
             log.error("span_export_not_started", error=repr(exc))
             self._process = None
@@ -108,7 +114,12 @@ class SpanSink:
             self._wake.clear()
             closing = self._closing
             while self._queue:
-                self._write(self._take())
+                records = self._take()
+                try:
+                    self._write(records)
+                except Exception as exc:  # e.g. an attribute msgpack cannot encode
+                    self.lost += len(records)
+                    log.error("span_records_lost", error=repr(exc), records=len(records))
             if closing:
                 return
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from opentelemetry.trace.span import TraceState
+
 from actors.mail import Headers
 from messages import headers as h
 
@@ -47,8 +49,13 @@ def incoming_parent(headers: Headers) -> Parent | None:
         trace_id=trace_id,
         span_id=int(span_id, 16),
         sampled=bool(int(flags, 16) & 1),
-        state=state.decode("latin-1").strip() if state else "",
+        state=_valid_state(state.decode("latin-1")) if state else "",
     )
+
+
+def _valid_state(header: str) -> str:
+    """`tracestate` as OpenTelemetry keeps it: normalised, or "" when invalid (dropped)."""
+    return TraceState.from_header([header]).to_header()
 
 
 def outgoing_headers(trace_id: str, span_id: int, *, sampled: bool, state: str = "") -> Headers:

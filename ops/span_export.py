@@ -34,9 +34,12 @@ def export_frames(source: BinaryIO, exporter: SpanExporter, resource: Resource) 
         payload = source.read(size)
         if len(payload) < size:
             break  # the worker died mid-frame
-        records = decode_records(payload)
-        spans += len(records)
-        exporter.export([to_readable_span(record, resource) for record in records])
+        try:
+            records = decode_records(payload)
+            spans += len(records)
+            exporter.export([to_readable_span(record, resource) for record in records])
+        except Exception as exc:  # one bad frame costs its spans, not the process
+            print(f"span_export: frame dropped: {exc!r}", file=sys.stderr)
     return spans
 
 
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--service", required=True)
     parser.add_argument("--instance")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also in a session of its own (span_sink)
     attributes = {"service.name": args.service}
     if args.instance:
         attributes["service.instance.id"] = args.instance

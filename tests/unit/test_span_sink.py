@@ -12,15 +12,13 @@ from actors.span_records import SpanRecord
 from actors.span_sink import SpanSink
 
 READER = """
-import sys
-from actors.span_records import decode_records
-from actors.span_sink import FRAME_HEADER_BYTES
+import sys, msgspec
 out = open(sys.argv[1], "a")
-while len(header := sys.stdin.buffer.read(FRAME_HEADER_BYTES)) == FRAME_HEADER_BYTES:
-    for record in decode_records(sys.stdin.buffer.read(int.from_bytes(header, "big"))):
-        out.write(record.name + "\\n")
+while len(header := sys.stdin.buffer.read(4)) == 4:
+    for record in msgspec.msgpack.decode(sys.stdin.buffer.read(int.from_bytes(header, "big"))):
+        out.write(record[0] + "\\n")  # a record is an array; its name comes first
     out.flush()
-"""
+"""  # msgspec only: starts fast, even on a loaded machine
 
 
 def record(name: str) -> SpanRecord:
@@ -41,7 +39,7 @@ def test_what_is_recorded_reaches_the_export_process_by_close(tmp_path: Path) ->
     sink.start()
     sink.record([record(f"span-{i}") for i in range(5)])
     sink.record([record("last")])
-    sink.close(timeout=10)
+    sink.close(timeout=60)
     assert names(out) == [*(f"span-{i}" for i in range(5)), "last"]
     assert (sink.written, sink.dropped) == (6, 0)
 
@@ -52,7 +50,7 @@ def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> Non
     sink.record([record("a")] * 3)
     sink.record([record("b")] * 3)  # 3 queued < 4: taken, now 6
     sink.record([record("c")])  # the queue is full: dropped
-    sink.close(timeout=10)
+    sink.close(timeout=60)
     assert (sink.written, sink.refused) == (6, 1)
     assert names(tmp_path / "names") == ["a"] * 3 + ["b"] * 3
 
@@ -70,7 +68,7 @@ def test_a_dead_export_process_is_started_again(tmp_path: Path) -> None:
     sink.record([record("lost-or-kept")])  # written to the dead pipe or to its successor
     _wait_for(lambda: sink._process is not first and sink._process is not None)
     sink.record([record("after")])
-    sink.close(timeout=10)
+    sink.close(timeout=60)
     assert names(out)[0] == "before" and names(out)[-1] == "after"
     assert sink.written + sink.dropped == 3
 
@@ -88,3 +86,15 @@ def _wait_for(condition: object, timeout: float = 10.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_records_that_cannot_be_encoded_are_lost_alone(tmp_path: Path) -> None:
+    out = tmp_path / "names"
+    sink = SpanSink(reader(out), flush_every=0.02)
+    sink.start()
+    too_big = SpanRecord("too-big", 0, "ab" * 16, 1, 0, False, 1, 2, {"n": 2**70})
+    sink.record([too_big])
+    _wait_for(lambda: sink.lost == 1)
+    sink.record([record("after")])
+    sink.close(timeout=60)
+    assert names(out) == ["after"]

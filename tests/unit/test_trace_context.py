@@ -53,3 +53,11 @@ def test_outgoing_headers_round_trip() -> None:
         True,
         "a=1",
     )
+
+
+def test_an_invalid_tracestate_is_dropped_and_a_valid_one_normalised() -> None:
+    parent = f"00-{TRACE}-b7ad6b7169203331-01".encode()
+    bad = incoming_parent([("traceparent", parent), ("tracestate", b"A=1")])
+    assert bad is not None and bad.state == ""
+    good = incoming_parent([("traceparent", parent), ("tracestate", b"a=1,,b=2")])
+    assert good is not None and good.state == "a=1,b=2"
