@@ -11,10 +11,9 @@ the requests' (`actors/tracing.py`); with none installed, nothing is done.
 from __future__ import annotations
 
 import structlog
-from opentelemetry.trace import SpanKind
 
 from actors.runtime import Actor
-from actors.span_records import AttributeValue, SpanRecord, new_span_id, new_trace_id
+from actors.span_records import AttributeValue
 from actors.tracing import SpanRecorder, installed_span_recorder
 from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
 
@@ -63,15 +62,7 @@ def record_event_span(event: Event, recorder: SpanRecorder | None = None) -> Non
         attributes["error.type"] = event.reason.split(":", 1)[0]
     else:
         return
-    trace_id = new_trace_id()
-    if not recorder.samples(None, trace_id, name, SpanKind.INTERNAL):
-        return
-    start_ns = end_ns - int(took_ms * 1e6)
-    span = SpanRecord(
-        name, SpanKind.INTERNAL.value, trace_id, new_span_id(), 0, False, start_ns, end_ns,
-        attributes, error=error,
-    )  # fmt: skip
-    recorder.sink([span])
+    recorder.record_root(name, end_ns - int(took_ms * 1e6), end_ns, attributes, error=error)
 
 
 def publish_event(events: Actor[Event] | None, event: Event) -> None:

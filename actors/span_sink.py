@@ -96,6 +96,10 @@ class SpanSink:
     def dropped(self) -> int:
         return self.refused + self.lost
 
+    def counts(self) -> tuple[int, int]:
+        """Records (handed on, dropped) so far."""
+        return self.written, self.dropped
+
     def _spawn(self) -> None:
         self._started_at = time.monotonic()
         try:

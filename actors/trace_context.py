@@ -19,7 +19,7 @@ from actors.mail import Headers
 from messages import headers as h
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
-_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+_ZERO_TRACE = "0" * 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class Parent:
     trace_id: str  # 32 hex digits
     span_id: int
     sampled: bool
-    state: str  # the `tracestate` header as it came, "" without one
+    state: str  # the `tracestate` header, normalised; "" without one or when invalid
 
 
 def incoming_parent(headers: Headers) -> Parent | None:
@@ -40,14 +40,13 @@ def incoming_parent(headers: Headers) -> Parent | None:
     if match is None:
         return None
     version, trace_id, span_id, flags, rest = match.groups()
-    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE:
-        return None
-    if span_id == _ZERO_SPAN:
+    span = int(span_id, 16)
+    if version == "ff" or (version == "00" and rest) or trace_id == _ZERO_TRACE or not span:
         return None
     state = h.header(headers, h.TRACESTATE)
     return Parent(
         trace_id=trace_id,
-        span_id=int(span_id, 16),
+        span_id=span,
         sampled=bool(int(flags, 16) & 1),
         state=_valid_state(state.decode("latin-1")) if state else "",
     )

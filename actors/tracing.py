@@ -68,6 +68,26 @@ class SpanRecorder:
         decision = self.sampler.should_sample(context, int(trace_id, 16), name, kind).decision
         return decision is Decision.RECORD_AND_SAMPLE
 
+    def record_root(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, AttributeValue],
+        links: list[SpanLink] | None = None,
+        error: str | None = None,
+    ) -> SpanLink | None:
+        """A finished span in a trace of its own (a batch, a swap, a restart), if sampled;
+        a link to it, or None when it was not kept."""
+        trace_id, span_id = new_trace_id(), new_span_id()
+        if not self.samples(None, trace_id, name, _INTERNAL):
+            return None
+        self.sink(
+            [SpanRecord(name, _INTERNAL.value, trace_id, span_id, 0, False, start_ns, end_ns,
+                        attributes, links or [], error)]
+        )  # fmt: skip
+        return SpanLink(trace_id, span_id)
+
 
 _installed: SpanRecorder | None = None
 
@@ -179,9 +199,6 @@ def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> Spa
     recorder = recorder or _installed
     if recorder is None:
         return None
-    trace_id = new_trace_id()  # a trace of its own: it belongs to every member's trace at once
-    if not recorder.samples(None, trace_id, "batch", _INTERNAL):
-        return None
     links = []
     for item in batch.items:
         member = incoming_parent(item.trace)
@@ -189,22 +206,15 @@ def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> Spa
             links.append(
                 SpanLink(member.trace_id, member.span_id, {REQUEST_ID_ATTRIBUTE: item.request.id})
             )
-    now = time.time_ns()
-    span_id = new_span_id()
     attributes: dict[str, AttributeValue] = {
         "tokenmill.bucket": batch.bucket,
         "tokenmill.batch.size": len(batch.items),
         "tokenmill.batch.tokens": batch.tokens,
         "tokenmill.batch.flush_reason": str(batch.reason),
     }
-    recorder.sink(
-        [
-            SpanRecord(
-                "batch", _INTERNAL.value, trace_id, span_id, 0, False, now, now, attributes, links
-            )
-        ]
-    )
-    return SpanLink(trace_id, span_id)
+    now = time.time_ns()
+    # A trace of its own: it belongs to every member's trace at once.
+    return recorder.record_root("batch", now, now, attributes, links)
 
 
 def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValue]:

@@ -73,8 +73,7 @@ def setup_worker_tracing(service_name: str, *, instance_id: str) -> SpanSink | N
     argv = [sys.executable, "-m", "ops.span_export", "--service", service]
     sink = SpanSink([*argv, "--instance", instance_id])
     sink.start()
-    counts = lambda: (sink.written, sink.dropped)  # noqa: E731
-    install_span_recorder(SpanRecorder(TracerProvider().sampler, sink.record, counts))
+    install_span_recorder(SpanRecorder(TracerProvider().sampler, sink.record, sink.counts))
     return sink
 
 
