@@ -3,36 +3,78 @@
 One idempotent producer (`acks=all`, `enable_idempotence`): a result is keyed by request id
 and carries the request's trace headers, its content type and schema. Only after the broker
 acknowledges every record of an outcome is `Delivered` sent to the ingest, which may then
-commit the source offset. A send that keeps failing crashes the actor: the offset stays
-uncommitted and the request is redelivered, so nothing is lost.
+commit the source offset.
+
+No record and no failed send crashes it (see `actors.send_errors`):
+- a record the broker refuses for good (too large for its topic or for the producer, a topic
+  it may not write, one that is gone) is answered instead: an error result (`result_too_large`,
+  `reply_to_refused`) on the results topic, the request to the DLQ with the reason;
+- a send that fails because the broker is away is sent again, with backoff, for as long as
+  it takes; the outcomes behind it wait in the mailbox (the ingest's backpressure pauses
+  fetching), none is lost; starting the producer waits for the broker the same way.
+Only a producer that is itself broken crashes the actor; the restarted `run()` first produces
+again what was never acknowledged (its offsets are uncommitted, so nothing is lost either way).
 
 Mailbox: `Outcome`s from the ingest and the GPU actor. Sends: `Delivered` to the ingest.
 `stop()`: produce what is queued, wait for every acknowledgement, close.
-After a crash, a restarted `run()` first produces again what was never acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from actors.config import WorkerConfig
-from actors.mail import Delivered, Outcome
+from actors.mail import Delivered, Headers, Outcome
 from actors.request_log import log_outcome
+from actors.results import undeliverable
 from actors.runtime import Actor
+from actors.send_errors import UndeliveredResult, Verdict, backoff_s, refusal_code, verdict
 from actors.tracing import RequestSpans, start_request_spans
 from messages import headers as h
 from messages.codec import Codec
 from messages.error_codes import ErrorCode
-from messages.result import ErrorInfo, GenerateResult
+from messages.limits import MAX_KEY_BYTES
+from messages.request import GenerateRequest
+from messages.result import GenerateResult
 
 log = structlog.get_logger("tokenmill.emitter")
 
 _RESULT_SCHEMA = b"GenerateResult/1"
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: Headers
+    is_result: bool  # False: the outcome's dead letter
+
+    @property
+    def size(self) -> int:
+        """Bytes as the producer counts them against its `max_request_size`."""
+        return int(
+            DefaultRecordBatchBuilder.estimate_size_in_bytes(self.key, self.value, self.headers)
+        )
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One outcome on its way: its records and their acknowledgements, in the same order."""
+
+    outcome: Outcome
+    spans: RequestSpans
+    records: list[_Record]
+    acks: list[asyncio.Future[object]]
+    answered: ErrorCode | None = None  # set when its result was replaced by an error result
 
 
 class EmitterActor(Actor[Outcome]):
@@ -41,8 +83,11 @@ class EmitterActor(Actor[Outcome]):
         self.config = config
         self.ingest: Actor[Any] | None = None  # takes `Delivered`  # wired by the worker (a cycle)
         self.codec = Codec(GenerateResult)
+        self.request_codec = Codec(GenerateRequest)
         self.results_sent = 0
         self.dead_letters_sent = 0
+        self.answered_instead = 0  # results that could not be delivered, answered with an error
+        self.send_retries = 0
         self._window = asyncio.Semaphore(config.emit_max_in_flight)
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
@@ -52,19 +97,12 @@ class EmitterActor(Actor[Outcome]):
     async def run(self) -> None:
         self._window = asyncio.Semaphore(self.config.emit_max_in_flight)
         backlog = list(self._unconfirmed.values())
-        self._unconfirmed.clear()
         if backlog:
             log.warning("emitter_resending", outcomes=len(backlog))
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.config.bootstrap_servers,
-            client_id=f"tokenmill-{self.config.worker_id}",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=self.config.linger_ms,
-            # Room for a dead letter of max_request_bytes plus its headers.
-            max_request_size=self.config.max_request_bytes + (256 << 10),
-        )
-        await producer.start()
+        producer = await self._start_producer()
+        if producer is None:
+            return  # stopped before the broker came back: the backlog's offsets stay open
+        self._unconfirmed.clear()
         try:
             async with asyncio.TaskGroup() as confirms:
                 while True:
@@ -76,102 +114,198 @@ class EmitterActor(Actor[Outcome]):
                         break
                     for outcome in group:  # before any await: a crash resends all of them
                         self._unconfirmed[id(outcome)] = outcome
-                    sends = []
+                    pending = []
                     for outcome in group:
                         await self._window.acquire()
                         spans = start_request_spans(outcome, group=self.config.group)
-                        sends.append((await self._produce(producer, outcome, spans), spans))
-                    confirms.create_task(self._confirm(group, sends))
+                        pending.append(await self._produce(producer, outcome, spans))
+                    confirms.create_task(self._confirm(producer, pending))
         finally:
             await producer.stop()
-            log.info("emitter_stopped", results=self.results_sent, dlq=self.dead_letters_sent)
+            log.info(
+                "emitter_stopped",
+                results=self.results_sent,
+                dlq=self.dead_letters_sent,
+                answered_instead=self.answered_instead,
+            )
 
-    async def _produce(
-        self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
-    ) -> list[asyncio.Future[object]]:
-        """Queue the outcome's records in the producer; returns their ack futures."""
+    async def _start_producer(self) -> AIOKafkaProducer | None:
+        """A started producer once the broker answers; None if the actor is stopped first."""
+        attempt = 0
+        while True:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.config.bootstrap_servers,
+                client_id=f"tokenmill-{self.config.worker_id}",
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=self.config.linger_ms,
+                max_request_size=self.config.producer_max_bytes,
+            )
+            try:
+                await producer.start()
+                return producer
+            except KafkaError as exc:
+                await producer.stop()
+                delay = backoff_s(attempt)
+                attempt += 1
+                log.warning("emitter_waiting_for_broker", error=repr(exc), retry_in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+                return None
+
+    # -- one outcome: its records, their acknowledgements, what replaces a refused one ----
+
+    def _plan(self, p: _Pending) -> None:
+        """`p.records`: the result, within the producer's limit (else answered instead with
+        `result_too_large`), then the dead letter, if any."""
+        outcome = p.outcome
+        key = outcome.result.id.encode() or outcome.record.key
+        if key is not None and len(key) > MAX_KEY_BYTES:
+            key = None
         headers = [
-            *spans.headers,
+            *p.spans.headers,
             (h.CONTENT_TYPE, outcome.content_type.encode()),
             (h.SCHEMA, _RESULT_SCHEMA),
         ]
-        key = outcome.result.id.encode() or outcome.record.key
-        try:
-            result_sent = await producer.send(
-                outcome.reply_topic,
-                value=self.codec.encode(outcome.result, outcome.content_type),
-                key=key,
-                headers=headers,
+        value = self.codec.encode(outcome.result, outcome.content_type)
+        result = _Record(outcome.reply_topic, value, key, headers, is_result=True)
+        if result.size > self.config.producer_max_bytes and p.answered is None:
+            message = (
+                f"the result is {result.size} bytes; this worker sends at most "
+                f"{self.config.producer_max_bytes}"
             )
-        except KafkaError as exc:
-            if outcome.reply_topic == self.config.results_topic:
-                raise  # the worker's own topic is broken: crash, the offset stays uncommitted
-            # The request's own reply_to cannot take it (unknown topic, too large, ...): the
-            # result goes to the default topic, saying why, rather than crash on every restart.
-            log.warning("reply_to_refused", topic=outcome.reply_topic, error=repr(exc))
-            if outcome.result.error is None:
-                outcome.result.error = ErrorInfo(
-                    code=ErrorCode.INVALID_REPLY_TO,
-                    message=f"cannot produce to reply_to {outcome.reply_topic!r}: {exc!r}",
-                )
-            result_sent = await producer.send(
-                self.config.results_topic,
-                value=self.codec.encode(outcome.result, outcome.content_type),
-                key=key,
-                headers=headers,
-            )
-        futures = [result_sent]
+            self._answer_instead(p, ErrorCode.RESULT_TOO_LARGE, message)
+            return self._plan(p)
+        p.records = [result]
         letter = outcome.dead_letter
         if letter is not None:
-            try:
-                dead = await producer.send(
-                    self.config.dlq_topic,
-                    value=letter.value,
-                    key=letter.key,
-                    headers=letter.headers,
-                )
-            except KafkaError as exc:  # e.g. huge original headers: keep only ours
-                log.warning("dead_letter_trimmed", error=repr(exc))
-                ours = [(k, v) for k, v in letter.headers if k.startswith("tokenmill-")]
-                dead = await producer.send(
-                    self.config.dlq_topic, value=letter.value, key=letter.key, headers=ours
-                )
-            futures.append(dead)
-        return futures
+            dead = _Record(
+                self.config.dlq_topic, letter.value or b"", letter.key, letter.headers, False
+            )
+            p.records.append(dead)
 
-    async def _confirm(
-        self,
-        group: list[Outcome],
-        sends: list[tuple[list[asyncio.Future[object]], RequestSpans]],
-    ) -> None:
+    def _answer_instead(self, p: _Pending, code: ErrorCode, message: str) -> None:
+        """Replace `p`'s result, which cannot be delivered, by an error result and a dead letter."""
+        outcome = p.outcome
+        log.warning(
+            "result_answered_instead",
+            request_id=outcome.result.id[:128],
+            topic=outcome.reply_topic,
+            code=code.value,
+            error=message[:512],
+        )
+        self.answered_instead += 1
+        value = None
+        if outcome.request is not None:
+            value = self.request_codec.encode(outcome.request, outcome.content_type)
+        p.outcome = undeliverable(
+            outcome, code, message, results_topic=self.config.results_topic, value=value
+        )
+        p.answered = code
+
+    async def _produce(
+        self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
+    ) -> _Pending:
+        """Queue the outcome's records in the producer."""
+        p = _Pending(outcome, spans, [], [])
+        self._plan(p)
+        p.acks = [await self._send(producer, record) for record in p.records]
+        return p
+
+    async def _send(self, producer: AIOKafkaProducer, record: _Record) -> asyncio.Future[object]:
+        """The acknowledgement of `record`; a failure to queue it comes back as a failed one."""
         try:
-            for outcome, (futures, spans) in zip(group, sends, strict=True):
+            ack: asyncio.Future[object] = await producer.send(
+                record.topic, value=record.value, key=record.key, headers=list(record.headers)
+            )
+            return ack
+        except KafkaError as exc:
+            failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+    async def _confirm(self, producer: AIOKafkaProducer, pending: list[_Pending]) -> None:
+        try:
+            for p in pending:
                 try:
-                    for future in futures:
-                        await future  # raises when the broker refused it after retries
+                    await self._settle(producer, p)
                 except BaseException as exc:
-                    spans.end(exc)
+                    p.spans.end(exc)
                     raise
-                spans.end()
-                log_outcome(
-                    outcome,
-                    spans.headers,
-                    sample_rate=self.config.log_sample_rate,
-                    payloads=self.config.log_payloads,
-                )
-                self.results_sent += 1
-                if self.metrics is not None:
-                    self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
-                self.dead_letters_sent += len(futures) - 1
+                self._delivered(p)
                 if self.ingest is not None:
                     await self.ingest.send(
                         Delivered(
-                            record=outcome.record,
-                            admitted=outcome.admitted,
-                            cost_tokens=outcome.cost_tokens,
+                            record=p.outcome.record,
+                            admitted=p.outcome.admitted,
+                            cost_tokens=p.outcome.cost_tokens,
                         )
                     )
-                self._unconfirmed.pop(id(outcome), None)
+                self._unconfirmed.pop(id(p.outcome), None)
         finally:
-            for _ in group:
+            for _ in pending:
                 self._window.release()
+
+    async def _settle(self, producer: AIOKafkaProducer, p: _Pending) -> None:
+        """Return once every record of `p` is acknowledged, or answered instead."""
+        i, attempt = 0, 0
+        while i < len(p.records):
+            record = p.records[i]
+            try:
+                await p.acks[i]
+                i += 1
+                continue
+            except KafkaError as exc:
+                failure = exc
+            judged = verdict(failure)
+            if judged is Verdict.BROKEN:
+                raise failure
+            if judged is Verdict.REFUSED and record.is_result and p.answered is None:
+                self._answer_instead(p, refusal_code(failure), f"{record.topic}: {failure!r}")
+                self._plan(p)
+                p.acks = [await self._send(producer, r) for r in p.records]
+                i = 0
+                continue
+            if judged is Verdict.REFUSED and not record.is_result:
+                trimmed = _trimmed_dead_letter(record, failure)
+                if trimmed is None:
+                    i += 1  # the original stays on its topic; the result says where
+                else:
+                    p.records[i] = trimmed
+                    p.acks[i] = await self._send(producer, trimmed)
+                continue
+            if judged is Verdict.REFUSED:
+                # Even the small error result is refused: the results topic is misconfigured
+                # (or not writable); wait for an operator rather than lose the answer.
+                log.error("results_topic_refused", topic=record.topic, error=repr(failure))
+            delay = backoff_s(attempt)
+            attempt += 1
+            self.send_retries += 1
+            log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
+            await asyncio.sleep(delay)
+            p.acks[i] = await self._send(producer, record)
+
+    def _delivered(self, p: _Pending) -> None:
+        outcome = p.outcome
+        p.spans.end(UndeliveredResult(p.answered) if p.answered is not None else None)
+        log_outcome(
+            outcome,
+            p.spans.headers,
+            sample_rate=self.config.log_sample_rate,
+            payloads=self.config.log_payloads,
+        )
+        self.results_sent += 1
+        if self.metrics is not None:
+            self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
+        self.dead_letters_sent += len(p.records) - 1
+
+
+def _trimmed_dead_letter(record: _Record, exc: KafkaError) -> _Record | None:
+    """A dead letter the DLQ refused, without its value and the original headers (None when
+    that was tried already)."""
+    ours = [(k, v) for k, v in record.headers if k.startswith("tokenmill-")]
+    if not record.value and list(record.headers) == ours:
+        log.error("dead_letter_refused", topic=record.topic, error=repr(exc))
+        return None
+    log.warning("dead_letter_trimmed", topic=record.topic, error=repr(exc))
+    return _Record(record.topic, b"", record.key, ours, is_result=False)

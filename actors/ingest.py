@@ -26,6 +26,7 @@ from actors.config import WorkerConfig
 from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
 from actors.model_front import ModelFront
 from actors.offsets import OffsetTracker
+from actors.reply_topics import KnownTopics, ReplyPolicy
 from actors.request_log import request_context
 from actors.results import rejected_at_door
 from actors.runtime import Actor
@@ -33,6 +34,7 @@ from messages import headers as h
 from messages.codec import JSON, normalize_content_type
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.limits import MAX_ID_BYTES
 from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
 from messages.validation import check_request, is_topic_name
@@ -66,6 +68,17 @@ class IngestActor(Actor[Delivered | UseModel]):
             )
         )
         self.consumer: AIOKafkaConsumer | None = None
+        self.reply_policy = ReplyPolicy.of(
+            results_topic=config.results_topic,
+            own_topics=(
+                config.requests_topic,
+                config.dlq_topic,
+                config.control_topic,
+                config.events_topic,
+            ),
+            allowed=config.allowed_reply_to,
+        )
+        self.known_topics = KnownTopics(self._list_topics)
         self.records_read = 0
         self.metrics: Any = None  # a WorkerMetrics, when the worker has one
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
@@ -112,6 +125,11 @@ class IngestActor(Actor[Delivered | UseModel]):
             await consumer.stop()
             log.info("ingest_stopped", records=self.records_read)
 
+    async def _list_topics(self) -> set[str]:
+        if self.consumer is None:
+            raise KafkaError("the consumer is not started")
+        return set(await self.consumer.topics())
+
     async def _wait_quiet(self) -> None:
         while self.tracker.in_flight() > 0:
             self._quiet.clear()
@@ -155,13 +173,14 @@ class IngestActor(Actor[Delivered | UseModel]):
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
             try:
                 request = decode_request(
-                    record.value, raw_ctype, max_bytes=self.config.max_request_bytes
+                    record.value, raw_ctype, max_bytes=self.config.max_request_bytes, key=ref.key
                 )
             except UndecodableRequest as exc:
                 await self._reject(ref, exc, record.value, headers)
                 continue
             try:
                 deadline = _check(request, record.timestamp)
+                await self._check_reply_to(request.reply_to)
             except InvalidRequest as exc:
                 await self._reject(ref, exc, None, headers, request=request)
                 continue
@@ -207,7 +226,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         else:
             request_id = request.id if request else ""
             reply_to = request.reply_to if request else None
-        if not (reply_to and is_topic_name(reply_to)):
+        if not (reply_to and await self._reply_topic_usable(reply_to)):
             reply_to = self.config.results_topic
         try:
             ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
@@ -227,8 +246,27 @@ class IngestActor(Actor[Delivered | UseModel]):
             headers=headers,
             metadata=request.metadata if request else None,
             max_dead_letter_bytes=self.config.max_request_bytes,
+            request=request,
         )
         await self.emitter.send(outcome)
+
+    async def _check_reply_to(self, reply_to: str | None) -> None:
+        """Raise `InvalidRequest` when results may not go to `reply_to` (see `reply_topics`)."""
+        if reply_to is None:
+            return
+        refusal = self.reply_policy.refusal(reply_to)
+        if refusal is not None:
+            raise InvalidRequest(ErrorCode.REPLY_TO_NOT_ALLOWED, refusal)
+        if await self.known_topics.exists(reply_to) is False:
+            raise InvalidRequest(
+                ErrorCode.REPLY_TO_REFUSED, f"reply_to {reply_to!r}: no such topic on the broker"
+            )
+
+    async def _reply_topic_usable(self, reply_to: str) -> bool:
+        """Whether an error result may go to the request's own reply_to."""
+        if not is_topic_name(reply_to) or self.reply_policy.refusal(reply_to) is not None:
+            return False
+        return await self.known_topics.exists(reply_to) is not False
 
     # -- batching ------------------------------------------------------------------------
 
@@ -402,7 +440,8 @@ def _deadline(request: GenerateRequest, record_timestamp_ms: int) -> float | Non
 
 
 def _key_text(key: bytes | None) -> str:
-    if not key:
+    """The record key as the result's id, when the request has none it could use."""
+    if not key or len(key) > MAX_ID_BYTES:
         return ""
     try:
         return key.decode("utf-8")

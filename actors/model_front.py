@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from messages.limits import result_size_bound
 from messages.request import GenerateRequest
 from messages.result import ModelRef
 
@@ -37,6 +38,7 @@ class ModelFront:
     max_model_len: int
     max_prompt_tokens: int
     max_new_tokens: int
+    max_token_bytes: int = 64  # the most bytes one token decodes to (bounds a result's size)
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
@@ -55,6 +57,14 @@ class ModelFront:
                 engine.max_model_len - 1,
             ),
             max_new_tokens=engine.config.max_new_tokens,
+            max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
+        )
+
+    @property
+    def result_size_bound(self) -> int:
+        """The largest result a request on this model can produce (see `messages.limits`)."""
+        return result_size_bound(
+            max_new_tokens=self.max_new_tokens, max_token_bytes=self.max_token_bytes
         )
 
     @property
@@ -125,3 +135,18 @@ class ModelFront:
                 f"prompt ({num_prompt_tokens}) + max_new_tokens ({request.max_new_tokens}) "
                 f"exceeds max_model_len {self.max_model_len}; at most {room} new tokens fit",
             )
+
+
+def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None:
+    """Why a worker sending at most `max_message_bytes` a record may not serve `front` (its
+    results could be larger), or None when every result it can make fits."""
+    bound = front.result_size_bound
+    if bound <= max_message_bytes:
+        return None
+    return (
+        f"model {front.name!r} can produce results of up to {bound} bytes "
+        f"(max_new_tokens {front.max_new_tokens} × up to {front.max_token_bytes} bytes a token, "
+        f"plus the echoed id and metadata), over max_message_bytes {max_message_bytes}: "
+        "raise --max-message-bytes (and the reply topics' max.message.bytes) or lower "
+        "--max-new-tokens-limit"
+    )

@@ -29,6 +29,7 @@ import structlog
 
 from actors.lifecycle_spans import publish_event
 from actors.mail import SwapOrder, UseModel
+from actors.model_front import ModelFront, result_size_refusal
 from gpu.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
 from gpu.model_holder import free_device_memory
 from gpu.smoke_test import smoke_test
@@ -52,6 +53,7 @@ class SwapError(Exception):
 class SwapSettings:
     budget_bytes: int | None = None  # None: the device's free memory decides
     keep_previous: bool = True  # keep the old model in standby (if it fits) for rollback
+    max_result_bytes: int | None = None  # a model whose results could be larger is refused
 
 
 @dataclass
@@ -254,6 +256,11 @@ class Swapper:
             start = time.perf_counter()
             engine = self.build(target)
             load_ms = (time.perf_counter() - start) * 1e3
+            limit = self.settings.max_result_bytes
+            if limit is not None:
+                failure = result_size_refusal(ModelFront.of_engine(engine), limit)
+                if failure is not None:
+                    raise SwapError(failure)
             report = smoke_test(engine)
             return _Loaded(engine, load_ms, report.ms)
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, DeadLetter, Headers, Outcome, RecordRef
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
+from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, cut
+from messages.request import GenerateRequest
 from messages.result import (
     ErrorInfo,
     FinishReason,
@@ -43,6 +47,7 @@ def rejected_at_door(
     headers: Headers,
     metadata: dict[str, str] | None = None,
     max_dead_letter_bytes: int = 1 << 20,
+    request: GenerateRequest | None = None,
 ) -> Outcome:
     """The outcome of a record refused before it was queued; undecodable ones are dead-lettered.
 
@@ -53,25 +58,13 @@ def rejected_at_door(
         id=request_id,
         finish_reason=FinishReason.ERROR,
         worker=worker,
-        error=ErrorInfo(code=code, message=message),
+        error=ErrorInfo(code=code, message=cut(message, MAX_ERROR_MESSAGE_CHARS)),
         source=record.source(),
         metadata=metadata or {},
     )
     dead_letter = None
     if code in DEAD_LETTER_CODES:
-        kept = value if value is not None else b""  # Kafka refuses a null key and value
-        if value is not None and len(value) > max_dead_letter_bytes:
-            # The original stays on the source topic (see the source headers) until retention.
-            kept = value[:max_dead_letter_bytes]
-            headers = [*headers, (h.DLQ_TRUNCATED_FROM, str(len(value)).encode())]
-        why = [
-            (h.DLQ_ERROR_CODE, code.value.encode()),
-            (h.DLQ_ERROR_MESSAGE, message.encode()[:1024]),
-            (h.DLQ_SOURCE_TOPIC, record.topic.encode()),
-            (h.DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-            (h.DLQ_SOURCE_OFFSET, str(record.offset).encode()),
-        ]
-        dead_letter = DeadLetter(key=record.key, value=kept, headers=[*headers, *why])
+        dead_letter = _dead_letter(record, code, message, value, headers, max_dead_letter_bytes)
     return Outcome(
         record=record,
         result=result,
@@ -79,7 +72,66 @@ def rejected_at_door(
         content_type=content_type,
         trace=h.trace_headers(headers),
         dead_letter=dead_letter,
+        request=request,
     )
+
+
+def undeliverable(
+    outcome: Outcome, code: ErrorCode, message: str, *, results_topic: str, value: bytes | None
+) -> Outcome:
+    """What is sent instead of a result that could not be delivered (too large for its topic,
+    refused by the broker): an error result on the results topic, and a dead letter.
+
+    `value`: the request as the dead letter keeps it (the original record stays on its topic).
+    The error result keeps only the id, usage, model and source: it always fits.
+    """
+    old = outcome.result
+    message = cut(message, MAX_ERROR_MESSAGE_CHARS)
+    result = GenerateResult(
+        id=old.id,
+        finish_reason=FinishReason.ERROR,
+        usage=old.usage,
+        model=old.model,
+        timings=old.timings,
+        worker=old.worker,
+        error=ErrorInfo(code=code, message=message),
+        source=old.source,
+    )
+    letter = outcome.dead_letter or _dead_letter(outcome.record, code, message, value, [], None)
+    return replace(outcome, result=result, reply_topic=results_topic, dead_letter=letter)
+
+
+def _dead_letter(
+    record: RecordRef,
+    code: ErrorCode,
+    message: str,
+    value: bytes | None,
+    headers: Headers,
+    max_bytes: int | None,
+) -> DeadLetter:
+    """The record for the DLQ, bounded: at most `max_bytes` of the value, the original headers
+    only if they are small, the key only if it is within the limit (headers say what was cut)."""
+    kept = value if value is not None else b""  # Kafka refuses a null key and value
+    extra: Headers = []
+    if max_bytes is not None and len(kept) > max_bytes:
+        # The original stays on the source topic (see the source headers) until retention.
+        kept = kept[:max_bytes]
+        extra.append((h.DLQ_TRUNCATED_FROM, str(len(value or b"")).encode()))
+    if sum(len(k) + len(v) for k, v in headers) > DEAD_LETTER_HEADER_BYTES:
+        extra.append((h.DLQ_HEADERS_DROPPED, str(len(headers)).encode()))
+        headers = []
+    key = record.key
+    if key is not None and len(key) > MAX_KEY_BYTES:
+        extra.append((h.DLQ_KEY_DROPPED, str(len(key)).encode()))
+        key = None
+    why = [
+        (h.DLQ_ERROR_CODE, code.value.encode()),
+        (h.DLQ_ERROR_MESSAGE, message.encode()[:1024]),
+        (h.DLQ_SOURCE_TOPIC, record.topic.encode()),
+        (h.DLQ_SOURCE_PARTITION, str(record.partition).encode()),
+        (h.DLQ_SOURCE_OFFSET, str(record.offset).encode()),
+    ]
+    return DeadLetter(key=key, value=kept, headers=[*headers, *extra, *why])
 
 
 def engine_outcome(

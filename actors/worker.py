@@ -26,7 +26,7 @@ from actors.faults import Faults
 from actors.gpu_actor import EngineLike, GpuActor
 from actors.gpu_utilization import GpuUtilizationSampler
 from actors.ingest import IngestActor
-from actors.model_front import ModelFront
+from actors.model_front import ModelFront, result_size_refusal
 from actors.model_paths import AliasResolver
 from actors.model_swap import EngineBuilder, Swapper, SwapSettings, engine_builder_like
 from actors.supervisor import Supervisor
@@ -52,6 +52,9 @@ class Worker:
         """`engine_thread`: the thread the engine was built on, to step it on (see
         `actors.engine_thread`). `build(path)`: how a swap builds an engine for another
         checkpoint (default: like `engine`). `metrics`: a `WorkerMetrics` to fill, if any."""
+        refusal = result_size_refusal(front, config.producer_max_bytes)
+        if refusal is not None:
+            raise ValueError(refusal)  # it could make a result it cannot send
         self.config = config
         self.front = front
         self.metrics = metrics
@@ -72,7 +75,11 @@ class Worker:
         self.gpu.ingest = self.ingest
         self.gpu.swapper = Swapper(
             build or engine_builder_like(engine),
-            SwapSettings(config.swap_memory_budget_bytes, config.keep_previous_model),
+            SwapSettings(
+                config.swap_memory_budget_bytes,
+                config.keep_previous_model,
+                max_result_bytes=config.producer_max_bytes,
+            ),
             on_swap=metrics.swap if metrics else None,
         )
         self.emitter.metrics = self.ingest.metrics = metrics

@@ -6,6 +6,7 @@ metadata by `gpu.gguf_tokenizer`. Requests are always tokenized by the model tha
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return int(self.inner.get_vocab_size(with_added_tokens=True))
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token decodes to on its own (bounds a text's size)."""
+        ids = [[i] for i in range(self.vocab_size)]
+        texts = self.inner.decode_batch(ids, skip_special_tokens=False)
+        return max((len(t.encode()) for t in texts), default=1)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.inner.encode(text, add_special_tokens=add_special_tokens).ids)

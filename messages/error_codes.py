@@ -33,9 +33,17 @@ class ErrorCode(enum.StrEnum):
     ENGINE_ERROR = "engine_error"
     SHUTTING_DOWN = "shutting_down"  # the worker drained before the request could finish
     INVALID_REQUEST = "invalid_request"  # a rejection without a more specific code
+    # Size limits of `messages/limits.py`, and where a result may go.
+    ID_TOO_LONG = "id_too_long"  # `id` over MAX_ID_BYTES (the result's id is then "")
+    KEY_TOO_LARGE = "key_too_large"  # the record's Kafka key over MAX_KEY_BYTES
+    REPLY_TO_NOT_ALLOWED = "reply_to_not_allowed"  # internal, the worker's own, or not allowed
+    REPLY_TO_REFUSED = "reply_to_refused"  # the broker refused it (no such topic, no access)
+    RESULT_TOO_LARGE = "result_too_large"  # larger than the reply topic or producer accepts
+    QUARANTINED = "quarantined"  # the record was in flight when workers crashed, too often
 
 
 # Codes whose record cannot be read as a request: the raw bytes go to the dead-letter topic.
+# (A result that cannot be delivered, or a quarantined record, is dead-lettered too.)
 DEAD_LETTER_CODES = frozenset(
     {
         ErrorCode.INVALID_ENCODING,
@@ -44,5 +52,7 @@ DEAD_LETTER_CODES = frozenset(
         ErrorCode.UNSUPPORTED_CONTENT_TYPE,
         ErrorCode.SCHEMA_VIOLATION,
         ErrorCode.MISSING_ID,
+        ErrorCode.ID_TOO_LONG,
+        ErrorCode.KEY_TOO_LARGE,
     }
 )

@@ -19,6 +19,9 @@ DLQ_SOURCE_TOPIC = "tokenmill-source-topic"
 DLQ_SOURCE_PARTITION = "tokenmill-source-partition"
 DLQ_SOURCE_OFFSET = "tokenmill-source-offset"
 DLQ_TRUNCATED_FROM = "tokenmill-truncated-from"  # original value size, when cut short
+DLQ_HEADERS_DROPPED = "tokenmill-headers-dropped"  # how many original headers (too large)
+DLQ_KEY_DROPPED = "tokenmill-key-dropped"  # original key size (over the key limit)
+DLQ_CRASHES = "tokenmill-crashes"  # on a quarantined record: workers that died with it
 
 Headers = Sequence[tuple[str, bytes]]
 

@@ -13,6 +13,7 @@ import msgspec
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.error_codes import ErrorCode
 from messages.errors import UndecodableRequest, UnsupportedContentType
+from messages.limits import MAX_ID_BYTES, MAX_KEY_BYTES
 from messages.request import GenerateRequest
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB
@@ -35,8 +36,15 @@ def decode_request(
     content_type: str | bytes | None = None,
     *,
     max_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    key: bytes | None = None,
 ) -> GenerateRequest:
-    """Decode one record value. Raises `UndecodableRequest` (with a code) on any failure."""
+    """Decode one record value (and check its `key`). Raises `UndecodableRequest` (with a code)
+    on any failure; the limits are those of `messages.limits`."""
+    if key is not None and len(key) > MAX_KEY_BYTES:
+        raise UndecodableRequest(
+            ErrorCode.KEY_TOO_LARGE,
+            f"the record key is {len(key)} bytes; the limit is {MAX_KEY_BYTES}",
+        )
     if data is None:
         raise UndecodableRequest(ErrorCode.INVALID_JSON, "the record has no value (a tombstone)")
     if len(data) > max_bytes:
@@ -70,6 +78,13 @@ def decode_request(
             "the request has no `id` (or an empty one); results are keyed by it",
             reply_to=request.reply_to,
         )
+    if len(request.id.encode()) > MAX_ID_BYTES:
+        raise UndecodableRequest(
+            ErrorCode.ID_TOO_LONG,
+            f"the request's `id` is {len(request.id.encode())} bytes of UTF-8; the limit is "
+            f"{MAX_ID_BYTES} (results are keyed by it)",
+            reply_to=request.reply_to,
+        )
     return request
 
 
@@ -86,6 +101,8 @@ def _raise_shape_error(data: bytes, ctype: str, problem: str) -> None:
             ErrorCode.INVALID_JSON, f"a request must be an object, got {kind}"
         ) from None
     request_id = loose.get("id")
+    if isinstance(request_id, str) and len(request_id.encode()) > MAX_ID_BYTES:
+        request_id = ""  # not echoed: it would make the error result unbounded
     reply_to = loose.get("reply_to")
     raise UndecodableRequest(
         ErrorCode.SCHEMA_VIOLATION,

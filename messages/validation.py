@@ -11,14 +11,14 @@ import re
 
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from messages.limits import (
+    MAX_METADATA_CHARS,
+    MAX_METADATA_ENTRIES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+)
 from messages.request import GenerateRequest
-
-# Server-side caps on what a request may make the worker carry or scan per token.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-MAX_STOP_TOKEN_IDS = 64
-MAX_METADATA_ENTRIES = 64
-MAX_METADATA_CHARS = 16384
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 

@@ -29,6 +29,7 @@ def worker_argv(
         "--dtype": choice.dtype,
         "--device": choice.device,
         "--max-model-len": e.max_model_len,
+        "--max-new-tokens-limit": e.max_new_tokens,
         "--max-num-seqs": e.max_num_seqs,
         "--max-batched-tokens": e.max_num_batched_tokens,
         "--num-kv-blocks": e.num_kv_blocks,

@@ -60,16 +60,19 @@ def worker(**kwargs: Any) -> None:
     engine = build_on(
         thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
     )
-    service = Worker(
-        config,
-        engine,
-        ModelFront.of_engine(engine),
-        thread,
-        build=_echo_builder(choice) if kind == "echo" else None,
-        aliases=_registry_alias,
-        faults=faults,
-        metrics=WorkerMetrics(),
-    )
+    try:
+        service = Worker(
+            config,
+            engine,
+            ModelFront.of_engine(engine),
+            thread,
+            build=_echo_builder(choice) if kind == "echo" else None,
+            aliases=_registry_alias,
+            faults=faults,
+            metrics=WorkerMetrics(),
+        )
+    except ValueError as exc:  # a configuration that could make a result it cannot send
+        raise click.ClickException(str(exc)) from exc
     del engine  # the worker's model holder owns it now; a swap must be able to free it
     tracing = setup_worker_tracing("tokenmill", instance_id=config.worker_id)
     try:

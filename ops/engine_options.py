@@ -39,6 +39,13 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Context limit (default: model's, capped at 2048).",
         ),
         click.option(
+            "--max-new-tokens-limit",
+            type=int,
+            default=4096,
+            show_default=True,
+            help="The most new tokens a request may ask for (bounds a result's size).",
+        ),
+        click.option(
             "--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."
         ),
         click.option(
@@ -67,6 +74,7 @@ def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
     try:
         config = EngineConfig(
             max_model_len=kwargs.pop("max_model_len"),
+            max_new_tokens=kwargs.pop("max_new_tokens_limit"),
             max_num_seqs=kwargs.pop("max_num_seqs"),
             max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
             num_kv_blocks=kwargs.pop("num_kv_blocks"),

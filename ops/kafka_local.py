@@ -67,7 +67,8 @@ def render_server_properties(*, port: int, controller_port: int, log_dir: Path) 
         # Oversized messages must reach the worker, which rejects them itself.
         "message.max.bytes": str(MAX_MESSAGE_BYTES),
         "replica.fetch.max.bytes": str(MAX_MESSAGE_BYTES),
-        "auto.create.topics.enable": "true",
+        # Topics are made by `tokenmill topics create` only: a request cannot make one.
+        "auto.create.topics.enable": "false",
         # The default 50 partitions make the first consumer-group join take seconds.
         "offsets.topic.num.partitions": "4",
     }

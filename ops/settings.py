@@ -84,6 +84,19 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt("--dlq-topic", default=DEFAULT_DLQ_TOPIC),
         _opt("--worker-id", default=None, help="Default: host-pid."),
         _opt("--max-request-bytes", type=int, default=1 << 20),
+        _opt(
+            "--max-message-bytes",
+            type=int,
+            default=None,
+            help="Largest record the worker produces (default: 4 MiB, more if dead letters "
+            "need it); the largest possible result must fit, checked at start.",
+        ),
+        _opt(
+            "--allowed-reply-to",
+            default="*.results",
+            help="Comma-separated patterns (fnmatch) a request's reply_to may match, beside "
+            "the results topic; internal (__*) and the worker's own topics never.",
+        ),
         _opt("--max-batch-tokens", type=int, default=8192, help="Bucket flush: tokens."),
         _opt("--max-batch-size", type=int, default=64, help="Bucket flush: requests."),
         _opt("--max-wait-ms", type=float, default=10.0, help="Bucket flush: oldest wait."),
@@ -154,6 +167,10 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             dlq_topic=kwargs.pop("dlq_topic"),
             worker_id=kwargs.pop("worker_id") or default_worker_id(),
             max_request_bytes=kwargs.pop("max_request_bytes"),
+            max_message_bytes=kwargs.pop("max_message_bytes"),
+            allowed_reply_to=tuple(
+                p.strip() for p in str(kwargs.pop("allowed_reply_to") or "").split(",") if p.strip()
+            ),
             max_batch_tokens=kwargs.pop("max_batch_tokens"),
             max_batch_size=kwargs.pop("max_batch_size"),
             max_wait_ms=kwargs.pop("max_wait_ms"),

@@ -73,6 +73,12 @@ ERROR_CODES = [
     "engine_error",
     "shutting_down",
     "invalid_request",
+    "id_too_long",
+    "key_too_large",
+    "reply_to_not_allowed",
+    "reply_to_refused",
+    "result_too_large",
+    "quarantined",
 ]
 DEAD_LETTERED = {
     "invalid_encoding",
@@ -81,6 +87,8 @@ DEAD_LETTERED = {
     "unsupported_content_type",
     "schema_violation",
     "missing_id",
+    "id_too_long",
+    "key_too_large",
 }
 FINISH_REASONS = ["stop", "length", "deadline", "cancelled", "error"]
 EVENT_TYPES = {

@@ -10,6 +10,7 @@ import pytest
 from actors.mail import Admitted, Outcome, RecordRef
 from actors.results import engine_outcome, finish_reason, rejected_at_door
 from messages import headers as h
+from messages.limits import MAX_ERROR_MESSAGE_CHARS
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.request import GenerateRequest
@@ -84,10 +85,11 @@ def test_a_tombstone_is_dead_lettered_with_an_empty_value() -> None:
     assert letter is not None and letter.value == b""
 
 
-def test_a_long_message_is_cut_in_the_dlq_header_only() -> None:
+def test_a_long_message_is_cut_to_the_limit_in_the_result_and_the_dlq_header() -> None:
     message = "x" * 5000
     outcome = reject(ErrorCode.SCHEMA_VIOLATION, message)
-    assert outcome.result.error is not None and outcome.result.error.message == message
+    assert outcome.result.error is not None
+    assert outcome.result.error.message == "x" * (MAX_ERROR_MESSAGE_CHARS - 1) + "…"
     assert outcome.dead_letter is not None
     assert h.header(outcome.dead_letter.headers, h.DLQ_ERROR_MESSAGE) == b"x" * 1024
 

@@ -63,6 +63,7 @@ def test_defaults() -> None:
         control_topic="tokenmill.control",
         http_port=9464,
         models_dir=str(default_models_dir()),
+        allowed_reply_to=("*.results",),
     )
     assert config.control_secret is None, "no secret: every command is refused"
     assert config.group == "tokenmill"
