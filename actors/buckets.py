@@ -19,8 +19,8 @@ __all__ = ["BucketConfig", "FlushReason", "Flushed", "LengthBuckets", "default_b
 T = TypeVar("T")
 
 FlushReason = Literal[
-    "tokens", "size", "wait", "idle", "drain", "requeued"
-]  # requeued: after a crash
+    "tokens", "size", "wait", "idle", "drain", "requeued", "isolated"
+]  # requeued: after a crash; isolated: run alone after a worker died with it (crash_guard)
 
 
 @dataclass(frozen=True)

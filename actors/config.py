@@ -76,6 +76,8 @@ class WorkerConfig:
     # makes the worker drain and exit non-zero.
     max_restarts: int = 5
     restart_window_s: float = 60.0
+    # A record in flight when this many workers died in a row is quarantined (crash_guard).
+    max_record_crashes: int = 3
 
     @property
     def producer_max_bytes(self) -> int:
@@ -93,6 +95,7 @@ class WorkerConfig:
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_size": self.max_batch_size,
             "emit_max_in_flight": self.emit_max_in_flight,
+            "max_record_crashes": self.max_record_crashes,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -322,6 +322,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
             if batch_span is not None:
                 item.batch_span = batch_span
             request = item.request
+            self.faults.on_admit(request.id)  # test-only; ends the process when asked to
             if request.id in self.running:
                 self.followers.setdefault(request.id, []).append(item)
                 continue

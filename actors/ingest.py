@@ -22,7 +22,9 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.backpressure import Backpressure, Decision
 from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
+from actors.committer import Committer
 from actors.config import WorkerConfig
+from actors.crash_guard import CrashGuard
 from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
 from actors.model_front import ModelFront
 from actors.offsets import OffsetTracker
@@ -58,6 +60,8 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.gpu = gpu
         self.emitter = emitter
         self.tracker = OffsetTracker()
+        self.guard = CrashGuard(config.max_record_crashes)
+        self.committer = Committer(self.tracker, self.guard)
         self.backpressure = Backpressure(config.watermarks)
         self.buckets: LengthBuckets[Admitted] = LengthBuckets(
             BucketConfig(
@@ -85,6 +89,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._bucket_added = asyncio.Event()
         self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
+        self._delivered = asyncio.Event()  # set by every delivery
         # Bumped by every rebalance: a fetch made under an older assignment is not tracked
         # past the rebalance (its partitions may have been revoked and handed back, with
         # fetching restarted at the last commit).
@@ -120,7 +125,9 @@ class IngestActor(Actor[Delivered | UseModel]):
                 await self._wait_quiet()
                 mail.cancel()
                 committing.cancel()
-            await self._commit(consumer)
+            await self.committer.commit(
+                consumer, consumer.assignment(), self.fetched_to, release=True
+            )
         finally:
             await consumer.stop()
             log.info("ingest_stopped", records=self.records_read)
@@ -146,6 +153,13 @@ class IngestActor(Actor[Delivered | UseModel]):
             # What getmany returns belongs to the assignment current now; a rebalance while
             # it is handled resets the positions to the last commit (eager protocol).
             generation = self._generation
+            if fetched:  # what is now in flight is on record before it runs (crash_guard)
+                await self.committer.commit(
+                    consumer,
+                    consumer.assignment(),
+                    {**self.fetched_to, **{tp: r[-1].offset + 1 for tp, r in fetched.items()}},
+                    first_fetched={tp: r[0].offset for tp, r in fetched.items()},
+                )
             for records in fetched.values():
                 await self._ingest(records, generation)
             if fetched and self.backpressure.requests == len(self.buckets):
@@ -154,6 +168,36 @@ class IngestActor(Actor[Delivered | UseModel]):
                 await self._flush(self.buckets.drain("idle"))
 
     async def _ingest(
+        self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
+    ) -> None:
+        """A partition's fetched records: those in flight when a worker died run alone first."""
+        alone = 0
+        while alone < len(records) and self.guard.isolating(
+            TopicPartition(records[alone].topic, records[alone].partition), records[alone].offset
+        ):
+            await self._ingest_alone(records[alone], generation)
+            alone += 1
+        if alone < len(records):
+            await self._ingest_records(records[alone:], generation)
+
+    async def _ingest_alone(self, record: ConsumerRecord[bytes, bytes], generation: int) -> None:
+        """Run one record with nothing else of its partition, and commit past it once done:
+        if the worker dies now, the death is pinned on this record (see `crash_guard`)."""
+        tp = TopicPartition(record.topic, record.partition)
+        log.info("record_isolated", topic=record.topic, partition=record.partition,
+                 offset=record.offset)  # fmt: skip
+        await self._ingest_records([record], generation)
+        await self._flush(self.buckets.drain("isolated"))
+        while generation == self._generation and not self.stopping.is_set():
+            point = self.tracker.commit_point(tp)
+            if point is None or point > record.offset:
+                break
+            self._delivered.clear()
+            await self._delivered.wait()
+        if self.consumer is not None and generation == self._generation:
+            await self.committer.commit(self.consumer, [tp], self.fetched_to)
+
+    async def _ingest_records(
         self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
     ) -> None:
         """Decode and check a partition's fetched records, tokenize the good ones, queue them."""
@@ -170,6 +214,9 @@ class IngestActor(Actor[Delivered | UseModel]):
             self.fetched_to[ref.tp] = ref.offset + 1
             self.records_read += 1
             headers = [(k, v) for k, v in record.headers if v is not None]
+            if (deaths := self.guard.quarantined(ref.tp, ref.offset)) is not None:
+                await self._quarantine(ref, record.value, headers, deaths)
+                continue
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
             try:
                 request = decode_request(
@@ -250,6 +297,27 @@ class IngestActor(Actor[Delivered | UseModel]):
         )
         await self.emitter.send(outcome)
 
+    async def _quarantine(
+        self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
+    ) -> None:
+        """Answer a record that was in flight when `deaths` workers died, without running it."""
+        log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
+                  offset=ref.offset, deaths=deaths)  # fmt: skip
+        try:  # its id and reply_to, if it has them
+            request: GenerateRequest | None = decode_request(
+                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
+            )
+        except UndecodableRequest:
+            request = None
+        error = UndecodableRequest(
+            ErrorCode.QUARANTINED,
+            f"quarantined: {deaths} workers died while this record was the oldest one running "
+            "on its partition; it is not run again (the record is on the DLQ)",
+            request_id=request.id if request is not None else "",
+            reply_to=request.reply_to if request is not None else None,
+        )
+        await self._reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])
+
     async def _check_reply_to(self, reply_to: str | None) -> None:
         """Raise `InvalidRequest` when results may not go to `reply_to` (see `reply_topics`)."""
         if reply_to is None:
@@ -312,6 +380,7 @@ class IngestActor(Actor[Delivered | UseModel]):
                 self.tracker.done(delivered.record.tp, delivered.record.offset)
                 if delivered.admitted:
                     self._account(self.backpressure.release(1, delivered.cost_tokens))
+            self._delivered.set()
             if self.tracker.in_flight() == 0:
                 self._quiet.set()
 
@@ -340,31 +409,20 @@ class IngestActor(Actor[Delivered | UseModel]):
             await asyncio.sleep(self.config.commit_interval_s)
             await self._commit(consumer)
 
-    async def _commit(
-        self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int] | None = None
-    ) -> None:
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         """Commit the contiguous-done offsets of the partitions still assigned."""
-        assigned = consumer.assignment()
-        offsets = offsets if offsets is not None else self.tracker.committable()
-        offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except KafkaError as exc:  # a rebalance in progress: the next commit catches up
-            log.warning("commit_failed", error=repr(exc))
-            return
-        self.tracker.mark_committed(offsets)
+        await self.committer.commit(consumer, consumer.assignment(), self.fetched_to)
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         consumer = self.consumer
         if consumer is None:
             return
         self._generation += 1
-        final = self.tracker.revoke(revoked)
+        await self.committer.commit(consumer, revoked, self.fetched_to, release=True)
+        self.tracker.revoke(revoked)
+        self.committer.forget(revoked)
         for tp in revoked:
             self.fetched_to.pop(tp, None)
-        await self._commit(consumer, final)
         log.info("partitions_revoked", partitions=_names(revoked))
 
     def lag(self) -> dict[int, int]:
@@ -380,15 +438,37 @@ class IngestActor(Actor[Delivered | UseModel]):
                 out[tp.partition] = max(high - self.fetched_to[tp], 0)
         return out
 
-    def on_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
         # Fetching restarts at the last commit: forget whatever a stale earlier
         # assignment left, so offsets are tracked afresh.
         self._generation += 1
         self.joined = True
         self.tracker.revoke(assigned)
+        self.committer.forget(assigned)
+        await self._read_commits(assigned)
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)
         log.info("partitions_assigned", partitions=_names(assigned))
+
+    async def _read_commits(self, assigned: set[TopicPartition]) -> None:
+        """Hand each partition's last commit and its metadata to the crash guard."""
+        consumer = self.consumer
+        if consumer is None or not assigned:
+            return
+        try:
+            # The consumer's `committed()` returns the offset only; its coordinator has the
+            # metadata beside it (the same OffsetFetch request).
+            commits = await consumer._coordinator.fetch_committed_offsets(list(assigned))
+        except KafkaError as exc:  # no guard this time: the records run as usual
+            log.warning("commits_unread", error=repr(exc))
+            return
+        for tp, commit in commits.items():
+            offset = commit.offset if commit.offset >= 0 else None
+            deaths = self.committer.assigned(tp, offset, commit.metadata or "")
+            if deaths:
+                log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
+                            offset=offset, deaths=deaths,
+                            quarantine_at=self.guard.max_crashes)  # fmt: skip
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -399,7 +479,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.ingest.on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.ingest.on_assigned(assigned)
+        await self.ingest.on_assigned(assigned)
 
 
 def _tokenize_all(

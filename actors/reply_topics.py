@@ -74,18 +74,21 @@ class KnownTopics:
         self._timeout_s = timeout_s
         self._clock = clock
         self._topics: set[str] = set()
-        self._read_at: float | None = None
+        self._asked_at: float | None = None
+        self._failed = False  # the last ask failed
 
     async def exists(self, topic: str) -> bool | None:
         """Whether the broker has `topic`; None when the broker could not be asked."""
         if topic in self._topics:
             return True
         now = self._clock()
-        if self._read_at is not None and now - self._read_at < self._min_refresh_s:
-            return False
+        if self._asked_at is not None and now - self._asked_at < self._min_refresh_s:
+            return None if self._failed else False
+        self._asked_at = now
         try:
             topics = await asyncio.wait_for(self._list_topics(), self._timeout_s)
-        except Exception:  # broker away or slow: the emitter handles a refusal if it comes
+        except Exception:  # broker away or slow: the emitter answers a refusal if one comes
+            self._failed = True
             return None
-        self._topics, self._read_at = set(topics), now
+        self._topics, self._failed = set(topics), False
         return topic in self._topics

@@ -54,5 +54,6 @@ DEAD_LETTER_CODES = frozenset(
         ErrorCode.MISSING_ID,
         ErrorCode.ID_TOO_LONG,
         ErrorCode.KEY_TOO_LARGE,
+        ErrorCode.QUARANTINED,  # the raw record, not run again
     }
 )

@@ -144,6 +144,13 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt("--max-restarts", type=int, default=5, help="Crashes of one actor per window."),
         _opt("--restart-window", type=float, default=60.0, help="Seconds; then drain, exit 1."),
         _opt(
+            "--max-record-crashes",
+            type=int,
+            default=3,
+            help="Workers that may die in a row with a record in flight before it is "
+            "quarantined (answered `quarantined`, sent to the DLQ, never run again).",
+        ),
+        _opt(
             "--log-payloads",
             is_flag=True,
             default=False,
@@ -195,6 +202,7 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             keep_previous_model=kwargs.pop("keep_previous_model"),
             max_restarts=kwargs.pop("max_restarts"),
             restart_window_s=kwargs.pop("restart_window"),
+            max_record_crashes=kwargs.pop("max_record_crashes"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -89,6 +89,7 @@ DEAD_LETTERED = {
     "missing_id",
     "id_too_long",
     "key_too_large",
+    "quarantined",
 }
 FINISH_REASONS = ["stop", "length", "deadline", "cancelled", "error"]
 EVENT_TYPES = {

@@ -10,9 +10,9 @@ import pytest
 from actors.mail import Admitted, Outcome, RecordRef
 from actors.results import engine_outcome, finish_reason, rejected_at_door
 from messages import headers as h
-from messages.limits import MAX_ERROR_MESSAGE_CHARS
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
+from messages.limits import MAX_ERROR_MESSAGE_CHARS
 from messages.request import GenerateRequest
 from messages.result import ErrorInfo, FinishReason, ModelRef, SourceRef
 

@@ -1,0 +1,79 @@
+"""The ingest's commits: the offsets the `OffsetTracker` allows, with the `CrashGuard`'s metadata.
+
+    committer.commit(assigned, fetched_to)            progress, and what is now in flight
+    committer.commit(revoked, fetched_to, release=True) giving partitions up cleanly
+
+A commit is written when a partition's offset or its metadata changed (the metadata records
+what was fetched, so it is written before fetched records run: a worker that dies while
+running them leaves that behind). A failed commit is logged and retried by the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+
+import structlog
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from actors.crash_guard import RELEASED, CrashGuard
+from actors.offsets import OffsetTracker
+
+log = structlog.get_logger("tokenmill.ingest")
+
+
+class Committer:
+    def __init__(self, tracker: OffsetTracker, guard: CrashGuard) -> None:
+        self.tracker = tracker
+        self.guard = guard
+        self._written: dict[TopicPartition, tuple[int, str]] = {}  # last commit, per partition
+        self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
+
+    def assigned(self, tp: TopicPartition, committed: int | None, metadata: str) -> int:
+        """`tp` is ours from its last commit; the deaths the guard now pins on it."""
+        if committed is not None:
+            self._written[tp] = (committed, metadata)
+        return self.guard.assigned(tp, committed, metadata)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._written.pop(tp, None)
+            self.guard.revoked(tp)
+
+    async def commit(
+        self,
+        consumer: AIOKafkaConsumer,
+        partitions: Iterable[TopicPartition],
+        fetched_to: Mapping[TopicPartition, int],
+        *,
+        release: bool = False,
+        first_fetched: Mapping[TopicPartition, int] | None = None,
+    ) -> None:
+        """Commit each partition's commit point (or its last commit, or `first_fetched` when
+        there is neither yet) with the guard's metadata, or "released"."""
+        async with self._lock:
+            offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+            for tp in partitions:
+                point = self.tracker.commit_point(tp)
+                written = self._written.get(tp)
+                offset = point if point is not None else written[0] if written else None
+                if offset is None and first_fetched is not None:
+                    offset = first_fetched.get(tp)
+                if offset is None:
+                    continue  # nothing read from it, nothing committed yet
+                fetched = fetched_to.get(tp, offset)
+                meta = RELEASED if release else self.guard.metadata(tp, offset, fetched)
+                if written != (offset, meta):
+                    offsets[tp] = OffsetAndMetadata(offset, meta)
+            if not offsets:
+                return
+            try:
+                await consumer.commit({tp: (o.offset, o.metadata) for tp, o in offsets.items()})
+            except KafkaError as exc:  # a rebalance in progress: the next commit catches up
+                log.warning("commit_failed", error=repr(exc))
+                return
+            for tp, o in offsets.items():
+                self._written[tp] = (o.offset, o.metadata)
+            self.tracker.mark_committed({tp: o.offset for tp, o in offsets.items()})

@@ -1,0 +1,97 @@
+"""The crash guard: deaths pinned on a record across workers, isolation, quarantine."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.crash_guard import RELEASED, CrashGuard, Held, held, parse
+
+TP = ("requests", 0)
+
+
+def test_metadata_round_trips_and_foreign_metadata_means_nothing() -> None:
+    assert parse(held(17, 2, alone=True)) == Held(17, 2, True)
+    assert parse(held(17, 0)) == Held(17, 0, False)
+    for foreign in ("", None, RELEASED, "someone else's", "tokenmill/1 held x 1 0",
+                    "tokenmill/1 held 5 -1 0", "tokenmill/2 held 5 1 0",
+                    "tokenmill/1 held 5 1 2", "tokenmill/1 held 5 1"):  # fmt: skip
+        assert parse(foreign) is None
+
+
+def test_a_clean_release_or_nothing_in_flight_pins_no_death() -> None:
+    guard = CrashGuard(3)
+    assert guard.assigned(TP, 10, RELEASED) == 0
+    assert guard.assigned(TP, 10, held(10, 0)) == 0  # it had read nothing past its commit
+    assert guard.assigned(TP, None, held(10, 0)) == 0  # never committed
+    assert not guard.isolating(TP, 10)
+    assert guard.metadata(TP, 10, 15) == held(15, 0)
+
+
+def test_a_death_with_many_records_in_flight_pins_nothing_but_isolates_them() -> None:
+    guard = CrashGuard(1)
+    assert guard.assigned(TP, 10, held(20, 0)) == 0  # read 10..19, died: which one did it?
+    assert guard.isolating(TP, 10) and guard.isolating(TP, 19) and not guard.isolating(TP, 20)
+    assert guard.quarantined(TP, 10) is None
+
+
+def test_each_worker_that_dies_running_it_alone_adds_a_death_until_quarantine() -> None:
+    metadata = held(20, 0)  # worker 1 read offsets 10..19 and died
+    for death in (0, 1, 2):
+        guard = CrashGuard(3)  # a new worker
+        assert guard.assigned(TP, 10, metadata) == death
+        assert guard.quarantined(TP, 10) is None
+        metadata = guard.metadata(TP, 10, 11)  # what it commits before it runs 10 alone
+        assert parse(metadata) == Held(20, death, alone=True), "the isolation range is kept"
+    guard = CrashGuard(3)
+    assert guard.assigned(TP, 10, metadata) == 3
+    assert guard.quarantined(TP, 10) == 3
+    assert guard.quarantined(TP, 11) is None
+
+
+def test_the_only_record_in_flight_counts_as_run_alone() -> None:
+    assert CrashGuard(1).assigned(TP, 10, held(11, 0)) == 1
+
+
+def test_progress_past_the_record_resets_its_count() -> None:
+    guard = CrashGuard(2)
+    guard.assigned(TP, 10, held(20, 0))
+    assert parse(guard.metadata(TP, 11, 20)) == Held(20, 0, True)  # 10 ran alone and passed
+    # A death while 14 runs alone pins one death on 14, not on 10.
+    next_worker = CrashGuard(2)
+    assert next_worker.assigned(TP, 14, held(20, 0, alone=True)) == 1
+    assert next_worker.quarantined(TP, 14) is None
+
+
+def test_revoking_forgets_the_partition() -> None:
+    guard = CrashGuard(1)
+    guard.assigned(TP, 3, held(5, 0, alone=True))
+    assert guard.quarantined(TP, 3) == 1
+    guard.revoked(TP)
+    assert guard.quarantined(TP, 3) is None and not guard.isolating(TP, 3)
+
+
+@given(killer=st.integers(90, 109), max_crashes=st.integers(1, 4))
+def test_a_record_that_kills_every_worker_is_quarantined_after_max_crashes(
+    killer: int, max_crashes: int
+) -> None:
+    """Whoever runs the record at `killer` dies; the records around it are innocent."""
+    # The first worker reads 90..109 and dies with 90 the oldest unfinished.
+    metadata, committed, workers = held(110, 0), 90, 0
+    while True:
+        workers += 1
+        guard = CrashGuard(max_crashes)
+        guard.assigned(TP, committed, metadata)
+        if guard.quarantined(TP, committed) is not None:
+            assert committed == killer, "only the killer is quarantined"
+            break
+        # Run the isolated records one at a time until one kills the worker.
+        while committed < killer:
+            assert guard.isolating(TP, committed)
+            committed += 1
+            metadata = guard.metadata(TP, committed, 110)
+        metadata = guard.metadata(TP, committed, 110)  # written before 100 runs alone
+        assert workers <= max_crashes + 1
+    # After the first worker's death (many records in flight: pins nothing), max_crashes
+    # workers die running it alone; the next one quarantines it.
+    assert workers == max_crashes + 1
