@@ -18,8 +18,8 @@ committing after each, so a death is pinned on the one record that was running: 
 gets one more death when the worker that vanished was running it alone (or it was the only
 record in flight). A record with `max_crashes` deaths is quarantined: answered with
 `quarantined`, its bytes to the DLQ, never run again. A death with many records in flight
-pins nothing: it only starts isolation. (Kafka Streams' and Spring Kafka's skip-and-dead-letter after bounded retries, for
-failures that take the process with them.)
+pins nothing: it only starts isolation. (Kafka Streams' and Spring Kafka's skip-and-
+dead-letter after bounded retries, for failures that take the process with them.)
 
 Pure logic, no I/O: the ingest reads the committed metadata at assignment and writes what
 `metadata()` returns with each commit.
