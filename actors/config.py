@@ -46,6 +46,9 @@ class WorkerConfig:
     max_wait_ms: float = 10.0
     watermarks: Watermarks = field(default_factory=Watermarks)
     emit_max_in_flight: int = 4096  # results sent but not yet acknowledged
+    # How long the producer tries to deliver a record before its send fails (and the emitter
+    # sends it again, after a backoff): aiokafka's request_timeout_ms.
+    delivery_timeout_ms: int = 40_000
     # The largest record the emitter's producer sends (None: 4 MiB, or more when a dead letter
     # of max_request_bytes needs it). Checked at start against the largest possible result.
     max_message_bytes: int | None = None
@@ -96,6 +99,7 @@ class WorkerConfig:
             "max_batch_size": self.max_batch_size,
             "emit_max_in_flight": self.emit_max_in_flight,
             "max_record_crashes": self.max_record_crashes,
+            "delivery_timeout_ms": self.delivery_timeout_ms,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -36,7 +36,14 @@ from actors.mail import Delivered, Headers, Outcome
 from actors.request_log import log_outcome
 from actors.results import undeliverable
 from actors.runtime import Actor
-from actors.send_errors import UndeliveredResult, Verdict, backoff_s, refusal_code, verdict
+from actors.send_errors import (
+    ProducerBroken,
+    UndeliveredResult,
+    Verdict,
+    backoff_s,
+    refusal_code,
+    verdict,
+)
 from actors.tracing import RequestSpans, start_request_spans
 from messages import headers as h
 from messages.codec import Codec
@@ -95,6 +102,19 @@ class EmitterActor(Actor[Outcome]):
         self.metrics: Any = None  # a WorkerMetrics, when the worker has one
 
     async def run(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self._serve()
+                return
+            except* ProducerBroken as broken:
+                delay = backoff_s(attempt)
+                attempt += 1
+                log.warning("producer_replaced", error=str(broken.exceptions[0]), retry_in_s=delay)
+                await asyncio.sleep(delay)
+
+    async def _serve(self) -> None:
+        """One producer's life; raises `ProducerBroken` when it must be replaced."""
         self._window = asyncio.Semaphore(self.config.emit_max_in_flight)
         backlog = list(self._unconfirmed.values())
         if backlog:
@@ -140,6 +160,7 @@ class EmitterActor(Actor[Outcome]):
                 enable_idempotence=True,
                 linger_ms=self.config.linger_ms,
                 max_request_size=self.config.producer_max_bytes,
+                request_timeout_ms=self.config.delivery_timeout_ms,
             )
             try:
                 await producer.start()
@@ -218,6 +239,8 @@ class EmitterActor(Actor[Outcome]):
             ack: asyncio.Future[object] = await producer.send(
                 record.topic, value=record.value, key=record.key, headers=list(record.headers)
             )
+            # Its failure is read by `_settle`, unless the producer is replaced first.
+            ack.add_done_callback(_retrieve)
             return ack
         except KafkaError as exc:
             failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -259,7 +282,9 @@ class EmitterActor(Actor[Outcome]):
                 failure = exc
             judged = verdict(failure)
             if judged is Verdict.BROKEN:
-                raise failure
+                # Its sequence numbers lost after an outage, say: a new producer sends again
+                # what this one left unconfirmed (duplicates possible, nothing lost).
+                raise ProducerBroken(repr(failure)) from failure
             if judged is Verdict.REFUSED and record.is_result and p.answered is None:
                 self._answer_instead(p, refusal_code(failure), f"{record.topic}: {failure!r}")
                 self._plan(p)
@@ -298,6 +323,11 @@ class EmitterActor(Actor[Outcome]):
         if self.metrics is not None:
             self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
         self.dead_letters_sent += len(p.records) - 1
+
+
+def _retrieve(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _trimmed_dead_letter(record: _Record, exc: KafkaError) -> _Record | None:

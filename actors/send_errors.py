@@ -23,10 +23,14 @@ class UndeliveredResult(Exception):
         self.code = code
 
 
+class ProducerBroken(Exception):
+    """The emitter's producer cannot go on (a `BROKEN` verdict): it is replaced by a new one."""
+
+
 class Verdict(enum.Enum):
     RETRY = "retry"  # the broker is away or busy: send it again after a backoff
     REFUSED = "refused"  # the broker will never take this record: answer it instead
-    BROKEN = "broken"  # the producer itself is unusable: crash, a restart makes a new one
+    BROKEN = "broken"  # the producer itself is unusable: a new one sends it again
 
 
 _TOO_LARGE = (kafka.MessageSizeTooLargeError, kafka.RecordListTooLargeError)

@@ -33,3 +33,31 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     )
     # aiokafka logs through the standard library; keep its chatter at warnings.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RepeatLimit) for f in handler.filters):
+            handler.addFilter(RepeatLimit())
+
+
+class RepeatLimit(logging.Filter):
+    """Lets the same message (logger and template) through at most once per `every_s`.
+
+    While a broker is away, aiokafka 0.14's producer retries its metadata without a backoff
+    and logs two errors each time: ~4,000 lines a second. One line per `every_s` says as much;
+    the next one let through tells how many were held back.
+    """
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (let through at, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        last, held = self._last.get(key, (-self.every_s, 0))
+        if record.created - last < self.every_s:
+            self._last[key] = (last, held + 1)
+            return False
+        self._last[key] = (record.created, 0)
+        if held:
+            record.msg = f"{record.msg} [{held} more like this in the last {self.every_s:.0f} s]"
+        return True

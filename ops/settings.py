@@ -92,6 +92,13 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "need it); the largest possible result must fit, checked at start.",
         ),
         _opt(
+            "--delivery-timeout-ms",
+            type=int,
+            default=40_000,
+            help="How long a result's send may take before it is sent again (the broker is "
+            "waited for as long as it is away).",
+        ),
+        _opt(
             "--allowed-reply-to",
             default="*.results",
             help="Comma-separated patterns (fnmatch) a request's reply_to may match, beside "
@@ -175,6 +182,7 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             worker_id=kwargs.pop("worker_id") or default_worker_id(),
             max_request_bytes=kwargs.pop("max_request_bytes"),
             max_message_bytes=kwargs.pop("max_message_bytes"),
+            delivery_timeout_ms=kwargs.pop("delivery_timeout_ms"),
             allowed_reply_to=tuple(
                 p.strip() for p in str(kwargs.pop("allowed_reply_to") or "").split(",") if p.strip()
             ),

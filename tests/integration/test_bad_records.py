@@ -63,7 +63,9 @@ async def create_topic(bootstrap: str, name: str, **configs: str) -> None:
         await admin.create_topics([NewTopic(name, 1, 1, topic_configs=configs)])
     finally:
         await admin.close()
-    while name not in await topic_names(bootstrap):
+    while True:  # created when every broker knows it
+        if name in await topic_names(bootstrap):
+            return
         await asyncio.sleep(0.1)
 
 
