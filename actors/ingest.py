@@ -465,7 +465,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         for tp, commit in commits.items():
             offset = commit.offset if commit.offset >= 0 else None
             deaths = self.committer.assigned(tp, offset, commit.metadata or "")
-            if deaths:
+            if offset is not None and self.guard.isolating(tp, offset):
                 log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
                             offset=offset, deaths=deaths,
                             quarantine_at=self.guard.max_crashes)  # fmt: skip
