@@ -1,7 +1,8 @@
 """The ingest's commits: the offsets the `OffsetTracker` allows, with the `CrashGuard`'s metadata.
 
-    committer.commit(assigned, fetched_to)            progress, and what is now in flight
-    committer.commit(revoked, fetched_to, release=True) giving partitions up cleanly
+    await committer.take_over(consumer, assigned)            last commits, to the crash guard
+    await committer.commit(consumer, assigned, fetched_to)   progress, and what is in flight
+    await committer.commit(consumer, revoked, fetched_to, release=True)   giving them up
 
 A commit is written when a partition's offset or its metadata changed (the metadata records
 what was fetched, so it is written before fetched records run: a worker that dies while
@@ -30,6 +31,26 @@ class Committer:
         self.guard = guard
         self._written: dict[TopicPartition, tuple[int, str]] = {}  # last commit, per partition
         self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
+
+    async def take_over(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+        """Read the last commit of each newly assigned partition, metadata and all, and hand
+        it to the crash guard."""
+        if not assigned:
+            return
+        try:
+            # The consumer's `committed()` returns the offset only; its coordinator has the
+            # metadata beside it (the same OffsetFetch request).
+            commits = await consumer._coordinator.fetch_committed_offsets(list(assigned))
+        except KafkaError as exc:  # no guard this time: the records run as usual
+            log.warning("commits_unread", error=repr(exc))
+            return
+        for tp, commit in commits.items():
+            offset = commit.offset if commit.offset >= 0 else None
+            deaths = self.assigned(tp, offset, commit.metadata or "")
+            if offset is not None and self.guard.isolating(tp, offset):
+                log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
+                            offset=offset, deaths=deaths,
+                            quarantine_at=self.guard.max_crashes)  # fmt: skip
 
     def assigned(self, tp: TopicPartition, committed: int | None, metadata: str) -> int:
         """`tp` is ours from its last commit; the deaths the guard now pins on it."""

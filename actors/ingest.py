@@ -25,10 +25,11 @@ from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundar
 from actors.committer import Committer
 from actors.config import WorkerConfig
 from actors.crash_guard import CrashGuard
+from actors.door import check, key_text, tokenize_all
 from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
 from actors.model_front import ModelFront
 from actors.offsets import OffsetTracker
-from actors.reply_topics import KnownTopics, ReplyPolicy
+from actors.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
 from actors.request_log import request_context
 from actors.results import rejected_at_door
 from actors.runtime import Actor
@@ -36,10 +37,8 @@ from messages import headers as h
 from messages.codec import JSON, normalize_content_type
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
-from messages.limits import MAX_ID_BYTES
 from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
-from messages.validation import check_request, is_topic_name
 
 log = structlog.get_logger("tokenmill.ingest")
 
@@ -72,7 +71,7 @@ class IngestActor(Actor[Delivered | UseModel]):
             )
         )
         self.consumer: AIOKafkaConsumer | None = None
-        self.reply_policy = ReplyPolicy.of(
+        policy = ReplyPolicy.of(
             results_topic=config.results_topic,
             own_topics=(
                 config.requests_topic,
@@ -82,7 +81,7 @@ class IngestActor(Actor[Delivered | UseModel]):
             ),
             allowed=config.allowed_reply_to,
         )
-        self.known_topics = KnownTopics(self._list_topics)
+        self.reply_topics = ReplyTopics(policy, KnownTopics(self._list_topics))
         self.records_read = 0
         self.metrics: Any = None  # a WorkerMetrics, when the worker has one
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
@@ -226,8 +225,8 @@ class IngestActor(Actor[Delivered | UseModel]):
                 await self._reject(ref, exc, record.value, headers)
                 continue
             try:
-                deadline = _check(request, record.timestamp)
-                await self._check_reply_to(request.reply_to)
+                deadline = check(request, record.timestamp)
+                await self.reply_topics.check(request.reply_to)
             except InvalidRequest as exc:
                 await self._reject(ref, exc, None, headers, request=request)
                 continue
@@ -238,7 +237,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
         loop = asyncio.get_running_loop()
         front = self.front  # a flip meanwhile: the GPU actor tokenizes these again
-        tokens = await loop.run_in_executor(None, _tokenize_all, front, [a[1] for a in accepted])
+        tokens = await loop.run_in_executor(None, tokenize_all, front, [a[1] for a in accepted])
         now = time.monotonic()
         for (ref, request, ctype, headers, deadline), ids in zip(accepted, tokens, strict=True):
             if isinstance(ids, InvalidRequest):
@@ -268,12 +267,12 @@ class IngestActor(Actor[Delivered | UseModel]):
         request: GenerateRequest | None = None,
     ) -> None:
         if isinstance(exc, UndecodableRequest):
-            request_id = exc.request_id or _key_text(ref.key)
+            request_id = exc.request_id or key_text(ref.key)
             reply_to = exc.reply_to
         else:
             request_id = request.id if request else ""
             reply_to = request.reply_to if request else None
-        if not (reply_to and await self._reply_topic_usable(reply_to)):
+        if not (reply_to and await self.reply_topics.usable(reply_to)):
             reply_to = self.config.results_topic
         try:
             ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
@@ -317,24 +316,6 @@ class IngestActor(Actor[Delivered | UseModel]):
             reply_to=request.reply_to if request is not None else None,
         )
         await self._reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])
-
-    async def _check_reply_to(self, reply_to: str | None) -> None:
-        """Raise `InvalidRequest` when results may not go to `reply_to` (see `reply_topics`)."""
-        if reply_to is None:
-            return
-        refusal = self.reply_policy.refusal(reply_to)
-        if refusal is not None:
-            raise InvalidRequest(ErrorCode.REPLY_TO_NOT_ALLOWED, refusal)
-        if await self.known_topics.exists(reply_to) is False:
-            raise InvalidRequest(
-                ErrorCode.REPLY_TO_REFUSED, f"reply_to {reply_to!r}: no such topic on the broker"
-            )
-
-    async def _reply_topic_usable(self, reply_to: str) -> bool:
-        """Whether an error result may go to the request's own reply_to."""
-        if not is_topic_name(reply_to) or self.reply_policy.refusal(reply_to) is not None:
-            return False
-        return await self.known_topics.exists(reply_to) is not False
 
     # -- batching ------------------------------------------------------------------------
 
@@ -445,30 +426,11 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.joined = True
         self.tracker.revoke(assigned)
         self.committer.forget(assigned)
-        await self._read_commits(assigned)
+        if self.consumer is not None:
+            await self.committer.take_over(self.consumer, assigned)
         if self.backpressure.paused and self.consumer is not None:
             self.consumer.pause(*assigned)
         log.info("partitions_assigned", partitions=_names(assigned))
-
-    async def _read_commits(self, assigned: set[TopicPartition]) -> None:
-        """Hand each partition's last commit and its metadata to the crash guard."""
-        consumer = self.consumer
-        if consumer is None or not assigned:
-            return
-        try:
-            # The consumer's `committed()` returns the offset only; its coordinator has the
-            # metadata beside it (the same OffsetFetch request).
-            commits = await consumer._coordinator.fetch_committed_offsets(list(assigned))
-        except KafkaError as exc:  # no guard this time: the records run as usual
-            log.warning("commits_unread", error=repr(exc))
-            return
-        for tp, commit in commits.items():
-            offset = commit.offset if commit.offset >= 0 else None
-            deaths = self.committer.assigned(tp, offset, commit.metadata or "")
-            if offset is not None and self.guard.isolating(tp, offset):
-                log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
-                            offset=offset, deaths=deaths,
-                            quarantine_at=self.guard.max_crashes)  # fmt: skip
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -480,53 +442,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self.ingest.on_assigned(assigned)
-
-
-def _tokenize_all(
-    front: ModelFront, requests: list[GenerateRequest]
-) -> list[list[int] | InvalidRequest]:
-    out: list[list[int] | InvalidRequest] = []
-    for request in requests:
-        try:
-            out.append(front.prompt_tokens(request))
-        except InvalidRequest as exc:
-            out.append(exc)
-        except Exception as exc:  # a template or tokenizer failure is this request's problem
-            out.append(InvalidRequest(ErrorCode.INVALID_PROMPT, f"cannot tokenize: {exc}"))
-    return out
-
-
-def _check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
-    """Apply the model-independent rules; returns the deadline (monotonic) if it has one."""
-    check_request(request)
-    deadline = _deadline(request, record_timestamp_ms)
-    if deadline is not None and deadline <= time.monotonic():
-        raise InvalidRequest(
-            ErrorCode.DEADLINE_EXCEEDED, "the request's deadline passed before it was read"
-        )
-    return deadline
-
-
-def _deadline(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
-    """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`."""
-    walls: list[float] = []
-    if request.deadline is not None:
-        walls.append(request.deadline.timestamp())
-    if request.timeout_ms is not None:
-        walls.append((record_timestamp_ms + request.timeout_ms) / 1000)
-    if not walls:
-        return None
-    return time.monotonic() + (min(walls) - time.time())
-
-
-def _key_text(key: bytes | None) -> str:
-    """The record key as the result's id, when the request has none it could use."""
-    if not key or len(key) > MAX_ID_BYTES:
-        return ""
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
 
 
 def _names(tps: Iterable[TopicPartition]) -> list[str]:

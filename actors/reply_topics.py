@@ -20,6 +20,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+from messages.validation import is_topic_name
+
 DEFAULT_ALLOWED_PATTERNS = ("*.results",)  # beside the results topic itself
 
 
@@ -92,3 +96,29 @@ class KnownTopics:
             return None
         self._topics, self._failed = set(topics), False
         return topic in self._topics
+
+
+@dataclass(frozen=True)
+class ReplyTopics:
+    """The policy and the broker's topics together, as the ingest asks them."""
+
+    policy: ReplyPolicy
+    known: KnownTopics
+
+    async def check(self, reply_to: str | None) -> None:
+        """Raise `InvalidRequest` when results may not, or cannot, go to `reply_to`."""
+        if reply_to is None:
+            return
+        refusal = self.policy.refusal(reply_to)
+        if refusal is not None:
+            raise InvalidRequest(ErrorCode.REPLY_TO_NOT_ALLOWED, refusal)
+        if await self.known.exists(reply_to) is False:
+            raise InvalidRequest(
+                ErrorCode.REPLY_TO_REFUSED, f"reply_to {reply_to!r}: no such topic on the broker"
+            )
+
+    async def usable(self, reply_to: str) -> bool:
+        """Whether an error result may go to a request's own `reply_to`."""
+        if not is_topic_name(reply_to) or self.policy.refusal(reply_to) is not None:
+            return False
+        return await self.known.exists(reply_to) is not False
