@@ -6,20 +6,23 @@ same way, and so on until someone deletes the record. The count of such deaths t
 in Kafka, in the consumer group: every commit of a partition carries, as its offset metadata,
 
     tokenmill/1 held <fetched> <deaths> <alone>
-        while a worker holds the partition: `fetched`, the first offset not yet read, so
-        [committed, fetched) was in flight; `deaths`, the workers that died running the
+        while a worker holds the partition: `fetched`, the first offset not yet read (while
+        isolating: the end of the chunk running), so [committed, fetched) is in flight; `deaths`, the workers that died running the
         committed record alone; `alone` (0/1), whether it is now being run alone
     tokenmill/1 released
         written when a worker gives the partition up cleanly
 
 A worker assigned a partition whose metadata says "held" with records in flight knows that
-the last holder vanished with them. It runs those records one at a time ("isolation"),
-committing after each, so a death is pinned on the one record that was running: a record
-gets one more death when the worker that vanished was running it alone (or it was the only
-record in flight). A record with `max_crashes` deaths is quarantined: answered with
-`quarantined`, its bytes to the DLQ, never run again. A death with many records in flight
-pins nothing: it only starts isolation. (Kafka Streams' and Spring Kafka's skip-and-
-dead-letter after bounded retries, for failures that take the process with them.)
+the last holder vanished with them: they are suspects. It runs them in chunks of half their
+number ("isolation"), each chunk on its own and committed before the next, the metadata
+naming the chunk as what is in flight. A death while a chunk runs makes that chunk the next
+holder's suspects, halved again: after about log2(suspects) deaths one record runs alone.
+A record gets a death when the worker that vanished was running it alone (or it was the
+only record in flight); with `max_crashes` deaths it is quarantined: answered with
+`quarantined`, its bytes to the DLQ, never run again. So a worker killed for reasons of its
+own (a deploy, a lost node) costs the next one little: its records run in two halves.
+(Kafka Streams' and Spring Kafka's skip-and-dead-letter after bounded retries, for failures
+that take the process with them.)
 
 Pure logic, no I/O: the ingest reads the committed metadata at assignment and writes what
 `metadata()` returns with each commit.
@@ -59,9 +62,16 @@ def parse(metadata: str | None) -> Held | None:
 
 @dataclass
 class _Partition:
-    at: int  # the committed offset the deaths are pinned on
+    at: int  # the committed offset the deaths are pinned on, where isolation starts
     deaths: int
-    isolate_until: int  # records below this offset run one at a time
+    isolate_until: int  # the suspects: [at, isolate_until)
+    chunk: int  # records that run together while isolating
+
+    def chunk_end(self, offset: int) -> int:
+        """The end of the chunk that `offset` runs in (chunks are counted from `at`)."""
+        return min(
+            self.at + ((offset - self.at) // self.chunk + 1) * self.chunk, self.isolate_until
+        )
 
 
 class CrashGuard:
@@ -75,14 +85,16 @@ class CrashGuard:
 
     def assigned(self, tp: Hashable, committed: int | None, metadata: str | None) -> int:
         """Take over `tp` from its last commit; the deaths now pinned on `committed`. What was in
-        flight when the last holder vanished runs alone from now on."""
+        flight when the last holder vanished is isolated from now on."""
         state = parse(metadata)
         if committed is None or state is None or state.fetched <= committed:
             self._partitions.pop(tp, None)  # released cleanly, or nothing was in flight
             return 0
-        ran_alone = state.alone or state.fetched == committed + 1
+        suspects = state.fetched - committed
+        ran_alone = state.alone or suspects == 1
         deaths = state.deaths + 1 if ran_alone else 0
-        self._partitions[tp] = _Partition(committed, deaths, isolate_until=state.fetched)
+        chunk = 1 if ran_alone else (suspects + 1) // 2
+        self._partitions[tp] = _Partition(committed, deaths, state.fetched, chunk)
         return deaths
 
     def revoked(self, tp: Hashable) -> None:
@@ -92,15 +104,21 @@ class CrashGuard:
         """What to commit with `offset` of `tp` while holding it (`fetched`: first unread)."""
         state = self._partitions.get(tp)
         deaths = state.deaths if state is not None and state.at == offset else 0
-        # After a death, what was in flight stays in flight until isolation has run it.
-        if state is not None:
-            fetched = max(fetched, state.isolate_until)
-        return held(max(fetched, offset), deaths, alone=self.isolating(tp, offset))
+        end = self.chunk_end(tp, offset)
+        if end is not None:  # isolating: what is in flight is the chunk, and only that
+            return held(end, deaths, alone=end == offset + 1)
+        return held(max(fetched, offset), deaths)
 
     def isolating(self, tp: Hashable, offset: int) -> bool:
-        """Whether the record at `offset` must run alone (it was in flight at a death)."""
+        """Whether the record at `offset` is a suspect (it was in flight at a death)."""
+        return self.chunk_end(tp, offset) is not None
+
+    def chunk_end(self, tp: Hashable, offset: int) -> int | None:
+        """Where the chunk that the suspect at `offset` runs in ends; None: not a suspect."""
         state = self._partitions.get(tp)
-        return state is not None and offset < state.isolate_until
+        if state is None or not state.at <= offset < state.isolate_until:
+            return None
+        return state.chunk_end(offset)
 
     def quarantined(self, tp: Hashable, offset: int) -> int | None:
         """The deaths of the record at `offset` when it is to be quarantined, else None."""

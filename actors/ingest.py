@@ -169,27 +169,34 @@ class IngestActor(Actor[Delivered | UseModel]):
     async def _ingest(
         self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
     ) -> None:
-        """A partition's fetched records: those in flight when a worker died run alone first."""
-        alone = 0
-        while alone < len(records) and self.guard.isolating(
-            TopicPartition(records[alone].topic, records[alone].partition), records[alone].offset
-        ):
-            await self._ingest_alone(records[alone], generation)
-            alone += 1
-        if alone < len(records):
-            await self._ingest_records(records[alone:], generation)
+        """A partition's fetched records; suspects (in flight when a worker died) run in
+        isolated chunks first (see `crash_guard`)."""
+        tp = TopicPartition(records[0].topic, records[0].partition)
+        start = 0
+        while start < len(records):
+            end = self.guard.chunk_end(tp, records[start].offset)
+            if end is None:
+                await self._ingest_records(records[start:], generation)
+                return
+            stop = start
+            while stop < len(records) and records[stop].offset < end:
+                stop += 1
+            await self._ingest_isolated(tp, records[start:stop], generation)
+            start = stop
 
-    async def _ingest_alone(self, record: ConsumerRecord[bytes, bytes], generation: int) -> None:
-        """Run one record with nothing else of its partition, and commit past it once done:
-        if the worker dies now, the death is pinned on this record (see `crash_guard`)."""
-        tp = TopicPartition(record.topic, record.partition)
-        log.info("record_isolated", topic=record.topic, partition=record.partition,
-                 offset=record.offset)  # fmt: skip
-        await self._ingest_records([record], generation)
+    async def _ingest_isolated(
+        self, tp: TopicPartition, chunk: Sequence[ConsumerRecord[bytes, bytes]], generation: int
+    ) -> None:
+        """Run a chunk of suspects with nothing else of their partition and commit past it
+        once done: if the worker dies meanwhile, the chunk is what was in flight."""
+        first, last = chunk[0].offset, chunk[-1].offset
+        log.info("records_isolated", topic=tp.topic, partition=tp.partition, first=first,
+                 last=last)  # fmt: skip
+        await self._ingest_records(chunk, generation)
         await self._flush(self.buckets.drain("isolated"))
         while generation == self._generation and not self.stopping.is_set():
             point = self.tracker.commit_point(tp)
-            if point is None or point > record.offset:
+            if point is None or point > last:
                 break
             self._delivered.clear()
             await self._delivered.wait()

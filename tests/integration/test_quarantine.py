@@ -7,6 +7,8 @@ of deaths lives in the group's commit metadata, so it outlives each worker.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from messages import headers as h
@@ -22,6 +24,16 @@ from tests.integration.pipeline import (
 )
 
 pytestmark = pytest.mark.slow
+
+
+async def exited(worker: WorkerProcess) -> bool:
+    """Whether the worker dies before it has answered (or quarantined) the poison."""
+    assert worker.process is not None
+    while worker.process.poll() is None:
+        if "record_quarantined" in worker.log():
+            return False
+        await asyncio.sleep(0.2)
+    return True
 
 
 async def test_a_record_that_kills_its_workers_is_quarantined_and_the_rest_is_answered(
@@ -45,14 +57,19 @@ async def test_a_record_that_kills_its_workers_is_quarantined_and_the_rest_is_an
             env={"TOKENMILL_FAULTS": "die_on_request=poison"},
         ).start()
 
-    # The first dies with every record in flight: that pins the death on none of them. The
-    # second runs them one at a time and dies running the poison alone: one death on it.
-    for name in ("first", "second"):
-        dying = worker(name)
-        assert dying.wait(timeout=180) == 70, dying.log()[-3000:]
-    assert "record_isolated" in (tmp_path / "second.log").read_text()
-
-    third = worker("third")
+    # The first dies with all 7 records in flight: that pins the death on none of them. The
+    # next ones run the suspects in halves (4, 2, 1), each dying in the half with the poison,
+    # until one dies running it alone: one death on it, and the next worker quarantines it.
+    deaths = 0
+    while True:
+        survivor = worker(f"w{deaths}")
+        if not await exited(survivor):
+            break
+        assert survivor.wait(timeout=10) == 70, survivor.log()[-3000:]
+        deaths += 1
+        assert deaths <= 5, "1 + log2(7 suspects) + 1 deaths at most"
+    assert deaths >= 2 and "records_isolated" in (tmp_path / "w1.log").read_text()
+    third = survivor
     try:
         found = await results_by_id(lane, [*ids, "poison"])
         await wait_committed_to_end(lane)

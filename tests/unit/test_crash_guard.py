@@ -28,22 +28,32 @@ def test_a_clean_release_or_nothing_in_flight_pins_no_death() -> None:
     assert guard.metadata(TP, 10, 15) == held(15, 0)
 
 
-def test_a_death_with_many_records_in_flight_pins_nothing_but_isolates_them() -> None:
+def test_a_death_with_many_records_in_flight_pins_nothing_and_halves_them() -> None:
     guard = CrashGuard(1)
     assert guard.assigned(TP, 10, held(20, 0)) == 0  # read 10..19, died: which one did it?
-    assert guard.isolating(TP, 10) and guard.isolating(TP, 19) and not guard.isolating(TP, 20)
+    assert [guard.chunk_end(TP, o) for o in (9, 10, 14, 15, 19, 20)] == [None, 15, 15, 20, 20, None]
     assert guard.quarantined(TP, 10) is None
+    # Before a chunk runs, the commit names it as what is in flight.
+    assert parse(guard.metadata(TP, 10, 20)) == Held(15, 0, alone=False)
+    assert parse(guard.metadata(TP, 15, 20)) == Held(20, 0, alone=False)
+    assert parse(guard.metadata(TP, 20, 31)) == Held(31, 0, alone=False), "then as usual"
 
 
-def test_each_worker_that_dies_running_it_alone_adds_a_death_until_quarantine() -> None:
-    metadata = held(20, 0)  # worker 1 read offsets 10..19 and died
-    for death in (0, 1, 2):
-        guard = CrashGuard(3)  # a new worker
+def test_each_death_halves_the_suspects_until_one_runs_alone_and_is_quarantined() -> None:
+    metadata, ranges = held(18, 0), []  # worker 1 read offsets 10..17 and died
+    for _ in range(3):
+        guard = CrashGuard(2)
+        assert guard.assigned(TP, 10, metadata) == 0
+        metadata = guard.metadata(TP, 10, 18)  # the first chunk holds 10, the killer: it dies
+        ranges.append(parse(metadata).fetched)  # type: ignore[union-attr]
+    assert ranges == [14, 12, 11]
+    assert parse(metadata) == Held(11, 0, alone=True)
+    for death in (1, 2):
+        guard = CrashGuard(2)
         assert guard.assigned(TP, 10, metadata) == death
-        assert guard.quarantined(TP, 10) is None
-        metadata = guard.metadata(TP, 10, 11)  # what it commits before it runs 10 alone
-        assert parse(metadata) == Held(20, death, alone=True), "the isolation range is kept"
-    guard = CrashGuard(3)
+        assert guard.chunk_end(TP, 10) == 11
+        metadata = guard.metadata(TP, 10, 18)
+    guard = CrashGuard(2)
     assert guard.assigned(TP, 10, metadata) == 3
     assert guard.quarantined(TP, 10) == 3
     assert guard.quarantined(TP, 11) is None
@@ -55,11 +65,11 @@ def test_the_only_record_in_flight_counts_as_run_alone() -> None:
 
 def test_progress_past_the_record_resets_its_count() -> None:
     guard = CrashGuard(2)
-    guard.assigned(TP, 10, held(20, 0))
-    assert parse(guard.metadata(TP, 11, 20)) == Held(20, 0, True)  # 10 ran alone and passed
+    guard.assigned(TP, 10, held(11, 1, alone=True))
+    assert parse(guard.metadata(TP, 11, 20)) == Held(20, 0, False)  # 10 ran alone and passed
     # A death while 14 runs alone pins one death on 14, not on 10.
     next_worker = CrashGuard(2)
-    assert next_worker.assigned(TP, 14, held(20, 0, alone=True)) == 1
+    assert next_worker.assigned(TP, 14, held(15, 0, alone=True)) == 1
     assert next_worker.quarantined(TP, 14) is None
 
 
@@ -71,13 +81,27 @@ def test_revoking_forgets_the_partition() -> None:
     assert guard.quarantined(TP, 3) is None and not guard.isolating(TP, 3)
 
 
+def run_worker(guard: CrashGuard, committed: int, end: int, killer: int) -> tuple[int, str]:
+    """A worker that runs its suspects chunk by chunk and dies running the killer: the
+    offset and metadata it leaves committed."""
+    metadata = guard.metadata(TP, committed, end)
+    while True:
+        chunk_end = guard.chunk_end(TP, committed)
+        if chunk_end is None:
+            chunk_end = end  # past the suspects: what is left runs together
+        metadata = guard.metadata(TP, committed, end)  # written before the chunk runs
+        if committed <= killer < chunk_end:
+            return committed, metadata
+        committed = chunk_end
+
+
 @given(killer=st.integers(90, 109), max_crashes=st.integers(1, 4))
 def test_a_record_that_kills_every_worker_is_quarantined_after_max_crashes(
     killer: int, max_crashes: int
 ) -> None:
     """Whoever runs the record at `killer` dies; the records around it are innocent."""
     # The first worker reads 90..109 and dies with 90 the oldest unfinished.
-    metadata, committed, workers = held(110, 0), 90, 0
+    committed, metadata, workers = 90, held(110, 0), 0
     while True:
         workers += 1
         guard = CrashGuard(max_crashes)
@@ -85,13 +109,6 @@ def test_a_record_that_kills_every_worker_is_quarantined_after_max_crashes(
         if guard.quarantined(TP, committed) is not None:
             assert committed == killer, "only the killer is quarantined"
             break
-        # Run the isolated records one at a time until one kills the worker.
-        while committed < killer:
-            assert guard.isolating(TP, committed)
-            committed += 1
-            metadata = guard.metadata(TP, committed, 110)
-        metadata = guard.metadata(TP, committed, 110)  # written before 100 runs alone
-        assert workers <= max_crashes + 1
-    # After the first worker's death (many records in flight: pins nothing), max_crashes
-    # workers die running it alone; the next one quarantines it.
-    assert workers == max_crashes + 1
+        committed, metadata = run_worker(guard, committed, 110, killer)
+        # log2(20 suspects) halvings, then max_crashes deaths alone.
+        assert workers <= 5 + max_crashes + 1
