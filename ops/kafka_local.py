@@ -23,6 +23,7 @@ import dataclasses
 import json
 import subprocess
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +48,11 @@ MAX_MESSAGE_BYTES = 16 << 20
 _HEAP = ("-Xms256m", "-Xmx768m")
 
 
-def render_server_properties(*, port: int, controller_port: int, log_dir: Path) -> str:
-    """One KRaft node that is both broker and controller, listening on 127.0.0.1 only."""
+def render_server_properties(
+    *, port: int, controller_port: int, log_dir: Path, extra: Mapping[str, str] | None = None
+) -> str:
+    """One KRaft node that is both broker and controller, listening on 127.0.0.1 only;
+    `extra` settings are added (or override)."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -71,6 +75,7 @@ def render_server_properties(*, port: int, controller_port: int, log_dir: Path) 
         "auto.create.topics.enable": "false",
         # The default 50 partitions make the first consumer-group join take seconds.
         "offsets.topic.num.partitions": "4",
+        **(extra or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -130,6 +135,7 @@ class LocalKafka:
     state_dir: Path
     port: int = 9092
     controller_port: int = 0
+    settings: Mapping[str, str] = field(default_factory=dict)  # broker settings to add
     pid: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -203,7 +209,10 @@ class LocalKafka:
         data = self._path("data")
         props.write_text(
             render_server_properties(
-                port=self.port, controller_port=self.controller_port, log_dir=data
+                port=self.port,
+                controller_port=self.controller_port,
+                log_dir=data,
+                extra=self.settings,
             )
         )
         log4j2.write_text(render_log4j2(self._path("server.log")))
