@@ -7,8 +7,9 @@ in Kafka, in the consumer group: every commit of a partition carries, as its off
 
     tokenmill/1 held <fetched> <deaths> <alone>
         while a worker holds the partition: `fetched`, the first offset not yet read (while
-        isolating: the end of the chunk running), so [committed, fetched) is in flight; `deaths`, the workers that died running the
-        committed record alone; `alone` (0/1), whether it is now being run alone
+        isolating: the end of the chunk running), so [committed, fetched) is in flight;
+        `deaths`, the workers that died running the committed record alone; `alone` (0/1),
+        whether it is now being run alone
     tokenmill/1 released
         written when a worker gives the partition up cleanly
 
