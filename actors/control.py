@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.lifecycle_spans import record_event_span
 from actors.mail import VerifiedCommand
@@ -69,32 +70,41 @@ class ControlActor(Actor[Event]):
         """Queue `event` for the events topic (the same as `send`)."""
         await self.send(event)
 
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            client_id=f"tokenmill-{self.config.worker_id}-events",
+            acks="all",
+            enable_idempotence=True,
+        )
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            group_id=f"{self.config.group}.control.{self.config.worker_id}",
+            client_id=f"tokenmill-{self.config.worker_id}-control",
+            # Never committed: every start reads from the end, so a restarted worker
+            # does not apply again what it applied (or was killed by) before.
+            auto_offset_reset="latest",
+            enable_auto_commit=False,
+        )
+        consumer.subscribe([self.topic], listener=_Assigned(self))
+        return consumer
+
     async def run(self) -> None:
         if self.commands is None:
             raise RuntimeError("ControlActor.commands is not wired")
         self.ready.clear()
         self._assigned.clear()
         async with contextlib.AsyncExitStack() as stack:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.config.bootstrap_servers,
-                client_id=f"tokenmill-{self.config.worker_id}-events",
-                acks="all",
-                enable_idempotence=True,
-            )
+            producer = await started(self._new_producer, name="events", stopping=self.stopping)
+            if producer is None:
+                return
             stack.push_async_callback(producer.stop)
-            await producer.start()
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.config.bootstrap_servers,
-                group_id=f"{self.config.group}.control.{self.config.worker_id}",
-                client_id=f"tokenmill-{self.config.worker_id}-control",
-                # Never committed: every start reads from the end, so a restarted worker
-                # does not apply again what it applied (or was killed by) before.
-                auto_offset_reset="latest",
-                enable_auto_commit=False,
-            )
-            consumer.subscribe([self.topic], listener=_Assigned(self))
+            consumer = await started(self._new_consumer, name="control", stopping=self.stopping)
+            if consumer is None:
+                return
             stack.push_async_callback(consumer.stop)
-            await consumer.start()
             log.info("control_started", topic=self.topic)
             try:
                 async with asyncio.TaskGroup() as tg:

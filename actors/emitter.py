@@ -22,7 +22,6 @@ Mailbox: `Outcome`s from the ingest and the GPU actor. Sends: `Delivered` to the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.mail import Delivered, Headers, Outcome
 from actors.request_log import log_outcome
@@ -119,7 +119,7 @@ class EmitterActor(Actor[Outcome]):
         backlog = list(self._unconfirmed.values())
         if backlog:
             log.warning("emitter_resending", outcomes=len(backlog))
-        producer = await self._start_producer()
+        producer = await started(self._new_producer, name="emitter", stopping=self.stopping)
         if producer is None:
             return  # stopped before the broker came back: the backlog's offsets stay open
         self._unconfirmed.clear()
@@ -149,30 +149,16 @@ class EmitterActor(Actor[Outcome]):
                 answered_instead=self.answered_instead,
             )
 
-    async def _start_producer(self) -> AIOKafkaProducer | None:
-        """A started producer once the broker answers; None if the actor is stopped first."""
-        attempt = 0
-        while True:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.config.bootstrap_servers,
-                client_id=f"tokenmill-{self.config.worker_id}",
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=self.config.linger_ms,
-                max_request_size=self.config.producer_max_bytes,
-                request_timeout_ms=self.config.delivery_timeout_ms,
-            )
-            try:
-                await producer.start()
-                return producer
-            except KafkaError as exc:
-                await producer.stop()
-                delay = backoff_s(attempt)
-                attempt += 1
-                log.warning("emitter_waiting_for_broker", error=repr(exc), retry_in_s=delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), delay)
-                return None
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            client_id=f"tokenmill-{self.config.worker_id}",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=self.config.linger_ms,
+            max_request_size=self.config.producer_max_bytes,
+            request_timeout_ms=self.config.delivery_timeout_ms,
+        )
 
     # -- one outcome: its records, their acknowledgements, what replaces a refused one ----
 

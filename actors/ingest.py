@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.backpressure import Backpressure, Decision
+from actors.broker_wait import started
 from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
 from actors.committer import Committer
 from actors.config import WorkerConfig
@@ -98,17 +99,9 @@ class IngestActor(Actor[Delivered | UseModel]):
 
     async def run(self) -> None:
         self.joined = False
-        self.consumer = consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap_servers,
-            group_id=self.config.group,
-            client_id=f"tokenmill-{self.config.worker_id}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=self.config.max_request_bytes + (64 << 10),
-            fetch_max_wait_ms=self.config.fetch_max_wait_ms,
-        )
-        consumer.subscribe([self.config.requests_topic], listener=_Rebalance(self))
-        await consumer.start()
+        consumer = await started(self._new_consumer, name="ingest", stopping=self.stopping)
+        if consumer is None:
+            return  # drained before the broker answered
         log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -130,6 +123,19 @@ class IngestActor(Actor[Delivered | UseModel]):
         finally:
             await consumer.stop()
             log.info("ingest_stopped", records=self.records_read)
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        self.consumer = consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            group_id=self.config.group,
+            client_id=f"tokenmill-{self.config.worker_id}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.config.max_request_bytes + (64 << 10),
+            fetch_max_wait_ms=self.config.fetch_max_wait_ms,
+        )
+        consumer.subscribe([self.config.requests_topic], listener=_Rebalance(self))
+        return consumer
 
     async def _list_topics(self) -> set[str]:
         if self.consumer is None:

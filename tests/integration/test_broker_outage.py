@@ -63,3 +63,26 @@ async def test_a_long_broker_outage_loses_nothing_and_stops_no_worker(
     log = worker.log()
     assert code == 0, log[-3000:]
     assert "child_crashed" not in log and "worker_giving_up" not in log, log[-3000:]
+
+
+async def test_a_worker_started_before_its_broker_waits_for_it(
+    own_broker: LocalKafka, tiny_checkpoints, tmp_path
+) -> None:
+    lane = await new_lane(own_broker.bootstrap, partitions=1)
+    assert own_broker.stop() is not None
+    worker = WorkerProcess(
+        lane, str(tiny_checkpoints["llama"]), tmp_path / "worker.log", ["--max-restarts", "1"]
+    ).start()
+    try:
+        for client in ("ingest", "emitter"):
+            await worker.wait_for_log(f'"client": "{client}", "error"', within_s=180)
+        assert own_broker.start(timeout=120)
+        requests = [GenerateRequest(id=f"r{i}", prompt_token_ids=[i + 3], max_new_tokens=2)
+                    for i in range(5)]  # fmt: skip
+        await produce(lane.bootstrap, lane.requests, requests)
+        found = await results_by_id(lane, [r.id for r in requests], within_s=300)
+        assert all(found[r.id][0].error is None for r in requests)
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()[-3000:]
+    assert "child_crashed" not in worker.log(), worker.log()[-3000:]
