@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 
@@ -10,15 +12,25 @@ from ops.kafka_local import LocalKafka
 from ops.local_process import free_port
 
 
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    """A real single-node Kafka broker (KRaft) in a temporary state dir; stopped at the end."""
-    broker = LocalKafka(state_dir=tmp_path_factory.mktemp("kafka"), port=free_port())
+@contextlib.contextmanager
+def local_broker(
+    state_dir: Path, settings: Mapping[str, str] | None = None
+) -> Iterator[LocalKafka]:
+    """A real single-node Kafka broker (KRaft) on a free port, stopped when the block ends;
+    `settings` are added to its server.properties."""
+    broker = LocalKafka(state_dir=state_dir, port=free_port(), settings=dict(settings or {}))
     broker.start(timeout=120)
     try:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """The session's broker, in a temporary state dir, shared by the tests of a run."""
+    with local_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 
 from messages.request import GenerateRequest
 from ops.kafka_local import LocalKafka
-from ops.local_process import free_port
+from tests.integration.conftest import local_broker
 from tests.integration.pipeline import WorkerProcess, new_lane, produce, results_by_id
 
 pytestmark = pytest.mark.slow
@@ -22,12 +22,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    broker = LocalKafka(state_dir=tmp_path_factory.mktemp("outage-kafka"), port=free_port())
-    broker.start(timeout=120)
-    try:
+    with local_broker(tmp_path_factory.mktemp("outage-kafka")) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 async def test_a_long_broker_outage_loses_nothing_and_stops_no_worker(

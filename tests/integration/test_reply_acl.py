@@ -27,8 +27,8 @@ from messages import headers as h
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 from ops.kafka_local import LocalKafka
-from ops.local_process import free_port
 from ops.topics import create_topics
+from tests.integration.conftest import local_broker
 from tests.integration.pipeline import (
     new_lane,
     produce,
@@ -48,14 +48,8 @@ AUTHORIZER = {
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    broker = LocalKafka(
-        state_dir=tmp_path_factory.mktemp("acl-kafka"), port=free_port(), settings=AUTHORIZER
-    )
-    broker.start(timeout=120)
-    try:
+    with local_broker(tmp_path_factory.mktemp("acl-kafka"), AUTHORIZER) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 def deny_writes(bootstrap: str, topic: str) -> None:
