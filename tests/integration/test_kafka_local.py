@@ -7,7 +7,9 @@ import re
 import uuid
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from click.testing import CliRunner
 
 from ops.cli import cli
@@ -18,6 +20,7 @@ from ops.topics import DEFAULT_TOPICS, create_topics, describe_topics
 
 async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
     topic = f"roundtrip-{uuid.uuid4().hex[:8]}"
+    await create_topics(kafka_bootstrap, names={"dlq": topic})  # one partition
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
@@ -33,6 +36,19 @@ async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
     finally:
         await consumer.stop()
     assert (record.key, record.value, record.offset) == (b"k", b"hello", sent.offset)
+
+
+async def test_the_broker_creates_no_topic_on_its_own(kafka_bootstrap: str) -> None:
+    """Auto-creation is off: a request's reply_to (or a typo) never makes a topic."""
+    topic = f"nowhere-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, request_timeout_ms=2000)
+    await producer.start()
+    try:
+        with pytest.raises(KafkaError):
+            await producer.send_and_wait(topic, b"hello")
+    finally:
+        await producer.stop()
+    assert topic not in await describe_topics(kafka_bootstrap)
 
 
 async def test_create_topics_is_idempotent(kafka_bootstrap: str) -> None:
