@@ -110,6 +110,7 @@ class EmitterActor(Actor[Outcome]):
             except* ProducerBroken as broken:
                 delay = backoff_s(attempt)
                 attempt += 1
+                self._count("replaced_producer")
                 log.warning("producer_replaced", error=str(broken.exceptions[0]), retry_in_s=delay)
                 await asyncio.sleep(delay)
 
@@ -202,6 +203,7 @@ class EmitterActor(Actor[Outcome]):
             error=message[:512],
         )
         self.answered_instead += 1
+        self._count("answered")
         value = None
         if outcome.request is not None:
             value = self.request_codec.encode(outcome.request, outcome.content_type)
@@ -292,9 +294,14 @@ class EmitterActor(Actor[Outcome]):
             delay = backoff_s(attempt)
             attempt += 1
             self.send_retries += 1
+            self._count("retried")
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
             p.acks[i] = await self._send(producer, record)
+
+    def _count(self, action: str) -> None:
+        if self.metrics is not None:
+            self.metrics.send_failed(action)
 
     def _delivered(self, p: _Pending) -> None:
         outcome = p.outcome

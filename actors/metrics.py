@@ -154,6 +154,14 @@ class WorkerMetrics:
             ["child"],
             registry=r,
         )
+        self.send_failures = Counter(
+            "tokenmill_send_failures",
+            "Results and dead letters whose send failed, by what the emitter did: retried "
+            "(the broker was away), answered (refused for good: an error result instead), "
+            "replaced_producer (the producer was unusable).",
+            ["action"],
+            registry=r,
+        )
         self.model_swaps = Counter(
             "tokenmill_model_swaps",
             "Model swaps by outcome (swapped, failed, refused).",
@@ -289,6 +297,10 @@ class WorkerMetrics:
 
     def child_restarted(self, child: str) -> None:
         self.child_restarts.labels(child).inc()
+
+    def send_failed(self, action: str) -> None:
+        """A send failed and the emitter `action`: retried, answered, replaced_producer."""
+        self.send_failures.labels(action).inc()
 
     def swap(self, outcome: SwapOutcome, pause_s: float | None = None) -> None:
         """A model swap ended; `pause_s` is how long admission was paused, when it was."""

@@ -287,3 +287,12 @@ def test_trace_spans_follow_the_sinks_running_totals() -> None:
     samples = scrape(metrics)
     assert value(samples, "tokenmill_trace_spans_total", outcome="handed_on") == 8
     assert value(samples, "tokenmill_trace_spans_total", outcome="dropped") == 2
+
+
+def test_send_failures_are_counted_by_what_followed() -> None:
+    metrics = WorkerMetrics()
+    for action in ("retried", "retried", "answered"):
+        metrics.send_failed(action)
+    text = metrics.render().decode()
+    assert 'tokenmill_send_failures_total{action="retried"} 2.0' in text
+    assert 'tokenmill_send_failures_total{action="answered"} 1.0' in text
