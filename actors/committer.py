@@ -1,12 +1,15 @@
 """The ingest's commits: the offsets the `OffsetTracker` allows, with the `CrashGuard`'s metadata.
 
     await committer.take_over(consumer, assigned)            last commits, to the crash guard
+    await committer.fetched(consumer, first, to)              before fetched records run
     await committer.commit(consumer, assigned, fetched_to)   progress, and what is in flight
     await committer.commit(consumer, revoked, fetched_to, release=True)   giving them up
 
-A commit is written when a partition's offset or its metadata changed (the metadata records
-what was fetched, so it is written before fetched records run: a worker that dies while
-running them leaves that behind). A failed commit is logged and retried by the next one.
+A commit is written when a partition's offset or its metadata changed. The metadata records
+what is in flight, so it is written before fetched records run (`fetched()`): a worker that
+dies while running them leaves that behind. To keep that off the consume loop's path, it
+counts `headroom` more records than were fetched, and a fetch commits only when it passes
+that mark. A failed commit is logged and retried by the next one.
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from actors.crash_guard import RELEASED, CrashGuard
+from actors.crash_guard import RELEASED, CrashGuard, parse
 from actors.offsets import OffsetTracker
 
 log = structlog.get_logger("tokenmill.ingest")
 
 
 class Committer:
-    def __init__(self, tracker: OffsetTracker, guard: CrashGuard) -> None:
+    def __init__(self, tracker: OffsetTracker, guard: CrashGuard, *, headroom: int) -> None:
+        """`headroom`: records past the fetched ones counted as in flight, so that a fetch
+        needs a commit of its own only once per `headroom` records (not every fetch)."""
         self.tracker = tracker
         self.guard = guard
+        self.headroom = headroom
         self._written: dict[TopicPartition, tuple[int, str]] = {}  # last commit, per partition
+        self._in_flight_to: dict[TopicPartition, int] = {}  # the "fetched" on record
         self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
 
     async def take_over(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
@@ -44,24 +51,48 @@ class Committer:
         except KafkaError as exc:  # no guard this time: the records run as usual
             log.warning("commits_unread", error=repr(exc))
             return
+        held = [tp for tp, commit in commits.items() if parse(commit.metadata) is not None]
+        try:
+            ends = await consumer.end_offsets(held) if held else {}
+        except KafkaError as exc:  # the guard then counts what the metadata says
+            log.warning("end_offsets_unread", error=repr(exc))
+            ends = {}
         for tp, commit in commits.items():
             offset = commit.offset if commit.offset >= 0 else None
-            deaths = self.assigned(tp, offset, commit.metadata or "")
+            deaths = self.assigned(tp, offset, commit.metadata or "", ends.get(tp))
             if offset is not None and self.guard.isolating(tp, offset):
                 log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
                             offset=offset, deaths=deaths,
                             quarantine_at=self.guard.max_crashes)  # fmt: skip
 
-    def assigned(self, tp: TopicPartition, committed: int | None, metadata: str) -> int:
+    def assigned(
+        self, tp: TopicPartition, committed: int | None, metadata: str, log_end: int | None
+    ) -> int:
         """`tp` is ours from its last commit; the deaths the guard now pins on it."""
         if committed is not None:
             self._written[tp] = (committed, metadata)
-        return self.guard.assigned(tp, committed, metadata)
+        return self.guard.assigned(tp, committed, metadata, log_end)
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
             self._written.pop(tp, None)
+            self._in_flight_to.pop(tp, None)
             self.guard.revoked(tp)
+
+    async def fetched(
+        self,
+        consumer: AIOKafkaConsumer,
+        first: Mapping[TopicPartition, int],
+        to: Mapping[TopicPartition, int],
+    ) -> None:
+        """Records [first, to) of each partition were just fetched: before they run, make sure
+        the last commit counts them in flight (with headroom, so this rarely commits)."""
+        behind = {tp: end for tp, end in to.items() if end > self._in_flight_to.get(tp, -1)}
+        if not behind:
+            return
+        for tp, end in behind.items():
+            self._in_flight_to[tp] = end + self.headroom
+        await self.commit(consumer, behind, {}, first_fetched=first)
 
     async def commit(
         self,
@@ -84,7 +115,7 @@ class Committer:
                     offset = first_fetched.get(tp)
                 if offset is None:
                     continue  # nothing read from it, nothing committed yet
-                fetched = fetched_to.get(tp, offset)
+                fetched = max(fetched_to.get(tp, offset), self._in_flight_to.get(tp, offset))
                 meta = RELEASED if release else self.guard.metadata(tp, offset, fetched)
                 if written != (offset, meta):
                     offsets[tp] = OffsetAndMetadata(offset, meta)

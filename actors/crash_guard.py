@@ -84,18 +84,31 @@ class CrashGuard:
         self.max_crashes = max_crashes
         self._partitions: dict[Hashable, _Partition] = {}
 
-    def assigned(self, tp: Hashable, committed: int | None, metadata: str | None) -> int:
+    def assigned(
+        self,
+        tp: Hashable,
+        committed: int | None,
+        metadata: str | None,
+        log_end: int | None = None,
+    ) -> int:
         """Take over `tp` from its last commit; the deaths now pinned on `committed`. What was in
-        flight when the last holder vanished is isolated from now on."""
+        flight when the last holder vanished (at most up to `log_end`, the partition's end) is
+        isolated from now on."""
         state = parse(metadata)
         if committed is None or state is None or state.fetched <= committed:
             self._partitions.pop(tp, None)  # released cleanly, or nothing was in flight
             return 0
-        suspects = state.fetched - committed
+        # No record past the partition's end can have been in flight (`fetched` may count
+        # some headroom past what was read).
+        until = state.fetched if log_end is None else max(min(state.fetched, log_end), committed)
+        if until <= committed:
+            self._partitions.pop(tp, None)
+            return 0
+        suspects = until - committed
         ran_alone = state.alone or suspects == 1
         deaths = state.deaths + 1 if ran_alone else 0
         chunk = 1 if ran_alone else (suspects + 1) // 2
-        self._partitions[tp] = _Partition(committed, deaths, state.fetched, chunk)
+        self._partitions[tp] = _Partition(committed, deaths, until, chunk)
         return deaths
 
     def revoked(self, tp: Hashable) -> None:

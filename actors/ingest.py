@@ -61,7 +61,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.emitter = emitter
         self.tracker = OffsetTracker()
         self.guard = CrashGuard(config.max_record_crashes)
-        self.committer = Committer(self.tracker, self.guard)
+        self.committer = Committer(self.tracker, self.guard, headroom=config.fetch_max_records)
         self.backpressure = Backpressure(config.watermarks)
         self.buckets: LengthBuckets[Admitted] = LengthBuckets(
             BucketConfig(
@@ -159,11 +159,10 @@ class IngestActor(Actor[Delivered | UseModel]):
             # it is handled resets the positions to the last commit (eager protocol).
             generation = self._generation
             if fetched:  # what is now in flight is on record before it runs (crash_guard)
-                await self.committer.commit(
+                await self.committer.fetched(
                     consumer,
-                    consumer.assignment(),
-                    {**self.fetched_to, **{tp: r[-1].offset + 1 for tp, r in fetched.items()}},
-                    first_fetched={tp: r[0].offset for tp, r in fetched.items()},
+                    {tp: r[0].offset for tp, r in fetched.items()},
+                    {tp: r[-1].offset + 1 for tp, r in fetched.items()},
                 )
             for records in fetched.values():
                 await self._ingest(records, generation)

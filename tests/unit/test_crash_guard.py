@@ -59,6 +59,16 @@ def test_each_death_halves_the_suspects_until_one_runs_alone_and_is_quarantined(
     assert guard.quarantined(TP, 11) is None
 
 
+def test_no_suspect_lies_past_the_partitions_end() -> None:
+    guard = CrashGuard(1)
+    assert guard.assigned(TP, 10, held(600, 0), log_end=14) == 0  # 586 of headroom
+    assert guard.chunk_end(TP, 10) == 12 and guard.chunk_end(TP, 14) is None
+    assert CrashGuard(1).assigned(TP, 10, held(600, 0), log_end=11) == 1, "only one: alone"
+    nothing = CrashGuard(1)
+    assert nothing.assigned(TP, 10, held(600, 0), log_end=10) == 0
+    assert not nothing.isolating(TP, 10)
+
+
 def test_the_only_record_in_flight_counts_as_run_alone() -> None:
     assert CrashGuard(1).assigned(TP, 10, held(11, 0)) == 1
 

@@ -1,0 +1,67 @@
+"""The committer's decisions: what it commits, with which metadata, and when it need not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from actors.committer import Committer
+from actors.crash_guard import RELEASED, CrashGuard, Held, parse
+from actors.offsets import OffsetTracker
+
+TP = TopicPartition("requests", 0)
+
+
+class Consumer:
+    """Takes commits and remembers them (the committer's only use of a consumer here)."""
+
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, tuple[int, str]]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        self.commits.append(dict(offsets))
+
+
+def committer(headroom: int = 100) -> tuple[Committer, OffsetTracker]:
+    tracker = OffsetTracker()
+    return Committer(tracker, CrashGuard(3), headroom=headroom), tracker
+
+
+async def test_a_fetch_commits_what_is_in_flight_only_once_per_headroom() -> None:
+    consumer: Any = Consumer()
+    c, tracker = committer(headroom=100)
+    await c.fetched(consumer, {TP: 0}, {TP: 10})
+    assert consumer.commits == [{TP: (0, "tokenmill/1 held 110 0 0")}]
+    for offset in range(10):
+        tracker.track(TP, offset)
+    await c.fetched(consumer, {TP: 10}, {TP: 60})  # still within the headroom
+    await c.fetched(consumer, {TP: 60}, {TP: 110})
+    assert len(consumer.commits) == 1
+    await c.fetched(consumer, {TP: 110}, {TP: 111})
+    assert consumer.commits[-1] == {TP: (0, "tokenmill/1 held 211 0 0")}
+
+
+async def test_progress_keeps_the_in_flight_mark_and_a_release_says_so() -> None:
+    consumer: Any = Consumer()
+    c, tracker = committer(headroom=100)
+    await c.fetched(consumer, {TP: 0}, {TP: 3})
+    for offset in range(3):
+        tracker.track(TP, offset)
+    tracker.done(TP, 0)
+    tracker.done(TP, 1)
+    await c.commit(consumer, [TP], {TP: 3})
+    assert consumer.commits[-1] == {TP: (2, "tokenmill/1 held 103 0 0")}
+    await c.commit(consumer, [TP], {TP: 3})  # nothing changed: no commit
+    assert len(consumer.commits) == 2
+    await c.commit(consumer, [TP], {TP: 3}, release=True)
+    assert consumer.commits[-1] == {TP: (2, RELEASED)}
+
+
+async def test_a_taken_over_partition_commits_its_isolated_chunk_as_in_flight() -> None:
+    consumer: Any = Consumer()
+    c, _ = committer()
+    assert c.assigned(TP, 10, "tokenmill/1 held 18 0 0", log_end=None) == 0
+    await c.fetched(consumer, {TP: 10}, {TP: 18})
+    ((offset, metadata),) = consumer.commits[-1].values()
+    assert offset == 10 and parse(metadata) == Held(14, 0, alone=False)
