@@ -82,6 +82,7 @@ class _Pending:
     records: list[_Record]
     acks: list[asyncio.Future[object]]
     answered: ErrorCode | None = None  # set when its result was replaced by an error result
+    key: int = 0  # its key among the unconfirmed: the outcome as received (`outcome` may change)
 
 
 class EmitterActor(Actor[Outcome]):
@@ -216,7 +217,7 @@ class EmitterActor(Actor[Outcome]):
         self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
     ) -> _Pending:
         """Queue the outcome's records in the producer."""
-        p = _Pending(outcome, spans, [], [])
+        p = _Pending(outcome, spans, [], [], key=id(outcome))
         self._plan(p)
         p.acks = [await self._send(producer, record) for record in p.records]
         return p
@@ -252,7 +253,7 @@ class EmitterActor(Actor[Outcome]):
                             cost_tokens=p.outcome.cost_tokens,
                         )
                     )
-                self._unconfirmed.pop(id(p.outcome), None)
+                self._unconfirmed.pop(p.key, None)
         finally:
             for _ in pending:
                 self._window.release()
