@@ -275,9 +275,12 @@ class EmitterActor(Actor[Outcome]):
                 # what this one left unconfirmed (duplicates possible, nothing lost).
                 raise ProducerBroken(repr(failure)) from failure
             if judged is Verdict.REFUSED and record.is_result and p.answered is None:
+                # A dead letter it already had is kept, and not sent a second time.
+                letter_acks = p.acks[1:]
                 self._answer_instead(p, refusal_code(failure), f"{record.topic}: {failure!r}")
                 self._plan(p)
-                p.acks = [await self._send(producer, r) for r in p.records]
+                p.acks = [await self._send(producer, p.records[0])]
+                p.acks += letter_acks or [await self._send(producer, r) for r in p.records[1:]]
                 i = 0
                 continue
             if judged is Verdict.REFUSED and not record.is_result:
