@@ -75,6 +75,9 @@ class SwapBenchOptions:
     drain: bool = False  # force a drain-mode swap
     bootstrap_servers: str | None = None  # None: start a broker for this run
     timeout_s: float = 120.0  # per wait: the worker's start, the swap, the last results
+    # Keep sending past duration_s, at the same rate, until this many requests went out after
+    # the swap was done (within timeout_s more): a slow swap still leaves an "after" window.
+    min_after: int = 0
 
     def __post_init__(self) -> None:
         if min(self.rate, self.duration_s, self.timeout_s) <= 0 or self.max_new_tokens < 1:
@@ -257,21 +260,36 @@ async def _until_ready(
 async def _steady_load(
     producer: AIOKafkaProducer, topic: str, o: SwapBenchOptions, run: SwapRun
 ) -> None:
-    """Send at `o.rate` for `o.duration_s`, each at its scheduled time; wait for the acks."""
-    values = [
-        (f"load-{i}", _requests.encode(_load_request(f"load-{i}", i, o))) for i in range(o.requests)
-    ]
+    """Send at `o.rate` for `o.duration_s` (and on, see `min_after`), each at its scheduled
+    time; wait for the acks."""
     acks = []
     start = time.monotonic()
-    for i, (request_id, value) in enumerate(values):
+    i = 0
+    while i < o.requests or _more_after(o, run, start):
+        request_id = f"load-{i}"
+        value = _requests.encode(_load_request(request_id, i, o))
         due = start + i / o.rate
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         run.sent[request_id] = stamp = Stamp.now()
         run.late_ms.append((stamp.mono - due) * 1e3)
         acks.append(await producer.send(topic, value=value, key=request_id.encode()))
+        i += 1
     await asyncio.gather(*acks)
     stamps = list(run.sent.values())
     run.load_span = (stamps[0].unix, stamps[-1].unix)
+
+
+def _more_after(o: SwapBenchOptions, run: SwapRun, start: float) -> bool:
+    """Whether to send on past the planned requests: fewer than `min_after` went out after
+    the swap was done, and the swap has not failed nor the extra time run out."""
+    if o.min_after <= 0 or time.monotonic() > start + o.duration_s + o.timeout_s:
+        return False
+    done = next((e for e in run.events if isinstance(e, ModelSwapped | ModelSwapFailed)), None)
+    if isinstance(done, ModelSwapFailed):
+        return False
+    if done is None:
+        return True
+    return sum(stamp.unix > done.at for stamp in run.sent.values()) < o.min_after
 
 
 def _load_request(request_id: str, i: int, o: SwapBenchOptions) -> GenerateRequest:
@@ -311,7 +329,9 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) 
         "rate_per_s": o.rate,
         "duration_s": o.duration_s,
         "swap_at": o.swap_at,
-        "requests": o.requests,
+        "requests": report.pop("requests_sent"),
+        "planned_requests": o.requests,
+        "min_after": o.min_after,
         "max_new_tokens": o.max_new_tokens,
         "prompts": "text, 'Write one sentence about the number {i}.'; greedy",
     }
@@ -367,7 +387,11 @@ async def _measure(
     shown = argv[3:]
     shown[shown.index("--control-secret") + 1] = "<random, for this run>"
     worker = {"argv": shown, "ready_s": ready_s, "exit_code": exit_code}
-    return summarize(run, results) | {"cpu_s": cpu, "worker": worker}
+    return summarize(run, results) | {
+        "cpu_s": cpu,
+        "worker": worker,
+        "requests_sent": len(run.sent),
+    }
 
 
 def host_busy_s() -> float | None:

@@ -372,6 +372,14 @@ def batch_bench(**kwargs: Any) -> None:
     help="Give the worker a 1-byte swap memory budget: a drain-mode swap, not a flip.",
 )
 @_positive("--timeout", 120, "Seconds to wait for the worker, the swap, and the last results.")
+@click.option(
+    "--min-after",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Keep sending past --duration until this many requests went out after the swap "
+    "(at most --timeout more seconds): a slow swap still has an after window.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def swap_bench(**kwargs: Any) -> None:
     """A zero-downtime model swap under steady load: latency and throughput around it.
@@ -400,6 +408,7 @@ def swap_bench(**kwargs: Any) -> None:
             drain=kwargs["drain"],
             bootstrap_servers=kwargs["bootstrap_servers"],
             timeout_s=kwargs["timeout"],
+            min_after=kwargs["min_after"],
         )
         report = asyncio.run(run_swap_bench(options, lambda line: click.echo(line, err=True)))
     except (ValueError, RuntimeError, OpsError) as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 from messages.request import GenerateRequest
 from ops.jaeger_local import LocalJaeger
 from ops.jaeger_query import traces_of_request
+from tests.e2e.waiting import wait_for
 from tests.integration.pipeline import (
     WorkerProcess,
     new_lane,
@@ -43,8 +44,8 @@ async def test_stopping_jaeger_mid_run_loses_no_request(
         before = requests("before", 30)
         await produce(lane.bootstrap, lane.requests, before)
         first = await results_by_id(lane, [r.id for r in before], within_s=120)
-        await asyncio.sleep(1)  # the batch processor exports every 100 ms
-        traced = await asyncio.to_thread(traces_of_request, jaeger.ui_url, "before-0")
+        # Exported every 100 ms; on a busy machine later: wait until it shows in Jaeger.
+        traced = await wait_for(lambda: traces_of_request(jaeger.ui_url, "before-0"), 120)
         await asyncio.to_thread(jaeger.stop)
         after = requests("after", 60)
         for chunk in (after[:30], after[30:]):

@@ -8,17 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from messages.headers import TRACEPARENT, header
 from messages.request import GenerateRequest
-from ops.errors import JaegerQueryError
 from ops.jaeger_local import LocalJaeger
 from ops.jaeger_query import trace_by_id, traces_of_request
 from ops.local_process import free_port
 from ops.trace_tree import SpanNode, TraceTree
+from tests.e2e.waiting import wait_for
 from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane, produce, read_all
 
 
@@ -35,19 +34,6 @@ def submit(lane: Lane, jobs: Path, env: dict[str, str]) -> subprocess.CompletedP
     return subprocess.run(
         argv, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
     )
-
-
-async def wait_for(find: Any, within_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            found = await asyncio.to_thread(find)
-        except JaegerQueryError:
-            found = None
-        if found:
-            return found
-        assert time.monotonic() < deadline, "the trace never showed up in Jaeger"
-        await asyncio.sleep(0.5)
 
 
 def batch_of(jaeger: LocalJaeger, trace: dict[str, Any], process: SpanNode) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from actors.config import WorkerConfig
@@ -131,3 +132,24 @@ async def read_events(
     """Every event on `topic` from the beginning, once there are at least `until`."""
     records = await read_all(bootstrap, topic, until=until, within_s=within_s)
     return [(r, event_codec.decode(r.value or b"")) for r in records]
+
+
+async def events_until(
+    bootstrap: str, topic: str, enough: Callable[[list[Event]], bool], within_s: float = 120.0
+) -> list[Event]:
+    """Every event on `topic` from the beginning, once `enough(events)` holds (the deadline
+    only bounds a hang: on a busy machine events come late, never fewer)."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    events: list[Event] = []
+    try:
+        deadline = time.monotonic() + within_s
+        while not enough(events):
+            assert time.monotonic() < deadline, f"not enough events within {within_s} s: {events}"
+            fetched = await consumer.getmany(timeout_ms=500)
+            events += [event_codec.decode(r.value or b"") for b in fetched.values() for r in b]
+    finally:
+        await consumer.stop()
+    return events

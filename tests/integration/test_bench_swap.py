@@ -20,12 +20,13 @@ SWAP_KEYS = {"load_ms", "smoke_ms", "flip_ms", "drained", "pause_ms", "command_t
 
 
 def bench_swap(bootstrap: str, *extra: str) -> dict[str, Any]:
-    """Run the command as a person would; its JSON report. The swap goes out early (a fifth in)
-    so that requests are still sent after it even where a busy machine slows the load."""
+    """Run the command as a person would; its JSON report. It sends on until 5 requests went
+    out after the swap, however long a busy machine makes the swap take."""
     argv = [
         sys.executable, "-m", "ops", "bench", "swap", "--json",
         "--bootstrap-servers", bootstrap,
         "--duration", "30", "--swap-at", "0.2", "--rate", "2", "--max-new-tokens", "8",
+        "--min-after", "5", "--timeout", "300",
         *extra,
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -49,9 +50,9 @@ def check_swapped_under_load(report: dict[str, Any]) -> dict[str, Any]:
     for window in windows.values():
         assert set(window) >= WINDOW_KEYS
         assert window["answered"] == window["count"]
-    assert sum(w["count"] for w in windows.values()) == report["config"]["requests"] == 60
+    assert sum(w["count"] for w in windows.values()) == report["config"]["requests"] >= 60
     assert windows["before"]["models"].get("a", 0) > 0
-    assert windows["after"]["count"] > 0
+    assert windows["after"]["count"] >= 5
     assert set(windows["after"]["models"]) == {"b"}
     swap = report["swap"]
     assert swap["outcome"] == "swapped"

@@ -270,10 +270,16 @@ async def test_failed_swaps_leave_the_active_model_serving(
 
 
 async def refusals(control: ControlLane, until: int) -> list[str]:
-    from tests.integration.control_lane import read_events
+    """The reasons of the refusal events, once there are `until` of them."""
+    from tests.integration.control_lane import events_until
 
-    events = await read_events(control.bootstrap, control.events, until=until + 2, within_s=60)
-    return [e.reason for _, e in events if isinstance(e, CommandRefused)]
+    def reasons(events: list[Event]) -> list[str]:
+        return [e.reason for e in events if isinstance(e, CommandRefused)]
+
+    events = await events_until(
+        control.bootstrap, control.events, lambda e: len(reasons(e)) >= until
+    )
+    return reasons(events)
 
 
 async def test_memory_returns_after_ten_swaps(kafka_bootstrap, tmp_path, models_dir) -> None:
