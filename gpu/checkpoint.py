@@ -1,8 +1,9 @@
 """Reading checkpoints: an HF folder of safetensors or a single GGUF file.
 
-`load_checkpoint(path)` returns a `Checkpoint`: the config, every weight under its Hugging Face
-name (on the host, in the file's dtype; GGUF weights dequantized to float32; the model casts
-them to its compute dtype as it loads them), the tokenizer and the files read.
+A `Checkpoint` is the config, every weight under its Hugging Face name (on the host, in the
+file's dtype; GGUF weights dequantized to float32; the model casts them to its compute dtype as
+it loads them), the tokenizer and the files read. `load_hf_folder` reads an HF folder here,
+`gpu.gguf_loader.load_gguf` a GGUF file; `gpu.loader.load_checkpoint` picks between them.
 Only safetensors and GGUF are read; no pickle ever touches a model file.
 """
 
@@ -31,17 +32,8 @@ class Checkpoint:
     files: list[Path]  # the weight files, for the content digest
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        from gpu.gguf_loader import load_gguf
-
-        return load_gguf(path)
-    if path.is_file():
-        raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
-    if not path.is_dir():
-        raise CheckpointError(path, "no such file or folder")
+def load_hf_folder(path: Path) -> Checkpoint:
+    """Load an HF folder: `config.json`, `*.safetensors` (sharded or not), `tokenizer.json`."""
     config = load_hf_config(path)
     files = safetensors_files(path)
     tensors: dict[str, torch.Tensor] = {}

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpu.checkpoint import load_checkpoint
+from gpu.checkpoint import Checkpoint, load_hf_folder
 from gpu.config import ModelConfig
 from gpu.device import default_device, default_dtype
+from gpu.errors import CheckpointError
 from gpu.gpt2 import GPT2ForCausalLM
 from gpu.layers import WeightSource, rope_tables
 from gpu.llama import LlamaForCausalLM
@@ -34,6 +35,20 @@ class LoadedModel:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys((*self.config.eos_token_ids, *self.tokenizer.eos_token_ids)))
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from gpu.gguf_loader import load_gguf  # gguf-py only when a GGUF is read
+
+        return load_gguf(path)
+    if path.is_file():
+        raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
+    if not path.is_dir():
+        raise CheckpointError(path, "no such file or folder")
+    return load_hf_folder(path)
 
 
 def build_module(config: ModelConfig, max_positions: int) -> nn.Module:

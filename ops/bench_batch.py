@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from messages.request import GenerateRequest
-from ops.bench_engine import host_load
+from ops.bench_broker import broker
 from ops.bench_kafka import LoadClient, ceiling_run, warm_up
-from ops.bench_pipeline import broker
 from ops.bench_worker import CpuMeter, worker_argv, worker_process
+from ops.bench_workload import host_load
 from ops.engine_options import EngineChoice
 from ops.topics import create_topics
 

@@ -19,7 +19,7 @@ from gpu.engine import StepStats
 from gpu.offline import OfflineRun
 
 if TYPE_CHECKING:
-    from ops.bench_engine import BenchRequest
+    from ops.bench_workload import BenchRequest
 
 FLOP_FORMULA = (
     "2 × linear_params × tokens_processed + 2 × lm_head_params × sampled_rows + "

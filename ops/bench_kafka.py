@@ -22,8 +22,8 @@ from aiokafka.structs import TopicPartition
 from messages.codec import Codec
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from ops.bench_engine import BenchRequest
 from ops.bench_worker import CpuMeter, log_tail
+from ops.bench_workload import BenchRequest
 
 _requests = Codec(GenerateRequest)
 _results = Codec(GenerateResult)

@@ -30,27 +30,24 @@ in `ops/bench_worker.py`, the report's skeleton, targets and warnings in `ops/be
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import os
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
-from aiokafka.admin import AIOKafkaAdminClient
 
 from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from messages.request import GenerateRequest
-from ops.bench_engine import BenchOptions, BenchRequest, host_load, make_workload
+from ops.bench_broker import broker, delete_topics
 from ops.bench_kafka import (
     LoadClient,
     ceiling_run,
@@ -60,44 +57,17 @@ from ops.bench_kafka import (
     warm_up,
     wire_requests,
 )
+from ops.bench_pipeline_run import PipelineOptions, PipelineRun
 from ops.bench_report import skeleton, targets, warnings_for
 from ops.bench_tracing import tracing_section
-from ops.bench_worker import CpuMeter, worker_argv, worker_process
-from ops.engine_options import EngineChoice, build_engine
-from ops.kafka_local import LocalKafka
-from ops.local_process import free_port
+from ops.bench_worker import worker_argv, worker_process
+from ops.bench_workload import BenchOptions, BenchRequest, host_load, make_workload
+from ops.engine_options import build_engine
 from ops.models import resolve_model
-from ops.topics import create_topics
 
-SECTIONS = ("throughput", "latency", "ceiling", "tracing")
-DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
 MAX_LIGHT_RATE = 2.0  # requests/s
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    engine: EngineChoice  # the direct engine's, and the worker's engine options
-    workload: BenchOptions = field(default_factory=BenchOptions)  # as `bench engine`'s
-    sections: tuple[str, ...] = DEFAULT_SECTIONS
-    bootstrap_servers: str | None = None  # None: start a broker for this run
-    partitions: int = 6
-    rate: float | None = None  # latency, requests/s; None: light for the engine (`light_rate`)
-    latency_requests: int = 20
-    latency_max_new_tokens: int = 16
-    echo_requests: int = 20_000
-    echo_prompt_tokens: int = 16
-    tracing_requests: int = 5_000  # per run; runs alternate off, on, off, on
-    tracing_model_requests: int = 48  # per run to a worker on the model; 0: echo only
-    timeout_s: float = 600.0  # per wait for a worker's results
-
-    def __post_init__(self) -> None:
-        unknown = set(self.sections) - set(SECTIONS)
-        if unknown or not self.sections:
-            raise ValueError(f"sections must be some of {', '.join(SECTIONS)}")
-        if (self.rate is not None and self.rate <= 0) or self.timeout_s <= 0:
-            raise ValueError("rate and timeout must be positive")
 
 
 # -- the direct engine ---------------------------------------------------------------------
@@ -158,62 +128,7 @@ def light_rate(direct_ms: Sequence[float]) -> float:
 # -- the whole benchmark -------------------------------------------------------------------
 
 
-@dataclass
-class _Run:
-    """What every section of one run shares."""
-
-    options: PipelineOptions
-    bootstrap: str
-    broker_pid: int | None  # when this run started the broker
-    run_id: str
-    tmp: Path
-    report: dict[str, Any]
-    say: Progress
-    topics_made: list[str] = field(default_factory=list)
-
-    async def topics(self, kind: str) -> dict[str, str]:
-        """A fresh requests/results/dlq trio per worker, so no worker reads another's requests."""
-        base = f"tokenmill-bench-{self.run_id}-{kind}"
-        names = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
-        await create_topics(
-            self.bootstrap, requests_partitions=self.options.partitions, names=names
-        )
-        self.topics_made += names.values()
-        return names
-
-    def meter(self, worker: asyncio.subprocess.Process) -> CpuMeter:
-        return CpuMeter({"worker": worker.pid, "client": os.getpid(), "broker": self.broker_pid})
-
-
-@contextlib.asynccontextmanager
-async def broker(
-    bootstrap: str | None, state_dir: Path, say: Progress
-) -> AsyncIterator[tuple[str, int | None]]:
-    """The given broker, or a local one on free ports in `state_dir`, stopped on the way out.
-
-    Yields its bootstrap address and, when started here, its pid.
-    """
-    if bootstrap is not None:
-        yield bootstrap, None
-        return
-    kafka = LocalKafka(state_dir=state_dir, port=free_port())
-    say(f"kafka: starting a local broker on {kafka.bootstrap}")
-    await asyncio.to_thread(kafka.start)
-    try:
-        yield kafka.bootstrap, kafka.pid
-    finally:
-        await asyncio.to_thread(kafka.stop)
-
-
-async def _delete_topics(bootstrap: str, names: Sequence[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    with contextlib.suppress(Exception):  # best effort: a broker we do not own keeps them
-        await admin.start()
-        await admin.delete_topics(list(names))
-    await admin.close()
-
-
-async def _model_sections(run: _Run) -> None:
+async def _model_sections(run: PipelineRun) -> None:
     """Throughput and latency: the direct engine first (then released), then the worker."""
     o, report, say = run.options, run.report, run.say
     say(f"loading {o.engine.model}")
@@ -280,7 +195,7 @@ async def _model_sections(run: _Run) -> None:
     report["worker"]["exit_code"]["torch"] = proc.returncode
 
 
-async def _ceiling_section(run: _Run) -> None:
+async def _ceiling_section(run: PipelineRun) -> None:
     """The echo worker fed as fast as this process produces: with token ids, then with text."""
     o, report, say = run.options, run.report, run.say
     say(f"echo: reading {o.engine.model}'s tokenizer and config")
@@ -352,7 +267,7 @@ async def run_bench(options: PipelineOptions, progress: Progress | None = None) 
         say = progress or (lambda _: None)
         async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
             report["kafka"]["bootstrap"] = bootstrap
-            run = _Run(o, bootstrap, pid, run_id, Path(tmp), report, say)
+            run = PipelineRun(o, bootstrap, pid, run_id, Path(tmp), report, say)
             try:
                 if {"throughput", "latency"} & set(o.sections):
                     await _model_sections(run)
@@ -367,7 +282,7 @@ async def run_bench(options: PipelineOptions, progress: Progress | None = None) 
                     report["tracing"] = await tracing_section(run, prompts)
             finally:
                 if o.bootstrap_servers is not None and run.topics_made:
-                    await _delete_topics(bootstrap, run.topics_made)
+                    await delete_topics(bootstrap, run.topics_made)
     report["environment"]["host_load_1m_at_end"] = host_load()
     report["targets"] = targets(report)
     report["warnings"] = warnings_for(report)

@@ -16,10 +16,10 @@ import aiokafka
 import torch
 
 from actors.config import WorkerConfig
-from ops.bench_engine import host_load
+from ops.bench_workload import host_load
 
 if TYPE_CHECKING:
-    from ops.bench_pipeline import PipelineOptions
+    from ops.bench_pipeline_run import PipelineOptions
 
 TARGET_THROUGHPUT_RATIO = 0.95
 TARGET_ADDED_P50_MS = 10.0

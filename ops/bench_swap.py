@@ -27,7 +27,6 @@ load, resume) instead of a flip.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import shutil
@@ -35,24 +34,23 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from messages.codec import Codec
 from messages.control import Command, Status, SwapModel
 from messages.events import Event, ModelSwapFailed, ModelSwapped, StatusReply
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from ops.bench_engine import host_load
-from ops.bench_pipeline import _delete_topics, broker
+from ops.bench_broker import broker, delete_topics
 from ops.bench_swap_report import summarize, warnings_for
+from ops.bench_swap_run import ResultLog, Stamp, SwapRun
 from ops.bench_worker import CpuMeter, log_tail, worker_process
+from ops.bench_workload import host_load
 from ops.control_client import send_command
 from ops.models import resolve_model
 from ops.topics import create_topics
@@ -88,86 +86,6 @@ class SwapBenchOptions:
     @property
     def requests(self) -> int:
         return max(1, round(self.rate * self.duration_s))
-
-
-@dataclass(frozen=True)
-class Stamp:
-    """When something happened here: monotonic seconds for durations, unix for windows."""
-
-    mono: float
-    unix: float
-
-    @staticmethod
-    def now() -> Stamp:
-        return Stamp(time.monotonic(), time.time())
-
-
-@dataclass
-class SwapRun:
-    """What the load and the swap left behind, for `summarize`."""
-
-    sent: dict[str, Stamp] = field(default_factory=dict)  # request id → handed to the producer
-    late_ms: list[float] = field(default_factory=list)  # each send behind its schedule
-    load_span: tuple[float, float] = (0.0, 0.0)  # unix: first and last send
-    command_at: float | None = None  # unix, just before `send_command`
-    events: list[Event] = field(default_factory=list)  # those answering the swap command
-
-
-class ResultLog:
-    """Reads the results topic from its end as it was on entry; stamps each result on arrival."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: Collection[int]) -> None:
-        self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        self.first: dict[str, tuple[Stamp, GenerateResult]] = {}  # id → its first result
-        self.duplicates: Counter[str] = Counter()  # id → results after the first
-        self._fetched = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> ResultLog:
-        await self.consumer.start()
-        try:
-            self.consumer.assign(self.tps)
-            await self.consumer.seek_to_end(*self.tps)
-            for tp in self.tps:  # resolve positions now, not lazily after results arrive
-                await self.consumer.position(tp)
-        except BaseException:
-            await self.consumer.stop()
-            raise
-        self._task = asyncio.create_task(self._collect())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.consumer.stop()
-
-    async def _collect(self) -> None:
-        while True:
-            fetched = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
-            stamp = Stamp.now()
-            for records in fetched.values():
-                for record in records:
-                    result = _results.decode(record.value or b"")
-                    if result.id in self.first:
-                        self.duplicates[result.id] += 1
-                    else:
-                        self.first[result.id] = (stamp, result)
-            if fetched:
-                self._fetched.set()
-
-    async def missing(self, ids: Collection[str], within_s: float) -> set[str]:
-        """The ids still unanswered once every one is in, or after `within_s` seconds."""
-        left = set(ids) - self.first.keys()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(within_s):
-                while left:
-                    self._fetched.clear()
-                    await self._fetched.wait()
-                    left -= self.first.keys()
-        return left
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -321,7 +239,7 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) 
                 report = await _measure(o, rig, models_dir, say)
             finally:
                 if o.bootstrap_servers is not None:
-                    await _delete_topics(bootstrap, list(topics.values()))
+                    await delete_topics(bootstrap, list(topics.values()))
     report["config"] = {
         "model": o.model,
         "model_file": str(source),

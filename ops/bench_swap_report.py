@@ -19,7 +19,7 @@ from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStart
 from messages.result import GenerateResult
 
 if TYPE_CHECKING:
-    from ops.bench_swap import ResultLog, Stamp, SwapRun
+    from ops.bench_swap_run import ResultLog, Stamp, SwapRun
 
 DIP_BIN_S = 1.0
 DIP_AFTER_SWAP_S = 2.0

@@ -31,14 +31,14 @@ from ops.jaeger_build import is_built
 from ops.jaeger_local import LocalJaeger
 
 if TYPE_CHECKING:
-    from ops.bench_pipeline import _Run
+    from ops.bench_pipeline_run import PipelineRun
 
 TARGET_TRACING_RATIO = 0.95
 ROUNDS = 3  # of off then on
 MakeRequests = Callable[[str], list[GenerateRequest]]  # id prefix → one run's requests
 
 
-async def tracing_section(run: _Run, prompts: list[list[int]]) -> dict[str, Any]:
+async def tracing_section(run: PipelineRun, prompts: list[list[int]]) -> dict[str, Any]:
     """Requests/s with tracing off and on, echo and model; `prompts`: token ids."""
     if not is_built():
         return {"skipped": "Jaeger is not built here (`tokenmill up --jaeger` builds it)"}
@@ -78,7 +78,7 @@ async def tracing_section(run: _Run, prompts: list[list[int]]) -> dict[str, Any]
 
 
 async def _alternate(
-    run: _Run, jaeger: LocalJaeger, kind: str, make: MakeRequests, *, warm: int
+    run: PipelineRun, jaeger: LocalJaeger, kind: str, make: MakeRequests, *, warm: int
 ) -> dict[str, Any]:
     """`ROUNDS` × (off, on) floods of one workload on a `kind` worker, and their figures."""
     on_env = {
@@ -123,7 +123,7 @@ async def _alternate(
 
 
 async def _flood(
-    run: _Run,
+    run: PipelineRun,
     kind: str,
     name: str,
     requests: list[GenerateRequest],

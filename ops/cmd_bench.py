@@ -72,7 +72,8 @@ def engine(**kwargs: Any) -> None:
     model FLOP rates against a measured GEMM peak, and whether the targets were met.
     transformers is a dev dependency; without it those contenders are skipped.
     """
-    from ops.bench_engine import BenchOptions, dumps, run_bench
+    from ops.bench_engine import dumps, run_bench
+    from ops.bench_workload import BenchOptions
 
     choice = engine_choice(kwargs)
     options = BenchOptions(
@@ -155,8 +156,10 @@ def pipeline(**kwargs: Any) -> None:
     import asyncio
 
     from gpu.errors import EngineError
-    from ops.bench_engine import BenchOptions, dumps
-    from ops.bench_pipeline import DEFAULT_SECTIONS, SECTIONS, PipelineOptions, run_bench
+    from ops.bench_engine import dumps
+    from ops.bench_pipeline import run_bench
+    from ops.bench_pipeline_run import DEFAULT_SECTIONS, SECTIONS, PipelineOptions
+    from ops.bench_workload import BenchOptions
 
     choice = engine_choice(kwargs)
     try:

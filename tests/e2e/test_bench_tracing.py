@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from gpu.engine_config import EngineConfig
-from ops.bench_pipeline import PipelineOptions, run_bench
+from ops.bench_pipeline import run_bench
+from ops.bench_pipeline_run import PipelineOptions
 from ops.engine_options import EngineChoice
 from ops.jaeger_local import LocalJaeger
 

@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from gpu.engine_config import EngineConfig
-from ops.bench_engine import BenchOptions
-from ops.bench_pipeline import PipelineOptions, light_rate, run_bench
+from ops.bench_pipeline import light_rate, run_bench
+from ops.bench_pipeline_run import PipelineOptions
+from ops.bench_workload import BenchOptions
 from ops.cmd_bench import bench
 from ops.engine_options import EngineChoice
 

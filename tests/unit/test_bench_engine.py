@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loader import load_model
-from ops.bench_engine import BenchOptions, make_workload, run_bench
+from ops.bench_engine import run_bench
 from ops.bench_flops import FlopModel
+from ops.bench_workload import BenchOptions, make_workload
 from ops.cmd_bench import bench
 
 OPTIONS = BenchOptions(
@@ -120,7 +121,7 @@ def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
 
 def test_flop_model_counts_the_workload() -> None:
     from gpu.config import ModelConfig
-    from ops.bench_engine import BenchRequest
+    from ops.bench_workload import BenchRequest
 
     config = ModelConfig(
         arch="llama",

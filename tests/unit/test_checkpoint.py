@@ -10,9 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu.checkpoint import load_checkpoint
 from gpu.errors import CheckpointError, UnsupportedArchitecture
-from gpu.loader import load_model
+from gpu.loader import load_checkpoint, load_model
 from gpu.sequence import SamplingParams
 from tests.unit.test_engine import engine_tokens, random_prompts
 

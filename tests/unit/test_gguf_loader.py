@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.checkpoint import Checkpoint, load_checkpoint
+from gpu.checkpoint import Checkpoint
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.gguf_loader import load_gguf, read_gguf_config
+from gpu.loader import load_checkpoint
 
 # --- tiny synthetic GGUFs -------------------------------------------------------------------
 

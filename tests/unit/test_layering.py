@@ -1,0 +1,112 @@
+"""The map's rules, read from the code: who may import whom, and no import circles.
+
+Every import counts, at the top of a module, inside a function or under TYPE_CHECKING: a
+circle that only a lazy import keeps from failing is still a circle for a reader.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("actors", "gpu", "messages", "ops")
+# `gpu/` runs on accelerator machines that have none of the service's libraries.
+GPU_MAY_USE = {"torch", "safetensors", "tokenizers", "numpy", "gguf", "jinja2"}
+PURE = ("gpu.scheduler", "gpu.block_allocator", "gpu.sequence")  # no torch, no I/O
+
+
+@cache
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """Every absolute name `module` imports (`a.b` for `from a import b` when `a.b` is one of
+    ours, else `a`)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(modules()[module].read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                names.add(full if full in modules() else node.module)
+    return frozenset(names)
+
+
+def ours(module: str) -> set[str]:
+    return {name for name in imports(module) if name in modules() and name != module}
+
+
+def third_party(module: str) -> set[str]:
+    tops = {name.split(".")[0] for name in imports(module)}
+    return tops - set(sys.stdlib_module_names) - set(PACKAGES) - {"__future__"}
+
+
+def circles(edges: Callable[[str], set[str]] = ours) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                found.append(sorted([v, *group]))
+
+    for module in modules():
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_product_has_no_import_circles() -> None:
+    assert circles() == []
+
+
+def test_a_circle_would_be_found() -> None:
+    back = {"gpu.scheduler": {"gpu.engine"}}  # as if the scheduler imported the engine
+    found = circles(lambda m: ours(m) | back.get(m, set()))
+    assert any({"gpu.engine", "gpu.scheduler"} <= set(group) for group in found), found
+
+
+@pytest.mark.parametrize("module", [m for m in modules() if m.startswith("gpu")])
+def test_gpu_uses_only_the_engine_libraries_and_none_of_the_service(module: str) -> None:
+    assert third_party(module) <= GPU_MAY_USE, f"{module} imports {third_party(module)}"
+    assert not {m for m in ours(module) if not m.startswith("gpu")}, (module, ours(module))
+    assert "asyncio" not in {name.split(".")[0] for name in imports(module)}
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_scheduler_allocator_and_sequence_import_no_torch(module: str) -> None:
+    assert third_party(module) == set(), f"{module} imports {third_party(module)}"
+
+
+@pytest.mark.parametrize("module", [m for m in modules() if m.startswith("messages")])
+def test_messages_use_msgspec_only_and_nothing_of_the_service(module: str) -> None:
+    assert third_party(module) <= {"msgspec"}, f"{module} imports {third_party(module)}"
+    assert {m.split(".")[0] for m in ours(module)} <= {"messages"}, (module, ours(module))
