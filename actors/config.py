@@ -1,6 +1,6 @@
 """The worker's settings as the actors see them: plain frozen values, validated on creation.
 
-`ops/settings.py` fills these from flags, `TOKENMILL_*` env vars and a TOML file.
+`ops/worker/settings.py` fills these from flags, `TOKENMILL_*` env vars and a TOML file.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from actors.backpressure import Watermarks
+from actors.ingest.backpressure import Watermarks
 
 DEFAULT_REQUESTS_TOPIC = "tokenmill.requests"
 DEFAULT_RESULTS_TOPIC = "tokenmill.results"
@@ -67,7 +67,9 @@ class WorkerConfig:
     # (HMAC-SHA256); None refuses every command. Swapped-to models must lie in `models_dir`.
     control_topic: str | None = None  # None: no control plane (the CLI defaults it on)
     control_secret: str | None = field(default=None, repr=False)
-    models_dir: str | None = None  # None: the model cache (`ops.models.cache_dir()/models`)
+    models_dir: str | None = (
+        None  # None: the model cache (`ops.models.registry.cache_dir()/models`)
+    )
     # Swaps: None lets the device's free memory decide whether both models fit; a number of
     # bytes caps what all loaded models plus their KV pools may hold (below it: drain mode).
     swap_memory_budget_bytes: int | None = None

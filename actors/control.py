@@ -28,9 +28,9 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.broker_wait import started
 from actors.config import WorkerConfig
-from actors.lifecycle_spans import record_event_span
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor
+from actors.telemetry.lifecycle_spans import record_event_span
 from messages import headers as h
 from messages.codec import JSON
 from messages.events import CommandRefused, Event

@@ -33,7 +33,6 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.mail import Delivered, Headers, Outcome
-from actors.request_log import log_outcome
 from actors.results import undeliverable
 from actors.runtime import Actor
 from actors.send_errors import (
@@ -44,7 +43,8 @@ from actors.send_errors import (
     refusal_code,
     verdict,
 )
-from actors.tracing import RequestSpans, start_request_spans
+from actors.telemetry.request_log import log_outcome
+from actors.telemetry.tracing import RequestSpans, start_request_spans
 from messages import headers as h
 from messages.codec import Codec
 from messages.error_codes import ErrorCode

@@ -30,12 +30,12 @@ import structlog
 
 from actors.engine_thread import engine_thread
 from actors.faults import Faults
+from actors.ingest.model_front import ModelFront
 from actors.mail import Admitted, Batch, Outcome, SwapOrder, UseModel
-from actors.model_front import ModelFront
 from actors.results import engine_outcome
 from actors.runtime import Actor
-from actors.step_boundary import StepBoundary, new_future, resolve
-from actors.tracing import record_batch_span
+from actors.swap.step_boundary import StepBoundary, new_future, resolve
+from actors.telemetry.tracing import record_batch_span
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.errors import RequestRejected
 from gpu.model_holder import ModelHolder
@@ -87,7 +87,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.faults = faults or Faults()
         self.on_step = on_step
         # Wired by the worker: who hears about a flip, who publishes swap events, and
-        # what performs swaps (see actors.model_swap).
+        # what performs swaps (see actors.swap.swapper).
         self.ingest: Actor[Any] | None = None
         self.events: Actor[Event] | None = None
         self.swapper: Any = None
@@ -230,7 +230,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
         log.warning("gpu_recovered", requeued=len(again), failed=len(failed))
         return failed
 
-    # -- swaps (see actors.model_swap for the procedure) -----------------------------------
+    # -- swaps (see actors.swap.swapper for the procedure) -----------------------------------
 
     async def _swap(self, order: SwapOrder) -> None:
         if self.swapper is None:

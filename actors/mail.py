@@ -15,9 +15,9 @@ from pathlib import Path
 
 from aiokafka.structs import TopicPartition
 
-from actors.buckets import FlushReason
-from actors.model_front import ModelFront
-from actors.span_records import SpanLink
+from actors.ingest.buckets import FlushReason
+from actors.ingest.model_front import ModelFront
+from actors.telemetry.span_records import SpanLink
 from messages.control import Command
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef

@@ -27,12 +27,12 @@ import structlog
 from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.gpu_actor import GpuActor
-from actors.ingest import IngestActor
-from actors.lifecycle_spans import publish_event
+from actors.ingest.actor import IngestActor
 from actors.mail import SwapOrder, VerifiedCommand
-from actors.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
 from actors.restart_policy import RestartPolicy
 from actors.runtime import Actor
+from actors.swap.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
+from actors.telemetry.lifecycle_spans import publish_event
 from messages.control import Drain, Rollback, Status, SwapModel
 from messages.events import (
     ChildRestarted,

@@ -24,14 +24,14 @@ from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.faults import Faults
 from actors.gpu_actor import EngineLike, GpuActor
-from actors.gpu_utilization import GpuUtilizationSampler
-from actors.ingest import IngestActor
-from actors.model_front import ModelFront, result_size_refusal
-from actors.model_paths import AliasResolver
-from actors.model_swap import EngineBuilder, Swapper, SwapSettings, engine_builder_like
+from actors.ingest.actor import IngestActor
+from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.supervisor import Supervisor
-from actors.tracing import installed_span_recorder
-from gpu.device_memory import device_memory
+from actors.swap.model_paths import AliasResolver
+from actors.swap.swapper import EngineBuilder, Swapper, SwapSettings, engine_builder_like
+from actors.telemetry.gpu_utilization import GpuUtilizationSampler
+from actors.telemetry.tracing import installed_span_recorder
+from gpu.memory.device_memory import device_memory
 
 log = structlog.get_logger("tokenmill.worker")
 

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu.config import ModelConfig, load_hf_config
 from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
 from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError
-from gpu.tokenizer import Tokenizer
+from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.loading.tokenizer import Tokenizer
 
 _HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -50,12 +50,12 @@ class EchoModel:
 def load_echo_model(path: Path, *, name: str | None = None) -> EchoModel:
     """Config and tokenizer of an HF folder or a `.gguf` file; tensor data is never read.
 
-    Raises `CheckpointError` as `gpu.loader.load_model` does.
+    Raises `CheckpointError` as `gpu.loading.loader.load_model` does.
     """
     path = Path(path)
     h = hashlib.sha256()
     if path.is_file() and path.suffix == ".gguf":
-        from gpu.gguf_loader import read_gguf_header  # gguf-py only when a GGUF is read
+        from gpu.loading.gguf import read_gguf_header  # gguf-py only when a GGUF is read
 
         config, tokenizer, header_bytes = read_gguf_header(path)
         with path.open("rb") as f:  # the header: metadata and tensor infos, not tensor data

@@ -24,7 +24,7 @@ from gpu.errors import (
     TokenOutOfVocabulary,
 )
 from gpu.kv_pool import PAD_BLOCK, KVPool
-from gpu.loader import LoadedModel
+from gpu.loading.loader import LoadedModel
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams

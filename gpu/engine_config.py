@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from gpu.block_allocator import blocks_for
-from gpu.config import ModelConfig
 from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
-from gpu.loader import LoadedModel
-from gpu.memory_plan import activation_reserve_bytes, kv_budget_bytes, num_kv_blocks
+from gpu.loading.loader import LoadedModel
+from gpu.loading.model_config import ModelConfig
+from gpu.memory.plan import activation_reserve_bytes, kv_budget_bytes, num_kv_blocks
 from gpu.scheduler import SchedulerConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048

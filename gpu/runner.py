@@ -10,9 +10,9 @@ from typing import Protocol
 
 import torch
 
-from gpu.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from gpu.block_allocator import blocks_for
 from gpu.kv_pool import PAD_BLOCK, KVPool
+from gpu.models.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from gpu.sampling import sample
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 

@@ -1,23 +1,24 @@
 """`tokenmill`: the operator's command line.
 
-Each command lives in its own `ops/cmd_*.py` module; this file only assembles the group.
+Each command family lives in a sub-package of its own (`ops/<family>/cli.py`); this file only
+assembles the group.
 """
 
 from __future__ import annotations
 
 import click
 
-from ops.cmd_batch import batch
-from ops.cmd_bench import bench
-from ops.cmd_control import drain, rollback, status, swap
-from ops.cmd_generate import generate
-from ops.cmd_models import models
-from ops.cmd_plan import plan
-from ops.cmd_services import down, up
-from ops.cmd_submit import submit
-from ops.cmd_topics import topics
-from ops.cmd_trace import trace
-from ops.cmd_worker import worker
+from ops.batch.cli import batch
+from ops.bench.cli import bench
+from ops.control.cli import drain, rollback, status, swap
+from ops.models.cli import models
+from ops.models.generate_cli import generate
+from ops.models.plan_cli import plan
+from ops.services.cli import down, up
+from ops.services.topics_cli import topics
+from ops.submit.cli import submit
+from ops.trace.cli import trace
+from ops.worker.cli import worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -23,7 +23,7 @@ $RUN tokenmill models fetch smollm2-135m >/dev/null
 $RUN tokenmill down --state-dir "$STATE" >/dev/null 2>&1 || true # one left by KEEP_RUNNING=1
 rm -rf "$STATE"
 JAEGER=()
-if command -v go >/dev/null || $RUN python -c 'import sys; from ops.jaeger_build import is_built; sys.exit(not is_built())'; then
+if command -v go >/dev/null || $RUN python -c 'import sys; from ops.services.jaeger_build import is_built; sys.exit(not is_built())'; then
     JAEGER=(--jaeger --jaeger-ui-port "${TOKENMILL_DEMO_JAEGER_PORT:-0}" --otlp-grpc-port 0
         --otlp-http-port 0 --jaeger-state-dir "$JAEGER_STATE")
 else
@@ -57,7 +57,7 @@ $RUN tokenmill topics create
 
 # The control plane's shared secret (for `tokenmill status` below) and a free HTTP port.
 export TOKENMILL_CONTROL_SECRET=${TOKENMILL_CONTROL_SECRET:-demo-$RANDOM$RANDOM}
-HTTP_PORT=$($RUN python -c 'from ops.local_process import free_port; print(free_port())')
+HTTP_PORT=$($RUN python -c 'from ops.services.local_process import free_port; print(free_port())')
 $RUN tokenmill worker --model smollm2-135m --group tokenmill-demo --http-port "$HTTP_PORT" \
     >"$LOG" 2>&1 &
 WORKER=$!

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.jaeger_local import LocalJaeger
+from ops.services.jaeger import LocalJaeger
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.jaeger_local import LocalJaeger
+from ops.services.jaeger import LocalJaeger
 
 
 @dataclass

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 from gpu.engine_config import EngineConfig
-from ops.bench_pipeline import run_bench
-from ops.bench_pipeline_run import PipelineOptions
-from ops.engine_options import EngineChoice
-from ops.jaeger_local import LocalJaeger
+from ops.bench.pipeline import run_bench
+from ops.bench.pipeline_run import PipelineOptions
+from ops.models.engine_options import EngineChoice
+from ops.services.jaeger import LocalJaeger
 
 
 async def test_tracing_off_and_on_in_one_run(

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ops.jaeger_local import LocalJaeger
+from ops.services.jaeger import LocalJaeger
 from tests.e2e.otlp import Span, send
 
 REPO = Path(__file__).resolve().parents[2]

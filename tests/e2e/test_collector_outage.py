@@ -9,8 +9,8 @@ import statistics
 from pathlib import Path
 
 from messages.request import GenerateRequest
-from ops.jaeger_local import LocalJaeger
-from ops.jaeger_query import traces_of_request
+from ops.services.jaeger import LocalJaeger
+from ops.trace.query import traces_of_request
 from tests.e2e.waiting import wait_for
 from tests.integration.pipeline import (
     WorkerProcess,

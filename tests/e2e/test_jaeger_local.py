@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ops.jaeger_local import LocalJaeger
+from ops.services.jaeger import LocalJaeger
 from tests.e2e.otlp import Span, send
 
 REPO = Path(__file__).resolve().parents[2]

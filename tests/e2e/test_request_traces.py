@@ -13,10 +13,10 @@ from typing import Any
 
 from messages.headers import TRACEPARENT, header
 from messages.request import GenerateRequest
-from ops.jaeger_local import LocalJaeger
-from ops.jaeger_query import trace_by_id, traces_of_request
-from ops.local_process import free_port
-from ops.trace_tree import SpanNode, TraceTree
+from ops.services.jaeger import LocalJaeger
+from ops.services.local_process import free_port
+from ops.trace.query import trace_by_id, traces_of_request
+from ops.trace.tree import SpanNode, TraceTree
 from tests.e2e.waiting import wait_for
 from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane, produce, read_all
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from ops.jaeger_query import JaegerQueryError
+from ops.trace.query import JaegerQueryError
 
 
 async def wait_for(find: Any, within_s: float = 60.0) -> Any:

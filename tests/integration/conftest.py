@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.kafka_local import LocalKafka
-from ops.local_process import free_port
+from ops.services.kafka import LocalKafka
+from ops.services.local_process import free_port
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from actors.mail import VerifiedCommand
 from actors.runtime import Actor
 from messages.codec import Codec
 from messages.events import Event
-from ops.topics import create_topics
+from ops.services.topics import create_topics
 from tests.integration.pipeline import read_all
 
 event_codec: Codec[Any] = Codec(Event)  # type: ignore[arg-type]  # a union

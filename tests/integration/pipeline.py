@@ -30,7 +30,7 @@ from messages.codec import Codec, normalize_content_type
 from messages.headers import CONTENT_TYPE, header
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from ops.topics import create_topics
+from ops.services.topics import create_topics
 
 REPO = Path(__file__).resolve().parents[2]
 request_codec = Codec(GenerateRequest)
@@ -211,7 +211,7 @@ async def wait_committed_to_end(lane: Lane, within_s: float = 30.0) -> dict[int,
 @contextlib.asynccontextmanager
 async def running_worker(config: WorkerConfig, engine: Any) -> AsyncIterator[Any]:
     """An in-process worker on `engine`; drained and awaited on exit."""
-    from actors.model_front import ModelFront
+    from actors.ingest.model_front import ModelFront
     from actors.worker import Worker
 
     worker = Worker(config, engine, ModelFront.of_engine(engine))

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages import headers as h
 from messages.error_codes import ErrorCode
 from messages.limits import MAX_ID_BYTES, MAX_KEY_BYTES

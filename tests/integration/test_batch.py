@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ops.bench_batch import run_measured
+from ops.bench.batch import run_measured
 from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane
 
 MODEL = "smollm2-135m"

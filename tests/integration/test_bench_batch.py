@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu.engine_config import EngineConfig
-from ops.bench_batch import BatchBenchOptions, run_batch_bench
-from ops.engine_options import EngineChoice
+from ops.bench.batch import BatchBenchOptions, run_batch_bench
+from ops.models.engine_options import EngineChoice
 
 
 async def test_the_report_compares_the_batch_client_with_a_raw_client(

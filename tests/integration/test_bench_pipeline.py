@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from gpu.engine_config import EngineConfig
-from ops.bench_pipeline import light_rate, run_bench
-from ops.bench_pipeline_run import PipelineOptions
-from ops.bench_workload import BenchOptions
-from ops.cmd_bench import bench
-from ops.engine_options import EngineChoice
+from ops.bench.cli import bench
+from ops.bench.pipeline import light_rate, run_bench
+from ops.bench.pipeline_run import PipelineOptions
+from ops.bench.workload import BenchOptions
+from ops.models.engine_options import EngineChoice
 
 ENGINE = EngineConfig(max_model_len=128, max_num_seqs=8, num_kv_blocks=64)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from messages.request import GenerateRequest
-from ops.kafka_local import LocalKafka
+from ops.services.kafka import LocalKafka
 from tests.integration.conftest import local_broker
 from tests.integration.pipeline import WorkerProcess, new_lane, produce, results_by_id
 

@@ -10,7 +10,7 @@ import sys
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from tests.integration.pipeline import REPO, new_lane, running_worker
 
 

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from tests.integration.pipeline import new_lane, running_worker
 
 

@@ -29,8 +29,8 @@ from messages.events import (
 )
 from messages.request import GenerateRequest
 from messages.signing import sign_command
-from ops.control_client import send_command
-from ops.local_process import free_port
+from ops.control.client import send_command
+from ops.services.local_process import free_port
 from tests.integration.control_lane import ControlLane, new_control_lane
 from tests.integration.pipeline import (
     Lane,

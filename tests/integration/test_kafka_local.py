@@ -1,4 +1,5 @@
-"""`ops.kafka_local`, `ops.topics` and `tokenmill up/down/topics` against a real broker."""
+"""`ops.services.kafka`, `ops.services.topics` and `tokenmill up/down/topics` against a real
+broker."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from aiokafka.errors import KafkaError
 from click.testing import CliRunner
 
 from ops.cli import cli
-from ops.kafka_local import LocalKafka
-from ops.local_process import free_port
-from ops.topics import DEFAULT_TOPICS, create_topics, describe_topics
+from ops.services.kafka import LocalKafka
+from ops.services.local_process import free_port
+from ops.services.topics import DEFAULT_TOPICS, create_topics, describe_topics
 
 
 async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages.limits import (
     MAX_ID_BYTES,
     MAX_KEY_BYTES,

@@ -22,12 +22,12 @@ from confluent_kafka.admin import (
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages import headers as h
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
-from ops.kafka_local import LocalKafka
-from ops.topics import create_topics
+from ops.services.kafka import LocalKafka
+from ops.services.topics import create_topics
 from tests.integration.conftest import local_broker
 from tests.integration.pipeline import (
     new_lane,

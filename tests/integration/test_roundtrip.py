@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages.request import ChatMessage, GenerateRequest
 from ops.cli import cli
 from tests.integration.pipeline import new_lane, produce, results_by_id, running_worker

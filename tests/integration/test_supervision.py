@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from messages.error_codes import ErrorCode
-from ops.local_process import free_port
+from ops.services.local_process import free_port
 from tests.integration.pipeline import (
     WorkerProcess,
     new_lane,

@@ -13,8 +13,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON, Sampler
 
-from actors.span_records import SpanRecord, decode_records, encode_records, to_readable_span
-from actors.tracing import SpanRecorder
+from actors.telemetry.span_records import (
+    SpanRecord,
+    decode_records,
+    encode_records,
+    to_readable_span,
+)
+from actors.telemetry.tracing import SpanRecorder
 
 RESOURCE = Resource.create({"service.name": "tokenmill-test"})
 

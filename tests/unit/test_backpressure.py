@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.backpressure import Backpressure, Decision, Watermarks
+from actors.ingest.backpressure import Backpressure, Decision, Watermarks
 
 
 def test_low_watermarks_default_to_half_the_high() -> None:

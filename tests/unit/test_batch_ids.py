@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.batch_ids import _MERGE_AT, Fingerprints, fingerprint
+from ops.batch.ids import _MERGE_AT, Fingerprints, fingerprint
 
 MANY = 70_000  # more than _MERGE_AT, so most keys sit in the sorted array
 
@@ -90,7 +90,7 @@ def test_duplicates_are_refused_on_both_sides_of_a_merge() -> None:
     probes=st.lists(st.text(max_size=8), max_size=20),
 )
 def test_answers_like_a_python_set(merge_at: int, added: list[str], probes: list[str]) -> None:
-    with mock.patch("ops.batch_ids._MERGE_AT", merge_at):
+    with mock.patch("ops.batch.ids._MERGE_AT", merge_at):
         fingerprints, reference = Fingerprints(), set[str]()
         for key in added:
             assert fingerprints.add(key) == (key not in reference)

@@ -22,7 +22,7 @@ from messages.openai_batch import (
 )
 from messages.openai_batch_mapping import LineCode, answer_line, refusal_line
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
-from ops.batch_output import OutputWriter, read_answered
+from ops.batch.output import OutputWriter, read_answered
 from ops.errors import BatchOutputBusy
 
 MODEL = ModelRef(name="smollm2-135m", digest="sha256:" + "cd" * 32)

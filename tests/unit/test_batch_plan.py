@@ -17,9 +17,9 @@ import pytest
 from messages.error_codes import ErrorCode
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchOutputLine
 from messages.result import ErrorInfo, FinishReason, GenerateResult, Usage
-from ops.batch_output import Answered
-from ops.batch_plan import MAX_ATTEMPTS, BatchPlan, InFlight
-from ops.batch_summary import BatchSummary, count_lines
+from ops.batch.output import Answered
+from ops.batch.plan import MAX_ATTEMPTS, BatchPlan, InFlight
+from ops.batch.summary import BatchSummary, count_lines
 
 HI = [{"role": "user", "content": "Hi"}]
 

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
-from ops.bench_engine import run_bench
-from ops.bench_flops import FlopModel
-from ops.bench_workload import BenchOptions, make_workload
-from ops.cmd_bench import bench
+from gpu.loading.loader import load_model
+from ops.bench.cli import bench
+from ops.bench.engine import run_bench
+from ops.bench.flops import FlopModel
+from ops.bench.workload import BenchOptions, make_workload
 
 OPTIONS = BenchOptions(
     requests=6,
@@ -120,8 +120,8 @@ def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
 
 
 def test_flop_model_counts_the_workload() -> None:
-    from gpu.config import ModelConfig
-    from ops.bench_workload import BenchRequest
+    from gpu.loading.model_config import ModelConfig
+    from ops.bench.workload import BenchRequest
 
     config = ModelConfig(
         arch="llama",
@@ -186,7 +186,7 @@ def test_without_transformers_the_engine_still_runs(
     def missing() -> Any:
         raise ImportError("No module named 'transformers'")
 
-    monkeypatch.setattr("ops.bench_engine._transformers", missing)
+    monkeypatch.setattr("ops.bench.engine._transformers", missing)
     options = BenchOptions(**{**OPTIONS.__dict__, "requests": 2})
     report = run_bench(_engine(checkpoint), options)
     c = report["contenders"]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
+from actors.ingest.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
 
 
 class FakeClock:

@@ -1,10 +1,10 @@
-"""gpu.byte_sizes: reading sizes such as 80GiB or 1.5GB, and printing byte counts."""
+"""gpu.memory.byte_sizes: reading sizes such as 80GiB or 1.5GB, and printing byte counts."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu.byte_sizes import format_bytes, parse_size
+from gpu.memory.byte_sizes import format_bytes, parse_size
 
 GiB = 2**30
 MiB = 2**20

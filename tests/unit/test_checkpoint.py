@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpu.errors import CheckpointError, UnsupportedArchitecture
-from gpu.loader import load_checkpoint, load_model
+from gpu.loading.loader import load_checkpoint, load_model
 from gpu.sequence import SamplingParams
 from tests.unit.test_engine import engine_tokens, random_prompts
 

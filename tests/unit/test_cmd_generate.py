@@ -44,7 +44,7 @@ def test_smollm2_generate_matches_transformers_token_for_token(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from gpu.gguf_loader import load_gguf
+    from gpu.loading.gguf import load_gguf
 
     prompt_file = tmp_path / "prompts.txt"
     prompt_file.write_text("\n".join(PROMPTS))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ops.cmd_plan import plan
+from ops.models.plan_cli import plan
 
 LLAMA = {
     "model_type": "llama",

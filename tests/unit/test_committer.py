@@ -6,9 +6,9 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from actors.committer import Committer
-from actors.crash_guard import RELEASED, CrashGuard, Held, parse
-from actors.offsets import OffsetTracker
+from actors.ingest.committer import Committer
+from actors.ingest.crash_guard import RELEASED, CrashGuard, Held, parse
+from actors.ingest.offsets import OffsetTracker
 
 TP = TopicPartition("requests", 0)
 

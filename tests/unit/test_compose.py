@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ops.topics import DEFAULT_TOPICS
+from ops.services.topics import DEFAULT_TOPICS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"

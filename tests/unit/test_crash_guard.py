@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.crash_guard import RELEASED, CrashGuard, Held, held, parse
+from actors.ingest.crash_guard import RELEASED, CrashGuard, Held, held, parse
 
 TP = ("requests", 0)
 

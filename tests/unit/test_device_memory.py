@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu.device_memory import device_memory
+from gpu.memory.device_memory import device_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 has_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -26,7 +26,7 @@ def test_on_a_gpu_machine_it_does_not_initialise_cuda_either() -> None:
     # A fresh interpreter: in this one another test may have initialised CUDA already.
     code = (
         "import torch\n"
-        "from gpu.device_memory import device_memory\n"
+        "from gpu.memory.device_memory import device_memory\n"
         "assert device_memory() == []\n"
         "assert not torch.cuda.is_initialized()\n"
     )

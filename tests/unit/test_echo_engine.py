@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.model_front import ModelFront
+from actors.ingest.model_front import ModelFront
 from gpu.echo_engine import EchoEngine, EchoModel, load_echo_model
 from gpu.engine import EngineRequest
 from gpu.engine_config import EngineConfig
@@ -178,12 +178,12 @@ def test_a_path_that_is_no_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_smollm2_gguf_reads_only_the_header(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpu.gguf_loader
+    import gpu.loading.gguf
 
     def no_tensors(*_: object) -> None:
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr(gpu.gguf_loader, "_tensors", no_tensors)
+    monkeypatch.setattr(gpu.loading.gguf, "_tensors", no_tensors)
 
     model = load_echo_model(smollm2_path, name="smollm2-135m")
     engine = EchoEngine(model)

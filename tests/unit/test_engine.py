@@ -9,7 +9,7 @@ import torch
 
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
-from gpu.loader import LoadedModel, load_model
+from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from tests.tiny_models import ARCHS

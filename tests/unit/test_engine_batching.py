@@ -8,7 +8,7 @@ import pytest
 
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
-from gpu.loader import LoadedModel, load_model
+from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from tests.unit.test_engine import CHUNKY, engine_tokens, random_prompts

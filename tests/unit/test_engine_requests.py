@@ -17,7 +17,7 @@ from gpu.errors import (
     RequestRejected,
     TokenOutOfVocabulary,
 )
-from gpu.loader import LoadedModel, load_model
+from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 

@@ -1,4 +1,4 @@
-"""gpu.gguf_loader: tiny GGUFs written here (fast); the real SmolLM2 file against transformers."""
+"""gpu.loading.gguf: tiny GGUFs written here (fast); the real SmolLM2 file against transformers."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.checkpoint import Checkpoint
 from gpu.errors import CheckpointError, UnsupportedArchitecture
-from gpu.gguf_loader import load_gguf, read_gguf_config
-from gpu.loader import load_checkpoint
+from gpu.loading.checkpoint import Checkpoint
+from gpu.loading.gguf import load_gguf, read_gguf_config
+from gpu.loading.loader import load_checkpoint
 
 # --- tiny synthetic GGUFs -------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""gpu.gguf_tokenizer: tiny GGUFs (test_gguf_loader's writer); the real SmolLM2 vs transformers."""
+"""gpu.loading.gguf_tokenizer: tiny GGUFs (test_gguf_loader's writer); the real SmolLM2 vs
+transformers."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpu.errors import CheckpointError
-from gpu.gguf_loader import load_gguf
-from gpu.tokenizer import Tokenizer
+from gpu.loading.gguf import load_gguf
+from gpu.loading.tokenizer import Tokenizer
 from tests.unit.test_gguf_loader import IM_END, IM_START, THINK, TOKENS, VOCAB, write_tiny
 
 # --- tiny synthetic GGUFs -------------------------------------------------------------------

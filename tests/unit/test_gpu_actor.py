@@ -12,7 +12,7 @@ from actors.mail import Admitted, Batch, Outcome, RecordRef
 from actors.runtime import Actor
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from structlog.testing import capture_logs
 
-from actors.gpu_utilization import GpuUtilization, GpuUtilizationSampler
+from actors.telemetry.gpu_utilization import GpuUtilization, GpuUtilizationSampler
 
 
 class FakeNvmlError(Exception):

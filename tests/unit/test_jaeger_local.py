@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ops.errors import JaegerBuildError
-from ops.jaeger_build import jaeger_binary, jaeger_binary_path
-from ops.jaeger_local import render_config
+from ops.services.jaeger import render_config
+from ops.services.jaeger_build import jaeger_binary, jaeger_binary_path
 
 
 def test_the_config_listens_on_loopback_only_and_on_the_given_ports() -> None:

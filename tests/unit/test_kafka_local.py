@@ -1,4 +1,5 @@
-"""The pure parts of `ops.kafka_local` and `ops.kafka_jars`: nothing here starts a broker."""
+"""The pure parts of `ops.services.kafka` and `ops.services.kafka_jars`: nothing here starts a
+broker."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ops.errors import JavaNotFound, MavenError
-from ops.kafka_jars import (
+from ops.services.kafka import MAX_MESSAGE_BYTES, render_log4j2, render_server_properties
+from ops.services.kafka_jars import (
     MARKER,
     find_java,
     kafka_libs_dir,
@@ -15,7 +17,6 @@ from ops.kafka_jars import (
     render_pom,
     resolve_kafka_jars,
 )
-from ops.kafka_local import MAX_MESSAGE_BYTES, render_log4j2, render_server_properties
 
 
 def _properties(text: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
-from actors.lifecycle_spans import record_event_span
+from actors.telemetry.lifecycle_spans import record_event_span
 from messages.events import (
     ChildRestarted,
     CommandRefused,

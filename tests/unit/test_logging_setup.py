@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ops.logging_setup import RepeatLimit
+from ops.worker.logging_setup import RepeatLimit
 
 
 def record(msg: str, created: float, name: str = "aiokafka") -> logging.LogRecord:

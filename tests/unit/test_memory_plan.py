@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu.config import ModelConfig
 from gpu.errors import MemoryPlanError
-from gpu.memory_plan import (
+from gpu.loading.model_config import ModelConfig
+from gpu.memory.plan import (
     activation_reserve_bytes,
     canonical_dtype,
     default_max_batched_tokens,
@@ -291,7 +291,7 @@ def test_num_kv_blocks() -> None:
 
 
 def test_planner_does_not_import_torch() -> None:
-    code = "import sys, gpu.memory_plan; assert 'torch' not in sys.modules"
+    code = "import sys, gpu.memory.plan; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.gpu_utilization import GpuUtilization
-from actors.metrics import WorkerMetrics
+from actors.telemetry.gpu_utilization import GpuUtilization
+from actors.telemetry.metrics import WorkerMetrics
 from gpu.engine import StepStats
 from messages.error_codes import ErrorCode
 from messages.result import ErrorInfo, FinishReason, GenerateResult, Timings, Usage

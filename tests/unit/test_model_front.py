@@ -1,6 +1,6 @@
 """ModelFront: model names, tokenization (prompt, token ids, chat) and the model's limits.
 
-A real `gpu.tokenizer.Tokenizer` read from an HF folder: the tiny byte-level BPE the tiny
+A real `gpu.loading.tokenizer.Tokenizer` read from an HF folder: the tiny byte-level BPE the tiny
 checkpoints use (trained in milliseconds), with a BOS post-processor so special tokens show,
 and a ChatML template in `tokenizer_config.json` for the chat cases.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from tokenizers import processors
 
-from actors.model_front import ModelFront
+from actors.ingest.model_front import ModelFront
 from gpu.engine_config import EngineConfig
-from gpu.tokenizer import Tokenizer
+from gpu.loading.tokenizer import Tokenizer
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.request import ChatMessage, GenerateRequest

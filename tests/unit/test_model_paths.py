@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.model_paths import ModelPathRefused, resolve_in_models_dir
+from actors.swap.model_paths import ModelPathRefused, resolve_in_models_dir
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from actors.gpu_actor import GpuActor
 from actors.mail import Admitted, Batch, Outcome, RecordRef, SwapOrder
-from actors.model_swap import Swapper, SwapSettings, engine_builder_like
 from actors.runtime import Actor
+from actors.swap.swapper import Swapper, SwapSettings, engine_builder_like
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted
 from messages.request import GenerateRequest
 

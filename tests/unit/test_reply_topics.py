@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.reply_topics import KnownTopics, ReplyPolicy
+from actors.ingest.reply_topics import KnownTopics, ReplyPolicy
 
 POLICY = ReplyPolicy.of(
     results_topic="tokenmill.results",

@@ -7,7 +7,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from actors.mail import Outcome, RecordRef
-from actors.request_log import log_outcome, trace_ids
+from actors.telemetry.request_log import log_outcome, trace_ids
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 from messages.result import ErrorInfo, FinishReason, GenerateResult

@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 from actors.config import WorkerConfig
 from actors.gpu_actor import GpuActor
+from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.mail import SwapOrder
-from actors.model_front import ModelFront, result_size_refusal
-from actors.model_swap import Swapper, SwapSettings, engine_builder_like
+from actors.swap.swapper import Swapper, SwapSettings, engine_builder_like
 from actors.worker import Worker
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from gpu.loader import load_model
+from gpu.loading.loader import load_model
 from messages.events import ModelSwapFailed, ModelSwapStarted
 from ops.cli import cli
 from tests.unit.test_model_swap import Inbox

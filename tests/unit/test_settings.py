@@ -9,9 +9,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from actors.backpressure import Watermarks
 from actors.config import WorkerConfig
-from ops.settings import DEFAULT_BOOTSTRAP, default_models_dir, worker_config, worker_options
+from actors.ingest.backpressure import Watermarks
+from ops.worker.settings import DEFAULT_BOOTSTRAP, default_models_dir, worker_config, worker_options
 
 
 @click.command()

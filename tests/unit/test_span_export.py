@@ -1,4 +1,5 @@
-"""The span export process's loop (ops/span_export.py): frames of span records in, the SDK's
+"""The span export process's loop (actors/telemetry/span_export.py): frames of span records in, the
+SDK's
 spans out to an exporter, with the process's resource; a frame cut short ends the input."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from actors.span_records import SpanLink, SpanRecord, encode_records
-from actors.span_sink import FRAME_HEADER_BYTES
-from ops.span_export import export_frames
+from actors.telemetry.span_export import export_frames
+from actors.telemetry.span_records import SpanLink, SpanRecord, encode_records
+from actors.telemetry.span_sink import FRAME_HEADER_BYTES
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

@@ -1,4 +1,5 @@
-"""The worker's span sink (actors/span_sink.py) against a real child process that reads its
+"""The worker's span sink (actors/telemetry/span_sink.py) against a real child process that reads
+its
 frames as the span export process does and writes each record's name to a file: frames,
 flush on close, drops when full, a dead export process started again."""
 
@@ -8,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from actors.span_records import SpanRecord
-from actors.span_sink import SpanSink
+from actors.telemetry.span_records import SpanRecord
+from actors.telemetry.span_sink import SpanSink
 
 READER = """
 import sys, msgspec

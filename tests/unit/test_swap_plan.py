@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu.swap_plan import SAFETY_MARGIN, plan_swap
+from gpu.memory.swap_plan import SAFETY_MARGIN, plan_swap
 
 GIB = 1 << 30
 

@@ -1,10 +1,10 @@
-"""W3C traceparent parsing and writing (actors/trace_context.py), by the spec's rules."""
+"""W3C traceparent parsing and writing (actors/telemetry/trace_context.py), by the spec's rules."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors.trace_context import incoming_parent, outgoing_headers
+from actors.telemetry.trace_context import incoming_parent, outgoing_headers
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

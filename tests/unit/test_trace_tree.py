@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.trace_tree import TraceTree
+from ops.trace.tree import TraceTree
 
 
 def span(span_id: str, name: str, start: int, *, parent: str = "", ref: str = "CHILD_OF",

@@ -1,4 +1,5 @@
-"""A request's spans, recorded from an `Outcome` when its result is sent (actors/tracing.py),
+"""A request's spans, recorded from an `Outcome` when its result is sent
+(actors/telemetry/tracing.py),
 read back as the export process builds them: names, parents, kinds, times, attributes, links
 and the result's headers."""
 
@@ -8,7 +9,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors.mail import Outcome, RecordRef
-from actors.tracing import start_request_spans
+from actors.telemetry.tracing import start_request_spans
 from messages.error_codes import ErrorCode
 from messages.request import ChatMessage, GenerateRequest
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
@@ -97,7 +98,7 @@ def test_a_refused_request_has_an_error_and_no_engine_phases() -> None:
 
 def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> None:
     from actors.mail import Admitted, Batch
-    from actors.tracing import record_batch_span
+    from actors.telemetry.tracing import record_batch_span
 
     capture = SpanCapture()
     item = outcome()
@@ -131,7 +132,7 @@ def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> N
 
 def test_without_a_recorder_a_batch_has_no_span() -> None:
     from actors.mail import Batch
-    from actors.tracing import record_batch_span
+    from actors.telemetry.tracing import record_batch_span
 
     assert record_batch_span(Batch(bucket=32, items=[], tokens=0, reason="size")) is None
 

@@ -1,0 +1,460 @@
+"""IngestActor: Kafka records in → checked, tokenized, length-bucketed `Batch`es out.
+
+Owns the consumer, the `OffsetTracker` and the backpressure state. Every record it reads ends
+in exactly one `Outcome` (a result or an error result, plus a dead letter when undecodable);
+its offset is committed only after the emitter reports that outcome delivered.
+
+Mailbox: `Delivered` notices from the emitter; `UseModel` from the GPU actor after a model flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from actors.broker_wait import started
+from actors.config import WorkerConfig
+from actors.ingest.backpressure import Backpressure, Decision
+from actors.ingest.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
+from actors.ingest.committer import Committer
+from actors.ingest.crash_guard import CrashGuard
+from actors.ingest.door import check, key_text, tokenize_all
+from actors.ingest.model_front import ModelFront
+from actors.ingest.offsets import OffsetTracker
+from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
+from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
+from actors.results import rejected_at_door
+from actors.runtime import Actor
+from actors.telemetry.request_log import request_context
+from messages import headers as h
+from messages.codec import JSON, normalize_content_type
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.request import GenerateRequest
+from messages.request_decoding import decode_request
+
+log = structlog.get_logger("tokenmill.ingest")
+
+_POLL_MS = 100
+
+
+class IngestActor(Actor[Delivered | UseModel]):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        front: ModelFront,
+        gpu: Actor[Any],  # takes `Batch`es
+        emitter: Actor[Outcome],
+    ) -> None:
+        super().__init__("ingest", mailbox_size=max(config.emit_max_in_flight, 1024))
+        self.config = config
+        self.front = front
+        self.gpu = gpu
+        self.emitter = emitter
+        self.tracker = OffsetTracker()
+        self.guard = CrashGuard(config.max_record_crashes)
+        self.committer = Committer(self.tracker, self.guard, headroom=config.fetch_max_records)
+        self.backpressure = Backpressure(config.watermarks)
+        self.buckets: LengthBuckets[Admitted] = LengthBuckets(
+            BucketConfig(
+                boundaries=config.bucket_boundaries or default_boundaries(front.max_model_len),
+                max_batch_tokens=config.max_batch_tokens,
+                max_batch_size=config.max_batch_size,
+                max_wait_s=config.max_wait_ms / 1000,
+            )
+        )
+        self.consumer: AIOKafkaConsumer | None = None
+        policy = ReplyPolicy.of(
+            results_topic=config.results_topic,
+            own_topics=(
+                config.requests_topic,
+                config.dlq_topic,
+                config.control_topic,
+                config.events_topic,
+            ),
+            allowed=config.allowed_reply_to,
+        )
+        self.reply_topics = ReplyTopics(policy, KnownTopics(self._list_topics))
+        self.records_read = 0
+        self.metrics: Any = None  # a WorkerMetrics, when the worker has one
+        self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
+        self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
+        self._bucket_added = asyncio.Event()
+        self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
+        self._delivered = asyncio.Event()  # set by every delivery
+        # Bumped by every rebalance: a fetch made under an older assignment is not tracked
+        # past the rebalance (its partitions may have been revoked and handed back, with
+        # fetching restarted at the last commit).
+        self._generation = 0
+
+    # -- the actor's life ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.joined = False
+        consumer = await started(self._new_consumer, name="ingest", stopping=self.stopping)
+        if consumer is None:
+            return  # drained before the broker answered
+        log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                fetching = tg.create_task(self._fetch_loop(consumer))
+                flushing = tg.create_task(self._flush_loop())
+                mail = tg.create_task(self._mail_loop())
+                committing = tg.create_task(self._commit_loop(consumer))
+                await fetching
+                self._bucket_added.set()  # wakes the flush loop, which sees `stopping`
+                await flushing
+                # Draining: what sits in buckets runs now; then wait for every outcome.
+                await self._flush(self.buckets.drain())
+                await self._wait_quiet()
+                mail.cancel()
+                committing.cancel()
+            await self.committer.commit(
+                consumer, consumer.assignment(), self.fetched_to, release=True
+            )
+        finally:
+            await consumer.stop()
+            log.info("ingest_stopped", records=self.records_read)
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        self.consumer = consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap_servers,
+            group_id=self.config.group,
+            client_id=f"tokenmill-{self.config.worker_id}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=self.config.max_request_bytes + (64 << 10),
+            fetch_max_wait_ms=self.config.fetch_max_wait_ms,
+        )
+        consumer.subscribe([self.config.requests_topic], listener=_Rebalance(self))
+        return consumer
+
+    async def _list_topics(self) -> set[str]:
+        if self.consumer is None:
+            raise KafkaError("the consumer is not started")
+        return set(await self.consumer.topics())
+
+    async def _wait_quiet(self) -> None:
+        while self.tracker.in_flight() > 0:
+            self._quiet.clear()
+            await self._quiet.wait()
+
+    # -- fetching ------------------------------------------------------------------------
+
+    async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while not self.stopping.is_set():
+            # Never fetch more than the watermark has room for: a whole fetched batch is
+            # admitted before the next pause can take effect.
+            limit = min(self.config.fetch_max_records, self.backpressure.room)
+            fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
+            # What getmany returns belongs to the assignment current now; a rebalance while
+            # it is handled resets the positions to the last commit (eager protocol).
+            generation = self._generation
+            if fetched:  # what is now in flight is on record before it runs (crash_guard)
+                await self.committer.fetched(
+                    consumer,
+                    {tp: r[0].offset for tp, r in fetched.items()},
+                    {tp: r[-1].offset + 1 for tp, r in fetched.items()},
+                )
+            for records in fetched.values():
+                await self._ingest(records, generation)
+            if fetched and self.backpressure.requests == len(self.buckets):
+                # Nothing is running: waiting to fill a batch would only add latency, and
+                # whatever arrives next joins the running batch at the engine's next step.
+                await self._flush(self.buckets.drain("idle"))
+
+    async def _ingest(
+        self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
+    ) -> None:
+        """A partition's fetched records; suspects (in flight when a worker died) run in
+        isolated chunks first (see `crash_guard`)."""
+        tp = TopicPartition(records[0].topic, records[0].partition)
+        start = 0
+        while start < len(records):
+            end = self.guard.chunk_end(tp, records[start].offset)
+            if end is None:
+                await self._ingest_records(records[start:], generation)
+                return
+            stop = start
+            while stop < len(records) and records[stop].offset < end:
+                stop += 1
+            await self._ingest_isolated(tp, records[start:stop], generation)
+            start = stop
+
+    async def _ingest_isolated(
+        self, tp: TopicPartition, chunk: Sequence[ConsumerRecord[bytes, bytes]], generation: int
+    ) -> None:
+        """Run a chunk of suspects with nothing else of their partition and commit past it
+        once done: if the worker dies meanwhile, the chunk is what was in flight."""
+        first, last = chunk[0].offset, chunk[-1].offset
+        log.info("records_isolated", topic=tp.topic, partition=tp.partition, first=first,
+                 last=last)  # fmt: skip
+        await self._ingest_records(chunk, generation)
+        await self._flush(self.buckets.drain("isolated"))
+        while generation == self._generation and not self.stopping.is_set():
+            point = self.tracker.commit_point(tp)
+            if point is None or point > last:
+                break
+            self._delivered.clear()
+            await self._delivered.wait()
+        if self.consumer is not None and generation == self._generation:
+            await self.committer.commit(self.consumer, [tp], self.fetched_to)
+
+    async def _ingest_records(
+        self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int
+    ) -> None:
+        """Decode and check a partition's fetched records, tokenize the good ones, queue them."""
+        accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]] = []
+        for record in records:
+            ref = RecordRef(
+                record.topic, record.partition, record.offset, record.timestamp, record.key
+            )
+            if generation != self._generation:
+                # A rebalance ran while this fetch was handled: the rest of it is read again
+                # from the last commit by whoever owns the partition now.
+                break
+            self.tracker.track(ref.tp, ref.offset)
+            self.fetched_to[ref.tp] = ref.offset + 1
+            self.records_read += 1
+            headers = [(k, v) for k, v in record.headers if v is not None]
+            if (deaths := self.guard.quarantined(ref.tp, ref.offset)) is not None:
+                await self._quarantine(ref, record.value, headers, deaths)
+                continue
+            raw_ctype = h.header(headers, h.CONTENT_TYPE)
+            try:
+                request = decode_request(
+                    record.value, raw_ctype, max_bytes=self.config.max_request_bytes, key=ref.key
+                )
+            except UndecodableRequest as exc:
+                await self._reject(ref, exc, record.value, headers)
+                continue
+            try:
+                deadline = check(request, record.timestamp)
+                await self.reply_topics.check(request.reply_to)
+            except InvalidRequest as exc:
+                await self._reject(ref, exc, None, headers, request=request)
+                continue
+            ctype = normalize_content_type(raw_ctype)
+            accepted.append((ref, request, ctype, headers, deadline))
+        if not accepted:
+            return
+        # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
+        loop = asyncio.get_running_loop()
+        front = self.front  # a flip meanwhile: the GPU actor tokenizes these again
+        tokens = await loop.run_in_executor(None, tokenize_all, front, [a[1] for a in accepted])
+        now = time.monotonic()
+        for (ref, request, ctype, headers, deadline), ids in zip(accepted, tokens, strict=True):
+            if isinstance(ids, InvalidRequest):
+                await self._reject(ref, ids, None, headers, request=request)
+                continue
+            item = Admitted(
+                request=request,
+                record=ref,
+                prompt_token_ids=ids,
+                reply_topic=request.reply_to or self.config.results_topic,
+                content_type=ctype,
+                trace=h.trace_headers(headers),
+                consumed_at=now,
+                deadline=deadline,
+                model_digest=front.digest,
+            )
+            self._account(self.backpressure.admit(1, item.cost_tokens))
+            await self._flush(self.buckets.add(item, len(ids)))
+            self._bucket_added.set()
+
+    async def _reject(
+        self,
+        ref: RecordRef,
+        exc: UndecodableRequest | InvalidRequest,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        request: GenerateRequest | None = None,
+    ) -> None:
+        if isinstance(exc, UndecodableRequest):
+            request_id = exc.request_id or key_text(ref.key)
+            reply_to = exc.reply_to
+        else:
+            request_id = request.id if request else ""
+            reply_to = request.reply_to if request else None
+        if not (reply_to and await self.reply_topics.usable(reply_to)):
+            reply_to = self.config.results_topic
+        try:
+            ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
+        except UnsupportedContentType:
+            ctype = JSON
+        with request_context(ref, request_id, h.trace_headers(headers)):
+            log.info("request_rejected", code=exc.code.value)
+        outcome = rejected_at_door(
+            ref,
+            exc.code,
+            exc.message,
+            request_id=request_id,
+            reply_topic=reply_to,
+            content_type=ctype,
+            worker=self.config.worker_id,
+            value=value,
+            headers=headers,
+            metadata=request.metadata if request else None,
+            max_dead_letter_bytes=self.config.max_request_bytes,
+            request=request,
+        )
+        await self.emitter.send(outcome)
+
+    async def _quarantine(
+        self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
+    ) -> None:
+        """Answer a record that was in flight when `deaths` workers died, without running it."""
+        log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
+                  offset=ref.offset, deaths=deaths)  # fmt: skip
+        try:  # its id and reply_to, if it has them
+            request: GenerateRequest | None = decode_request(
+                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
+            )
+        except UndecodableRequest:
+            request = None
+        error = UndecodableRequest(
+            ErrorCode.QUARANTINED,
+            f"quarantined: {deaths} workers died while this record was the oldest one running "
+            "on its partition; it is not run again (the record is on the DLQ)",
+            request_id=request.id if request is not None else "",
+            reply_to=request.reply_to if request is not None else None,
+        )
+        await self._reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])
+
+    # -- batching ------------------------------------------------------------------------
+
+    async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
+        for f in flushed:
+            if self.metrics is not None:
+                self.metrics.observe_batch(len(f.items), f.tokens, f.reason)
+            log.debug(
+                "batch_flushed",
+                bucket=f.bucket,
+                size=len(f.items),
+                tokens=f.tokens,
+                reason=f.reason,
+                oldest_wait_ms=round(f.oldest_wait_s * 1000, 2),
+            )
+            await self.gpu.send(
+                Batch(bucket=f.bucket, items=f.items, tokens=f.tokens, reason=f.reason)
+            )
+
+    async def _flush_loop(self) -> None:
+        while not self.stopping.is_set():
+            deadline = self.buckets.next_deadline()
+            self._bucket_added.clear()
+            if deadline is None:
+                await self._bucket_added.wait()
+                continue
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._bucket_added.wait(), delay)
+            await self._flush(self.buckets.due())
+
+    # -- deliveries, backpressure, commits -----------------------------------------------
+
+    async def _mail_loop(self) -> None:
+        while True:
+            first = await self.mailbox.get()
+            for delivered in [first, *self.drain_mailbox()]:
+                if isinstance(delivered, UseModel):
+                    self.front = delivered.front
+                    log.info("ingest_model", model=self.front.name, digest=self.front.digest)
+                    continue
+                self.tracker.done(delivered.record.tp, delivered.record.offset)
+                if delivered.admitted:
+                    self._account(self.backpressure.release(1, delivered.cost_tokens))
+            self._delivered.set()
+            if self.tracker.in_flight() == 0:
+                self._quiet.set()
+
+    def _account(self, decision: Decision) -> None:
+        consumer = self.consumer
+        if consumer is None or decision is Decision.NONE:
+            return
+        assigned = consumer.assignment()
+        if decision is Decision.PAUSE:
+            consumer.pause(*assigned)
+            log.info(
+                "partitions_paused",
+                requests=self.backpressure.requests,
+                tokens=self.backpressure.tokens,
+            )
+        else:
+            consumer.resume(*assigned)
+            log.info(
+                "partitions_resumed",
+                requests=self.backpressure.requests,
+                tokens=self.backpressure.tokens,
+            )
+
+    async def _commit_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval_s)
+            await self._commit(consumer)
+
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit the contiguous-done offsets of the partitions still assigned."""
+        await self.committer.commit(consumer, consumer.assignment(), self.fetched_to)
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        self._generation += 1
+        await self.committer.commit(consumer, revoked, self.fetched_to, release=True)
+        self.tracker.revoke(revoked)
+        self.committer.forget(revoked)
+        for tp in revoked:
+            self.fetched_to.pop(tp, None)
+        log.info("partitions_revoked", partitions=_names(revoked))
+
+    def lag(self) -> dict[int, int]:
+        """Records not yet fetched, per assigned partition of the requests topic (from the
+        high watermark of the last fetch; partitions not fetched from yet are left out)."""
+        consumer = self.consumer
+        if consumer is None or not self.joined:
+            return {}
+        out = {}
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None and tp in self.fetched_to:
+                out[tp.partition] = max(high - self.fetched_to[tp], 0)
+        return out
+
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # Fetching restarts at the last commit: forget whatever a stale earlier
+        # assignment left, so offsets are tracked afresh.
+        self._generation += 1
+        self.joined = True
+        self.tracker.revoke(assigned)
+        self.committer.forget(assigned)
+        if self.consumer is not None:
+            await self.committer.take_over(self.consumer, assigned)
+        if self.backpressure.paused and self.consumer is not None:
+            self.consumer.pause(*assigned)
+        log.info("partitions_assigned", partitions=_names(assigned))
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, ingest: IngestActor) -> None:
+        self.ingest = ingest
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.ingest.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.ingest.on_assigned(assigned)
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}/{tp.partition}" for tp in tps)

@@ -1,0 +1,131 @@
+"""The ingest's commits: the offsets the `OffsetTracker` allows, with the `CrashGuard`'s metadata.
+
+    await committer.take_over(consumer, assigned)            last commits, to the crash guard
+    await committer.fetched(consumer, first, to)              before fetched records run
+    await committer.commit(consumer, assigned, fetched_to)   progress, and what is in flight
+    await committer.commit(consumer, revoked, fetched_to, release=True)   giving them up
+
+A commit is written when a partition's offset or its metadata changed. The metadata records
+what is in flight, so it is written before fetched records run (`fetched()`): a worker that
+dies while running them leaves that behind. To keep that off the consume loop's path, it
+counts `headroom` more records than were fetched, and a fetch commits only when it passes
+that mark. A failed commit is logged and retried by the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+
+import structlog
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from actors.ingest.crash_guard import RELEASED, CrashGuard, parse
+from actors.ingest.offsets import OffsetTracker
+
+log = structlog.get_logger("tokenmill.ingest")
+
+
+class Committer:
+    def __init__(self, tracker: OffsetTracker, guard: CrashGuard, *, headroom: int) -> None:
+        """`headroom`: records past the fetched ones counted as in flight, so that a fetch
+        needs a commit of its own only once per `headroom` records (not every fetch)."""
+        self.tracker = tracker
+        self.guard = guard
+        self.headroom = headroom
+        self._written: dict[TopicPartition, tuple[int, str]] = {}  # last commit, per partition
+        self._in_flight_to: dict[TopicPartition, int] = {}  # the "fetched" on record
+        self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
+
+    async def take_over(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+        """Read the last commit of each newly assigned partition, metadata and all, and hand
+        it to the crash guard."""
+        if not assigned:
+            return
+        try:
+            # The consumer's `committed()` returns the offset only; its coordinator has the
+            # metadata beside it (the same OffsetFetch request).
+            commits = await consumer._coordinator.fetch_committed_offsets(list(assigned))
+        except KafkaError as exc:  # no guard this time: the records run as usual
+            log.warning("commits_unread", error=repr(exc))
+            return
+        held = [tp for tp, commit in commits.items() if parse(commit.metadata) is not None]
+        try:
+            ends = await consumer.end_offsets(held) if held else {}
+        except KafkaError as exc:  # the guard then counts what the metadata says
+            log.warning("end_offsets_unread", error=repr(exc))
+            ends = {}
+        for tp, commit in commits.items():
+            offset = commit.offset if commit.offset >= 0 else None
+            deaths = self.assigned(tp, offset, commit.metadata or "", ends.get(tp))
+            if offset is not None and self.guard.isolating(tp, offset):
+                log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
+                            offset=offset, deaths=deaths,
+                            quarantine_at=self.guard.max_crashes)  # fmt: skip
+
+    def assigned(
+        self, tp: TopicPartition, committed: int | None, metadata: str, log_end: int | None
+    ) -> int:
+        """`tp` is ours from its last commit; the deaths the guard now pins on it."""
+        if committed is not None:
+            self._written[tp] = (committed, metadata)
+        return self.guard.assigned(tp, committed, metadata, log_end)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._written.pop(tp, None)
+            self._in_flight_to.pop(tp, None)
+            self.guard.revoked(tp)
+
+    async def fetched(
+        self,
+        consumer: AIOKafkaConsumer,
+        first: Mapping[TopicPartition, int],
+        to: Mapping[TopicPartition, int],
+    ) -> None:
+        """Records [first, to) of each partition were just fetched: before they run, make sure
+        the last commit counts them in flight (with headroom, so this rarely commits)."""
+        behind = {tp: end for tp, end in to.items() if end > self._in_flight_to.get(tp, -1)}
+        if not behind:
+            return
+        for tp, end in behind.items():
+            self._in_flight_to[tp] = end + self.headroom
+        await self.commit(consumer, behind, {}, first_fetched=first)
+
+    async def commit(
+        self,
+        consumer: AIOKafkaConsumer,
+        partitions: Iterable[TopicPartition],
+        fetched_to: Mapping[TopicPartition, int],
+        *,
+        release: bool = False,
+        first_fetched: Mapping[TopicPartition, int] | None = None,
+    ) -> None:
+        """Commit each partition's commit point (or its last commit, or `first_fetched` when
+        there is neither yet) with the guard's metadata, or "released"."""
+        async with self._lock:
+            offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+            for tp in partitions:
+                point = self.tracker.commit_point(tp)
+                written = self._written.get(tp)
+                offset = point if point is not None else written[0] if written else None
+                if offset is None and first_fetched is not None:
+                    offset = first_fetched.get(tp)
+                if offset is None:
+                    continue  # nothing read from it, nothing committed yet
+                fetched = max(fetched_to.get(tp, offset), self._in_flight_to.get(tp, offset))
+                meta = RELEASED if release else self.guard.metadata(tp, offset, fetched)
+                if written != (offset, meta):
+                    offsets[tp] = OffsetAndMetadata(offset, meta)
+            if not offsets:
+                return
+            try:
+                await consumer.commit({tp: (o.offset, o.metadata) for tp, o in offsets.items()})
+            except KafkaError as exc:  # a rebalance in progress: the next commit catches up
+                log.warning("commit_failed", error=repr(exc))
+                return
+            for tp, o in offsets.items():
+                self._written[tp] = (o.offset, o.metadata)
+            self.tracker.mark_committed({tp: o.offset for tp, o in offsets.items()})

@@ -1,0 +1,62 @@
+"""The checks at the ingest's door that need no model state: rules, deadline, tokens, key.
+
+Pure functions over one request; the ingest calls them for every record it reads.
+"""
+
+from __future__ import annotations
+
+import time
+
+from actors.ingest.model_front import ModelFront
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+from messages.limits import MAX_ID_BYTES
+from messages.request import GenerateRequest
+from messages.validation import check_request
+
+
+def tokenize_all(
+    front: ModelFront, requests: list[GenerateRequest]
+) -> list[list[int] | InvalidRequest]:
+    out: list[list[int] | InvalidRequest] = []
+    for request in requests:
+        try:
+            out.append(front.prompt_tokens(request))
+        except InvalidRequest as exc:
+            out.append(exc)
+        except Exception as exc:  # a template or tokenizer failure is this request's problem
+            out.append(InvalidRequest(ErrorCode.INVALID_PROMPT, f"cannot tokenize: {exc}"))
+    return out
+
+
+def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+    """Apply the model-independent rules; returns the deadline (monotonic) if it has one."""
+    check_request(request)
+    deadline = deadline_of(request, record_timestamp_ms)
+    if deadline is not None and deadline <= time.monotonic():
+        raise InvalidRequest(
+            ErrorCode.DEADLINE_EXCEEDED, "the request's deadline passed before it was read"
+        )
+    return deadline
+
+
+def deadline_of(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+    """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`."""
+    walls: list[float] = []
+    if request.deadline is not None:
+        walls.append(request.deadline.timestamp())
+    if request.timeout_ms is not None:
+        walls.append((record_timestamp_ms + request.timeout_ms) / 1000)
+    if not walls:
+        return None
+    return time.monotonic() + (min(walls) - time.time())
+
+
+def key_text(key: bytes | None) -> str:
+    """The record key as the result's id, when the request has none it could use."""
+    if not key or len(key) > MAX_ID_BYTES:
+        return ""
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""

@@ -1,0 +1,303 @@
+"""Zero-downtime model swaps on the GPU actor's double-buffered `ModelHolder`.
+
+    check the memory plan ─┬─ both fit ──► load + smoke test in standby (background thread,
+                           │               the active model keeps serving) ──► flip at a step
+                           │               boundary ──► old model finishes its sequences in
+                           │               standby; kept for rollback or released when idle
+                           └─ they don't ─► drain mode: stop admitting, let running sequences
+                                            finish, unload, load + smoke test, resume
+
+A failed load or smoke test leaves the active model serving untouched; in drain mode the old
+model is loaded back. Rollback flips back to the previous model when it is still in standby,
+else loads it again. Swaps run one at a time, in the order they were asked for. Every swap
+publishes `ModelSwapStarted` and then `ModelSwapped` (timings, drain pause) or
+`ModelSwapFailed` (the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from actors.ingest.model_front import ModelFront, result_size_refusal
+from actors.mail import SwapOrder, UseModel
+from actors.telemetry.lifecycle_spans import publish_event
+from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
+from gpu.memory.swap_plan import SwapPlan, plan_swap
+from gpu.model_holder import free_device_memory
+from gpu.smoke_test import smoke_test
+from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted
+from messages.result import ModelRef
+
+if TYPE_CHECKING:
+    from actors.gpu_actor import GpuActor
+
+log = structlog.get_logger("tokenmill.swap")
+
+EngineBuilder = Callable[[Path], Any]  # checkpoint path → a built engine (blocking)
+
+
+class SwapError(Exception):
+    """Why a swap did not happen; the active model is still serving."""
+
+
+@dataclass(frozen=True)
+class SwapSettings:
+    budget_bytes: int | None = None  # None: the device's free memory decides
+    keep_previous: bool = True  # keep the old model in standby (if it fits) for rollback
+    max_result_bytes: int | None = None  # a model whose results could be larger is refused
+
+
+@dataclass
+class _Loaded:
+    engine: Any
+    load_ms: float
+    smoke_ms: float
+
+
+class _Unloaded:
+    """Holds the active slot's identity (not its weights) while a drain-mode swap has no
+    model loaded."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = SimpleNamespace(
+            name=model.name, digest=model.digest, path=model.path, tokenizer=model.tokenizer
+        )
+
+    def has_work(self) -> bool:
+        return False
+
+
+class Swapper:
+    def __init__(
+        self,
+        build: EngineBuilder,
+        settings: SwapSettings | None = None,
+        *,
+        on_swap: Callable[[str, float | None], None] | None = None,
+    ) -> None:
+        """`build(path)` loads a checkpoint into a new engine like the active one; `on_swap`
+        hears each outcome ("swapped" | "failed") and the drain pause in seconds."""
+        self.build = build
+        self.settings = settings or SwapSettings()
+        self.on_swap = on_swap
+        self.previous: Path | None = None  # what a rollback returns to
+        self._lock = asyncio.Lock()
+        self._loader: ThreadPoolExecutor | None = None
+
+    async def swap(self, gpu: GpuActor, order: SwapOrder) -> None:
+        async with self._lock:
+            source = gpu.front.ref
+            _publish(
+                gpu,
+                ModelSwapStarted(
+                    worker=gpu.worker_id,
+                    at=time.time(),
+                    command=order.command,
+                    from_model=source,
+                    to_model=order.requested,
+                ),
+            )
+            log.info("model_swap_started", to=order.requested, source=source.name)
+            try:
+                event = await self._swap(gpu, order, source)
+            except asyncio.CancelledError:  # the worker stops (or the GPU actor crashed)
+                self._failed(gpu, order, "the worker stopped before the swap finished")
+                raise
+            except Exception as exc:  # every failure is reported; the active model serves on
+                reason = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+                self._failed(gpu, order, reason)
+                return
+            self._heard("swapped", event.pause_ms / 1e3 if event.drained else None)
+            log.info(
+                "model_swapped",
+                source=source.name,
+                to=event.to_model.name,
+                digest=event.to_model.digest,
+                load_ms=round(event.load_ms, 1),
+                smoke_ms=round(event.smoke_ms, 1),
+                flip_ms=round(event.flip_ms, 3),
+                drained=event.drained,
+                pause_ms=round(event.pause_ms, 1),
+            )
+            _publish(gpu, event)
+
+    def _failed(self, gpu: GpuActor, order: SwapOrder, reason: str) -> None:
+        log.warning("model_swap_failed", to=order.requested, reason=reason)
+        self._heard("failed", None)
+        _publish(
+            gpu,
+            ModelSwapFailed(
+                worker=gpu.worker_id,
+                at=time.time(),
+                command=order.command,
+                to_model=order.requested,
+                reason=reason,
+            ),
+        )
+
+    async def _swap(self, gpu: GpuActor, order: SwapOrder, source: ModelRef) -> ModelSwapped:
+        target = order.target if order.target is not None else self.previous
+        if target is None:
+            raise SwapError("nothing to roll back to: no swap has happened yet")
+        active_path = Path(gpu.engine.model.path)
+
+        def done(to: ModelRef, **timings: Any) -> ModelSwapped:
+            if to != source:
+                self.previous = active_path
+            return ModelSwapped(
+                worker=gpu.worker_id,
+                at=time.time(),
+                command=order.command,
+                from_model=source,
+                to_model=to,
+                **{"load_ms": 0.0, "smoke_ms": 0.0, "flip_ms": 0.0, **timings},
+            )
+
+        if _same_path(active_path, target):
+            return done(source)  # already serving it: nothing to do
+        standby_path = _standby_path(gpu)
+        if standby_path is not None and _same_path(standby_path, target):
+            # Rollback to a model still loaded: a flip, no load.
+            flip_ms = await gpu.flip_to(gpu.holder.standby)
+            return done(gpu.front.ref, flip_ms=flip_ms)
+        await gpu.release_standby()  # at a step boundary, once its sequences are done
+        plan = await self._plan(gpu, target)
+        log.info("swap_plan", to=str(target), plan=plan.describe())
+        if not plan.both_fit:
+            return await self._drain_swap(gpu, target, done)
+        loaded = await self._load(self._loader_thread(), target)
+        gpu.add_front(loaded.engine)
+        gpu.holder.install_standby(loaded.engine)
+        flip_ms = await gpu.flip_to(loaded.engine)
+        if not self.settings.keep_previous:
+            gpu.request_release()  # done by the GPU actor once the old one's work is done
+        return done(
+            gpu.front.ref, load_ms=loaded.load_ms, smoke_ms=loaded.smoke_ms, flip_ms=flip_ms
+        )
+
+    async def _drain_swap(
+        self, gpu: GpuActor, target: Path, done: Callable[..., ModelSwapped]
+    ) -> ModelSwapped:
+        """Stop admitting, wait for the engines to empty, unload, load, resume."""
+        pause_start = time.perf_counter()
+        try:
+            await gpu.quiesce()  # at a step boundary: nothing admitted, nothing running
+            gpu.holder.release_standby()
+            old_path = Path(gpu.engine.model.path)
+            gpu.holder.replace_active(_Unloaded(gpu.engine.model))  # frees the old weights
+            thread = gpu._active_thread or self._loader_thread()  # nothing steps meanwhile
+            try:
+                loaded = await self._load(thread, target)
+                failure = None
+            except Exception as exc:  # the failed engine goes with `exc` at the block's end
+                failure = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
+            if failure is not None:
+                free_device_memory()
+                await self._load_back(gpu, thread, old_path, failure)
+                raise SwapError(failure)
+            old_digest = gpu.engine.model.digest
+            front = gpu.add_front(loaded.engine)
+            gpu.holder.replace_active(loaded.engine)
+            gpu.forget_front(old_digest)
+            if gpu.ingest is not None:
+                await gpu.ingest.send(UseModel(front))
+        finally:
+            if gpu.model_loaded:
+                gpu.admitting = True
+            gpu._wakeup.set()
+        pause_ms = (time.perf_counter() - pause_start) * 1e3
+        return done(
+            gpu.front.ref,
+            load_ms=loaded.load_ms,
+            smoke_ms=loaded.smoke_ms,
+            drained=True,
+            pause_ms=pause_ms,
+        )
+
+    async def _load_back(
+        self, gpu: GpuActor, thread: ThreadPoolExecutor, path: Path, failure: str
+    ) -> None:
+        """After a failed drain-mode load: serve the old model again, or stop the GPU actor
+        (its supervisor restarts it, which loads the old model once more)."""
+        try:
+            restored = await self._load(thread, path)
+        except Exception as exc:
+            gpu.fatal = SwapError(f"{failure}; loading {path} back failed too: {exc!r}")
+            gpu._wakeup.set()
+            raise gpu.fatal from None
+        gpu.holder.replace_active(restored.engine)
+
+    async def _plan(self, gpu: GpuActor, target: Path) -> SwapPlan:
+        active = gpu.engine
+        config = await asyncio.to_thread(read_config, target)
+        max_len = active.config.resolved_max_model_len(config)
+        dtype = getattr(active.model, "dtype", None)
+        device = getattr(active.model, "device", None)
+        new = planned_engine_bytes(config, active.config, dtype, max_len) if dtype else 0
+        return plan_swap(
+            active_bytes=engine_bytes(active),
+            standby_bytes=0,
+            new_bytes=new,
+            free_bytes=free_bytes(device) if device is not None else 1 << 62,
+            budget_bytes=self.settings.budget_bytes,
+        )
+
+    async def _load(self, thread: ThreadPoolExecutor, target: Path) -> _Loaded:
+        def load_and_test() -> _Loaded:
+            start = time.perf_counter()
+            engine = self.build(target)
+            load_ms = (time.perf_counter() - start) * 1e3
+            limit = self.settings.max_result_bytes
+            if limit is not None:
+                failure = result_size_refusal(ModelFront.of_engine(engine), limit)
+                if failure is not None:
+                    raise SwapError(failure)
+            report = smoke_test(engine)
+            return _Loaded(engine, load_ms, report.ms)
+
+        return await asyncio.get_running_loop().run_in_executor(thread, load_and_test)
+
+    def _loader_thread(self) -> ThreadPoolExecutor:
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenmill-loader")
+        return self._loader
+
+    def _heard(self, outcome: str, pause_s: float | None) -> None:
+        if self.on_swap is not None:
+            self.on_swap(outcome, pause_s)
+
+
+def _standby_path(gpu: GpuActor) -> Path | None:
+    standby = gpu.holder.standby
+    return Path(standby.model.path) if standby is not None else None
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _publish(gpu: GpuActor, event: Event) -> None:
+    publish_event(gpu.events, event)
+
+
+def engine_builder_like(active: Any) -> EngineBuilder:
+    """A builder for engines like `active` (same engine settings, dtype and device); it keeps
+    those settings, never `active` itself, so a swapped-out engine can be freed."""
+    config, dtype, device = active.config, active.model.dtype, active.model.device
+
+    def build(path: Path) -> Any:
+        from gpu.engine import Engine
+        from gpu.loading.loader import load_model
+
+        return Engine(load_model(path, dtype=dtype, device=device), config)
+
+    return build

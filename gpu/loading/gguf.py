@@ -1,0 +1,270 @@
+"""Reading a GGUF file (llama.cpp's single-file format) into a `Checkpoint`.
+
+Metadata becomes a `ModelConfig`; each tensor is dequantized to float32 under its Hugging Face
+name and `[out_features, in_features]` layout, with llama.cpp's Q/K row permutation undone so the
+model code sees the rotate-half RoPE convention of HF checkpoints; the tokenizer is rebuilt from
+`tokenizer.ggml.*` by `gpu.loading.gguf_tokenizer`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from gpu.errors import CheckpointError, UnsupportedArchitecture
+from gpu.loading.checkpoint import Checkpoint
+from gpu.loading.gguf_tokenizer import build_gguf_tokenizer
+from gpu.loading.model_config import ModelConfig
+from gpu.loading.tokenizer import Tokenizer
+
+ARCHITECTURES = ("llama", "qwen2")  # general.architecture values read here
+_PERMUTED_QK = ("llama",)  # convert_hf_to_gguf.py permutes q/k rows only for LlamaModel
+
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The model's shapes from the file's metadata alone; no tensor data is read."""
+    path = Path(path)
+    return _config(_open(path), path)
+
+
+def read_gguf_header(path: Path) -> tuple[ModelConfig, Tokenizer, int]:
+    """Config, tokenizer and the header's size in bytes, from one parse of the metadata.
+
+    No tensor data is read (the benchmark's echo engine needs no weights).
+    """
+    path = Path(path)
+    reader = _open(path)
+    config = _config(reader, path)
+    tokenizer = build_gguf_tokenizer(_Meta(reader, path), config)
+    return config, tokenizer, int(reader.data_offset)
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    """Config, float32 weights under HF names, and tokenizer from one `.gguf` file."""
+    path = Path(path)
+    reader = _open(path)
+    config = _config(reader, path)
+    tensors = _tensors(reader, config, path)
+    tokenizer = build_gguf_tokenizer(_Meta(reader, path), config)
+    return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=[path])
+
+
+def _open(path: Path) -> GGUFReader:
+    if not path.is_file():
+        raise CheckpointError(path, "no such file")
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # gguf-py fails on bad input with assorted numpy/struct errors
+        raise CheckpointError(
+            path,
+            f"not a readable GGUF file ({path.stat().st_size} bytes; truncated or corrupt?): {exc}",
+        ) from exc
+
+
+class _Meta:
+    """Typed access to GGUF metadata, failing with the key's name."""
+
+    def __init__(self, reader: GGUFReader, path: Path) -> None:
+        self.fields = reader.fields
+        self.path = path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str) -> Any:
+        if key not in self.fields:
+            raise CheckpointError(self.path, f"GGUF metadata key {key!r} is missing")
+        return self.fields[key].contents()
+
+    def count(self, key: str) -> int | None:
+        """Length of an array field, without decoding its elements."""
+        field = self.fields.get(key)
+        return None if field is None else len(field.data)
+
+
+def _config(reader: GGUFReader, path: Path) -> ModelConfig:
+    meta = _Meta(reader, path)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitecture(
+            path,
+            f"GGUF general.architecture {arch!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})",
+        )
+    if meta.get(f"{arch}.expert_count", 0):
+        raise UnsupportedArchitecture(path, "mixture-of-experts GGUF models are not supported")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise CheckpointError(
+            path, "per-dimension RoPE frequency factors (rope_freqs.weight) are not supported"
+        )
+    try:
+        hidden = int(meta.require(f"{arch}.embedding_length"))
+        heads = int(meta.require(f"{arch}.attention.head_count"))
+        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+        rope_dims = meta.get(f"{arch}.rope.dimension_count")
+        if rope_dims is not None and int(rope_dims) != head_dim:
+            raise CheckpointError(
+                path, f"partial rotary embedding ({rope_dims} of {head_dim} dims) is not supported"
+            )
+        vocab = meta.get(f"{arch}.vocab_size") or meta.count("tokenizer.ggml.tokens")
+        if vocab is None:
+            raise CheckpointError(path, "no vocab_size and no tokenizer.ggml.tokens in metadata")
+        eos_ids: list[int] = []
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+            token_id = meta.get(f"tokenizer.ggml.{key}")
+            if token_id is not None and int(token_id) not in eos_ids:
+                eos_ids.append(int(token_id))
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return ModelConfig(
+            arch=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            num_layers=int(meta.require(f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            intermediate_size=int(meta.require(f"{arch}.feed_forward_length")),
+            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+            norm_eps=float(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+            tie_word_embeddings="output.weight" not in names,
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(meta, arch),
+            attention_bias=arch == "qwen2" or "blk.0.attn_q.bias" in names,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(eos_ids),
+        )
+    except (TypeError, ValueError) as exc:  # e.g. a per-layer array where a number belongs
+        raise CheckpointError(path, f"bad GGUF metadata value: {exc}") from exc
+
+
+def _rope_scaling(meta: _Meta, arch: str) -> dict[str, Any] | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind is None and (legacy := meta.get(f"{arch}.rope.scale_linear")):
+        kind, factor = "linear", legacy
+    if kind in (None, "none") or (kind == "linear" and float(factor or 1.0) == 1.0):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        scaling: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if (value := meta.get(f"{arch}.rope.scaling.{gguf_key}")) is not None:
+                scaling[hf_key] = float(value)
+        return scaling
+    raise CheckpointError(meta.path, f"RoPE scaling type {kind!r} is not supported")
+
+
+def _expected_tensors(config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...], bool]]:
+    """GGUF name → (HF name, HF shape, required)."""
+    h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    shapes = {
+        "token_embd.weight": (config.vocab_size, h),
+        "output_norm.weight": (h,),
+        "output.weight": (config.vocab_size, h),
+        "attn_norm.weight": (h,),
+        "attn_q.weight": (q, h),
+        "attn_k.weight": (kv, h),
+        "attn_v.weight": (kv, h),
+        "attn_output.weight": (h, q),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+        "ffn_norm.weight": (h,),
+        "ffn_gate.weight": (i, h),
+        "ffn_up.weight": (i, h),
+        "ffn_down.weight": (h, i),
+    }
+    expected = {
+        name: (hf, shapes[name], name != "output.weight" or not config.tie_word_embeddings)
+        for name, hf in _GLOBAL_TENSORS.items()
+    }
+    for layer in range(config.num_layers):
+        for name, hf in _LAYER_TENSORS.items():
+            required = not name.endswith(".bias") or config.attention_bias
+            expected[f"blk.{layer}.{name}"] = (
+                f"model.layers.{layer}.{hf}",
+                shapes[name],
+                required,
+            )
+    return expected
+
+
+def _tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> dict[str, torch.Tensor]:
+    expected = _expected_tensors(config)
+    out: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        if tensor.name not in expected:
+            raise CheckpointError(
+                path, f"tensor {tensor.name!r} is not part of a {config.arch} model"
+            )
+        hf_name, shape, _ = expected[tensor.name]
+        # ggml lists dimensions innermost first
+        file_shape = tuple(int(d) for d in reversed(tensor.shape))
+        if file_shape != shape:
+            raise CheckpointError(
+                path,
+                f"tensor {tensor.name!r} has shape {list(file_shape)}, expected {list(shape)} "
+                "for the config in the file's metadata",
+            )
+        try:
+            weights = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        except (NotImplementedError, ValueError, TypeError) as exc:
+            raise CheckpointError(
+                path,
+                f"tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be dequantized: {exc}",
+            ) from exc
+        if config.arch in _PERMUTED_QK and ".attn_q." in tensor.name:
+            weights = _unpermute_qk(weights, config.num_heads)
+        elif config.arch in _PERMUTED_QK and ".attn_k." in tensor.name:
+            weights = _unpermute_qk(weights, config.num_kv_heads)
+        weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if not weights.flags.writeable:  # still a view of the read-only memory-mapped file
+            weights = weights.copy()
+        out[hf_name] = torch.from_numpy(weights)
+    missing = [name for name, (hf, _, required) in expected.items() if required and hf not in out]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(path, f"missing tensors: {', '.join(missing[:5])}{more}")
+    return out
+
+
+def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's `w.reshape(n_head, 2, d // n_head // 2, *rest).swapaxes(1, 2)`.
+
+    llama.cpp's RoPE rotates adjacent pairs; HF's rotates halves. The converter interleaves each
+    head's two halves; reading `[n_head, d/2, 2]` and swapping back restores HF's row order.
+    """
+    # w: [n_head * head_dim, *rest]
+    rest = w.shape[1:]
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)

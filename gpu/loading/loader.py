@@ -1,0 +1,118 @@
+"""From a checkpoint path to a model ready to run: `load_model(path) -> LoadedModel`."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gpu.device import default_device, default_dtype
+from gpu.errors import CheckpointError
+from gpu.loading.checkpoint import Checkpoint, load_hf_folder
+from gpu.loading.model_config import ModelConfig
+from gpu.loading.tokenizer import Tokenizer
+from gpu.models.gpt2 import GPT2ForCausalLM
+from gpu.models.layers import WeightSource, rope_tables
+from gpu.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class LoadedModel:
+    """A model in device memory with its tokenizer. `digest` identifies the weights' content."""
+
+    name: str
+    digest: str  # "sha256:<hex>" over the weight files' bytes
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    module: nn.Module
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys((*self.config.eos_token_ids, *self.tokenizer.eos_token_ids)))
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from gpu.loading.gguf import load_gguf  # gguf-py only when a GGUF is read
+
+        return load_gguf(path)
+    if path.is_file():
+        raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
+    if not path.is_dir():
+        raise CheckpointError(path, "no such file or folder")
+    return load_hf_folder(path)
+
+
+def build_module(config: ModelConfig, max_positions: int) -> nn.Module:
+    if config.arch == "gpt2":
+        return GPT2ForCausalLM(config, max_positions)
+    return LlamaForCausalLM(config, max_positions)
+
+
+def load_model(
+    path: Path,
+    *,
+    name: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> LoadedModel:
+    """Read a checkpoint (HF folder or .gguf), build the model and move it to the device.
+
+    Raises `CheckpointError` (naming the file and the problem) when anything is wrong.
+    """
+    path = Path(path)
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    ckpt = load_checkpoint(path)
+    with torch.device("meta"):
+        module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
+    # Materialise straight on the device in the compute dtype, then copy each weight in: the
+    # host never holds a second, converted copy of the model.
+    module = module.to(dtype=dtype).to_empty(device=device).eval()
+    _tie_and_fill_buffers(module, ckpt.config, device)
+    module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
+    default_name = path.stem if path.is_file() else path.name
+    return LoadedModel(
+        name=name or default_name,
+        digest=content_digest(ckpt.files),
+        path=path,
+        config=ckpt.config,
+        tokenizer=ckpt.tokenizer,
+        module=module,
+        dtype=dtype,
+        device=device,
+    )
+
+
+def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.device) -> None:
+    """Re-tie the LM head to the embedding and (re)build the RoPE tables in float32.
+
+    Needed once the module is materialised from the meta device: ties and buffer values are
+    lost there, and positions need float32 RoPE tables whatever the compute dtype.
+    """
+    if isinstance(module, LlamaForCausalLM):
+        cos, sin = rope_tables(config, config.max_position_embeddings)
+        module.rope_cos, module.rope_sin = cos.to(device), sin.to(device)
+        embed = module.embed_tokens
+    else:
+        assert isinstance(module, GPT2ForCausalLM)
+        embed = module.wte
+    if config.tie_word_embeddings:
+        module.lm_head.weight = embed.weight
+
+
+def content_digest(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for file in files:
+        with file.open("rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return f"sha256:{h.hexdigest()}"

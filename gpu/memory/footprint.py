@@ -1,0 +1,95 @@
+"""How much memory an engine holds, and how much a model would need before it is loaded.
+
+Used by the swap planner: both numbers are bytes of device memory (host memory on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu.block_allocator import blocks_for
+from gpu.engine_config import EngineConfig
+from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.memory.plan import activation_reserve_bytes, dtype_bytes, kv_bytes_per_token
+
+
+def engine_bytes(engine: Any) -> int:
+    """Weights, buffers and KV pool of a built engine (0 for engines without tensors)."""
+    model = getattr(engine.model, "module", None)
+    total = 0
+    if model is not None:
+        tensors = [*model.parameters(), *model.buffers()]
+        seen: set[int] = set()  # tied weights count once
+        for t in tensors:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    kv = getattr(engine, "kv", None)
+    if kv is not None:
+        total += kv.cache.numel() * kv.cache.element_size()
+        total += kv.work.numel() * kv.work.element_size()
+    return total
+
+
+def read_config(path: Path) -> ModelConfig:
+    """A checkpoint's config without reading its weights (HF folder or .gguf).
+
+    Remembered per file version: a GGUF header parse costs seconds (its tokenizer arrays) and
+    leaves heap behind, and swaps back and forth plan for the same files again and again.
+    """
+    path = Path(path).resolve()
+    stat = path.stat() if path.exists() else None
+    version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    return _read_config(path, version)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_config(path: Path, _version: tuple[int, int] | None) -> ModelConfig:
+    if path.is_file() and path.suffix == ".gguf":
+        from gpu.loading.gguf import read_gguf_config
+
+        return read_gguf_config(path)
+    return load_hf_config(path)
+
+
+def planned_engine_bytes(
+    config: ModelConfig, engine: EngineConfig, dtype: torch.dtype, max_model_len: int
+) -> int:
+    """What an engine for `config` would hold: weights, a full KV pool and its workspace,
+    and the activation reserve of one step."""
+    name = str(dtype).removeprefix("torch.")
+    per_token = kv_bytes_per_token(config, name)
+    blocks = engine.max_num_seqs * blocks_for(max_model_len, engine.block_size)
+    if engine.num_kv_blocks is not None:
+        blocks = min(blocks, engine.num_kv_blocks)
+    kv = blocks * engine.block_size * per_token
+    workspace = kv // max(config.num_layers, 1)
+    reserve = activation_reserve_bytes(
+        config,
+        name,
+        max_batched_tokens=engine.max_num_batched_tokens,
+        max_batch=engine.max_num_seqs,
+        max_context_len=max_model_len,
+    )
+    return config.num_parameters() * dtype_bytes(name) + kv + workspace + reserve
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory free for a new model now: CUDA's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # blocks cached by PyTorch but unused are free to a new model
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

@@ -1,0 +1,1 @@
+"""The model code: Llama family, GPT-2, their layers and the paged attention."""

@@ -1,0 +1,147 @@
+"""The Llama family (Llama, Mistral, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Tokens of a step arrive flat (`[tokens]`, no padding); attention reads and writes the paged KV
+pool. q/k/v and gate/up are fused into one matmul each when the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu.kv_pool import KVPool, LayerKV
+from gpu.loading.model_config import ModelConfig
+from gpu.models.attention import AttentionMetadata, paged_attention
+from gpu.models.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.output_bias)
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        cos: torch.Tensor,  # [tokens, 1, head_dim]
+        sin: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        c = self.config
+        qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+        v = v.view(-1, c.num_kv_heads, c.head_dim)
+        out = paged_attention(q, k, v, kv, meta, self.scale)
+        hidden: torch.Tensor = self.o_proj(out.flatten(1))  # [tokens, hidden]
+        return hidden
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    rope_cos: torch.Tensor  # [positions, head_dim] float32
+    rope_sin: torch.Tensor
+
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cos, sin = rope_tables(config, max_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [tokens]
+        positions: torch.Tensor,  # [tokens]
+        kv: KVPool,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
+    ) -> torch.Tensor:  # [rows, vocab] float32
+        x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
+        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        for index, layer in enumerate(self.typed_layers()):
+            layer_kv = kv.layer(index)
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, layer_kv, meta)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.norm(x[logits_rows])  # [rows, hidden]
+        logits: torch.Tensor = self.lm_head(x)
+        return logits.float()
+
+    def typed_layers(self) -> list[LlamaLayer]:
+        return [layer for layer in self.layers if isinstance(layer, LlamaLayer)]
+
+    def load_weights(self, src: WeightSource) -> None:
+        c = self.config
+        h, q, kv, i = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        copy_into(
+            self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
+        )
+        for n, layer in enumerate(self.typed_layers()):
+            p = f"model.layers.{n}."
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [
+                src.take(p + "self_attn.q_proj.weight", (q, h)),
+                src.take(p + "self_attn.k_proj.weight", (kv, h)),
+                src.take(p + "self_attn.v_proj.weight", (kv, h)),
+            ]
+            copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+            if c.attention_bias:
+                bias = [
+                    src.take(p + "self_attn.q_proj.bias", (q,)),
+                    src.take(p + "self_attn.k_proj.bias", (kv,)),
+                    src.take(p + "self_attn.v_proj.bias", (kv,)),
+                ]
+                copy_into(attn.qkv_proj.bias, torch.cat(bias))
+            copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
+            if c.output_bias:
+                copy_into(attn.o_proj.bias, src.take(p + "self_attn.o_proj.bias", (h,)))
+            gate_up = [
+                src.take(p + "mlp.gate_proj.weight", (i, h)),
+                src.take(p + "mlp.up_proj.weight", (i, h)),
+            ]
+            copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
+            copy_into(mlp.down_proj.weight, src.take(p + "mlp.down_proj.weight", (h, i)))
+            copy_into(layer.input_layernorm.weight, src.take(p + "input_layernorm.weight", (h,)))
+            copy_into(
+                layer.post_attention_layernorm.weight,
+                src.take(p + "post_attention_layernorm.weight", (h,)),
+            )
+        copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
+        if not c.tie_word_embeddings:
+            copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))

@@ -1,0 +1,2 @@
+"""`tokenmill batch`: OpenAI Batch JSONL files through the workers (plan, runner, output file, ids,
+progress, summary, table)."""

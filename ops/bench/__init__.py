@@ -1,0 +1,1 @@
+"""`tokenmill bench`: the engine, pipeline, swap and batch benchmarks and what they share."""

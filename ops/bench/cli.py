@@ -1,0 +1,453 @@
+"""`tokenmill bench`: benchmarks that report JSON (`--json`) or a short summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ops.errors import OpsError
+from ops.models.engine_options import build_engine, engine_choice, engine_options
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks; each prints one JSON document with --json."""
+
+
+def _positive(name: str, default: int, text: str) -> Callable[[Callable[..., Any]], Any]:
+    return click.option(
+        name, type=click.IntRange(min=1), default=default, show_default=True, help=text
+    )
+
+
+_broker_option = click.option(
+    "--bootstrap-servers",
+    default=None,
+    help="Use this broker; default: start one for the run on free ports, then stop it.",
+)
+
+
+def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The seeded workload's shape, the same for `bench engine` and `bench pipeline`."""
+    options = [
+        _positive("--requests", 64, "Requests in the (throughput) workload."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seeds the workload."),
+        _positive("--min-prompt", 16, "Shortest prompt, in tokens."),
+        _positive("--max-prompt", 256, "Longest prompt, in tokens."),
+        _positive("--min-output", 16, "Shortest output, in tokens."),
+        _positive("--max-output", 256, "Longest output, in tokens."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@bench.command("engine")
+@engine_options
+@_workload_options
+@_positive("--sequential-requests", 8, "Requests transformers runs one at a time.")
+@_positive("--static-batch", 16, "Batch size of transformers' static padded batches.")
+@_positive("--static-batches", 2, "How many static batches transformers runs.")
+@_positive("--gemm-size", 2048, "Side of the square matmul that measures the GEMM peak.")
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="After the timed runs, profile engine steps; Chrome traces (Perfetto) go here.",
+)
+@_positive("--profile-decode-steps", 8, "Decode steps in the decode trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def engine(**kwargs: Any) -> None:
+    """Throughput of the engine against Hugging Face transformers on one seeded workload.
+
+    Three contenders run one after another in this process on the same random-token prompts,
+    greedy and ignoring EOS, so each generates exactly the asked number of tokens: the engine
+    (all requests at once, continuous batching), transformers one request at a time, and
+    transformers in static left-padded batches. The transformers runs use subsets, so rates
+    (output tokens/s) are compared. Also reported: TTFT/TPOT percentiles, KV blocks used,
+    model FLOP rates against a measured GEMM peak, and whether the targets were met.
+    transformers is a dev dependency; without it those contenders are skipped.
+    """
+    from ops.bench.engine import dumps, run_bench
+    from ops.bench.workload import BenchOptions
+
+    choice = engine_choice(kwargs)
+    options = BenchOptions(
+        requests=kwargs["requests"],
+        seed=kwargs["seed"],
+        min_prompt=kwargs["min_prompt"],
+        max_prompt=kwargs["max_prompt"],
+        min_output=kwargs["min_output"],
+        max_output=kwargs["max_output"],
+        sequential_requests=kwargs["sequential_requests"],
+        static_batch=kwargs["static_batch"],
+        static_batches=kwargs["static_batches"],
+        gemm_size=kwargs["gemm_size"],
+        profile_dir=kwargs["profile_dir"],
+        profile_decode_steps=kwargs["profile_decode_steps"],
+    )
+    click.echo(f"loading {choice.model}", err=True)
+    eng = build_engine(choice)
+    try:
+        report = run_bench(eng, options, progress=lambda line: click.echo(line, err=True))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if kwargs["as_json"]:
+        click.echo(dumps(report))
+    else:
+        click.echo(summary(report))
+    if report["profile"]:
+        for phase in report["profile"].values():
+            click.echo(f"trace: {phase['trace']}", err=True)
+
+
+@bench.command("pipeline")
+@engine_options
+@click.option(
+    "--only",
+    type=click.Choice(["throughput", "latency", "ceiling", "tracing"]),
+    multiple=True,
+    help="Run only this section (repeatable); default: the first three. tracing: an echo "
+    "worker with tracing off and on (sampled at 1.0, into a Jaeger started for the run).",
+)
+@_broker_option
+@_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
+@_workload_options
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Latency: requests per second (default: light for the engine, one per two direct "
+    "p90 latencies, at most 2).",
+)
+@_positive("--latency-requests", 20, "Latency: requests sent at --rate.")
+@_positive("--latency-max-new-tokens", 16, "Latency: new tokens per request.")
+@_positive("--echo-requests", 20000, "Ceiling: requests to the echo worker, per prompt kind.")
+@_positive("--echo-prompt-tokens", 16, "Ceiling: tokens per prompt (and new tokens).")
+@_positive("--tracing-requests", 5000, "Tracing: echo requests per run (off, on, off, on).")
+@click.option(
+    "--tracing-model-requests",
+    type=click.IntRange(min=0),
+    default=48,
+    show_default=True,
+    help="Tracing: requests per run to a worker on the model, with --latency-max-new-tokens "
+    "new tokens each (0: echo only).",
+)
+@_positive("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def pipeline(**kwargs: Any) -> None:
+    """The engine's workload through real Kafka and a `tokenmill worker`, against the engine.
+
+    Starts a Kafka broker on free ports (unless --bootstrap-servers), makes topics for this
+    run, and runs the worker as a subprocess. throughput: bench engine's seeded workload on
+    the engine directly, then through Kafka: output tokens/s and their ratio (target ≥ 0.95).
+    latency: short requests at a light --rate through Kafka, end to end, against the same
+    requests one at a time on the engine: ms added at p50 (target ≤ 10) and p99. ceiling: a
+    worker with --engine echo (no model): its latency at a light rate (the plumbing's floor),
+    then requests/s when fed as fast as this process produces, with token-id and with text
+    prompts (target ≥ 10,000 on 2 cores, broker on the same machine). CPU seconds of the
+    worker, this process and the broker are reported beside wall times: on a busy host they
+    say more.
+    """
+    import asyncio
+
+    from gpu.errors import EngineError
+    from ops.bench.engine import dumps
+    from ops.bench.pipeline import run_bench
+    from ops.bench.pipeline_run import DEFAULT_SECTIONS, SECTIONS, PipelineOptions
+    from ops.bench.workload import BenchOptions
+
+    choice = engine_choice(kwargs)
+    try:
+        options = PipelineOptions(
+            engine=choice,
+            workload=BenchOptions(
+                requests=kwargs["requests"],
+                seed=kwargs["seed"],
+                min_prompt=kwargs["min_prompt"],
+                max_prompt=kwargs["max_prompt"],
+                min_output=kwargs["min_output"],
+                max_output=kwargs["max_output"],
+            ),
+            sections=tuple(s for s in SECTIONS if s in kwargs["only"]) or DEFAULT_SECTIONS,
+            bootstrap_servers=kwargs["bootstrap_servers"],
+            partitions=kwargs["partitions"],
+            rate=kwargs["rate"],
+            latency_requests=kwargs["latency_requests"],
+            latency_max_new_tokens=kwargs["latency_max_new_tokens"],
+            echo_requests=kwargs["echo_requests"],
+            echo_prompt_tokens=kwargs["echo_prompt_tokens"],
+            tracing_requests=kwargs["tracing_requests"],
+            tracing_model_requests=kwargs["tracing_model_requests"],
+            timeout_s=kwargs["timeout"],
+        )
+        report = asyncio.run(run_bench(options, progress=lambda line: click.echo(line, err=True)))
+    except (ValueError, RuntimeError, OpsError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else pipeline_summary(report))
+
+
+def pipeline_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    env, lines = report["environment"], []
+    lines.append(
+        f"{(report['model'] or {}).get('name')} · {env['cpus_usable']} CPUs · "
+        f"{env['torch_threads']} torch threads · worker: {report['worker']['mode']}"
+    )
+    t, lat, c = report["throughput"], report["latency"], report["ceiling"]
+    if "ratio" in t:
+        lines.append(
+            f"  throughput  direct {t['direct']['output_tokens_per_s']} tok/s · kafka "
+            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']}"
+        )
+    if "added_ms" in lat:
+        e2e, d = lat["kafka"]["end_to_end_ms"], lat["direct_ms"]
+        lines.append(
+            f"  latency     p50 {e2e['p50']} ms vs direct {d['p50']} ms · p99 {e2e['p99']} vs "
+            f"{d['p99']} · added p50 {lat['added_ms']['p50']} ms, p99 {lat['added_ms']['p99']}"
+        )
+    if "prompt_token_ids" in c:
+        floor = c["latency_at_light_rate"]["end_to_end_ms"]
+        lines.append(f"  echo        p50 {floor['p50']} ms, p99 {floor['p99']} ms end to end")
+        lines.append(
+            f"  ceiling     {c['prompt_token_ids']['requests_per_s']} req/s (token ids) · "
+            f"{c['text_prompts']['requests_per_s']} req/s (text)"
+        )
+    tracing = report["tracing"]
+    for label, tr in (("echo", tracing), ("model", tracing.get("model", {}))):
+        if "ratio_on_vs_off" not in tr:
+            continue
+        rates, elsewhere = tr["requests_per_s"], tr["tracing_cpu_us_per_request_elsewhere"]
+        lines.append(
+            f"  tracing ({label}) off {rates['off']} req/s · on {rates['on']} req/s · ratio "
+            f"{tr['ratio_on_vs_off']} (target ≥ {tr['target_ratio_at_least']})"
+        )
+        lines.append(
+            f"    CPU per request: worker +{tr['tracing_cpu_us_per_request']} µs · "
+            f"span export {elsewhere['span_export']} µs · jaeger {elsewhere['jaeger']} µs"
+        )
+    for key, target in report["targets"].items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        lines.append(f"  {key:<30} {target['value']}  (target {target['target']}: {verdict})")
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    w, c = report["workload"], report["contenders"]
+    lines = [
+        f"{report['model']['name']} · {report['environment']['device']} "
+        f"{report['environment']['dtype']} · {report['environment']['threads']} threads · "
+        f"{w['requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} output "
+        f"tokens (seed {w['seed']})",
+    ]
+    for name, stats in c.items():
+        if "skipped" in stats:
+            lines.append(f"  {name:<24} skipped: {stats['skipped']}")
+            continue
+        lines.append(
+            f"  {name:<24} {stats['output_tokens_per_s']:>9.1f} tok/s  "
+            f"({stats['requests']} requests, {stats['output_tokens']} tokens, "
+            f"{stats['wall_s']:.1f} s)"
+        )
+    for key, t in report["targets"].items():
+        value = "n/a" if t["value"] is None else f"{t['value']}"
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        lines.append(f"  {key:<36} {value:>8}  (target {t['target']}: {verdict})")
+    lat, kv, f = report["latency_ms"], report["kv"], report["flops"]
+    lines.append(
+        "  TTFT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["ttft"])
+        + " · TPOT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["tpot"])
+    )
+    lines.append(
+        f"  KV blocks: peak {kv['peak_blocks_used']} of {kv['blocks_allocated']} "
+        f"(block {kv['block_size']}) · GEMM peak {f['gemm_peak_gflops']} GFLOP/s · engine "
+        f"{f['engine_gflops']} GFLOP/s · steady decode {f['steady_decode_gflops']} GFLOP/s"
+    )
+    cpus = report["environment"]["cpu_count"] or 1
+    busy = [
+        name
+        for name, stats in c.items()
+        if any(x is not None and x > cpus for x in stats.get("host_load_1m", []))
+    ]
+    if busy:
+        lines.append(
+            f"  warning: the host's load average passed its {cpus} CPUs during "
+            f"{', '.join(busy)}: other work competed for the CPUs, figures are noisy"
+        )
+    return "\n".join(lines)
+
+
+@bench.command("batch")
+@click.option(
+    "--model",
+    "-m",
+    default="smollm2-135m",
+    show_default=True,
+    help="The echo worker reads this model's config and tokenizer (no weights).",
+)
+@_positive("--lines", 100_000, "Lines in the large file (the small one has a tenth).")
+@_positive("--max-inflight", 1024, "`batch run --max-inflight`.")
+@_broker_option
+@_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
+@_positive("--timeout", 1800, "Seconds to wait for results (and for progress in a batch run).")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def batch_bench(**kwargs: Any) -> None:
+    """`tokenmill batch run` against a raw Kafka client, and its memory as files grow.
+
+    One `tokenmill worker --engine echo` (no model) answers the same short requests three
+    times: from this process's raw aiokafka producer as fast as it goes (the baseline), then as
+    OpenAI Batch lines through `tokenmill batch run` subprocesses for a tenth of --lines and
+    for --lines. Reports requests/s of each, their ratio, and the batch client's peak RSS for
+    both file sizes (bounded memory: the large file's peak should barely exceed the small's).
+    """
+    import asyncio
+
+    from gpu.engine_config import EngineConfig
+    from ops.bench.batch import BatchBenchOptions, run_batch_bench
+    from ops.bench.engine import dumps
+    from ops.models.engine_options import EngineChoice
+
+    options = BatchBenchOptions(
+        engine=EngineChoice(model=kwargs["model"], dtype=None, device=None, engine=EngineConfig()),
+        lines=kwargs["lines"],
+        max_inflight=kwargs["max_inflight"],
+        bootstrap_servers=kwargs["bootstrap_servers"],
+        partitions=kwargs["partitions"],
+        timeout_s=kwargs["timeout"],
+    )
+    try:
+        report = asyncio.run(run_batch_bench(options, lambda line: click.echo(line, err=True)))
+    except (RuntimeError, OpsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    r = report["results"]
+    click.echo(
+        dumps(report)
+        if kwargs["as_json"]
+        else (
+            f"raw client {r['baseline_requests_per_s']} req/s · batch run "
+            f"{r['batch_requests_per_s']} req/s · ratio {r['batch_vs_raw_client']}\n"
+            f"batch client peak RSS {r['peak_rss_mb']['small']} MB ({report['small_lines']} "
+            f"lines) → {r['peak_rss_mb']['large']} MB ({report['lines']} lines)"
+        )
+    )
+
+
+@bench.command("swap")
+@click.option(
+    "--model",
+    "-m",
+    default="smollm2-135m",
+    show_default=True,
+    help="Alias or .gguf file; the worker's a.gguf and b.gguf are both links to it.",
+)
+@_broker_option
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.5,
+    show_default=True,
+    help="Requests per second, sent on schedule (open loop); light enough for SmolLM2 on 2 CPUs.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=45.0,
+    show_default=True,
+    help="Seconds of steady load.",
+)
+@click.option(
+    "--swap-at",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    default=0.4,
+    show_default=True,
+    help="When the swap command goes out, as a share of --duration.",
+)
+@_positive("--max-new-tokens", 16, "New tokens per request.")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Give the worker a 1-byte swap memory budget: a drain-mode swap, not a flip.",
+)
+@_positive("--timeout", 120, "Seconds to wait for the worker, the swap, and the last results.")
+@click.option(
+    "--min-after",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Keep sending past --duration until this many requests went out after the swap "
+    "(at most --timeout more seconds): a slow swap still has an after window.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def swap_bench(**kwargs: Any) -> None:
+    """A zero-downtime model swap under steady load: latency and throughput around it.
+
+    Runs one `tokenmill worker` on a.gguf from a temp models dir that also holds b.gguf (both
+    hard links to --model's file, so b is a real second load of the same bytes), on a broker
+    started for the run unless --bootstrap-servers. Sends short greedy requests at --rate for
+    --duration and, at --swap-at of it, a signed swap to b.gguf. Reports the swap's timings
+    (load, smoke test, flip or drain pause), and for requests sent before the command, during
+    the swap and after it: latency p50/p99/max, throughput and the models that answered; then
+    requests lost, duplicates, errors, p99 during/before and the throughput dip (slowest 1-s
+    bin around the swap over the mean before it). Exits 1 when the swap fails.
+    """
+    import asyncio
+
+    from ops.bench.engine import dumps
+    from ops.bench.swap import SwapBenchOptions, run_swap_bench
+
+    try:
+        options = SwapBenchOptions(
+            model=kwargs["model"],
+            rate=kwargs["rate"],
+            duration_s=kwargs["duration"],
+            swap_at=kwargs["swap_at"],
+            max_new_tokens=kwargs["max_new_tokens"],
+            drain=kwargs["drain"],
+            bootstrap_servers=kwargs["bootstrap_servers"],
+            timeout_s=kwargs["timeout"],
+            min_after=kwargs["min_after"],
+        )
+        report = asyncio.run(run_swap_bench(options, lambda line: click.echo(line, err=True)))
+    except (ValueError, RuntimeError, OpsError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else swap_summary(report))
+    swap = report["swap"]
+    if swap["outcome"] != "swapped":
+        raise click.ClickException(f"the swap {swap['outcome']}: {swap['reason']}")
+
+
+def swap_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    c, s = report["config"], report["swap"]
+    lines = [
+        f"{c['model']} a → b · {c['mode']} · {c['rate_per_s']}/s for {c['duration_s']} s, "
+        f"{c['max_new_tokens']} new tokens · {report['environment']['cpus_usable']} CPUs"
+    ]
+    if s["outcome"] == "swapped":
+        lines.append(
+            f"  swap   load {s['load_ms']} ms · smoke {s['smoke_ms']} ms · flip {s['flip_ms']} ms"
+            f" · pause {s['pause_ms']} ms (drained: {s['drained']}) · command → swapped "
+            f"{s['command_to_swapped_ms']} ms"
+        )
+    else:
+        lines.append(f"  swap   {s['outcome']}: {s['reason']}")
+    for name, w in report["windows"].items():
+        lat = w["latency_ms"]
+        models = ", ".join(f"{m} {n}" for m, n in w["models"].items()) or "none"
+        lines.append(
+            f"  {name:<6} {w['count']:>4} sent · p50 {lat['p50']} / p99 {lat['p99']} / max "
+            f"{lat['max']} ms · {w['throughput_per_s']} results/s · answered by {models}"
+        )
+    lines.append(
+        f"  lost {report['lost']} · duplicates {report['duplicates']} · errors "
+        f"{report['errors'] or 0} · p99 during/before {report['p99_during_over_before']} · "
+        f"throughput dip {report['throughput_dip']}"
+    )
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""The pipeline benchmark: `bench engine`'s seeded workload through real Kafka, against the engine.
+
+Three sections (any subset), on one real broker (a local one started on free ports in a temp
+dir unless a bootstrap address is given) and topics named for this run:
+
+- throughput: the workload run directly on an engine in this process (`run_all`), then through
+  Kafka to a worker with the same engine options: output tokens/s of each, and their ratio.
+- latency: short requests at a light fixed rate through Kafka, end to end (just before the
+  producer's send → the result fetched here), against the same requests run one at a time on
+  the direct engine: the ms Kafka and the actors add at p50 and p99. The default rate is one
+  at which requests seldom overlap in the engine; faster, batching adds time too.
+- ceiling: a worker with `--engine echo` (no model: each result is its prompt's tokens). Its
+  latency at a light rate (the plumbing's floor); then, fed requests as fast as this process
+  produces them, requests/s from the first send to the last result, once with
+  `prompt_token_ids` (nothing to tokenize) and once with text prompts.
+
+Beside wall times it reports the CPU seconds the worker, this process and the broker used:
+on a busy host those say more than wall time does.
+
+The worker is always a `tokenmill worker` subprocess, as deployed: it shares no GIL with this
+process's load generator (but the CPUs, and the broker's, yes). The direct engine is measured
+and released before the worker starts, so they never compete. Greedy, and EOS is honoured on
+both paths (a request on the wire cannot ignore it), so both generate the same tokens.
+
+`run_bench(options)` returns one JSON-ready dict; it reports targets, never asserts. The load
+generator's Kafka side lives in `ops/bench/kafka.py`, the worker subprocess and the CPU meter
+in `ops/bench/worker.py`, the report's skeleton, targets and warnings in `ops/bench/report.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from gpu.echo_engine import EchoEngine, load_echo_model
+from gpu.engine import Engine, EngineRequest
+from gpu.offline import run_all
+from gpu.sequence import SamplingParams
+from messages.request import GenerateRequest
+from ops.bench.broker import broker, delete_topics
+from ops.bench.kafka import (
+    LoadClient,
+    ceiling_run,
+    kafka_latency,
+    kafka_throughput,
+    percentiles,
+    warm_up,
+    wire_requests,
+)
+from ops.bench.pipeline_run import PipelineOptions, PipelineRun
+from ops.bench.report import skeleton, targets, warnings_for
+from ops.bench.tracing import tracing_section
+from ops.bench.worker import worker_argv, worker_process
+from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
+from ops.models.engine_options import build_engine
+from ops.models.registry import resolve_model
+
+MAX_LIGHT_RATE = 2.0  # requests/s
+
+Progress = Callable[[str], None]
+
+
+# -- the direct engine ---------------------------------------------------------------------
+
+
+def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:
+    return [
+        EngineRequest(
+            f"{prefix}{i}", r.prompt_token_ids, SamplingParams(max_new_tokens=r.max_new_tokens)
+        )
+        for i, r in enumerate(workload)
+    ]
+
+
+def direct_runs(
+    engine: Engine,
+    workload: Sequence[BenchRequest],
+    short: Sequence[BenchRequest],
+    o: PipelineOptions,
+) -> dict[str, Any]:
+    """Warm up; the workload in one continuous batch; then `short`, one request at a time."""
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        run_all(
+            engine,
+            _engine_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-"),
+        )
+        if "throughput" in o.sections:
+            start, cpu = time.perf_counter(), time.process_time()
+            run = run_all(engine, _engine_requests(workload, "direct-"))
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            out["throughput"] = {
+                "requests": len(workload),
+                "output_tokens": run.output_tokens,
+                "wall_s": round(wall, 3),
+                "output_tokens_per_s": round(run.output_tokens / wall, 2),
+                "steps": len(run.steps),
+                "cpu_s": {"this_process": round(cpu, 2)},
+                "tokens": [c.token_ids for c in run.completions],
+            }
+        if "latency" in o.sections:
+            times = []
+            for request in _engine_requests(short, "direct-latency-"):
+                start = time.perf_counter()
+                run_all(engine, [request])
+                times.append((time.perf_counter() - start) * 1e3)
+            out["latency_ms"] = times
+    return out
+
+
+def light_rate(direct_ms: Sequence[float]) -> float:
+    """A rate at which a request seldom meets another in the engine: one per two direct p90s,
+    at most `MAX_LIGHT_RATE`. Faster, requests overlap, and batching (not Kafka) adds time."""
+    p90_s = float(np.percentile(direct_ms, 90)) / 1e3
+    return round(min(MAX_LIGHT_RATE, 0.5 / p90_s), 3)
+
+
+# -- the whole benchmark -------------------------------------------------------------------
+
+
+async def _model_sections(run: PipelineRun) -> None:
+    """Throughput and latency: the direct engine first (then released), then the worker."""
+    o, report, say = run.options, run.report, run.say
+    say(f"loading {o.engine.model}")
+    # The direct engine runs on this thread: nothing else is on the event loop until it is done.
+    engine = build_engine(o.engine)
+    workload = make_workload(engine, o.workload)
+    short_spec = BenchOptions(**{**asdict(o.workload), "requests": o.latency_requests})
+    short = [
+        BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
+        for r in make_workload(engine, short_spec)
+    ]
+    m = engine.model
+    report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
+    report["environment"] |= {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch.")}
+    say(f"direct engine: {len(workload)} requests at once, then {len(short)} one at a time")
+    load = [host_load()]
+    direct = direct_runs(engine, workload, short, o)
+    del engine, m
+    gc.collect()
+
+    topics = await run.topics("torch")
+    log = run.tmp / "worker-torch.log"
+    argv = worker_argv(o.engine, "torch", run.bootstrap, topics)
+    report["worker"]["argv"]["torch"] = argv[3:]
+    warm = wire_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-")
+    async with (
+        worker_process(argv, log) as proc,
+        LoadClient(run.bootstrap, topics, linger_ms=0) as client,
+    ):
+        say("worker (torch): starting and warming up")
+        report["worker"]["warm_up_s"]["torch"] = await warm_up(client, proc, log, warm, o.timeout_s)
+        if "throughput" in o.sections:
+            say(f"kafka: {len(workload)} requests at once")
+            d = direct["throughput"]
+            k = await kafka_throughput(client, workload, d, run.meter(proc), o.timeout_s)
+            rate, direct_rate = k["output_tokens_per_s"], d["output_tokens_per_s"]
+            report["throughput"] = {
+                "direct": {key: v for key, v in d.items() if key != "tokens"},
+                "kafka": k,
+                "ratio": round(rate / direct_rate, 3) if rate and direct_rate else None,
+                "host_load_1m": [*load, host_load()],
+            }
+        if "latency" in o.sections:
+            rate = o.rate or light_rate(direct["latency_ms"])
+            say(f"kafka: {len(short)} requests at {rate}/s")
+            k = await kafka_latency(client, short, rate, o.timeout_s)
+            d = percentiles(direct["latency_ms"])
+            e2e = k["end_to_end_ms"]
+            report["latency"] = {
+                "rate_per_s": rate,
+                "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
+                # Near or above 1, requests overlap in the engine: the added ms include batching.
+                "offered_load": round(rate * float(np.mean(direct["latency_ms"])) / 1e3, 2),
+                "requests": len(short),
+                "max_new_tokens": o.latency_max_new_tokens,
+                "direct_ms": d,
+                "kafka": k,
+                "added_ms": {
+                    p: round(e2e[p] - d[p], 2) if e2e[p] is not None and d[p] is not None else None
+                    for p in ("p50", "p99")
+                },
+                "host_load_1m": [*load, host_load()],
+            }
+    report["worker"]["exit_code"]["torch"] = proc.returncode
+
+
+async def _ceiling_section(run: PipelineRun) -> None:
+    """The echo worker fed as fast as this process produces: with token ids, then with text."""
+    o, report, say = run.options, run.report, run.say
+    say(f"echo: reading {o.engine.model}'s tokenizer and config")
+    model = await asyncio.to_thread(
+        lambda: load_echo_model(resolve_model(o.engine.model), name=o.engine.model)
+    )
+    n, p = o.echo_requests, o.echo_prompt_tokens
+    spec = BenchOptions(
+        requests=n, seed=o.workload.seed, min_prompt=p, max_prompt=p, min_output=p, max_output=p
+    )
+    # make_workload reads only the model's config and tokenizer and max_model_len: echo has them.
+    echo = cast(Engine, EchoEngine(model, o.engine.engine))
+    prompts = [w.prompt_token_ids for w in make_workload(echo, spec)]
+    by_ids = [
+        GenerateRequest(id=f"echo-ids-{i}", prompt_token_ids=ids, max_new_tokens=p)
+        for i, ids in enumerate(prompts)
+    ]
+    by_text = [
+        GenerateRequest(id=f"echo-text-{i}", prompt=model.tokenizer.decode(ids), max_new_tokens=p)
+        for i, ids in enumerate(prompts)
+    ]
+    # Enough to warm the broker's JIT too: a cold JVM broker costs twice the CPU per request.
+    warm = [
+        GenerateRequest(id=f"echo-warm-{i}", prompt_token_ids=prompts[i % n], max_new_tokens=p)
+        for i in range(2000)
+    ]
+    named = report["model"] or {"name": model.name, "arch": model.config.arch}
+    report["model"] = named | {"echo_digest": model.digest}
+
+    topics = await run.topics("echo")
+    log = run.tmp / "worker-echo.log"
+    argv = worker_argv(o.engine, "echo", run.bootstrap, topics)
+    report["worker"]["argv"]["echo"] = argv[3:]
+    light = [BenchRequest(ids, p) for ids in prompts[: o.latency_requests]]
+    rate = o.rate or MAX_LIGHT_RATE
+    async with (
+        worker_process(argv, log) as proc,
+        LoadClient(run.bootstrap, topics, linger_ms=5) as client,
+    ):
+        say("worker (echo): starting and warming up")
+        report["worker"]["warm_up_s"]["echo"] = await warm_up(client, proc, log, warm, o.timeout_s)
+        load = [host_load()]
+        say(f"kafka: {len(light)} echo requests at {rate}/s")
+        async with LoadClient(run.bootstrap, topics, linger_ms=0) as one_by_one:
+            echo_latency = await kafka_latency(one_by_one, light, rate, o.timeout_s)
+        say(f"kafka: {n} echo requests with prompt_token_ids, as fast as they go")
+        ids_run = await ceiling_run(client, by_ids, run.meter(proc), o.timeout_s)
+        say(f"kafka: {n} echo requests with text prompts, as fast as they go")
+        text_run = await ceiling_run(client, by_text, run.meter(proc), o.timeout_s)
+    report["worker"]["exit_code"]["echo"] = proc.returncode
+    report["ceiling"] = {
+        "engine": "echo (no model; each result is its prompt's tokens)",
+        "prompt_tokens": p,
+        "max_new_tokens": p,
+        # The plumbing's own latency floor: Kafka both ways and the actors, no model.
+        "latency_at_light_rate": {"rate_per_s": rate, **echo_latency},
+        "prompt_token_ids": ids_run,
+        "text_prompts": text_run,
+        "host_load_1m": [*load, host_load()],
+    }
+
+
+async def run_bench(options: PipelineOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the chosen sections; a JSON-ready report (see `ops/bench/cli.py`)."""
+    o = options
+    run_id = uuid.uuid4().hex[:8]
+    report = skeleton(o, run_id)
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
+        say = progress or (lambda _: None)
+        async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
+            report["kafka"]["bootstrap"] = bootstrap
+            run = PipelineRun(o, bootstrap, pid, run_id, Path(tmp), report, say)
+            try:
+                if {"throughput", "latency"} & set(o.sections):
+                    await _model_sections(run)
+                if "ceiling" in o.sections:
+                    await _ceiling_section(run)
+                if "tracing" in o.sections:
+                    p = o.echo_prompt_tokens
+                    prompts = [
+                        [(i * 31 + k) % 250 + 3 for k in range(p)]  # in any vocabulary
+                        for i in range(o.tracing_requests)
+                    ]
+                    report["tracing"] = await tracing_section(run, prompts)
+            finally:
+                if o.bootstrap_servers is not None and run.topics_made:
+                    await delete_topics(bootstrap, run.topics_made)
+    report["environment"]["host_load_1m_at_end"] = host_load()
+    report["targets"] = targets(report)
+    report["warnings"] = warnings_for(report)
+    return report

@@ -1,0 +1,73 @@
+"""What one `bench pipeline` run is asked to do (`PipelineOptions`) and what its sections share
+(`PipelineRun`); apart from `ops/bench/pipeline.py` so the report and tracing sections can
+name them without importing the benchmark that imports them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.bench.worker import CpuMeter
+from ops.bench.workload import BenchOptions
+from ops.models.engine_options import EngineChoice
+from ops.services.topics import create_topics
+
+SECTIONS = ("throughput", "latency", "ceiling", "tracing")
+DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    engine: EngineChoice  # the direct engine's, and the worker's engine options
+    workload: BenchOptions = field(default_factory=BenchOptions)  # as `bench engine`'s
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
+    bootstrap_servers: str | None = None  # None: start a broker for this run
+    partitions: int = 6
+    rate: float | None = None  # latency, requests/s; None: light for the engine (`light_rate`)
+    latency_requests: int = 20
+    latency_max_new_tokens: int = 16
+    echo_requests: int = 20_000
+    echo_prompt_tokens: int = 16
+    tracing_requests: int = 5_000  # per run; runs alternate off, on, off, on
+    tracing_model_requests: int = 48  # per run to a worker on the model; 0: echo only
+    timeout_s: float = 600.0  # per wait for a worker's results
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown or not self.sections:
+            raise ValueError(f"sections must be some of {', '.join(SECTIONS)}")
+        if (self.rate is not None and self.rate <= 0) or self.timeout_s <= 0:
+            raise ValueError("rate and timeout must be positive")
+
+
+@dataclass
+class PipelineRun:
+    """What every section of one run shares."""
+
+    options: PipelineOptions
+    bootstrap: str
+    broker_pid: int | None  # when this run started the broker
+    run_id: str
+    tmp: Path
+    report: dict[str, Any]
+    say: Progress
+    topics_made: list[str] = field(default_factory=list)
+
+    async def topics(self, kind: str) -> dict[str, str]:
+        """A fresh requests/results/dlq trio per worker, so no worker reads another's requests."""
+        base = f"tokenmill-bench-{self.run_id}-{kind}"
+        names = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
+        await create_topics(
+            self.bootstrap, requests_partitions=self.options.partitions, names=names
+        )
+        self.topics_made += names.values()
+        return names
+
+    def meter(self, worker: asyncio.subprocess.Process) -> CpuMeter:
+        return CpuMeter({"worker": worker.pid, "client": os.getpid(), "broker": self.broker_pid})

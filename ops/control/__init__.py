@@ -1,0 +1,2 @@
+"""`tokenmill swap/rollback/drain/status`: signed control commands and the events they answer
+with."""

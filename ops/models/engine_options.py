@@ -1,0 +1,113 @@
+"""Click options shared by every command that builds an engine, and the builder itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from gpu.engine import Engine
+    from gpu.engine_config import EngineConfig
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    model: str
+    dtype: str | None
+    device: str | None
+    engine: EngineConfig
+
+
+def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."
+        ),
+        click.option(
+            "--dtype",
+            default=None,
+            help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU).",
+        ),
+        click.option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
+        click.option(
+            "--max-model-len",
+            type=int,
+            default=None,
+            help="Context limit (default: model's, capped at 2048).",
+        ),
+        click.option(
+            "--max-new-tokens-limit",
+            type=int,
+            default=4096,
+            show_default=True,
+            help="The most new tokens a request may ask for (bounds a result's size).",
+        ),
+        click.option(
+            "--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."
+        ),
+        click.option(
+            "--max-batched-tokens",
+            type=int,
+            default=1024,
+            show_default=True,
+            help="Token budget per step.",
+        ),
+        click.option(
+            "--num-kv-blocks",
+            type=int,
+            default=None,
+            help="KV pool size in blocks (default: memory plan).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
+    """Pop the engine options out of a command's kwargs."""
+    from gpu.engine_config import EngineConfig
+
+    try:
+        config = EngineConfig(
+            max_model_len=kwargs.pop("max_model_len"),
+            max_new_tokens=kwargs.pop("max_new_tokens_limit"),
+            max_num_seqs=kwargs.pop("max_num_seqs"),
+            max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
+            num_kv_blocks=kwargs.pop("num_kv_blocks"),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return EngineChoice(
+        model=kwargs.pop("model"),
+        dtype=kwargs.pop("dtype"),
+        device=kwargs.pop("device"),
+        engine=config,
+    )
+
+
+def build_engine(choice: EngineChoice) -> Engine:
+    """Resolve the model, load it and build the engine; errors become click errors."""
+    import torch
+
+    from gpu.device import parse_device, parse_dtype
+    from gpu.engine import Engine
+    from gpu.errors import EngineError
+    from gpu.loading.loader import load_model
+    from ops.errors import ModelFetchError
+    from ops.models.registry import resolve_model
+
+    try:
+        device = parse_device(choice.device) if choice.device else None
+        dtype = parse_dtype(choice.dtype) if choice.dtype else None
+        path = resolve_model(choice.model)
+        model = load_model(path, name=choice.model, dtype=dtype, device=device)
+        return Engine(model, choice.engine)
+    except (EngineError, ModelFetchError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        # Allocating the KV pool or the weights failed: say how much was asked for.
+        raise click.ClickException(f"cannot allocate the engine's memory: {exc}") from exc

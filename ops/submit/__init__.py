@@ -1,0 +1,1 @@
+"""`tokenmill submit`: produce requests and wait for their results."""

@@ -1,0 +1,1 @@
+"""`tokenmill worker`: its settings (flags, env, TOML), logging and telemetry setup."""

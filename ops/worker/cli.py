@@ -1,0 +1,126 @@
+"""`tokenmill worker`: serve generation requests from Kafka until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ops.models.engine_options import EngineChoice, build_engine, engine_choice, engine_options
+from ops.worker.settings import worker_config, worker_options
+
+if TYPE_CHECKING:
+    from gpu.echo_engine import EchoEngine
+
+
+@click.command()
+@engine_options
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["torch", "echo"]),
+    default="torch",
+    show_default=True,
+    help="echo: benchmark only, returns the prompt tokens.",
+)
+@worker_options
+def worker(**kwargs: Any) -> None:
+    """Consume GenerateRequests from the requests topic and produce GenerateResults.
+
+    Every record gets exactly one result (or an error result, plus the raw record on the DLQ
+    when it cannot be decoded); offsets are committed only after results are acknowledged.
+    SIGTERM or SIGINT drains: stop fetching, finish in-flight work within --shutdown-timeout,
+    fail the rest with `shutting_down`, commit, exit 0. Every option can also come from a
+    TOKENMILL_* env var or a --config TOML file. `--engine echo` runs no model (each result
+    is its request's prompt tokens): it measures the plumbing's ceiling; never serve with it.
+    """
+    from actors.engine_thread import build_on, engine_thread
+    from actors.faults import Faults
+    from actors.ingest.model_front import ModelFront
+    from actors.telemetry.metrics import WorkerMetrics
+    from actors.worker import Worker
+    from gpu.model_holder import map_large_host_allocations
+    from ops.worker.logging_setup import configure_logging
+    from ops.worker.telemetry import setup_worker_tracing, shutdown_worker_tracing
+
+    configure_logging(kwargs.pop("log_level"))
+    config = worker_config(kwargs)
+    kind = kwargs.pop("engine_kind")
+    choice = engine_choice(kwargs)
+    try:
+        faults = Faults.from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    map_large_host_allocations()  # swapped-out models give their memory back
+    thread = engine_thread()  # the engine is built where it will be stepped
+    engine = build_on(
+        thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
+    )
+    try:
+        service = Worker(
+            config,
+            engine,
+            ModelFront.of_engine(engine),
+            thread,
+            build=_echo_builder(choice) if kind == "echo" else None,
+            aliases=_registry_alias,
+            faults=faults,
+            metrics=WorkerMetrics(),
+        )
+    except ValueError as exc:  # a configuration that could make a result it cannot send
+        raise click.ClickException(str(exc)) from exc
+    del engine  # the worker's model holder owns it now; a swap must be able to free it
+    tracing = setup_worker_tracing("tokenmill", instance_id=config.worker_id)
+    try:
+        asyncio.run(_serve(service))
+    finally:
+        shutdown_worker_tracing(tracing)
+    if service.exit_code:
+        raise SystemExit(service.exit_code)
+
+
+def _registry_alias(name: str) -> Path | None:
+    """A registry alias's model file (fetched once into the cache), else None."""
+    from ops.models.registry import REGISTRY, resolve_model
+
+    return resolve_model(name) if name in REGISTRY else None
+
+
+def _echo_builder(choice: EngineChoice) -> Callable[[Path], EchoEngine]:
+    def build(path: Path) -> EchoEngine:
+        from gpu.echo_engine import EchoEngine, load_echo_model
+
+        return EchoEngine(load_echo_model(path), choice.engine)
+
+    return build
+
+
+def _echo_engine(choice: EngineChoice) -> EchoEngine:
+    """The benchmark-only engine over the model's tokenizer and config; no weights are read."""
+    import structlog
+
+    from gpu.echo_engine import EchoEngine, load_echo_model
+    from gpu.errors import EngineError
+    from ops.errors import ModelFetchError
+    from ops.models.registry import resolve_model
+
+    try:
+        model = load_echo_model(resolve_model(choice.model), name=choice.model)
+        engine = EchoEngine(model, choice.engine)
+    except (EngineError, ModelFetchError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    structlog.get_logger("tokenmill.worker").warning(
+        "echo_engine_running", model=model.name, digest=model.digest, note="benchmark only"
+    )
+    return engine
+
+
+async def _serve(service: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.drain)
+    await service.run()
