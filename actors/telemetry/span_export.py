@@ -2,15 +2,13 @@
 
     python -m actors.telemetry.span_export --service tokenmill --instance worker-1
 
-Started by the worker (`ops/worker/telemetry.py` → `actors/telemetry/span_sink.py`), never by hand.
-It reads
-length-prefixed msgpack frames of `SpanRecord`s until its stdin closes (the worker stopped or
-died), turns each frame into the SDK's `ReadableSpan`s and exports them with the SDK's OTLP
-exporter, which reads every standard `OTEL_EXPORTER_OTLP_*` variable (endpoint, headers,
-timeout). A failed export is logged by the exporter and its spans dropped; the next frame is
-tried as usual. Ctrl-C in a terminal reaches the whole process group: this process ignores it
-and finishes with its input instead, so the worker's last spans still go out.
-"""
+Started by the worker (`ops/worker/telemetry.py` → `actors/telemetry/span_sink.py`), never by
+hand. It reads length-prefixed msgpack frames of `SpanRecord`s until its stdin closes (the
+worker stopped or died), turns each frame into the SDK's `ReadableSpan`s and exports them with
+the SDK's OTLP exporter, which reads every standard `OTEL_EXPORTER_OTLP_*` variable (endpoint,
+headers, timeout). A failed export is logged by the exporter and its spans dropped; the next
+frame is tried as usual. Ctrl-C in a terminal reaches the whole process group: this process
+ignores it and finishes with its input instead, so the worker's last spans still go out."""
 
 from __future__ import annotations
 

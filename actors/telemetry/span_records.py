@@ -3,11 +3,11 @@
 A `SpanRecord` is the data of one finished span (ids, times, attributes, links, status) and
 nothing else: no locks, no processors, no attribute validation. The worker builds a request's
 records in a few microseconds and hands them to the span export process
-(`actors/telemetry/span_sink.py`
-writes them, msgpack-encoded, to `actors/telemetry/span_export.py`), which turns them into the SDK's
-`ReadableSpan`s (`to_readable_span`) and exports OTLP. Building SDK spans, encoding protobuf
-and talking HTTP then happen on another core, not on the event loop that feeds the engine:
-with the SDK in-process, tracing cost a request ~520 µs of worker CPU.
+(`actors/telemetry/span_sink.py` writes them, msgpack-encoded, to
+`actors/telemetry/span_export.py`), which turns them into the SDK's `ReadableSpan`s
+(`to_readable_span`) and exports OTLP. Building SDK spans, encoding protobuf and talking HTTP
+then happen on another core, not on the event loop that feeds the engine: with the SDK
+in-process, tracing cost a request ~520 µs of worker CPU.
 
 Trace ids travel as 32 hex digits (as in `traceparent`; msgpack integers stop at 64 bits),
 span ids as integers.

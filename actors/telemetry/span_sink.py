@@ -1,20 +1,19 @@
 """Hands the worker's finished span records to a span export process, never waiting for it.
 
-    sink = SpanSink([sys.executable, "-m", "actors.telemetry.span_export", "--service",
-    "tokenmill"])
+    sink = SpanSink(
+        [sys.executable, "-m", "actors.telemetry.span_export", "--service", "tokenmill"]
+    )
     sink.start()
     sink.record([SpanRecord(...), ...])   # from the event loop: an append, nothing more
     sink.close(timeout=5)                 # what is queued goes out, bounded
 
-A writer thread takes what is queued every `flush_every` seconds (or as soon as `batch`
-records wait), encodes it (msgpack, `actors/telemetry/span_records.py`) and writes one
-length-prefixed
+A writer thread takes what is queued every `flush_every` seconds (or as soon as `batch` records
+wait), encodes it (msgpack, `actors/telemetry/span_records.py`) and writes one length-prefixed
 frame to the export process's stdin. When that process is slow (the collector is down, its
-exporter retrying), the pipe fills, the writer waits there, and the queue grows to
-`max_queued` records: beyond that new records are dropped and counted, so a collector outage
-costs spans, never memory or request latency. An export process that dies is started again
-(at most once per `restart_after` seconds); records that arrive meanwhile are dropped.
-"""
+exporter retrying), the pipe fills, the writer waits there, and the queue grows to `max_queued`
+records: beyond that new records are dropped and counted, so a collector outage costs spans,
+never memory or request latency. An export process that dies is started again (at most once per
+`restart_after` seconds); records that arrive meanwhile are dropped."""
 
 from __future__ import annotations
 

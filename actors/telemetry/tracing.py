@@ -17,10 +17,9 @@ each member's incoming context; each member's `process` span links back to it.
 
 Nothing is traced inside the engine or on the hot path of a step: the engine's per-request
 timings become spans afterwards. Spans are plain records (`actors/telemetry/span_records.py`)
-handed to
-the installed `SpanRecorder`'s sink — in a worker, the span export process
-(`ops/telemetry.setup_worker_tracing`), which builds the SDK's spans and exports them. With no
-recorder installed nothing is recorded and the request's own trace headers pass through.
+handed to the installed `SpanRecorder`'s sink — in a worker, the span export process
+(`ops.worker.telemetry.setup_worker_tracing`), which builds the SDK's spans and exports them.
+With no recorder installed nothing is recorded and the request's own trace headers pass through.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The model's tokenizer: a `tokenizers.Tokenizer` plus the special ids and chat template.
 
 Built from an HF folder (`tokenizer.json`, `tokenizer_config.json`) here, or from GGUF
-metadata by `gpu.loading.gguf_tokenizer`. Requests are always tokenized by the model that will run
-them.
+metadata by `gpu.loading.gguf_tokenizer`. Requests are always tokenized by the model that
+will run them.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 A CLI makes a span per request it sends and uses the SDK in-process. A worker records five
 spans per request, which the SDK would cost ~500 µs of its event loop's CPU; it records them
 as plain records instead (`actors/telemetry/tracing.py`) and a span export process of its own
-(`actors/telemetry/span_export.py`, fed by `actors/telemetry/span_sink.py`) builds and exports the
-SDK's spans.
+(`actors/telemetry/span_export.py`, fed by `actors/telemetry/span_sink.py`) builds and
+exports the SDK's spans.
 
 Tracing is on when an OTLP endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, e.g. the `tokenmill up --jaeger` one) and

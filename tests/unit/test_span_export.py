@@ -1,6 +1,6 @@
-"""The span export process's loop (actors/telemetry/span_export.py): frames of span records in, the
-SDK's
-spans out to an exporter, with the process's resource; a frame cut short ends the input."""
+"""The span export process's loop (actors/telemetry/span_export.py): frames of span records in,
+the SDK's spans out to an exporter, with the process's resource; a frame cut short ends the
+input."""
 
 from __future__ import annotations
 

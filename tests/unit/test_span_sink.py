@@ -1,6 +1,5 @@
-"""The worker's span sink (actors/telemetry/span_sink.py) against a real child process that reads
-its
-frames as the span export process does and writes each record's name to a file: frames,
+"""The worker's span sink (actors/telemetry/span_sink.py) against a real child process that
+reads its frames as the span export process does and writes each record's name to a file: frames,
 flush on close, drops when full, a dead export process started again."""
 
 from __future__ import annotations

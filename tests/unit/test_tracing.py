@@ -1,7 +1,6 @@
 """A request's spans, recorded from an `Outcome` when its result is sent
-(actors/telemetry/tracing.py),
-read back as the export process builds them: names, parents, kinds, times, attributes, links
-and the result's headers."""
+(actors/telemetry/tracing.py), read back as the export process builds them: names, parents,
+kinds, times, attributes, links and the result's headers."""
 
 from __future__ import annotations
 
