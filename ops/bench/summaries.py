@@ -1,0 +1,129 @@
+"""The few lines `tokenmill bench ...` prints for a person (without --json): a report's
+headline figures; the JSON holds everything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pipeline_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    env, lines = report["environment"], []
+    lines.append(
+        f"{(report['model'] or {}).get('name')} · {env['cpus_usable']} CPUs · "
+        f"{env['torch_threads']} torch threads · worker: {report['worker']['mode']}"
+    )
+    t, lat, c = report["throughput"], report["latency"], report["ceiling"]
+    if "ratio" in t:
+        lines.append(
+            f"  throughput  direct {t['direct']['output_tokens_per_s']} tok/s · kafka "
+            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']}"
+        )
+    if "added_ms" in lat:
+        e2e, d = lat["kafka"]["end_to_end_ms"], lat["direct_ms"]
+        lines.append(
+            f"  latency     p50 {e2e['p50']} ms vs direct {d['p50']} ms · p99 {e2e['p99']} vs "
+            f"{d['p99']} · added p50 {lat['added_ms']['p50']} ms, p99 {lat['added_ms']['p99']}"
+        )
+    if "prompt_token_ids" in c:
+        floor = c["latency_at_light_rate"]["end_to_end_ms"]
+        lines.append(f"  echo        p50 {floor['p50']} ms, p99 {floor['p99']} ms end to end")
+        lines.append(
+            f"  ceiling     {c['prompt_token_ids']['requests_per_s']} req/s (token ids) · "
+            f"{c['text_prompts']['requests_per_s']} req/s (text)"
+        )
+    tracing = report["tracing"]
+    for label, tr in (("echo", tracing), ("model", tracing.get("model", {}))):
+        if "ratio_on_vs_off" not in tr:
+            continue
+        rates, elsewhere = tr["requests_per_s"], tr["tracing_cpu_us_per_request_elsewhere"]
+        lines.append(
+            f"  tracing ({label}) off {rates['off']} req/s · on {rates['on']} req/s · ratio "
+            f"{tr['ratio_on_vs_off']} (target ≥ {tr['target_ratio_at_least']})"
+        )
+        lines.append(
+            f"    CPU per request: worker +{tr['tracing_cpu_us_per_request']} µs · "
+            f"span export {elsewhere['span_export']} µs · jaeger {elsewhere['jaeger']} µs"
+        )
+    for key, target in report["targets"].items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        lines.append(f"  {key:<30} {target['value']}  (target {target['target']}: {verdict})")
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    w, c = report["workload"], report["contenders"]
+    lines = [
+        f"{report['model']['name']} · {report['environment']['device']} "
+        f"{report['environment']['dtype']} · {report['environment']['threads']} threads · "
+        f"{w['requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} output "
+        f"tokens (seed {w['seed']})",
+    ]
+    for name, stats in c.items():
+        if "skipped" in stats:
+            lines.append(f"  {name:<24} skipped: {stats['skipped']}")
+            continue
+        lines.append(
+            f"  {name:<24} {stats['output_tokens_per_s']:>9.1f} tok/s  "
+            f"({stats['requests']} requests, {stats['output_tokens']} tokens, "
+            f"{stats['wall_s']:.1f} s)"
+        )
+    for key, t in report["targets"].items():
+        value = "n/a" if t["value"] is None else f"{t['value']}"
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        lines.append(f"  {key:<36} {value:>8}  (target {t['target']}: {verdict})")
+    lat, kv, f = report["latency_ms"], report["kv"], report["flops"]
+    lines.append(
+        "  TTFT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["ttft"])
+        + " · TPOT ms p50/p90/p99 {p50}/{p90}/{p99}".format(**lat["tpot"])
+    )
+    lines.append(
+        f"  KV blocks: peak {kv['peak_blocks_used']} of {kv['blocks_allocated']} "
+        f"(block {kv['block_size']}) · GEMM peak {f['gemm_peak_gflops']} GFLOP/s · engine "
+        f"{f['engine_gflops']} GFLOP/s · steady decode {f['steady_decode_gflops']} GFLOP/s"
+    )
+    cpus = report["environment"]["cpu_count"] or 1
+    busy = [
+        name
+        for name, stats in c.items()
+        if any(x is not None and x > cpus for x in stats.get("host_load_1m", []))
+    ]
+    if busy:
+        lines.append(
+            f"  warning: the host's load average passed its {cpus} CPUs during "
+            f"{', '.join(busy)}: other work competed for the CPUs, figures are noisy"
+        )
+    return "\n".join(lines)
+
+
+def swap_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    c, s = report["config"], report["swap"]
+    lines = [
+        f"{c['model']} a → b · {c['mode']} · {c['rate_per_s']}/s for {c['duration_s']} s, "
+        f"{c['max_new_tokens']} new tokens · {report['environment']['cpus_usable']} CPUs"
+    ]
+    if s["outcome"] == "swapped":
+        lines.append(
+            f"  swap   load {s['load_ms']} ms · smoke {s['smoke_ms']} ms · flip {s['flip_ms']} ms"
+            f" · pause {s['pause_ms']} ms (drained: {s['drained']}) · command → swapped "
+            f"{s['command_to_swapped_ms']} ms"
+        )
+    else:
+        lines.append(f"  swap   {s['outcome']}: {s['reason']}")
+    for name, w in report["windows"].items():
+        lat = w["latency_ms"]
+        models = ", ".join(f"{m} {n}" for m, n in w["models"].items()) or "none"
+        lines.append(
+            f"  {name:<6} {w['count']:>4} sent · p50 {lat['p50']} / p99 {lat['p99']} / max "
+            f"{lat['max']} ms · {w['throughput_per_s']} results/s · answered by {models}"
+        )
+    lines.append(
+        f"  lost {report['lost']} · duplicates {report['duplicates']} · errors "
+        f"{report['errors'] or 0} · p99 during/before {report['p99_during_over_before']} · "
+        f"throughput dip {report['throughput_dip']}"
+    )
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
