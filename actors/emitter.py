@@ -95,7 +95,6 @@ class EmitterActor(Actor[Outcome]):
         self.results_sent = 0
         self.dead_letters_sent = 0
         self.answered_instead = 0  # results that could not be delivered, answered with an error
-        self.send_retries = 0
         self._window = asyncio.Semaphore(config.emit_max_in_flight)
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
@@ -297,7 +296,6 @@ class EmitterActor(Actor[Outcome]):
                 log.error("results_topic_refused", topic=record.topic, error=repr(failure))
             delay = backoff_s(attempt)
             attempt += 1
-            self.send_retries += 1
             self._count("retried")
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)

@@ -39,10 +39,12 @@ def plan_topics(
     requests_partitions: int = 6,
     other_partitions: int = 1,
     names: Mapping[str, str] | None = None,
+    configs: Mapping[str, str] | None = None,
 ) -> list[NewTopic]:
     """The topics to create, by role: `names` (role -> name) or else all of `DEFAULT_TOPICS`.
 
-    The role decides the partition count and config, whatever the name.
+    The role decides the partition count and config, whatever the name; `configs` are added to
+    (or override) every topic's config.
     """
     chosen = DEFAULT_TOPICS if names is None else names
     unknown = set(chosen) - set(DEFAULT_TOPICS)
@@ -57,9 +59,14 @@ def plan_topics(
             replication_factor=1,
             # The worker rejects oversized requests itself, so the topic must let them in; a
             # dead letter keeps up to max_request_bytes of one, and results echo metadata.
-            topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-            if role in ("requests", "results", "dlq")
-            else {},
+            topic_configs={
+                **(
+                    {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+                    if role in ("requests", "results", "dlq")
+                    else {}
+                ),
+                **(configs or {}),
+            },
         )
         for role, name in chosen.items()
     ]
@@ -71,18 +78,23 @@ async def create_topics(
     requests_partitions: int = 6,
     other_partitions: int = 1,
     names: Mapping[str, str] | None = None,
+    configs: Mapping[str, str] | None = None,
     request_timeout_ms: int = 30_000,
 ) -> list[str]:
     """Create tokenmill's topics that do not exist yet; the names of those it created.
 
     `names` (role -> name) picks the roles and names; by default all of `DEFAULT_TOPICS`.
-    Requests and results get `requests_partitions`, the others `other_partitions`. An existing
-    topic is left as it is, whatever its partition count. Returns once every topic shows in the
-    broker's metadata. Raises `TopicCreateError` when the broker cannot be reached or refuses
-    a topic for any reason but that it exists.
+    Requests and results get `requests_partitions`, the others `other_partitions`; `configs`
+    are added to every topic's config. An existing topic is left as it is, whatever its
+    partition count or config. Returns once every topic shows in the broker's metadata. Raises
+    `TopicCreateError` when the broker cannot be reached or refuses a topic for any reason but
+    that it exists.
     """
     topics = plan_topics(
-        requests_partitions=requests_partitions, other_partitions=other_partitions, names=names
+        requests_partitions=requests_partitions,
+        other_partitions=other_partitions,
+        names=names,
+        configs=configs,
     )
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from confluent_kafka import Producer
 
 from gpu.engine import Engine
@@ -20,6 +19,7 @@ from messages import headers as h
 from messages.error_codes import ErrorCode
 from messages.limits import MAX_ID_BYTES, MAX_KEY_BYTES
 from messages.request import GenerateRequest
+from ops.services.topics import create_topics, describe_topics
 from tests.integration.pipeline import (
     Lane,
     WorkerProcess,
@@ -45,28 +45,6 @@ def produce_foreign(bootstrap: str, topic: str, records: list[tuple[bytes | None
     for key, value in records:
         producer.produce(topic, value=value, key=key)
     assert producer.flush(60) == 0
-
-
-async def topic_names(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
-async def create_topic(bootstrap: str, name: str, **configs: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1, topic_configs=configs)])
-    finally:
-        await admin.close()
-    while True:  # created when every broker knows it
-        if name in await topic_names(bootstrap):
-            return
-        await asyncio.sleep(0.1)
 
 
 def huge_id_request() -> bytes:
@@ -127,7 +105,9 @@ async def test_reply_to_that_may_not_or_cannot_be_written_is_answered_on_the_res
 ) -> None:
     lane = await new_lane(kafka_bootstrap, partitions=1)
     small = f"{lane.group}-small.results"  # allowed, but takes no record over 600 bytes
-    await create_topic(lane.bootstrap, small, **{"max.message.bytes": "600"})
+    await create_topics(
+        lane.bootstrap, names={"results": small}, configs={"max.message.bytes": "600"}
+    )
     unknown = f"{lane.group}-nowhere.results"
     cases = {
         "offsets": ("__consumer_offsets", ErrorCode.REPLY_TO_NOT_ALLOWED),
@@ -142,7 +122,7 @@ async def test_reply_to_that_may_not_or_cannot_be_written_is_answered_on_the_res
         GenerateRequest(id=name, prompt_token_ids=[5, 6, 7], max_new_tokens=40, reply_to=topic)
         for name, (topic, _) in cases.items()
     ]
-    before = await topic_names(lane.bootstrap)
+    before = set(await describe_topics(lane.bootstrap))
     engine = Engine(load_model(tiny_checkpoints["llama"], name="tiny"), EngineConfig())
     async with running_worker(lane.worker_config(), engine) as worker:
         await produce(lane.bootstrap, lane.requests, [*requests, good(0)])
@@ -158,7 +138,7 @@ async def test_reply_to_that_may_not_or_cannot_be_written_is_answered_on_the_res
     (letter,) = [x for x in letters if x.key == b"too-small"]
     assert dict(letter.headers)[h.DLQ_ERROR_CODE] == b"result_too_large"
     assert b'"too-small"' in letter.value, "the request, for a retry elsewhere"
-    assert await topic_names(lane.bootstrap) - before == set(), "no topic was created"
+    assert set(await describe_topics(lane.bootstrap)) - before == set(), "no topic was created"
 
 
 async def test_a_result_larger_than_the_producer_sends_is_answered_not_crashed(
