@@ -53,7 +53,9 @@ async def test_kill_9_midway_loses_nothing(kafka_bootstrap, tiny_checkpoints, tm
     lane = await new_lane(kafka_bootstrap, partitions=3)
     requests = workload(300, max_new_tokens=24)
     ids = [r.id for r in requests]
-    await produce(lane.bootstrap, lane.requests, requests)
+    # Half before the kill, half after it: however fast the first worker is, the second one
+    # has work left (a quiet machine let the first finish all 300 before the kill).
+    await produce(lane.bootstrap, lane.requests, requests[:150])
     model = str(tiny_checkpoints["llama"])
 
     first = worker(lane, model, tmp_path, "first", "--max-num-seqs", "8")
@@ -62,6 +64,7 @@ async def test_kill_9_midway_loses_nothing(kafka_bootstrap, tiny_checkpoints, tm
         assert first.kill() == -9
     finally:
         first.close()
+    await produce(lane.bootstrap, lane.requests, requests[150:])
     second = worker(lane, model, tmp_path, "second")
     try:
         found = await results_by_id(lane, ids, within_s=300)
@@ -82,7 +85,9 @@ async def test_sigterm_drains_and_a_second_worker_finishes(
     lane = await new_lane(kafka_bootstrap, partitions=3)
     requests = workload(300, max_new_tokens=32)
     ids = [r.id for r in requests]
-    await produce(lane.bootstrap, lane.requests, requests)
+    # Half before the drain, half after it, so the second worker has work left however fast
+    # the first one is.
+    await produce(lane.bootstrap, lane.requests, requests[:150])
     model = str(tiny_checkpoints["llama"])
 
     # A short drain window, so some requests are failed with `shutting_down`; a low
@@ -98,6 +103,7 @@ async def test_sigterm_drains_and_a_second_worker_finishes(
         first.close()
     assert "worker_stopped" in first.log()
 
+    await produce(lane.bootstrap, lane.requests, requests[150:])
     second = worker(lane, model, tmp_path, "second")
     try:
         await second.wait_for_log("ingest_started")
