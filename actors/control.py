@@ -29,7 +29,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.mail import VerifiedCommand
-from actors.runtime import Actor
+from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.lifecycle_spans import record_event_span
 from messages import headers as h
 from messages.codec import JSON
@@ -44,15 +44,19 @@ _encoder = msgspec.json.Encoder()
 
 
 class ControlActor(Actor[Event]):
+    MAILBOX_SIZE = 256
+
     def __init__(
         self,
         config: WorkerConfig,
-        commands: Actor[VerifiedCommand] | None,
+        commands: Address[VerifiedCommand],
+        mailbox: Mailbox[Event] | None = None,
+        *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`commands` may be wired after construction (the supervisor and this actor refer to
-        each other); it must be set before `run()`."""
-        super().__init__("control", mailbox_size=256)
+        """`commands`: the supervisor's mailbox, where verified commands go; `mailbox`: this
+        actor's own, where every actor's events arrive for the events topic."""
+        super().__init__("control", mailbox or Mailbox(self.MAILBOX_SIZE))
         if config.control_topic is None:
             raise ValueError("a ControlActor needs config.control_topic")
         self.config = config
@@ -65,6 +69,11 @@ class ControlActor(Actor[Event]):
         self.refused = 0
         self.published = 0
         self._assigned = asyncio.Event()  # set by the rebalance listener
+
+    @property
+    def listening(self) -> bool:
+        """Assigned the control topic and able to publish events (for readiness)."""
+        return self.ready.is_set()
 
     async def publish(self, event: Event) -> None:
         """Queue `event` for the events topic (the same as `send`)."""
@@ -92,8 +101,6 @@ class ControlActor(Actor[Event]):
         return consumer
 
     async def run(self) -> None:
-        if self.commands is None:
-            raise RuntimeError("ControlActor.commands is not wired")
         self.ready.clear()
         self._assigned.clear()
         async with contextlib.AsyncExitStack() as stack:
@@ -156,7 +163,6 @@ class ControlActor(Actor[Event]):
                 self.accepted += 1
                 kind = type(verdict.command).__name__
                 log.info("command_accepted", command=kind, nonce=verdict.nonce)
-                assert self.commands is not None  # checked by run()
                 await self.commands.send(verdict)
                 return
             self.refused += 1

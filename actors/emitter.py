@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -32,9 +31,9 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from actors.broker_wait import started
 from actors.config import WorkerConfig
-from actors.mail import Delivered, Headers, Outcome
+from actors.mail import Delivered, Outcome
 from actors.results import undeliverable
-from actors.runtime import Actor
+from actors.runtime import Actor, Address, Mailbox
 from actors.send_errors import (
     ProducerBroken,
     UndeliveredResult,
@@ -43,11 +42,13 @@ from actors.send_errors import (
     refusal_code,
     verdict,
 )
+from actors.telemetry.metrics import WorkerMetrics
 from actors.telemetry.request_log import log_outcome
 from actors.telemetry.tracing import RequestSpans, start_request_spans
 from messages import headers as h
 from messages.codec import Codec
 from messages.error_codes import ErrorCode
+from messages.headers import Headers
 from messages.limits import MAX_KEY_BYTES
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
@@ -86,10 +87,20 @@ class _Pending:
 
 
 class EmitterActor(Actor[Outcome]):
-    def __init__(self, config: WorkerConfig) -> None:
-        super().__init__("emitter", mailbox_size=1024)
+    MAILBOX_SIZE = 1024
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        mailbox: Mailbox[Outcome] | None = None,
+        *,
+        delivered: Address[Delivered] | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        """`delivered`: the ingest's mailbox, told of each acknowledged outcome (None: no one)."""
+        super().__init__("emitter", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
-        self.ingest: Actor[Any] | None = None  # takes `Delivered`  # wired by the worker (a cycle)
+        self.delivered = delivered
         self.codec = Codec(GenerateResult)
         self.request_codec = Codec(GenerateRequest)
         self.results_sent = 0
@@ -99,7 +110,7 @@ class EmitterActor(Actor[Outcome]):
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
         self._unconfirmed: dict[int, Outcome] = {}
-        self.metrics: Any = None  # a WorkerMetrics, when the worker has one
+        self.metrics = metrics
 
     async def run(self) -> None:
         attempt = 0
@@ -244,8 +255,8 @@ class EmitterActor(Actor[Outcome]):
                     p.spans.end(exc)
                     raise
                 self._delivered(p)
-                if self.ingest is not None:
-                    await self.ingest.send(
+                if self.delivered is not None:
+                    await self.delivered.send(
                         Delivered(
                             record=p.outcome.record,
                             admitted=p.outcome.admitted,

@@ -5,6 +5,10 @@
 
 A record's `RecordRef` travels with it end to end, so the ingest can mark its offset done
 once the emitter reports the result delivered.
+
+This module imports no actor and none of their helpers: only the wire types of `messages/`
+and the two value types messages carry (a `ModelFront`, a `SpanLink`), which import no actor
+either (`tests/unit/test_layering.py` checks it).
 """
 
 from __future__ import annotations
@@ -12,17 +16,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from aiokafka.structs import TopicPartition
 
-from actors.ingest.buckets import FlushReason
 from actors.ingest.model_front import ModelFront
-from actors.telemetry.span_records import SpanLink
+from actors.telemetry.span_link import SpanLink
 from messages.control import Command
+from messages.headers import Headers
 from messages.request import GenerateRequest
 from messages.result import GenerateResult, SourceRef
 
-Headers = list[tuple[str, bytes]]
+# Why a batch was cut: a length bucket filled (tokens, size), waited long enough (wait), the
+# ingest went idle or drained; requeued: after a GPU actor crash; isolated: run alone after a
+# worker died with it (see actors.ingest.crash_guard).
+FlushReason = Literal["tokens", "size", "wait", "idle", "drain", "requeued", "isolated"]
 
 
 @dataclass(frozen=True, slots=True)

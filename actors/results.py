@@ -6,9 +6,10 @@ import time
 from dataclasses import replace
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
-from actors.mail import Admitted, DeadLetter, Headers, Outcome, RecordRef
+from actors.mail import Admitted, DeadLetter, Outcome, RecordRef
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
+from messages.headers import Headers
 from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, cut
 from messages.request import GenerateRequest
 from messages.result import (
@@ -112,7 +113,7 @@ def _dead_letter(
     """The record for the DLQ, bounded: at most `max_bytes` of the value, the original headers
     only if they are small, the key only if it is within the limit (headers say what was cut)."""
     kept = value if value is not None else b""  # Kafka refuses a null key and value
-    extra: Headers = []
+    extra: list[tuple[str, bytes]] = []
     if max_bytes is not None and len(kept) > max_bytes:
         # The original stays on the source topic (see the source headers) until retention.
         kept = kept[:max_bytes]

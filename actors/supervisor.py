@@ -20,17 +20,20 @@ import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from actors.config import WorkerConfig
+from actors.control import ControlActor
 from actors.emitter import EmitterActor
 from actors.gpu_actor import GpuActor
+from actors.health import Health
+from actors.http_server import HttpServer
 from actors.ingest.actor import IngestActor
 from actors.mail import SwapOrder, VerifiedCommand
 from actors.restart_policy import RestartPolicy
-from actors.runtime import Actor
+from actors.runtime import Actor, Mailbox
 from actors.swap.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
 from actors.telemetry.lifecycle_spans import publish_event
 from messages.control import Drain, Rollback, Status, SwapModel
@@ -46,36 +49,52 @@ from messages.events import (
 
 log = structlog.get_logger("tokenmill.supervisor")
 
+
+class Child(Protocol):
+    """What the supervisor runs: an actor, or the HTTP server."""
+
+    name: str
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 _GRACE_S = 30.0  # beyond shutdown_timeout_s, before a stuck drain is cut short
 
 
 class Supervisor(Actor[VerifiedCommand]):
+    MAILBOX_SIZE = 64
+
     def __init__(
         self,
         config: WorkerConfig,
         ingest: IngestActor,
         gpu: GpuActor,
         emitter: EmitterActor,
+        mailbox: Mailbox[VerifiedCommand] | None = None,
         *,
-        control: Any = None,
-        http: Any = None,
+        control: ControlActor | None = None,
+        http: HttpServer | None = None,
+        health: Health | None = None,
         models_dir: Path | None = None,
         aliases: AliasResolver | None = None,
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        """`control`: the `ControlActor` (commands in, events out), `http`: the health and
-        metrics server; both optional. `models_dir`/`aliases`: where swaps may load from."""
-        super().__init__("supervisor", mailbox_size=64)
+        """`mailbox`: where the control actor sends verified commands. `control`: the
+        `ControlActor` (commands in, events out), `http`: the health and metrics server; both
+        optional. `health`: what the readiness probe reads (the supervisor marks it).
+        `models_dir`/`aliases`: where swaps may load from."""
+        super().__init__("supervisor", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
         self.ingest, self.gpu, self.emitter = ingest, gpu, emitter
         self.control, self.http = control, http
+        self.health = health or Health(ingest, gpu, control)
         self.models_dir = models_dir
         self.aliases = aliases
         self.on_restart = on_restart
         self.policy = RestartPolicy(config.max_restarts, config.restart_window_s)
         self.exit_code = 0
-        self.draining = False
-        self.down: set[str] = set()  # children between a crash and their restart
         self.given_up: set[str] = set()  # children that crashed too often to restart
         self.started_at = time.monotonic()
         self.started = asyncio.Event()
@@ -83,6 +102,15 @@ class Supervisor(Actor[VerifiedCommand]):
         self._drain_reason = "signal"
         self._drain_command: str | None = None
         self._swaps: asyncio.Queue[tuple[str | None, str]] = asyncio.Queue()  # (model, nonce)
+
+    @property
+    def down(self) -> set[str]:
+        """Children between a crash and their restart."""
+        return self.health.down
+
+    @property
+    def draining(self) -> bool:
+        return self.health.draining
 
     # -- what others may call ------------------------------------------------------------
 
@@ -95,29 +123,13 @@ class Supervisor(Actor[VerifiedCommand]):
         self._drain.set()
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
-        """Ready: consuming, a model loaded, not draining, every child up, control listening."""
-        details: dict[str, object] = {
-            "consuming": self.ingest.joined,
-            "model_loaded": self.gpu.model_loaded,
-            "model": self.gpu.front.name,
-            "draining": self.draining,
-            "children_down": sorted(self.down),
-        }
-        if self.control is not None:
-            details["control"] = self.control.ready.is_set()
-        ready = (
-            bool(details["consuming"])
-            and bool(details["model_loaded"])
-            and not self.draining
-            and not self.down
-            and details.get("control", True) is True
-        )
-        return ready, details
+        """See `Health.readiness`."""
+        return self.health.readiness()
 
     # -- the worker's life ---------------------------------------------------------------
 
     async def run(self) -> None:
-        children: list[Actor[Any]] = [self.emitter, self.gpu, self.ingest]
+        children: list[Child] = [self.emitter, self.gpu, self.ingest]
         if self.control is not None:
             children.append(self.control)
         if self.http is not None:
@@ -137,14 +149,14 @@ class Supervisor(Actor[VerifiedCommand]):
                 )
             )
             await self._drain.wait()
-            self.draining = True
+            self.health.draining = True
             self._publish(
                 WorkerDraining(
                     worker=self.config.worker_id,
                     at=time.time(),
                     command=self._drain_command,
                     reason=self._drain_reason,
-                    in_flight=len(self.gpu.running),
+                    in_flight=self.gpu.running,
                 )
             )
             try:
@@ -175,7 +187,7 @@ class Supervisor(Actor[VerifiedCommand]):
             try:
                 await asyncio.wait_for(asyncio.shield(ingesting), self.config.shutdown_timeout_s)
             except TimeoutError:
-                log.warning("drain_timeout", running=len(self.gpu.running))
+                log.warning("drain_timeout", running=self.gpu.running)
             self.gpu.stop()  # fails whatever is left; the ingest then sees every outcome
             await stepping
             while not ingesting.done():  # a batch the ingest was still handing over
@@ -210,7 +222,7 @@ class Supervisor(Actor[VerifiedCommand]):
         self.emitter.stop()  # what it holds was answered; let it reach the broker
         await tasks["emitter"]
 
-    async def _supervise(self, child: Actor[Any]) -> None:
+    async def _supervise(self, child: Child) -> None:
         """Run `child` until it returns; restart it when it crashes, within the policy."""
         while True:
             try:
@@ -304,8 +316,7 @@ class Supervisor(Actor[VerifiedCommand]):
     def status(self, nonce: str | None = None) -> StatusReply:
         gpu = self.gpu
         engine: Any = gpu.engine
-        standby = gpu.holder.standby
-        running = len(gpu.running)
+        running = gpu.running
         return StatusReply(
             worker=self.config.worker_id,
             at=time.time(),
@@ -316,9 +327,7 @@ class Supervisor(Actor[VerifiedCommand]):
             running=running,
             kv_blocks_used=int(getattr(engine, "blocks_used", 0)),
             kv_blocks_total=int(getattr(engine, "num_blocks", 0)),
-            standby=gpu.fronts[standby.model.digest].ref
-            if standby is not None and standby.model.digest in gpu.fronts
-            else None,
+            standby=gpu.slots.standby_ref,
             draining=self.draining,
             restarts=self.policy.total(),
         )

@@ -5,6 +5,9 @@
        └───────────────┘
     control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu;  events ◄── every actor
 
+The mailboxes are made first; each actor gets its own and the addresses it sends to through
+its constructor (nothing is wired afterwards), so the circles above need no back-references.
+
 `drain()` (SIGTERM/SIGINT, via the CLI) stops fetching and lets in-flight work finish within
 `shutdown_timeout_s`; what is left after that is failed with `shutting_down`. Then offsets are
 committed and the clients closed. `run()` returns once everything has stopped; `exit_code`
@@ -16,20 +19,26 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from actors.config import WorkerConfig
+from actors.control import ControlActor
 from actors.emitter import EmitterActor
 from actors.faults import Faults
-from actors.gpu_actor import EngineLike, GpuActor
+from actors.gpu_actor import GpuActor
+from actors.health import Health
+from actors.http_server import HttpServer
+from actors.in_flight import EngineLike
 from actors.ingest.actor import IngestActor
 from actors.ingest.model_front import ModelFront, result_size_refusal
+from actors.mail import Batch, Outcome, SwapOrder, VerifiedCommand
+from actors.runtime import Mailbox
 from actors.supervisor import Supervisor
 from actors.swap.model_paths import AliasResolver
 from actors.swap.swapper import EngineBuilder, Swapper, SwapSettings, engine_builder_like
 from actors.telemetry.gpu_utilization import GpuUtilizationSampler
+from actors.telemetry.metrics import WorkerMetrics
 from actors.telemetry.tracing import installed_span_recorder
 from gpu.memory.device_memory import device_memory
 
@@ -47,7 +56,7 @@ class Worker:
         build: EngineBuilder | None = None,
         aliases: AliasResolver | None = None,
         faults: Faults | None = None,
-        metrics: Any = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """`engine_thread`: the thread the engine was built on, to step it on (see
         `actors.engine_thread`). `build(path)`: how a swap builds an engine for another
@@ -60,45 +69,58 @@ class Worker:
         self.metrics = metrics
         self._lag_partitions: set[int] = set()
         self._gpu_utilization = GpuUtilizationSampler()  # NVML is loaded on the first sample
-        self.emitter = EmitterActor(config)
+        # The mailboxes first: the actors send to each other in circles (see the diagram).
+        ingest_mail = IngestActor.new_mailbox(config)
+        gpu_mail: Mailbox[Batch | SwapOrder] = Mailbox(GpuActor.MAILBOX_SIZE)
+        emitter_mail: Mailbox[Outcome] = Mailbox(EmitterActor.MAILBOX_SIZE)
+        supervisor_mail: Mailbox[VerifiedCommand] = Mailbox(Supervisor.MAILBOX_SIZE)
+        self.control = (
+            ControlActor(config, supervisor_mail) if config.control_topic is not None else None
+        )
+        self.emitter = EmitterActor(config, emitter_mail, delivered=ingest_mail, metrics=metrics)
         self.gpu = GpuActor(
             engine,
-            self.emitter,
+            emitter_mail,
             config.worker_id,
             engine_thread,
+            mailbox=gpu_mail,
             front=front,
+            flips=ingest_mail,
+            events=self.control,
+            swapper=Swapper(
+                build or engine_builder_like(engine),
+                SwapSettings(
+                    config.swap_memory_budget_bytes,
+                    config.keep_previous_model,
+                    max_result_bytes=config.producer_max_bytes,
+                ),
+                on_swap=metrics.swap if metrics else None,
+            ),
             faults=faults,
             on_step=(lambda out: metrics.observe_step(out.stats)) if metrics else None,
         )
-        self.ingest = IngestActor(config, front, self.gpu, self.emitter)
-        self.emitter.ingest = self.ingest
-        self.gpu.ingest = self.ingest
-        self.gpu.swapper = Swapper(
-            build or engine_builder_like(engine),
-            SwapSettings(
-                config.swap_memory_budget_bytes,
-                config.keep_previous_model,
-                max_result_bytes=config.producer_max_bytes,
-            ),
-            on_swap=metrics.swap if metrics else None,
+        self.ingest = IngestActor(
+            config, front, ingest_mail, batches=gpu_mail, outcomes=emitter_mail, metrics=metrics
         )
-        self.emitter.metrics = self.ingest.metrics = metrics
-        self.control = self._control()
-        self.gpu.events = self.control
+        health = Health(self.ingest, self.gpu, self.control)
+        http = (
+            HttpServer(config.http_host, config.http_port, health.readiness, self.scrape)
+            if config.http_port is not None
+            else None
+        )
         self.supervisor = Supervisor(
             config,
             self.ingest,
             self.gpu,
             self.emitter,
+            supervisor_mail,
             control=self.control,
-            http=None,
+            http=http,
+            health=health,
             models_dir=Path(config.models_dir) if config.models_dir else None,
             aliases=aliases,
             on_restart=metrics.child_restarted if metrics else None,
         )
-        if self.control is not None:
-            self.control.commands = self.supervisor
-        self.supervisor.http = self._http()
 
     @property
     def started(self) -> asyncio.Event:
@@ -123,34 +145,18 @@ class Worker:
         )
         await self.supervisor.run()
 
-    def _control(self) -> Any:
-        if self.config.control_topic is None:
-            return None
-        from actors.control import ControlActor
-
-        return ControlActor(self.config, None)  # commands: the supervisor, wired below
-
-    def _http(self) -> Any:
-        if self.config.http_port is None:
-            return None
-        from actors.http_server import HttpServer
-
-        return HttpServer(
-            self.config.http_host, self.config.http_port, self.supervisor.readiness, self.scrape
-        )
-
     def scrape(self) -> bytes:
         """/metrics: gauges that describe the present are read now, then everything rendered."""
         metrics = self.metrics
         if metrics is None:
             return b""
         gpu, ingest = self.gpu, self.ingest
-        standby = gpu.holder.standby
+        standby = gpu.slots.standby_ref
         metrics.set_models(
             (gpu.front.name, gpu.front.digest),
-            (standby.model.name, standby.model.digest) if standby is not None else None,
+            (standby.name, standby.digest) if standby is not None else None,
         )
-        metrics.set_queue_depth(max(ingest.backpressure.requests - len(gpu.running), 0))
+        metrics.set_queue_depth(max(ingest.backpressure.requests - gpu.running, 0))
         consumer = ingest.consumer
         paused = len(consumer.paused()) if consumer is not None and ingest.joined else 0
         metrics.set_paused_partitions(paused)

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -26,18 +25,18 @@ from actors.ingest.backpressure import Backpressure, Decision
 from actors.ingest.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
 from actors.ingest.committer import Committer
 from actors.ingest.crash_guard import CrashGuard
-from actors.ingest.door import check, key_text, tokenize_all
+from actors.ingest.door import check, tokenize_all
 from actors.ingest.model_front import ModelFront
 from actors.ingest.offsets import OffsetTracker
+from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
-from actors.mail import Admitted, Batch, Delivered, Headers, Outcome, RecordRef, UseModel
-from actors.results import rejected_at_door
-from actors.runtime import Actor
-from actors.telemetry.request_log import request_context
+from actors.mail import Admitted, Batch, Delivered, Outcome, RecordRef, UseModel
+from actors.runtime import Actor, Address, Mailbox
+from actors.telemetry.metrics import WorkerMetrics
 from messages import headers as h
-from messages.codec import JSON, normalize_content_type
-from messages.error_codes import ErrorCode
-from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.codec import normalize_content_type
+from messages.errors import InvalidRequest, UndecodableRequest
+from messages.headers import Headers
 from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
 
@@ -51,14 +50,19 @@ class IngestActor(Actor[Delivered | UseModel]):
         self,
         config: WorkerConfig,
         front: ModelFront,
-        gpu: Actor[Any],  # takes `Batch`es
-        emitter: Actor[Outcome],
+        mailbox: Mailbox[Delivered | UseModel] | None = None,
+        *,
+        batches: Address[Batch],
+        outcomes: Address[Outcome],
+        metrics: WorkerMetrics | None = None,
     ) -> None:
-        super().__init__("ingest", mailbox_size=max(config.emit_max_in_flight, 1024))
+        """`batches`: the GPU actor's mailbox; `outcomes`: the emitter's (records answered at
+        the door go straight there)."""
+        super().__init__("ingest", mailbox or self.new_mailbox(config))
         self.config = config
         self.front = front
-        self.gpu = gpu
-        self.emitter = emitter
+        self.batches = batches
+        self.outcomes = outcomes
         self.tracker = OffsetTracker()
         self.guard = CrashGuard(config.max_record_crashes)
         self.committer = Committer(self.tracker, self.guard, headroom=config.fetch_max_records)
@@ -83,8 +87,9 @@ class IngestActor(Actor[Delivered | UseModel]):
             allowed=config.allowed_reply_to,
         )
         self.reply_topics = ReplyTopics(policy, KnownTopics(self._list_topics))
+        self.refusals = Refusals(config, self.reply_topics, outcomes)
         self.records_read = 0
-        self.metrics: Any = None  # a WorkerMetrics, when the worker has one
+        self.metrics = metrics
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._bucket_added = asyncio.Event()
@@ -94,6 +99,11 @@ class IngestActor(Actor[Delivered | UseModel]):
         # past the rebalance (its partitions may have been revoked and handed back, with
         # fetching restarted at the last commit).
         self._generation = 0
+
+    @staticmethod
+    def new_mailbox(config: WorkerConfig) -> Mailbox[Delivered | UseModel]:
+        """Room for a `Delivered` of every outcome the emitter may have in flight."""
+        return Mailbox(max(config.emit_max_in_flight, 1024))
 
     # -- the actor's life ----------------------------------------------------------------
 
@@ -224,9 +234,9 @@ class IngestActor(Actor[Delivered | UseModel]):
             self.tracker.track(ref.tp, ref.offset)
             self.fetched_to[ref.tp] = ref.offset + 1
             self.records_read += 1
-            headers = [(k, v) for k, v in record.headers if v is not None]
+            headers: Headers = [(k, v) for k, v in record.headers if v is not None]
             if (deaths := self.guard.quarantined(ref.tp, ref.offset)) is not None:
-                await self._quarantine(ref, record.value, headers, deaths)
+                await self.refusals.quarantine(ref, record.value, headers, deaths)
                 continue
             raw_ctype = h.header(headers, h.CONTENT_TYPE)
             try:
@@ -234,13 +244,13 @@ class IngestActor(Actor[Delivered | UseModel]):
                     record.value, raw_ctype, max_bytes=self.config.max_request_bytes, key=ref.key
                 )
             except UndecodableRequest as exc:
-                await self._reject(ref, exc, record.value, headers)
+                await self.refusals.reject(ref, exc, record.value, headers)
                 continue
             try:
                 deadline = check(request, record.timestamp)
                 await self.reply_topics.check(request.reply_to)
             except InvalidRequest as exc:
-                await self._reject(ref, exc, None, headers, request=request)
+                await self.refusals.reject(ref, exc, None, headers, request=request)
                 continue
             ctype = normalize_content_type(raw_ctype)
             accepted.append((ref, request, ctype, headers, deadline))
@@ -253,7 +263,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         now = time.monotonic()
         for (ref, request, ctype, headers, deadline), ids in zip(accepted, tokens, strict=True):
             if isinstance(ids, InvalidRequest):
-                await self._reject(ref, ids, None, headers, request=request)
+                await self.refusals.reject(ref, ids, None, headers, request=request)
                 continue
             item = Admitted(
                 request=request,
@@ -270,65 +280,6 @@ class IngestActor(Actor[Delivered | UseModel]):
             await self._flush(self.buckets.add(item, len(ids)))
             self._bucket_added.set()
 
-    async def _reject(
-        self,
-        ref: RecordRef,
-        exc: UndecodableRequest | InvalidRequest,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        request: GenerateRequest | None = None,
-    ) -> None:
-        if isinstance(exc, UndecodableRequest):
-            request_id = exc.request_id or key_text(ref.key)
-            reply_to = exc.reply_to
-        else:
-            request_id = request.id if request else ""
-            reply_to = request.reply_to if request else None
-        if not (reply_to and await self.reply_topics.usable(reply_to)):
-            reply_to = self.config.results_topic
-        try:
-            ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
-        except UnsupportedContentType:
-            ctype = JSON
-        with request_context(ref, request_id, h.trace_headers(headers)):
-            log.info("request_rejected", code=exc.code.value)
-        outcome = rejected_at_door(
-            ref,
-            exc.code,
-            exc.message,
-            request_id=request_id,
-            reply_topic=reply_to,
-            content_type=ctype,
-            worker=self.config.worker_id,
-            value=value,
-            headers=headers,
-            metadata=request.metadata if request else None,
-            max_dead_letter_bytes=self.config.max_request_bytes,
-            request=request,
-        )
-        await self.emitter.send(outcome)
-
-    async def _quarantine(
-        self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
-    ) -> None:
-        """Answer a record that was in flight when `deaths` workers died, without running it."""
-        log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
-                  offset=ref.offset, deaths=deaths)  # fmt: skip
-        try:  # its id and reply_to, if it has them
-            request: GenerateRequest | None = decode_request(
-                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
-            )
-        except UndecodableRequest:
-            request = None
-        error = UndecodableRequest(
-            ErrorCode.QUARANTINED,
-            f"quarantined: {deaths} workers died while this record was the oldest one running "
-            "on its partition; it is not run again (the record is on the DLQ)",
-            request_id=request.id if request is not None else "",
-            reply_to=request.reply_to if request is not None else None,
-        )
-        await self._reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])
-
     # -- batching ------------------------------------------------------------------------
 
     async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
@@ -343,7 +294,7 @@ class IngestActor(Actor[Delivered | UseModel]):
                 reason=f.reason,
                 oldest_wait_ms=round(f.oldest_wait_s * 1000, 2),
             )
-            await self.gpu.send(
+            await self.batches.send(
                 Batch(bucket=f.bucket, items=f.items, tokens=f.tokens, reason=f.reason)
             )
 
@@ -381,30 +332,18 @@ class IngestActor(Actor[Delivered | UseModel]):
         consumer = self.consumer
         if consumer is None or decision is Decision.NONE:
             return
-        assigned = consumer.assignment()
         if decision is Decision.PAUSE:
-            consumer.pause(*assigned)
-            log.info(
-                "partitions_paused",
-                requests=self.backpressure.requests,
-                tokens=self.backpressure.tokens,
-            )
+            consumer.pause(*consumer.assignment())
         else:
-            consumer.resume(*assigned)
-            log.info(
-                "partitions_resumed",
-                requests=self.backpressure.requests,
-                tokens=self.backpressure.tokens,
-            )
+            consumer.resume(*consumer.assignment())
+        event = "partitions_paused" if decision is Decision.PAUSE else "partitions_resumed"
+        log.info(event, requests=self.backpressure.requests, tokens=self.backpressure.tokens)
 
     async def _commit_loop(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit the contiguous-done offsets of the partitions still assigned, now and then."""
         while True:
             await asyncio.sleep(self.config.commit_interval_s)
-            await self._commit(consumer)
-
-    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
-        """Commit the contiguous-done offsets of the partitions still assigned."""
-        await self.committer.commit(consumer, consumer.assignment(), self.fetched_to)
+            await self.committer.commit(consumer, consumer.assignment(), self.fetched_to)
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         consumer = self.consumer

@@ -12,15 +12,13 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
+
+from actors.mail import FlushReason
 
 __all__ = ["BucketConfig", "FlushReason", "Flushed", "LengthBuckets", "default_boundaries"]
 
 T = TypeVar("T")
-
-FlushReason = Literal[
-    "tokens", "size", "wait", "idle", "drain", "requeued", "isolated"
-]  # requeued: after a crash; isolated: run alone after a worker died with it (crash_guard)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Zero-downtime model swaps on the GPU actor's double-buffered `ModelHolder`.
+"""Zero-downtime model swaps on the GPU actor's double-buffered model slots.
 
     check the memory plan ─┬─ both fit ──► load + smoke test in standby (background thread,
                            │               the active model keeps serving) ──► flip at a step
@@ -12,6 +12,9 @@ model is loaded back. Rollback flips back to the previous model when it is still
 else loads it again. Swaps run one at a time, in the order they were asked for. Every swap
 publishes `ModelSwapStarted` and then `ModelSwapped` (timings, drain pause) or
 `ModelSwapFailed` (the reason).
+
+The procedure reaches the GPU actor only through its `ModelSlots` (`actors.swap.model_slots`):
+what must wait for a step boundary is asked there and awaited.
 """
 
 from __future__ import annotations
@@ -22,23 +25,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from actors.ingest.model_front import ModelFront, result_size_refusal
-from actors.mail import SwapOrder, UseModel
-from actors.telemetry.lifecycle_spans import publish_event
+from actors.mail import SwapOrder
+from actors.swap.model_slots import ModelSlots
+from actors.telemetry.metrics import SwapOutcome
 from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
 from gpu.memory.swap_plan import SwapPlan, plan_swap
 from gpu.model_holder import free_device_memory
 from gpu.smoke_test import smoke_test
-from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted
+from messages.events import ModelSwapFailed, ModelSwapped, ModelSwapStarted
 from messages.result import ModelRef
-
-if TYPE_CHECKING:
-    from actors.gpu_actor import GpuActor
 
 log = structlog.get_logger("tokenmill.swap")
 
@@ -63,26 +63,13 @@ class _Loaded:
     smoke_ms: float
 
 
-class _Unloaded:
-    """Holds the active slot's identity (not its weights) while a drain-mode swap has no
-    model loaded."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = SimpleNamespace(
-            name=model.name, digest=model.digest, path=model.path, tokenizer=model.tokenizer
-        )
-
-    def has_work(self) -> bool:
-        return False
-
-
 class Swapper:
     def __init__(
         self,
         build: EngineBuilder,
         settings: SwapSettings | None = None,
         *,
-        on_swap: Callable[[str, float | None], None] | None = None,
+        on_swap: Callable[[SwapOutcome, float | None], None] | None = None,
     ) -> None:
         """`build(path)` loads a checkpoint into a new engine like the active one; `on_swap`
         hears each outcome ("swapped" | "failed") and the drain pause in seconds."""
@@ -93,13 +80,13 @@ class Swapper:
         self._lock = asyncio.Lock()
         self._loader: ThreadPoolExecutor | None = None
 
-    async def swap(self, gpu: GpuActor, order: SwapOrder) -> None:
+    async def swap(self, slots: ModelSlots, order: SwapOrder) -> None:
+        """Carry out `order` on the GPU actor's models; every outcome is published."""
         async with self._lock:
-            source = gpu.front.ref
-            _publish(
-                gpu,
+            source = slots.front.ref
+            slots.publish(
                 ModelSwapStarted(
-                    worker=gpu.worker_id,
+                    worker=slots.worker_id,
                     at=time.time(),
                     command=order.command,
                     from_model=source,
@@ -108,13 +95,13 @@ class Swapper:
             )
             log.info("model_swap_started", to=order.requested, source=source.name)
             try:
-                event = await self._swap(gpu, order, source)
+                event = await self._swap(slots, order, source)
             except asyncio.CancelledError:  # the worker stops (or the GPU actor crashed)
-                self._failed(gpu, order, "the worker stopped before the swap finished")
+                self._failed(slots, order, "the worker stopped before the swap finished")
                 raise
             except Exception as exc:  # every failure is reported; the active model serves on
                 reason = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
-                self._failed(gpu, order, reason)
+                self._failed(slots, order, reason)
                 return
             self._heard("swapped", event.pause_ms / 1e3 if event.drained else None)
             log.info(
@@ -128,15 +115,14 @@ class Swapper:
                 drained=event.drained,
                 pause_ms=round(event.pause_ms, 1),
             )
-            _publish(gpu, event)
+            slots.publish(event)
 
-    def _failed(self, gpu: GpuActor, order: SwapOrder, reason: str) -> None:
+    def _failed(self, slots: ModelSlots, order: SwapOrder, reason: str) -> None:
         log.warning("model_swap_failed", to=order.requested, reason=reason)
         self._heard("failed", None)
-        _publish(
-            gpu,
+        slots.publish(
             ModelSwapFailed(
-                worker=gpu.worker_id,
+                worker=slots.worker_id,
                 at=time.time(),
                 command=order.command,
                 to_model=order.requested,
@@ -144,17 +130,17 @@ class Swapper:
             ),
         )
 
-    async def _swap(self, gpu: GpuActor, order: SwapOrder, source: ModelRef) -> ModelSwapped:
+    async def _swap(self, slots: ModelSlots, order: SwapOrder, source: ModelRef) -> ModelSwapped:
         target = order.target if order.target is not None else self.previous
         if target is None:
             raise SwapError("nothing to roll back to: no swap has happened yet")
-        active_path = Path(gpu.engine.model.path)
+        active_path = Path(slots.active.model.path)
 
         def done(to: ModelRef, **timings: Any) -> ModelSwapped:
             if to != source:
                 self.previous = active_path
             return ModelSwapped(
-                worker=gpu.worker_id,
+                worker=slots.worker_id,
                 at=time.time(),
                 command=order.command,
                 from_model=source,
@@ -164,37 +150,34 @@ class Swapper:
 
         if _same_path(active_path, target):
             return done(source)  # already serving it: nothing to do
-        standby_path = _standby_path(gpu)
-        if standby_path is not None and _same_path(standby_path, target):
+        standby = slots.standby
+        if standby is not None and _same_path(Path(standby.model.path), target):
             # Rollback to a model still loaded: a flip, no load.
-            flip_ms = await gpu.flip_to(gpu.holder.standby)
-            return done(gpu.front.ref, flip_ms=flip_ms)
-        await gpu.release_standby()  # at a step boundary, once its sequences are done
-        plan = await self._plan(gpu, target)
+            flip_ms = await slots.flip_to(standby)
+            return done(slots.front.ref, flip_ms=flip_ms)
+        await slots.release_standby()  # at a step boundary, once its sequences are done
+        plan = await self._plan(slots, target)
         log.info("swap_plan", to=str(target), plan=plan.describe())
         if not plan.both_fit:
-            return await self._drain_swap(gpu, target, done)
+            return await self._drain_swap(slots, target, done)
         loaded = await self._load(self._loader_thread(), target)
-        gpu.add_front(loaded.engine)
-        gpu.holder.install_standby(loaded.engine)
-        flip_ms = await gpu.flip_to(loaded.engine)
+        slots.install_standby(loaded.engine)
+        flip_ms = await slots.flip_to(loaded.engine)
         if not self.settings.keep_previous:
-            gpu.request_release()  # done by the GPU actor once the old one's work is done
+            slots.request_release()  # done by the GPU actor once the old one's work is done
         return done(
-            gpu.front.ref, load_ms=loaded.load_ms, smoke_ms=loaded.smoke_ms, flip_ms=flip_ms
+            slots.front.ref, load_ms=loaded.load_ms, smoke_ms=loaded.smoke_ms, flip_ms=flip_ms
         )
 
     async def _drain_swap(
-        self, gpu: GpuActor, target: Path, done: Callable[..., ModelSwapped]
+        self, slots: ModelSlots, target: Path, done: Callable[..., ModelSwapped]
     ) -> ModelSwapped:
         """Stop admitting, wait for the engines to empty, unload, load, resume."""
         pause_start = time.perf_counter()
         try:
-            await gpu.quiesce()  # at a step boundary: nothing admitted, nothing running
-            gpu.holder.release_standby()
-            old_path = Path(gpu.engine.model.path)
-            gpu.holder.replace_active(_Unloaded(gpu.engine.model))  # frees the old weights
-            thread = gpu._active_thread or self._loader_thread()  # nothing steps meanwhile
+            await slots.quiesce()  # at a step boundary: nothing admitted, nothing running
+            old_path = slots.unload_active()  # frees the old weights
+            thread = slots.engine_thread or self._loader_thread()  # nothing steps meanwhile
             try:
                 loaded = await self._load(thread, target)
                 failure = None
@@ -202,21 +185,14 @@ class Swapper:
                 failure = str(exc) if isinstance(exc, SwapError) else f"{type(exc).__name__}: {exc}"
             if failure is not None:
                 free_device_memory()
-                await self._load_back(gpu, thread, old_path, failure)
+                await self._load_back(slots, thread, old_path, failure)
                 raise SwapError(failure)
-            old_digest = gpu.engine.model.digest
-            front = gpu.add_front(loaded.engine)
-            gpu.holder.replace_active(loaded.engine)
-            gpu.forget_front(old_digest)
-            if gpu.ingest is not None:
-                await gpu.ingest.send(UseModel(front))
+            await slots.install_active(loaded.engine)
         finally:
-            if gpu.model_loaded:
-                gpu.admitting = True
-            gpu._wakeup.set()
+            slots.resume()
         pause_ms = (time.perf_counter() - pause_start) * 1e3
         return done(
-            gpu.front.ref,
+            slots.front.ref,
             load_ms=loaded.load_ms,
             smoke_ms=loaded.smoke_ms,
             drained=True,
@@ -224,20 +200,20 @@ class Swapper:
         )
 
     async def _load_back(
-        self, gpu: GpuActor, thread: ThreadPoolExecutor, path: Path, failure: str
+        self, slots: ModelSlots, thread: ThreadPoolExecutor, path: Path, failure: str
     ) -> None:
         """After a failed drain-mode load: serve the old model again, or stop the GPU actor
         (its supervisor restarts it, which loads the old model once more)."""
         try:
             restored = await self._load(thread, path)
         except Exception as exc:
-            gpu.fatal = SwapError(f"{failure}; loading {path} back failed too: {exc!r}")
-            gpu._wakeup.set()
-            raise gpu.fatal from None
-        gpu.holder.replace_active(restored.engine)
+            fatal = SwapError(f"{failure}; loading {path} back failed too: {exc!r}")
+            slots.fail(fatal)
+            raise fatal from None
+        slots.restore_active(restored.engine)
 
-    async def _plan(self, gpu: GpuActor, target: Path) -> SwapPlan:
-        active = gpu.engine
+    async def _plan(self, slots: ModelSlots, target: Path) -> SwapPlan:
+        active = slots.active
         config = await asyncio.to_thread(read_config, target)
         max_len = active.config.resolved_max_model_len(config)
         dtype = getattr(active.model, "dtype", None)
@@ -271,22 +247,13 @@ class Swapper:
             self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenmill-loader")
         return self._loader
 
-    def _heard(self, outcome: str, pause_s: float | None) -> None:
+    def _heard(self, outcome: SwapOutcome, pause_s: float | None) -> None:
         if self.on_swap is not None:
             self.on_swap(outcome, pause_s)
 
 
-def _standby_path(gpu: GpuActor) -> Path | None:
-    standby = gpu.holder.standby
-    return Path(standby.model.path) if standby is not None else None
-
-
 def _same_path(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
-
-
-def _publish(gpu: GpuActor, event: Event) -> None:
-    publish_event(gpu.events, event)
 
 
 def engine_builder_like(active: Any) -> EngineBuilder:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import structlog
 
-from actors.runtime import Actor
-from actors.telemetry.span_records import AttributeValue
+from actors.runtime import Address
+from actors.telemetry.span_link import AttributeValue
 from actors.telemetry.tracing import SpanRecorder, installed_span_recorder
 from messages.events import ChildRestarted, CommandRefused, Event, ModelSwapFailed, ModelSwapped
 
@@ -65,12 +65,12 @@ def record_event_span(event: Event, recorder: SpanRecorder | None = None) -> Non
     recorder.record_root(name, end_ns - int(took_ms * 1e6), end_ns, attributes, error=error)
 
 
-def publish_event(events: Actor[Event] | None, event: Event) -> None:
+def publish_event(events: Address[Event] | None, event: Event) -> None:
     """Record `event`'s span and hand it to the events publisher (the control actor) without
     waiting: when that actor is missing, stopped or its mailbox full, the event is dropped
     and logged rather than holding up a swap, a restart or a drain."""
     record_event_span(event)
-    if events is None or events.stopping.is_set():
+    if events is None:
         return
-    if not events.try_send(event):
+    if not events.try_send(event) and not events.closed:
         log.warning("event_dropped", type=type(event).__name__)

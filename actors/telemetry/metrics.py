@@ -22,7 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from actors.ingest.buckets import FlushReason
+from actors.mail import FlushReason
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -20,8 +20,9 @@ from typing import Any
 
 import structlog
 
-from actors.mail import Headers, Outcome, RecordRef
+from actors.mail import Outcome, RecordRef
 from messages import headers as h
+from messages.headers import Headers
 
 log = structlog.get_logger("tokenmill.requests")
 

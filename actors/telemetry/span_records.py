@@ -24,15 +24,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-AttributeValue = str | int | float | bool | list[str]
+from actors.telemetry.span_link import AttributeValue, SpanLink
+
 SCOPE = InstrumentationScope("tokenmill.worker")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-
-
-class SpanLink(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    trace_id: str  # 32 hex digits
-    span_id: int
-    attributes: dict[str, AttributeValue] = {}
 
 
 class SpanRecord(msgspec.Struct, array_like=True, gc=False):

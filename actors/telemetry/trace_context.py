@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from opentelemetry.trace.span import TraceState
 
-from actors.mail import Headers
 from messages import headers as h
+from messages.headers import Headers
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _ZERO_TRACE = "0" * 32

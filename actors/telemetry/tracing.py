@@ -33,15 +33,11 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from actors.mail import Batch, Headers, Outcome
-from actors.telemetry.span_records import (
-    AttributeValue,
-    SpanLink,
-    SpanRecord,
-    new_span_id,
-    new_trace_id,
-)
+from actors.mail import Batch, Outcome
+from actors.telemetry.span_link import AttributeValue, SpanLink
+from actors.telemetry.span_records import SpanRecord, new_span_id, new_trace_id
 from actors.telemetry.trace_context import Parent, incoming_parent, outgoing_headers
+from messages.headers import Headers
 from messages.request import GenerateRequest
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by

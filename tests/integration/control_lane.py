@@ -75,7 +75,7 @@ class Inbox(Actor[VerifiedCommand]):
     """Stands in for the supervisor: its mailbox holds what the control actor sent."""
 
     def __init__(self) -> None:
-        super().__init__("inbox", mailbox_size=64)
+        super().__init__("inbox", 64)
 
     async def run(self) -> None:
         await self.stopping.wait()
@@ -89,7 +89,7 @@ class Answering(Actor[VerifiedCommand]):
     """Stands in for the supervisor: publishes `answer(command)` through the control actor."""
 
     def __init__(self, answer: Callable[[VerifiedCommand], list[Event]]) -> None:
-        super().__init__("answering", mailbox_size=64)
+        super().__init__("answering", 64)
         self.answer = answer
         self.control: ControlActor | None = None
 

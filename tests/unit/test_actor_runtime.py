@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.runtime import Actor
+from actors.runtime import Actor, Mailbox
 
 # How long a check watches a coroutine it expects to stay blocked (only those checks wait it
 # out), and the bound on one it expects to finish at once.
@@ -16,8 +16,8 @@ BLOCKED = 0.05
 class Recorder(Actor[int]):
     """Receives until stopped, keeping what it got."""
 
-    def __init__(self, mailbox_size: int = 4) -> None:
-        super().__init__("recorder", mailbox_size)
+    def __init__(self, mailbox_size: int = 4, mailbox: Mailbox[int] | None = None) -> None:
+        super().__init__("recorder", mailbox or mailbox_size)
         self.got: list[int] = []
 
     async def run(self) -> None:
@@ -140,3 +140,17 @@ async def test_drain_mailbox_makes_room_for_waiting_senders() -> None:
     assert actor.drain_mailbox() == [1]
     await asyncio.wait_for(sender, BLOCKED)
     assert actor.drain_mailbox() == [2]
+
+
+async def test_a_mailbox_made_first_is_the_actors_own() -> None:
+    mailbox: Mailbox[int] = Mailbox(2)
+    await mailbox.send(1)  # a sender wired before the actor exists
+    actor = Recorder(mailbox=mailbox)
+    assert await actor.receive() == 1
+
+
+def test_a_stopped_actors_mailbox_drops_notices_but_keeps_mail() -> None:
+    actor = Recorder()
+    actor.stop()
+    assert actor.closed and not actor.try_send(1)
+    assert actor.drain_mailbox() == []

@@ -21,7 +21,7 @@ class Collector(Actor[Outcome]):
     """Stands in for the emitter: keeps what it is sent."""
 
     def __init__(self) -> None:
-        super().__init__("collector", mailbox_size=1000)
+        super().__init__("collector", 1000)
 
     async def run(self) -> None:  # never started: tests read the mailbox
         raise NotImplementedError

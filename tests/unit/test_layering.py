@@ -110,3 +110,18 @@ def test_the_scheduler_allocator_and_sequence_import_no_torch(module: str) -> No
 def test_messages_use_msgspec_only_and_nothing_of_the_service(module: str) -> None:
     assert third_party(module) <= {"msgspec"}, f"{module} imports {third_party(module)}"
     assert {m.split(".")[0] for m in ours(module)} <= {"messages"}, (module, ours(module))
+
+
+def actor_imports(module: str) -> set[str]:
+    return {m for m in ours(module) if m.startswith("actors")}
+
+
+def test_mail_carries_values_and_imports_no_actor() -> None:
+    """`actors.mail` imports from `actors/` only value types that import no actor themselves."""
+    for value_type in actor_imports("actors.mail"):
+        assert actor_imports(value_type) == set(), (value_type, actor_imports(value_type))
+
+
+def test_a_swap_reaches_the_gpu_actor_only_through_its_model_slots() -> None:
+    for module in [m for m in modules() if m.startswith("actors.swap")]:
+        assert "actors.gpu_actor" not in ours(module), module

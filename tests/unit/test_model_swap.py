@@ -27,7 +27,7 @@ class Inbox(Actor[object]):
     """Stands in for the emitter or the events publisher: keeps what it is sent."""
 
     def __init__(self) -> None:
-        super().__init__("inbox", mailbox_size=10_000)
+        super().__init__("inbox", 10_000)
 
     async def run(self) -> None:  # never started: tests read the mailbox
         raise NotImplementedError
@@ -66,9 +66,13 @@ class Rig:
     def __init__(self, llama: Path, budget: int | None = None, keep: bool = True) -> None:
         engine = Engine(load_model(llama, name="tiny-llama"), EngineConfig(max_num_seqs=4))
         self.outcomes, self.events = Inbox(), Inbox()
-        self.gpu = GpuActor(engine, self.outcomes, "w1")
-        self.gpu.events = self.events  # type: ignore[assignment]
-        self.gpu.swapper = Swapper(engine_builder_like(engine), SwapSettings(budget, keep))
+        self.gpu = GpuActor(
+            engine,
+            self.outcomes,
+            "w1",
+            events=self.events,
+            swapper=Swapper(engine_builder_like(engine), SwapSettings(budget, keep)),
+        )
         self.first = engine.model.digest
 
     async def __aenter__(self) -> Rig:
@@ -100,7 +104,7 @@ async def test_flip_while_serving_then_rollback_is_a_flip(tiny_checkpoints) -> N
         assert all(r.error is None for r in by_id.values())
         assert {by_id[f"a{i}"].model.digest for i in range(4)} == {rig.first}, "old ones finish"
         assert by_id["late"].model.digest == by_id["new"].model.digest == swapped.to_model.digest
-        assert rig.gpu.holder.standby is not None, "kept for rollback"
+        assert rig.gpu.slots.standby is not None, "kept for rollback"
         back = await rig.swap(None, "rollback")
         assert isinstance(back, ModelSwapped) and back.to_model.digest == rig.first
         assert back.load_ms == 0, "the previous model was still loaded: a flip, no load"
@@ -111,7 +115,7 @@ async def test_drain_mode_when_both_do_not_fit(tiny_checkpoints) -> None:
         await rig.gpu.send(batch(*[item(f"a{i}", rig.first, 20) for i in range(3)]))
         swapped = await rig.swap(tiny_checkpoints["gpt2"])
         assert isinstance(swapped, ModelSwapped) and swapped.drained and swapped.pause_ms > 0
-        assert rig.gpu.holder.standby is None, "drain mode never holds two models"
+        assert rig.gpu.slots.standby is None, "drain mode never holds two models"
         outcomes = await rig.outcomes.take(3, Outcome)
         assert all(o.result.error is None and o.result.model.digest == rig.first for o in outcomes)
         await rig.gpu.send(batch(item("after", rig.first)))
@@ -175,7 +179,7 @@ async def test_a_crashed_actor_requeues_what_it_held_once(tiny_checkpoints) -> N
         await rig.gpu.send(batch(*[item(f"c{i}", rig.first, 8) for i in range(3)]))
         with pytest.raises(InjectedFault):
             await rig.task
-        assert len(rig.gpu.running) == 3
+        assert rig.gpu.running == 3
         assert rig.gpu.recover() == [], "first crash: queued again, nothing failed"
         rig.task = asyncio.create_task(rig.gpu.run())
         outcomes = await rig.outcomes.take(3, Outcome)

@@ -66,14 +66,13 @@ async def test_a_swap_to_a_model_whose_results_could_not_be_sent_is_refused(
     tiny_checkpoints, engine: Engine
 ) -> None:
     events = Inbox()
-    gpu = GpuActor(engine, Inbox(), "w1")
-    gpu.events = events  # type: ignore[assignment]
     # The producer's limit is one byte under what the candidate's results could take.
     candidate = ModelFront.of_engine(
         Engine(load_model(tiny_checkpoints["gpt2"], name="gpt2"), EngineConfig())
     )
     limit = candidate.result_size_bound - 1
-    gpu.swapper = Swapper(engine_builder_like(engine), SwapSettings(max_result_bytes=limit))
+    swapper = Swapper(engine_builder_like(engine), SwapSettings(max_result_bytes=limit))
+    gpu = GpuActor(engine, Inbox(), "w1", events=events, swapper=swapper)
     task = asyncio.create_task(gpu.run())
     try:
         await gpu.send(SwapOrder(target=tiny_checkpoints["gpt2"], requested="gpt2"))

@@ -11,7 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors.telemetry.span_export import export_frames
-from actors.telemetry.span_records import SpanLink, SpanRecord, encode_records
+from actors.telemetry.span_link import SpanLink
+from actors.telemetry.span_records import SpanRecord, encode_records
 from actors.telemetry.span_sink import FRAME_HEADER_BYTES
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -1,0 +1,98 @@
+"""Refusals: how the ingest answers a record it will not run, without the engine.
+
+An undecodable record, a request that breaks a rule, one whose deadline passed, a quarantined
+record: each gets one `Outcome` (an error result, plus a dead letter when it cannot be read
+as a request) sent straight to the emitter, so its offset is committed like any other.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from actors.config import WorkerConfig
+from actors.ingest.door import key_text
+from actors.ingest.reply_topics import ReplyTopics
+from actors.mail import Outcome, RecordRef
+from actors.results import rejected_at_door
+from actors.runtime import Address
+from actors.telemetry.request_log import request_context
+from messages import headers as h
+from messages.codec import JSON, normalize_content_type
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.headers import Headers
+from messages.request import GenerateRequest
+from messages.request_decoding import decode_request
+
+log = structlog.get_logger("tokenmill.ingest")
+
+
+class Refusals:
+    def __init__(
+        self, config: WorkerConfig, reply_topics: ReplyTopics, outcomes: Address[Outcome]
+    ) -> None:
+        """`outcomes`: the emitter's mailbox."""
+        self.config = config
+        self.reply_topics = reply_topics
+        self.outcomes = outcomes
+
+    async def reject(
+        self,
+        ref: RecordRef,
+        exc: UndecodableRequest | InvalidRequest,
+        value: bytes | None,
+        headers: Headers,
+        request: GenerateRequest | None = None,
+    ) -> None:
+        """Answer a record that cannot run: an error result (to its `reply_to` when that is
+        usable) and, when it is undecodable, its dead letter."""
+        if isinstance(exc, UndecodableRequest):
+            request_id = exc.request_id or key_text(ref.key)
+            reply_to = exc.reply_to
+        else:
+            request_id = request.id if request else ""
+            reply_to = request.reply_to if request else None
+        if not (reply_to and await self.reply_topics.usable(reply_to)):
+            reply_to = self.config.results_topic
+        try:
+            ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
+        except UnsupportedContentType:
+            ctype = JSON
+        with request_context(ref, request_id, h.trace_headers(headers)):
+            log.info("request_rejected", code=exc.code.value)
+        outcome = rejected_at_door(
+            ref,
+            exc.code,
+            exc.message,
+            request_id=request_id,
+            reply_topic=reply_to,
+            content_type=ctype,
+            worker=self.config.worker_id,
+            value=value,
+            headers=headers,
+            metadata=request.metadata if request else None,
+            max_dead_letter_bytes=self.config.max_request_bytes,
+            request=request,
+        )
+        await self.outcomes.send(outcome)
+
+    async def quarantine(
+        self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
+    ) -> None:
+        """Answer a record that was in flight when `deaths` workers died, without running it."""
+        log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
+                  offset=ref.offset, deaths=deaths)  # fmt: skip
+        try:  # its id and reply_to, if it has them
+            request: GenerateRequest | None = decode_request(
+                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
+            )
+        except UndecodableRequest:
+            request = None
+        error = UndecodableRequest(
+            ErrorCode.QUARANTINED,
+            f"quarantined: {deaths} workers died while this record was the oldest one running "
+            "on its partition; it is not run again (the record is on the DLQ)",
+            request_id=request.id if request is not None else "",
+            reply_to=request.reply_to if request is not None else None,
+        )
+        await self.reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])

@@ -1,0 +1,56 @@
+"""Readiness: every condition it names must hold; each one alone makes the worker not ready."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from actors.health import Health
+
+
+@dataclass
+class Flags:
+    joined: bool = True
+    model_loaded: bool = True
+    model_name: str = "m"
+    listening: bool = True
+
+
+def test_ready_when_every_condition_holds() -> None:
+    flags = Flags()
+    ready, details = Health(flags, flags, flags).readiness()
+    assert ready
+    assert details == {
+        "consuming": True,
+        "model_loaded": True,
+        "model": "m",
+        "draining": False,
+        "children_down": [],
+        "control": True,
+    }
+
+
+@pytest.mark.parametrize("flag", ["joined", "model_loaded", "listening"])
+def test_not_ready_when_a_child_is_not(flag: str) -> None:
+    flags = Flags(**{flag: False})  # type: ignore[arg-type]
+    assert not Health(flags, flags, flags).readiness()[0]
+
+
+def test_not_ready_while_draining_or_a_child_is_down() -> None:
+    flags = Flags()
+    health = Health(flags, flags, None)
+    health.down.add("gpu")
+    assert health.readiness() == (
+        False,
+        {
+            "consuming": True,
+            "model_loaded": True,
+            "model": "m",
+            "draining": False,
+            "children_down": ["gpu"],
+        },
+    )
+    health.down.clear()
+    health.draining = True
+    assert not health.readiness()[0]
