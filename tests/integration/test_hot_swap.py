@@ -76,6 +76,14 @@ class Rig:
         events = await self.command(SwapModel(model=model), (ModelSwapped, ModelSwapFailed))
         return next(e for e in events if isinstance(e, ModelSwapped | ModelSwapFailed))
 
+    async def answered_after(self, at: float, within_s: float = 180.0) -> None:
+        """Wait until a request sent after `at` (wall clock, as events say) has its result."""
+        async with asyncio.timeout(within_s):
+            while not (later := [i for i, sent in self.sent_at.items() if sent > at]):
+                await asyncio.sleep(0.1)  # the stream sends the next one soon
+            while later[0] not in await results_by_id(self.lane, later[:1], within_s=5.0):
+                pass
+
     async def stream(self, stop: asyncio.Event, every_s: float, prefix: str) -> list[str]:
         """Produce one request every `every_s` until `stop`; the ids sent."""
         ids: list[str] = []
@@ -147,11 +155,11 @@ async def test_swap_under_load_a_b_a_across_architectures(
     try:
         stop = asyncio.Event()
         streaming = asyncio.create_task(rig.stream(stop, 0.1, "s"))
-        await asyncio.sleep(4)
+        await rig.answered_after(0.0)  # A serves
         to_b = await rig.swap("gpt2")  # Llama (GGUF, 49152 tokens) → GPT-2 (320 tokens)
-        await asyncio.sleep(3)
+        await rig.answered_after(to_b.at)  # sent after the flip, so run on B
         to_a = await rig.swap("smollm2.gguf")
-        await asyncio.sleep(3)
+        await rig.answered_after(to_a.at)
         stop.set()
         ids = await streaming
         found = await results_by_id(rig.lane, ids, within_s=180)
