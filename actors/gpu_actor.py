@@ -257,7 +257,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
             try:
                 self._add(engine, item, prompt)
             except RequestRejected as exc:
-                await self._send_error(item, ErrorInfo(code=ErrorCode(exc.code), message=str(exc)))
+                await self._send_error(item, ErrorInfo(code=exc.code, message=str(exc)))
                 continue
             except Exception as exc:  # never lose an item: it is answered, the actor goes on
                 log.exception("admit_failed", request_id=request.id)

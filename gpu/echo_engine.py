@@ -82,9 +82,10 @@ class EchoEngine:
     `max_model_len`) computing nothing: each request's output is its own prompt tokens.
 
     Exists to measure the plumbing around the engine in benchmarks (`tokenmill worker --engine
-    echo`, `tokenmill bench pipeline`); never serve with it. Admission checks the same limits as
-    the engine (length, vocabulary, duplicates); sampling parameters are accepted and ignored.
-    A step finishes up to `config.max_num_seqs` requests, in arrival order.
+    echo`, `tokenmill bench pipeline`); never serve with it. Admission is the engine's own
+    (`check_admission`: lengths, sampling, vocabulary, duplicates); sampling parameters are
+    checked, then ignored. A step finishes up to `config.max_num_seqs` requests, in arrival
+    order.
     """
 
     def __init__(
@@ -101,7 +102,7 @@ class EchoEngine:
         self.waiting: dict[str, tuple[EngineRequest, float]] = {}  # id → (request, arrival)
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise the typed error `Engine.validate` would: the same admission rules."""
+        """Raise what `Engine.validate` would: the same admission rules."""
         check_admission(
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.waiting
         )

@@ -2,33 +2,28 @@
 
 Synchronous and single-threaded: one step = schedule → run the model once → collect tokens.
 It does no I/O and no logging; each step returns its statistics for the caller to log, trace
-and export. Everything a request needs is checked in `add`, which raises a typed
-`RequestRejected` subclass; nothing is ever truncated silently.
+and export. Everything a request needs is checked in `add`, which raises `RequestRejected`
+with the code of the `messages.admission` rule it broke; nothing is ever truncated silently.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.engine_config import EngineConfig, size_kv_pool
-from gpu.errors import (
-    DuplicateRequest,
-    EmptyPrompt,
-    InvalidSamplingParams,
-    MaxTokensTooLarge,
-    PromptTooLong,
-    TokenOutOfVocabulary,
-)
+from gpu.errors import RequestRejected
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
 from gpu.sequence import Sequence as Seq
+from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -131,7 +126,7 @@ class Engine:
     # -- admission ---------------------------------------------------------------------
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise the typed error a request deserves, or return if it can run."""
+        """Raise `RequestRejected` with the code the request deserves, or return if it can run."""
         check_admission(
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.sequences
         )
@@ -253,38 +248,25 @@ def check_admission(
     vocab: int,
     running: Container[str],
 ) -> None:
-    """The engine's admission rules: raise the typed error `request` deserves, or return.
+    """The engine's admission: raise `RequestRejected` for the first rule `request` breaks.
 
-    Shared by every engine (the real one and the benchmark's echo engine).
+    The rules are `messages.admission`'s (lengths, sampling, vocabulary), plus the engine's
+    own: an id already running is a `DUPLICATE_REQUEST`. Shared by every engine (the real one
+    and the benchmark's echo engine).
     """
-    n = len(request.prompt_token_ids)
-    p = request.params
-    max_prompt = config.max_prompt_tokens or max_model_len - 1
     if request.request_id in running:
-        raise DuplicateRequest(f"request {request.request_id!r} is already running")
-    if n == 0:
-        raise EmptyPrompt("the prompt has no tokens")
-    if n > max_prompt:
-        raise PromptTooLong(f"prompt has {n} tokens; the limit is {max_prompt}")
-    if p.max_new_tokens <= 0:
-        raise InvalidSamplingParams(f"max_new_tokens must be positive, got {p.max_new_tokens}")
-    if p.max_new_tokens > config.max_new_tokens:
-        raise MaxTokensTooLarge(
-            f"max_new_tokens {p.max_new_tokens} is over the limit of {config.max_new_tokens}"
+        raise RequestRejected(
+            ErrorCode.DUPLICATE_REQUEST, f"request {request.request_id!r} is already running"
         )
-    if n + p.max_new_tokens > max_model_len:
-        raise MaxTokensTooLarge(
-            f"prompt ({n}) + max_new_tokens ({p.max_new_tokens}) exceeds max_model_len "
-            f"{max_model_len}; at most {max_model_len - n} new tokens fit"
+    try:
+        check_lengths(
+            len(request.prompt_token_ids),
+            request.params.max_new_tokens,
+            max_prompt_tokens=prompt_limit(config.max_prompt_tokens, max_model_len),
+            max_new_tokens_limit=config.max_new_tokens,
+            max_model_len=max_model_len,
         )
-    if not math.isfinite(p.temperature) or p.temperature < 0:
-        raise InvalidSamplingParams(f"temperature must be ≥ 0, got {p.temperature}")
-    if not 0 < p.top_p <= 1:  # also refuses NaN
-        raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p.top_p}")
-    if p.top_k < 0:
-        raise InvalidSamplingParams(f"top_k must be ≥ 0, got {p.top_k}")
-    if isinstance(p.stop, str) or not all(isinstance(x, str) and x for x in p.stop):
-        raise InvalidSamplingParams("stop must be a sequence of non-empty strings")
-    bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise TokenOutOfVocabulary(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        check_sampling(request.params, vocab_size=vocab)
+        check_vocabulary(request.prompt_token_ids, vocab, "prompt_token_ids")
+    except InvalidRequest as exc:
+        raise RequestRejected(exc.code, exc.message) from None

@@ -6,6 +6,8 @@ results; each carries a message a user can act on.
 
 from __future__ import annotations
 
+from messages.errors import InvalidRequest
+
 
 class EngineError(Exception):
     """Base class of everything `gpu/` raises on purpose."""
@@ -27,34 +29,12 @@ class UnsupportedArchitecture(CheckpointError):
     """The checkpoint's architecture is not one the engine implements."""
 
 
-class RequestRejected(EngineError):
-    """A request cannot be admitted. `code` is one of the documented error codes."""
+class RequestRejected(EngineError, InvalidRequest):
+    """A request the engine cannot admit. `code` is the `ErrorCode` of the rule it broke.
 
-    code = "invalid_request"
-
-
-class PromptTooLong(RequestRejected):
-    code = "prompt_too_long"
-
-
-class MaxTokensTooLarge(RequestRejected):
-    code = "max_tokens_too_large"
-
-
-class InvalidSamplingParams(RequestRejected):
-    code = "invalid_sampling_params"
-
-
-class TokenOutOfVocabulary(RequestRejected):
-    code = "token_out_of_vocabulary"
-
-
-class DuplicateRequest(RequestRejected):
-    code = "duplicate_request"
-
-
-class EmptyPrompt(RequestRejected):
-    code = "empty_prompt"
+    The engine's side of `messages.errors.InvalidRequest`: the rules and codes are those of
+    `messages.admission`, the ones the ingest checks, so one vocabulary serves both.
+    """
 
 
 class NoFreeBlocks(EngineError):

@@ -1,23 +1,20 @@
 """The model-independent rules a decoded `GenerateRequest` must follow.
 
-Limits that depend on the model (prompt length, vocabulary, `max_new_tokens` cap, model name)
-are checked by the worker once it knows which model will run the request.
+The wire's own rules (exactly one prompt, a reply topic Kafka accepts, timeout, metadata size)
+are here; `max_new_tokens` and sampling come from `messages.admission`, the one table of
+admission rules. The rules that need the model are checked by `actors.ingest.model_front` once
+the worker knows which model will run the request: the model's name, and the table's prompt
+length, `max_new_tokens` cap and vocabulary rules.
 """
 
 from __future__ import annotations
 
-import math
 import re
 
+from messages.admission import check_max_new_tokens, check_sampling
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import (
-    MAX_METADATA_CHARS,
-    MAX_METADATA_ENTRIES,
-    MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-)
+from messages.limits import MAX_METADATA_CHARS, MAX_METADATA_ENTRIES
 from messages.request import GenerateRequest
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -47,12 +44,8 @@ def check_request(request: GenerateRequest) -> None:
         )
     if not (request.prompt or request.prompt_token_ids or request.messages):
         raise InvalidRequest(ErrorCode.EMPTY_PROMPT, f"`{given[0]}` is empty")
-    if request.max_new_tokens <= 0:
-        raise InvalidRequest(
-            ErrorCode.INVALID_MAX_TOKENS,
-            f"max_new_tokens must be positive, got {request.max_new_tokens}",
-        )
-    _check_sampling(request)
+    check_max_new_tokens(request.max_new_tokens)
+    check_sampling(request)
     if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(
             ErrorCode.INVALID_REPLY_TO,
@@ -70,23 +63,3 @@ def check_request(request: GenerateRequest) -> None:
             f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_CHARS} "
             f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
-
-
-def _check_sampling(request: GenerateRequest) -> None:
-    def bad(message: str) -> InvalidRequest:
-        return InvalidRequest(ErrorCode.INVALID_SAMPLING_PARAMS, message)
-
-    if not math.isfinite(request.temperature) or request.temperature < 0:
-        raise bad(f"temperature must be a finite number ≥ 0, got {request.temperature}")
-    if not 0 < request.top_p <= 1:  # also refuses NaN
-        raise bad(f"top_p must be in (0, 1], got {request.top_p}")
-    if request.top_k < 0:
-        raise bad(f"top_k must be ≥ 0, got {request.top_k}")
-    if any(not s for s in request.stop):
-        raise bad("stop strings must not be empty")
-    if len(request.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in request.stop):
-        raise bad(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} chars")
-    if len(request.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-        raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
-    if request.seed is not None and not 0 <= request.seed < 2**63:
-        raise bad(f"seed must be in [0, 2**63), got {request.seed}")

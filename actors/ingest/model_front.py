@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import result_size_bound
@@ -52,10 +53,7 @@ class ModelFront:
             tokenizer=model.tokenizer,
             vocab_size=model.config.vocab_size,
             max_model_len=engine.max_model_len,
-            max_prompt_tokens=min(
-                engine.config.max_prompt_tokens or engine.max_model_len,
-                engine.max_model_len - 1,
-            ),
+            max_prompt_tokens=prompt_limit(engine.config.max_prompt_tokens, engine.max_model_len),
             max_new_tokens=engine.config.max_new_tokens,
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
         )
@@ -75,23 +73,18 @@ class ModelFront:
         """Tokenize and check `request` against this model; raises `InvalidRequest`.
 
         Plain prompts get the tokenizer's special tokens (as `tokenmill generate` does); chat
-        messages are rendered with the model's chat template, which already holds them.
+        messages are rendered with the model's chat template, which already holds them. The
+        rules are `messages.admission`'s, against this model's vocabulary and limits.
         """
         if request.model is not None and request.model not in self.aliases:
             raise InvalidRequest(
                 ErrorCode.UNKNOWN_MODEL,
                 f"model {request.model!r} is not served here; this worker runs {self.name!r}",
             )
-        if request.top_k > self.vocab_size:
-            raise InvalidRequest(
-                ErrorCode.INVALID_SAMPLING_PARAMS,
-                f"top_k must be at most the vocabulary size {self.vocab_size} (0 = off), "
-                f"got {request.top_k}",
-            )
-        self._check_vocabulary(request.stop_token_ids, "stop_token_ids")
+        check_sampling(request, vocab_size=self.vocab_size)
         if request.prompt_token_ids is not None:
             ids = request.prompt_token_ids
-            self._check_vocabulary(ids, "prompt_token_ids")
+            check_vocabulary(ids, self.vocab_size, "prompt_token_ids")
         elif request.messages is not None:
             if not self.tokenizer.chat_template:
                 raise InvalidRequest(
@@ -103,38 +96,14 @@ class ModelFront:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(request.prompt or "")
-        self.check_limits(request, len(ids))
+        check_lengths(
+            len(ids),
+            request.max_new_tokens,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_new_tokens_limit=self.max_new_tokens,
+            max_model_len=self.max_model_len,
+        )
         return ids
-
-    def _check_vocabulary(self, ids: Sequence[int], field: str) -> None:
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest(
-                ErrorCode.TOKEN_OUT_OF_VOCABULARY,
-                f"{field}: token id {bad} is outside the vocabulary [0, {self.vocab_size})",
-            )
-
-    def check_limits(self, request: GenerateRequest, num_prompt_tokens: int) -> None:
-        if num_prompt_tokens == 0:
-            raise InvalidRequest(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
-        if num_prompt_tokens > self.max_prompt_tokens:
-            raise InvalidRequest(
-                ErrorCode.PROMPT_TOO_LONG,
-                f"prompt has {num_prompt_tokens} tokens; the limit is {self.max_prompt_tokens}",
-            )
-        if request.max_new_tokens > self.max_new_tokens:
-            raise InvalidRequest(
-                ErrorCode.MAX_TOKENS_TOO_LARGE,
-                f"max_new_tokens {request.max_new_tokens} is over the limit of "
-                f"{self.max_new_tokens}",
-            )
-        room = self.max_model_len - num_prompt_tokens
-        if request.max_new_tokens > room:
-            raise InvalidRequest(
-                ErrorCode.MAX_TOKENS_TOO_LARGE,
-                f"prompt ({num_prompt_tokens}) + max_new_tokens ({request.max_new_tokens}) "
-                f"exceeds max_model_len {self.max_model_len}; at most {room} new tokens fit",
-            )
 
 
 def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None:

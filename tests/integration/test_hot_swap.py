@@ -53,6 +53,7 @@ class Rig:
     worker: WorkerProcess
     port: int
     sent_at: dict[str, float] = field(default_factory=dict)  # request id → unix send time
+    sent: asyncio.Event = field(default_factory=asyncio.Event)  # set by every send
 
     async def command(
         self,
@@ -80,7 +81,8 @@ class Rig:
         """Wait until a request sent after `at` (wall clock, as events say) has its result."""
         async with asyncio.timeout(within_s):
             while not (later := [i for i, sent in self.sent_at.items() if sent > at]):
-                await asyncio.sleep(0.1)  # the stream sends the next one soon
+                self.sent.clear()
+                await self.sent.wait()
             while later[0] not in await results_by_id(self.lane, later[:1], within_s=5.0):
                 pass
 
@@ -94,6 +96,7 @@ class Rig:
                 max_new_tokens=6,
             )
             self.sent_at[request.id] = time.time()
+            self.sent.set()
             await produce(self.lane.bootstrap, self.lane.requests, [request])
             ids.append(request.id)
             await asyncio.sleep(every_s)

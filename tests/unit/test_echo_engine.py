@@ -11,17 +11,10 @@ from actors.ingest.model_front import ModelFront
 from gpu.echo_engine import EchoEngine, EchoModel, load_echo_model
 from gpu.engine import EngineRequest
 from gpu.engine_config import EngineConfig
-from gpu.errors import (
-    CheckpointError,
-    DuplicateRequest,
-    EmptyPrompt,
-    MaxTokensTooLarge,
-    PromptTooLong,
-    RequestRejected,
-    TokenOutOfVocabulary,
-)
+from gpu.errors import CheckpointError, RequestRejected
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 
 CONFIG = EngineConfig(max_model_len=128, max_prompt_tokens=100, max_new_tokens=64, max_num_seqs=4)
@@ -113,28 +106,31 @@ def test_timings_come_from_its_clock(engine: EchoEngine) -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "max_new_tokens", "error"),
+    ("prompt", "max_new_tokens", "code"),
     [
-        ([], 4, EmptyPrompt),
-        ([1] * 101, 4, PromptTooLong),
-        ([1] * 10, 65, MaxTokensTooLarge),
-        ([1] * 100, 64, MaxTokensTooLarge),  # 164 > max_model_len 128
-        ([1, 99999], 4, TokenOutOfVocabulary),
-        ([1, -1], 4, TokenOutOfVocabulary),
+        ([], 4, ErrorCode.EMPTY_PROMPT),
+        ([1] * 101, 4, ErrorCode.PROMPT_TOO_LONG),
+        ([1] * 10, 0, ErrorCode.INVALID_MAX_TOKENS),
+        ([1] * 10, 65, ErrorCode.MAX_TOKENS_TOO_LARGE),
+        ([1] * 100, 64, ErrorCode.MAX_TOKENS_TOO_LARGE),  # 164 > max_model_len 128
+        ([1, 99999], 4, ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+        ([1, -1], 4, ErrorCode.TOKEN_OUT_OF_VOCABULARY),
     ],
 )
-def test_requests_past_the_limits_get_the_engines_typed_errors(
-    engine: EchoEngine, prompt: list[int], max_new_tokens: int, error: type[RequestRejected]
+def test_requests_past_the_limits_get_the_engines_error_codes(
+    engine: EchoEngine, prompt: list[int], max_new_tokens: int, code: ErrorCode
 ) -> None:
-    with pytest.raises(error):
+    with pytest.raises(RequestRejected) as info:
         engine.add(_request("bad", prompt, max_new_tokens))
+    assert info.value.code is code
     assert not engine.has_work()
 
 
 def test_a_duplicate_id_is_refused(engine: EchoEngine) -> None:
     engine.add(_request("a", [1]))
-    with pytest.raises(DuplicateRequest):
+    with pytest.raises(RequestRejected) as info:
         engine.add(_request("a", [2]))
+    assert info.value.code is ErrorCode.DUPLICATE_REQUEST
 
 
 def test_model_front_reads_it_like_the_engine(engine: EchoEngine, model: EchoModel) -> None:

@@ -1,4 +1,4 @@
-"""Requests the engine must refuse, with the typed error each deserves; stop conditions."""
+"""Requests the engine must refuse, with the error code each deserves; stop conditions."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ import pytest
 
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
-from gpu.errors import (
-    DuplicateRequest,
-    EmptyPrompt,
-    InvalidSamplingParams,
-    MaxTokensTooLarge,
-    PromptTooLong,
-    RequestRejected,
-    TokenOutOfVocabulary,
-)
+from gpu.errors import RequestRejected
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+
+SAMPLING = ErrorCode.INVALID_SAMPLING_PARAMS
 
 
 @pytest.fixture(scope="module")
@@ -32,38 +28,43 @@ def engine(tiny_checkpoints: dict[str, Path]) -> Engine:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "params", "error"),
+    ("prompt", "params", "code"),
     [
-        ([], SamplingParams(), EmptyPrompt),
-        ([1] * 101, SamplingParams(), PromptTooLong),
-        ([1] * 10, SamplingParams(max_new_tokens=65), MaxTokensTooLarge),
-        ([1] * 100, SamplingParams(max_new_tokens=64), MaxTokensTooLarge),  # 164 > 128
-        ([1] * 10, SamplingParams(max_new_tokens=0), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(temperature=-0.1), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(top_p=0.0), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(top_p=1.5), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(top_k=-1), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(stop=("",)), InvalidSamplingParams),
-        ([1] * 10, SamplingParams(stop="\n"), InvalidSamplingParams),  # type: ignore[arg-type]
-        ([1] * 10, SamplingParams(temperature=float("nan")), InvalidSamplingParams),
-        ([1, 99999], SamplingParams(), TokenOutOfVocabulary),
-        ([1, -1], SamplingParams(), TokenOutOfVocabulary),
+        ([], SamplingParams(), ErrorCode.EMPTY_PROMPT),
+        ([1] * 101, SamplingParams(), ErrorCode.PROMPT_TOO_LONG),
+        ([1] * 10, SamplingParams(max_new_tokens=65), ErrorCode.MAX_TOKENS_TOO_LARGE),
+        ([1] * 100, SamplingParams(max_new_tokens=64), ErrorCode.MAX_TOKENS_TOO_LARGE),  # 164 > 128
+        ([1] * 10, SamplingParams(max_new_tokens=0), ErrorCode.INVALID_MAX_TOKENS),
+        ([1] * 10, SamplingParams(temperature=-0.1), SAMPLING),
+        ([1] * 10, SamplingParams(top_p=0.0), SAMPLING),
+        ([1] * 10, SamplingParams(top_p=1.5), SAMPLING),
+        ([1] * 10, SamplingParams(top_k=-1), SAMPLING),
+        ([1] * 10, SamplingParams(top_k=99999), SAMPLING),
+        ([1] * 10, SamplingParams(stop=("",)), SAMPLING),
+        ([1] * 10, SamplingParams(stop="\n"), SAMPLING),  # type: ignore[arg-type]
+        ([1] * 10, SamplingParams(temperature=float("nan")), SAMPLING),
+        ([1] * 10, SamplingParams(seed=-1), SAMPLING),
+        ([1] * 10, SamplingParams(stop_token_ids=(99999,)), ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+        ([1, 99999], SamplingParams(), ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+        ([1, -1], SamplingParams(), ErrorCode.TOKEN_OUT_OF_VOCABULARY),
     ],
 )
-def test_bad_requests_get_typed_errors(
-    engine: Engine, prompt: list[int], params: SamplingParams, error: type[RequestRejected]
+def test_bad_requests_get_their_error_codes(
+    engine: Engine, prompt: list[int], params: SamplingParams, code: ErrorCode
 ) -> None:
-    with pytest.raises(error) as info:
+    with pytest.raises(RequestRejected) as info:
         engine.add(EngineRequest("bad", prompt, params))
-    assert info.value.code != "invalid_request"
-    assert str(info.value)
+    assert info.value.code is code
+    assert isinstance(info.value, InvalidRequest)  # the ingest's vocabulary too
+    assert str(info.value) == info.value.message
     assert not engine.has_work()
 
 
 def test_duplicate_request_id_is_refused(engine: Engine) -> None:
     engine.add(EngineRequest("dup", [1, 2, 3], SamplingParams(max_new_tokens=2)))
-    with pytest.raises(DuplicateRequest):
+    with pytest.raises(RequestRejected) as info:
         engine.add(EngineRequest("dup", [1, 2, 3], SamplingParams(max_new_tokens=2)))
+    assert info.value.code is ErrorCode.DUPLICATE_REQUEST
     assert engine.abort("dup") is not None
     assert not engine.has_work()
 

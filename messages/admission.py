@@ -1,0 +1,142 @@
+"""The admission rules of a request, written once: sampling, lengths, vocabulary.
+
+Three places admit a request and all of them call these functions, so a rule, its error code
+and its message exist once:
+
+- `messages.validation.check_request`, when a record is decoded (no model needed),
+- `actors.ingest.model_front.ModelFront.prompt_tokens`, once the model that will run it is
+  known (its vocabulary and limits, the prompt's length after tokenizing),
+- `gpu.engine.check_admission`, the engine's own door, for callers that come straight to it
+  (`tokenmill generate`, benchmarks), which turns the `InvalidRequest` into `RequestRejected`.
+
+Each function raises `messages.errors.InvalidRequest` with the code of the first rule broken
+and returns None otherwise. Standard library only: `gpu/` imports this module and runs on
+machines that have torch but not msgspec.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
+from messages.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+
+MAX_SEED = 2**63  # seeds are in [0, MAX_SEED)
+
+
+class SamplingFields(Protocol):
+    """The sampling fields shared by a wire `GenerateRequest` and the engine's
+    `SamplingParams`: what `check_sampling` reads."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def stop(self) -> Sequence[str]: ...
+    @property
+    def stop_token_ids(self) -> Sequence[int]: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
+def prompt_limit(max_prompt_tokens: int | None, max_model_len: int) -> int:
+    """The most prompt tokens a model admits: its configured cap (None: no cap), and always at
+    least one position short of `max_model_len`, so that one new token fits."""
+    return min(max_prompt_tokens or max_model_len, max_model_len - 1)
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    """`max_new_tokens` is positive (`INVALID_MAX_TOKENS`)."""
+    if max_new_tokens <= 0:
+        raise InvalidRequest(
+            ErrorCode.INVALID_MAX_TOKENS, f"max_new_tokens must be positive, got {max_new_tokens}"
+        )
+
+
+def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> None:
+    """The sampling rules (`INVALID_SAMPLING_PARAMS`): temperature finite and ≥ 0, top_p in
+    (0, 1], top_k ≥ 0, stop strings non-empty and within `messages.limits`, at most
+    `MAX_STOP_TOKEN_IDS` stop token ids, seed in [0, 2**63).
+
+    With `vocab_size` (the model is known), also top_k ≤ `vocab_size` and every stop token id
+    inside the vocabulary (`TOKEN_OUT_OF_VOCABULARY`).
+    """
+
+    def bad(message: str) -> InvalidRequest:
+        return InvalidRequest(ErrorCode.INVALID_SAMPLING_PARAMS, message)
+
+    p = params
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise bad(f"temperature must be a finite number ≥ 0, got {p.temperature}")
+    if not 0 < p.top_p <= 1:  # also refuses NaN
+        raise bad(f"top_p must be in (0, 1], got {p.top_p}")
+    if p.top_k < 0:
+        raise bad(f"top_k must be ≥ 0, got {p.top_k}")
+    if isinstance(p.stop, str):  # a string is a sequence of strings too: one a character
+        raise bad(f"stop must be a sequence of strings, not the string {p.stop!r}")
+    if not all(isinstance(s, str) and s for s in p.stop):
+        raise bad("stop strings must be non-empty strings")
+    if len(p.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in p.stop):
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} chars")
+    if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
+    if p.seed is not None and not 0 <= p.seed < MAX_SEED:
+        raise bad(f"seed must be in [0, 2**63), got {p.seed}")
+    if vocab_size is None:
+        return
+    if p.top_k > vocab_size:
+        raise bad(
+            f"top_k must be at most the vocabulary size {vocab_size} (0 = off), got {p.top_k}"
+        )
+    check_vocabulary(p.stop_token_ids, vocab_size, "stop_token_ids")
+
+
+def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
+    """Every token id in `ids` is in [0, `vocab_size`) (`TOKEN_OUT_OF_VOCABULARY`); `field`
+    names the ids in the message."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(
+            ErrorCode.TOKEN_OUT_OF_VOCABULARY,
+            f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})",
+        )
+
+
+def check_lengths(
+    num_prompt_tokens: int,
+    max_new_tokens: int,
+    *,
+    max_prompt_tokens: int,
+    max_new_tokens_limit: int,
+    max_model_len: int,
+) -> None:
+    """The length rules of a tokenized prompt on a model, in this order: not empty
+    (`EMPTY_PROMPT`), at most `max_prompt_tokens` (`PROMPT_TOO_LONG`), `max_new_tokens`
+    positive (`INVALID_MAX_TOKENS`) and at most `max_new_tokens_limit`, and prompt plus new
+    tokens within `max_model_len` (both `MAX_TOKENS_TOO_LARGE`)."""
+    if num_prompt_tokens == 0:
+        raise InvalidRequest(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
+    if num_prompt_tokens > max_prompt_tokens:
+        raise InvalidRequest(
+            ErrorCode.PROMPT_TOO_LONG,
+            f"prompt has {num_prompt_tokens} tokens; the limit is {max_prompt_tokens}",
+        )
+    check_max_new_tokens(max_new_tokens)
+    if max_new_tokens > max_new_tokens_limit:
+        raise InvalidRequest(
+            ErrorCode.MAX_TOKENS_TOO_LARGE,
+            f"max_new_tokens {max_new_tokens} is over the limit of {max_new_tokens_limit}",
+        )
+    room = max_model_len - num_prompt_tokens
+    if max_new_tokens > room:
+        raise InvalidRequest(
+            ErrorCode.MAX_TOKENS_TOO_LARGE,
+            f"prompt ({num_prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"max_model_len {max_model_len}; at most {room} new tokens fit",
+        )
