@@ -27,7 +27,14 @@ import torch
 from gpu.engine import Engine, EngineRequest, StepOutput
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
-from ops.bench.flops import FLOP_FORMULA, DecodeTracker, FlopModel, gemm_peak_gflops, steady_decode
+from ops.bench.flops import (
+    FLOP_FORMULA,
+    DecodeTracker,
+    FlopModel,
+    gemm_peak_gflops,
+    significant,
+    steady_decode,
+)
 from ops.bench.profile import profile_engine
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
 
@@ -324,8 +331,8 @@ def run_bench(
             "lm_head_params": flop_model.lm_head_params,
             "gemm": f"torch.mm {o.gemm_size}×{o.gemm_size} {dtype}, best of 5 × 3 products",
             "gemm_peak_gflops": round(peak, 2),
-            "engine_gflop": round(engine_flops / 1e9, 1),
-            "engine_gflops": round(engine_gflops, 2),
+            "engine_gflop": significant(engine_flops / 1e9),
+            "engine_gflops": significant(engine_gflops),
             "engine_fraction_of_peak": round(engine_gflops / peak, 4),
             "steady_decode_gflops": steady_gflops,
             "steady_decode_fraction": steady_fraction,

@@ -132,6 +132,12 @@ def steady_decode(
         "steps": steps,
         "mean_batch": round(rows / steps, 1) if steps else None,
         "seconds": round(ns / 1e9, 3),
-        "gflop": round(flops / 1e9, 1),
-        "gflops": round(flops / ns, 2) if ns else None,
+        "gflop": significant(flops / 1e9),
+        "gflops": significant(flops / ns) if ns else None,
     }
+
+
+def significant(value: float, digits: int = 3) -> float:
+    """`value` to `digits` significant digits: a tiny model's small rate stays above zero
+    (rounding to fixed decimals made a slow run's 0.004 GFLOP/s read 0.0)."""
+    return float(f"{value:.{digits}g}")
