@@ -49,7 +49,7 @@ from messages.result import GenerateResult
 from ops.bench.broker import broker, delete_topics
 from ops.bench.swap_report import summarize, warnings_for
 from ops.bench.swap_run import ResultLog, Stamp, SwapRun
-from ops.bench.worker import CpuMeter, log_tail, worker_process
+from ops.bench.worker import CpuMeter, log_tail, worker_command, worker_process
 from ops.bench.workload import host_load
 from ops.control.client import send_command
 from ops.models.registry import resolve_model
@@ -128,7 +128,8 @@ class Rig:
         )
 
 
-def worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
+def swap_worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
+    """The worker under test: a models dir to swap within, the control lane, no HTTP."""
     flags = {
         "--model": models_dir / "a.gguf",
         "--models-dir": models_dir,
@@ -144,8 +145,7 @@ def worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
         "--http-port": -1,
         "--swap-memory-budget": 1 if drain else None,  # no room for two models: drain mode
     }
-    args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
-    return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]
+    return worker_command(flags)
 
 
 async def _until_ready(
@@ -274,7 +274,7 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) 
 async def _measure(
     o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Progress
 ) -> dict[str, Any]:
-    argv = worker_argv(models_dir, rig, o.drain)
+    argv = swap_worker_argv(models_dir, rig, o.drain)
     log = models_dir.parent / "worker.log"
     run = SwapRun()
     producer = AIOKafkaProducer(

@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from ops.models.engine_options import EngineChoice
@@ -42,6 +42,11 @@ def worker_argv(
         "--http-port": -1,  # benchmarks measure the pipeline: no HTTP server, no control plane
         "--control-topic": "",
     }
+    return worker_command(flags)
+
+
+def worker_command(flags: Mapping[str, object]) -> list[str]:
+    """`tokenmill worker` in a fresh interpreter with `flags` (those set to None left out)."""
     args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
     return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]
 
