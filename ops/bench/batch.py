@@ -32,12 +32,11 @@ from typing import Any
 from messages.request import GenerateRequest
 from ops.bench.broker import broker
 from ops.bench.kafka import LoadClient, ceiling_run, warm_up
+from ops.bench.narrate import Narrate
 from ops.bench.worker import CpuMeter, worker_argv, worker_process
 from ops.bench.workload import host_load
 from ops.models.engine_options import EngineChoice
 from ops.services.topics import create_topics
-
-Progress = Any  # a callable taking one line of text
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def write_batch_file(path: Path, lines: int, model: str) -> Path:
     return path
 
 
-async def run_batch_bench(options: BatchBenchOptions, say: Progress) -> dict[str, Any]:
+async def run_batch_bench(options: BatchBenchOptions, say: Narrate) -> dict[str, Any]:
     o = options
     run_id = uuid.uuid4().hex[:8]
     report: dict[str, Any] = {

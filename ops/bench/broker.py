@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from ops.bench.narrate import Narrate
 from ops.services.kafka import LocalKafka
 from ops.services.local_process import free_port
-
-Progress = Callable[[str], None]
 
 
 @contextlib.asynccontextmanager
 async def broker(
-    bootstrap: str | None, state_dir: Path, say: Progress
+    bootstrap: str | None, state_dir: Path, say: Narrate
 ) -> AsyncIterator[tuple[str, int | None]]:
     """The given broker, or a local one on free ports in `state_dir`, stopped on the way out.
 

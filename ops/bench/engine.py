@@ -18,7 +18,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -35,6 +35,7 @@ from ops.bench.flops import (
     significant,
     steady_decode,
 )
+from ops.bench.narrate import Narrate
 from ops.bench.profile import profile_engine
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
 
@@ -42,8 +43,6 @@ TARGET_VS_SEQUENTIAL = 15.0
 TARGET_VS_STATIC = 2.0
 TARGET_STEADY_DECODE_FRACTION = 0.5
 NO_TRANSFORMERS = "transformers is not installed (a dev dependency: `uv sync --group dev`)"
-
-Progress = Callable[[str], None]
 
 
 def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:
@@ -237,7 +236,7 @@ def _run_transformers(
     workload: Sequence[BenchRequest],
     o: BenchOptions,
     engine_out: list[list[int]],
-    say: Progress,
+    say: Narrate,
 ) -> dict[str, Any]:
     """Contenders 2 and 3, or why they were skipped."""
     try:
@@ -263,7 +262,7 @@ def _run_transformers(
 
 
 def run_bench(
-    engine: Engine, options: BenchOptions, progress: Progress | None = None
+    engine: Engine, options: BenchOptions, progress: Narrate | None = None
 ) -> dict[str, Any]:
     """Run every contender on one workload; a JSON-ready report (see `ops/bench/cli.py`)."""
     say = progress or (lambda _: None)

@@ -34,7 +34,7 @@ import gc
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -57,6 +57,7 @@ from ops.bench.kafka import (
     warm_up,
     wire_requests,
 )
+from ops.bench.narrate import Narrate
 from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.report import skeleton, targets, warnings_for
 from ops.bench.tracing import tracing_section
@@ -66,8 +67,6 @@ from ops.models.engine_options import build_engine
 from ops.models.registry import resolve_model
 
 MAX_LIGHT_RATE = 2.0  # requests/s
-
-Progress = Callable[[str], None]
 
 
 # -- the direct engine ---------------------------------------------------------------------
@@ -258,7 +257,7 @@ async def _ceiling_section(run: PipelineRun) -> None:
     }
 
 
-async def run_bench(options: PipelineOptions, progress: Progress | None = None) -> dict[str, Any]:
+async def run_bench(options: PipelineOptions, progress: Narrate | None = None) -> dict[str, Any]:
     """Run the chosen sections; a JSON-ready report (see `ops/bench/cli.py`)."""
     o = options
     run_id = uuid.uuid4().hex[:8]

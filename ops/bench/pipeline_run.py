@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.bench.narrate import Narrate
 from ops.bench.worker import CpuMeter
 from ops.bench.workload import BenchOptions
 from ops.models.engine_options import EngineChoice
@@ -18,8 +18,6 @@ from ops.services.topics import create_topics
 
 SECTIONS = ("throughput", "latency", "ceiling", "tracing")
 DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class PipelineRun:
     run_id: str
     tmp: Path
     report: dict[str, Any]
-    say: Progress
+    say: Narrate
     topics_made: list[str] = field(default_factory=list)
 
     async def topics(self, kind: str) -> dict[str, str]:

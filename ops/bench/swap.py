@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from messages.events import Event, ModelSwapFailed, ModelSwapped, StatusReply
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.bench.broker import broker, delete_topics
+from ops.bench.narrate import Narrate
 from ops.bench.swap_report import summarize, warnings_for
 from ops.bench.swap_run import ResultLog, Stamp, SwapRun
 from ops.bench.worker import CpuMeter, log_tail, worker_command, worker_process
@@ -55,7 +55,6 @@ from ops.control.client import send_command
 from ops.models.registry import resolve_model
 from ops.services.topics import create_topics
 
-Progress = Callable[[str], None]
 ROLES = ("requests", "results", "dlq", "control", "events")
 _requests = Codec(GenerateRequest)
 _results = Codec(GenerateResult)
@@ -222,7 +221,7 @@ async def _swap_later(rig: Rig, o: SwapBenchOptions, run: SwapRun) -> None:
     run.events = await rig.command(SwapModel(model="b.gguf"), answered, o.timeout_s)
 
 
-async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) -> dict[str, Any]:
+async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -> dict[str, Any]:
     """Run the load and the swap; a JSON-ready report (see `ops/bench/cli.py`)."""
     say = progress or (lambda _: None)
     run_id = uuid.uuid4().hex[:8]
@@ -271,9 +270,7 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Progress | None = None) 
     return report
 
 
-async def _measure(
-    o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Progress
-) -> dict[str, Any]:
+async def _measure(o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Narrate) -> dict[str, Any]:
     argv = swap_worker_argv(models_dir, rig, o.drain)
     log = models_dir.parent / "worker.log"
     run = SwapRun()

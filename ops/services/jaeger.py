@@ -15,26 +15,14 @@ it opens no port but the four above.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from ops.errors import JaegerStartError
 from ops.services.jaeger_build import jaeger_binary
-from ops.services.kafka_jars import file_lock
-from ops.services.local_process import (
-    accepts,
-    alive,
-    bindable,
-    free_port,
-    runs_with,
-    spawn_detached,
-    terminate,
-    wait_until,
-)
+from ops.services.local_process import accepts, bindable, free_port
+from ops.services.local_service import LocalService
 
 DEFAULT_UI_PORT = 16686
 # Loopback requests must not go through an http_proxy from the environment.
@@ -90,29 +78,23 @@ exporters:
 """
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    pid: int
-    ui_port: int
-    query_grpc_port: int
-    otlp_grpc_port: int
-    otlp_http_port: int
-
-
 @dataclass
-class LocalJaeger:
+class LocalJaeger(LocalService):
     """The Jaeger whose config and log live in `state_dir`. At most one runs per state dir;
     `start()` adopts a running one, `stop()` stops whichever is recorded. Port 0: a free one."""
 
-    state_dir: Path
     ui_port: int = DEFAULT_UI_PORT
     otlp_grpc_port: int = DEFAULT_OTLP_GRPC_PORT
     otlp_http_port: int = DEFAULT_OTLP_HTTP_PORT
     query_grpc_port: int = 0
-    pid: int | None = field(default=None, init=False)
 
-    def __post_init__(self) -> None:
-        self.state_dir = self.state_dir.expanduser().resolve()
+    _state_file = "jaeger.json"
+    _port_fields = ("ui_port", "query_grpc_port", "otlp_grpc_port", "otlp_http_port")
+    _output_file = "jaeger.log"
+    _log_files = ("jaeger.log",)
+    _log_lines = 20
+    _title = "jaeger"
+    _start_error = JaegerStartError
 
     @property
     def ui_url(self) -> str:
@@ -126,42 +108,16 @@ class LocalJaeger:
         """Start Jaeger (building it first if needed) or adopt the running one; wait until its
         query API answers. True when this call started it. Raises `JaegerStartError` or
         `JaegerBuildError`."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.state_dir / ".lock"):
-            running = self._running()
-            if running is not None:
-                self.pid = running.pid
-                self.ui_port, self.query_grpc_port = running.ui_port, running.query_grpc_port
-                self.otlp_grpc_port = running.otlp_grpc_port
-                self.otlp_http_port = running.otlp_http_port
-                self.wait_ready(timeout)
-                return False
-            self._launch(jaeger_binary())
-            try:
-                self.wait_ready(timeout)
-            except JaegerStartError:
-                self._kill(grace=5.0)
-                raise
-            return True
+        return super().start(timeout)
 
     def stop(self, grace: float = 10.0) -> int | None:
         """Stop the state dir's Jaeger: SIGTERM, SIGKILL after `grace` s. Its pid, or None."""
-        if not self.state_dir.is_dir():
-            return None
-        with file_lock(self.state_dir / ".lock"):
-            return self._kill(grace)
+        return super().stop(grace)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        failed = wait_until(self._answers, pid=self.pid, timeout=timeout)
-        if failed == "exited":
-            raise JaegerStartError(f"jaeger (pid {self.pid}) exited; {self._log_tail()}")
-        if failed == "timeout":
-            raise JaegerStartError(
-                f"jaeger's query API on {self.ui_url} did not answer within {timeout:.0f} s; "
-                + self._log_tail()
-            )
+        super().wait_ready(timeout)
 
-    def _answers(self) -> bool:
+    def _ready(self) -> bool:
         """The query API answers and both OTLP receivers accept connections."""
         if not (accepts(self.otlp_grpc_port) and accepts(self.otlp_http_port)):
             return False
@@ -171,7 +127,14 @@ class LocalJaeger:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _launch(self, binary: Path) -> None:
+    def _awaited(self) -> str:
+        return f"jaeger's query API on {self.ui_url}"
+
+    def _markers(self) -> tuple[str, ...]:
+        return (str(self._path("config.yaml")),)
+
+    def _command(self) -> list[str]:
+        binary = jaeger_binary()
         for name in ("ui_port", "otlp_grpc_port", "otlp_http_port", "query_grpc_port"):
             if getattr(self, name) == 0:
                 setattr(self, name, free_port())
@@ -182,7 +145,7 @@ class LocalJaeger:
                 f"port(s) {', '.join(map(str, taken))} on 127.0.0.1 already in use; pick others "
                 "or stop what listens there"
             )
-        config = self.state_dir / "config.yaml"
+        config = self._path("config.yaml")
         config.write_text(
             render_config(
                 ui_port=self.ui_port,
@@ -191,41 +154,4 @@ class LocalJaeger:
                 otlp_http_port=self.otlp_http_port,
             )
         )
-        self.pid = spawn_detached(
-            [str(binary), "--config", str(config)], self.state_dir / "jaeger.log"
-        )
-        recorded = _Recorded(
-            pid=self.pid,
-            ui_port=self.ui_port,
-            query_grpc_port=self.query_grpc_port,
-            otlp_grpc_port=self.otlp_grpc_port,
-            otlp_http_port=self.otlp_http_port,
-        )
-        (self.state_dir / "jaeger.json").write_text(json.dumps(dataclasses.asdict(recorded)))
-
-    def _running(self) -> _Recorded | None:
-        try:
-            recorded = _Recorded(**json.loads((self.state_dir / "jaeger.json").read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        if not alive(recorded.pid) or not runs_with(
-            recorded.pid, str(self.state_dir / "config.yaml")
-        ):
-            return None
-        return recorded
-
-    def _kill(self, grace: float) -> int | None:
-        running = self._running()
-        (self.state_dir / "jaeger.json").unlink(missing_ok=True)
-        self.pid = None
-        if running is None:
-            return None
-        terminate(running.pid, grace)
-        return running.pid
-
-    def _log_tail(self, lines: int = 20) -> str:
-        log = self.state_dir / "jaeger.log"
-        if not log.is_file():
-            return f"no log in {self.state_dir}"
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- {log} (last {len(tail)} lines)\n" + "\n".join(tail)
+        return [str(binary), "--config", str(config)]

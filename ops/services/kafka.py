@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
-import json
 import subprocess
 import uuid
 from collections.abc import Mapping
@@ -32,17 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from ops.errors import KafkaStartError
-from ops.services.kafka_jars import KafkaRuntime, file_lock
-from ops.services.local_process import (
-    accepts,
-    alive,
-    bindable,
-    free_port,
-    runs_with,
-    spawn_detached,
-    terminate,
-    wait_until,
-)
+from ops.services.kafka_jars import KafkaRuntime
+from ops.services.local_process import accepts, bindable, free_port
+from ops.services.local_service import LocalService, Recorded
 
 MAX_MESSAGE_BYTES = 16 << 20
 _HEAP = ("-Xms256m", "-Xmx768m")
@@ -115,15 +105,8 @@ def probe(bootstrap: str, timeout: float = 5.0) -> bool:
         return pool.submit(lambda: asyncio.run(ask())).result()
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    pid: int
-    port: int
-    controller_port: int
-
-
 @dataclass
-class LocalKafka:
+class LocalKafka(LocalService):
     """The broker whose files live in `state_dir`, serving on 127.0.0.1:`port`.
 
     At most one broker runs per state dir. `start()` adopts one already running there (started
@@ -132,15 +115,17 @@ class LocalKafka:
     broker, the running broker's own when adopting.
     """
 
-    state_dir: Path
     port: int = 9092
     controller_port: int = 0
     settings: Mapping[str, str] = field(default_factory=dict)  # broker settings to add
-    pid: int | None = field(default=None, init=False)
 
-    def __post_init__(self) -> None:
-        # Absolute: the broker's command line names its config, and `stop()` matches on it.
-        self.state_dir = self.state_dir.expanduser().resolve()
+    _state_file = "broker.json"
+    _port_fields = ("port", "controller_port")
+    _output_file = "kafka.out"
+    _log_files = ("server.log", "kafka.out")
+    _log_lines = 25
+    _title = "the broker"
+    _start_error = KafkaStartError
 
     @property
     def bootstrap(self) -> str:
@@ -152,48 +137,34 @@ class LocalKafka:
         True when this call started it. Raises `KafkaStartError` (port taken, the state dir's
         broker on another port, no answer within `timeout` s) or `KafkaRuntimeUnavailable`.
         """
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.state_dir / ".lock"):
-            running = self._running()
-            if running is not None:
-                if self.port not in (0, running.port):
-                    raise KafkaStartError(
-                        f"the broker of {self.state_dir} already serves on port {running.port}, "
-                        f"not {self.port}; stop it first (`tokenmill down`) or use that port"
-                    )
-                self.port, self.controller_port = running.port, running.controller_port
-                self.pid = running.pid
-                self.wait_ready(timeout)
-                return False
-            self._launch()
-            try:
-                self.wait_ready(timeout)
-            except KafkaStartError:
-                self._kill(grace=5.0)
-                raise
-            return True
+        return super().start(timeout)
 
     def stop(self, grace: float = 20.0) -> int | None:
         """Stop the state dir's broker: SIGTERM, SIGKILL after `grace` s. Its pid, or None."""
-        if not self.state_dir.is_dir():
-            return None
-        with file_lock(self.state_dir / ".lock"):
-            return self._kill(grace)
+        return super().stop(grace)
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         """Block until the broker lists itself in metadata; `KafkaStartError` if it exits first."""
-        failed = wait_until(
-            lambda: accepts(self.port) and probe(self.bootstrap), pid=self.pid, timeout=timeout
-        )
-        if failed == "exited":
-            raise KafkaStartError(f"the broker (pid {self.pid}) exited; {self._log_tail()}")
-        if failed == "timeout":
-            raise KafkaStartError(
-                f"the broker on {self.bootstrap} did not answer within {timeout:.0f} s; "
-                + self._log_tail()
-            )
+        super().wait_ready(timeout)
 
-    def _launch(self) -> None:
+    def _adopt(self, running: Recorded) -> None:
+        if self.port not in (0, running.ports["port"]):
+            raise KafkaStartError(
+                f"the broker of {self.state_dir} already serves on port {running.ports['port']}, "
+                f"not {self.port}; stop it first (`tokenmill down`) or use that port"
+            )
+        super()._adopt(running)
+
+    def _ready(self) -> bool:
+        return accepts(self.port) and probe(self.bootstrap)
+
+    def _awaited(self) -> str:
+        return f"the broker on {self.bootstrap}"
+
+    def _markers(self) -> tuple[str, ...]:
+        return ("kafka.Kafka", str(self._path("server.properties")))
+
+    def _command(self) -> list[str]:
         if self.port == 0:
             self.port = free_port()
         if not bindable(self.port):
@@ -218,10 +189,7 @@ class LocalKafka:
         log4j2.write_text(render_log4j2(self._path("server.log")))
         if not (data / "meta.properties").is_file():
             self._format(runtime, props, log4j2)
-        argv = runtime.command("kafka.Kafka", str(props), log4j2=log4j2, jvm=_HEAP)
-        self.pid = spawn_detached(argv, self._path("kafka.out"))
-        recorded = _Recorded(self.pid, self.port, self.controller_port)
-        self._path("broker.json").write_text(json.dumps(dataclasses.asdict(recorded)) + "\n")
+        return runtime.command("kafka.Kafka", str(props), log4j2=log4j2, jvm=_HEAP)
 
     def _format(self, runtime: KafkaRuntime, props: Path, log4j2: Path) -> None:
         argv = runtime.command(
@@ -239,39 +207,6 @@ class LocalKafka:
                 f"formatting {self._path('data')} failed (exit {done.returncode}); delete "
                 f"{self.state_dir} and retry:\n{(done.stdout + done.stderr).strip()[-2000:]}"
             )
-
-    def _running(self) -> _Recorded | None:
-        """The recorded broker if it still runs; a stale record (dead or reused pid) is None."""
-        try:
-            recorded = _Recorded(**json.loads(self._path("broker.json").read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        if not alive(recorded.pid) or not runs_with(
-            recorded.pid, "kafka.Kafka", str(self._path("server.properties"))
-        ):
-            return None
-        return recorded
-
-    def _kill(self, grace: float) -> int | None:
-        running = self._running()
-        self._path("broker.json").unlink(missing_ok=True)
-        self.pid = None
-        if running is None:
-            return None
-        terminate(running.pid, grace)
-        return running.pid
-
-    def _path(self, name: str) -> Path:
-        return self.state_dir / name
-
-    def _log_tail(self, lines: int = 25) -> str:
-        parts = []
-        for name in ("server.log", "kafka.out"):
-            path = self._path(name)
-            if path.is_file():
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {path} (last {len(tail)} lines)\n" + "\n".join(tail))
-        return "\n".join(parts) if parts else f"no log in {self.state_dir}"
 
 
 def _cluster_id() -> str:

@@ -1,6 +1,7 @@
 """Local service processes (the Kafka broker, Jaeger): start detached, probe, wait, stop.
 
-Shared by `ops/services/kafka.py` and `ops/services/jaeger.py`. Plain functions over pids and ports.
+Used by `ops/services/local_service.py` (the life every such service shares) and the services
+themselves. Plain functions over pids and ports.
 """
 
 from __future__ import annotations

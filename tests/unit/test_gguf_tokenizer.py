@@ -1,4 +1,4 @@
-"""gpu.loading.gguf_tokenizer: tiny GGUFs (test_gguf_loader's writer); the real SmolLM2 vs
+"""gpu.loading.gguf_tokenizer: tiny GGUFs (test_gguf's writer); the real SmolLM2 vs
 transformers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from gpu.errors import CheckpointError
 from gpu.loading.gguf import load_gguf
 from gpu.loading.tokenizer import Tokenizer
-from tests.unit.test_gguf_loader import IM_END, IM_START, THINK, TOKENS, VOCAB, write_tiny
+from tests.unit.test_gguf import IM_END, IM_START, THINK, TOKENS, VOCAB, write_tiny
 
 # --- tiny synthetic GGUFs -------------------------------------------------------------------
 
