@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass, field
 
 from actors.ingest.backpressure import Watermarks
+from actors.ingest.buckets import BucketConfig, default_boundaries
 
 DEFAULT_REQUESTS_TOPIC = "tokenmill.requests"
 DEFAULT_RESULTS_TOPIC = "tokenmill.results"
@@ -118,3 +119,12 @@ class WorkerConfig:
                 f"letter of max_request_bytes ({self.max_request_bytes}) plus "
                 f"{DEAD_LETTER_ROOM} bytes of key and headers"
             )
+
+    def bucket_config(self, max_model_len: int) -> BucketConfig:
+        """The ingest's length buckets for a model of `max_model_len` tokens."""
+        return BucketConfig(
+            boundaries=self.bucket_boundaries or default_boundaries(max_model_len),
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_size=self.max_batch_size,
+            max_wait_s=self.max_wait_ms / 1000,
+        )

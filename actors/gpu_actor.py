@@ -31,7 +31,7 @@ import structlog
 
 from actors.engine_thread import engine_thread
 from actors.faults import Faults
-from actors.in_flight import EngineLike, InFlight
+from actors.in_flight import EngineLike, InFlight, engine_request
 from actors.ingest.model_front import ModelFront
 from actors.mail import Admitted, Batch, Outcome, SwapOrder, UseModel
 from actors.results import engine_outcome
@@ -39,13 +39,12 @@ from actors.runtime import Actor, Address, Mailbox
 from actors.swap.model_slots import ModelSlots
 from actors.swap.swapper import Swapper
 from actors.telemetry.tracing import record_batch_span
-from gpu.engine import Completion, EngineRequest, StepOutput
+from gpu.engine import Completion, StepOutput
 from gpu.errors import RequestRejected
-from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.events import Event
-from messages.result import ErrorInfo
+from messages.result import ErrorInfo, ModelRef
 
 log = structlog.get_logger("tokenmill.gpu")
 
@@ -121,6 +120,17 @@ class GpuActor(Actor[Batch | SwapOrder]):
     def running(self) -> int:
         """Requests the engines run now (copies of a running id not counted)."""
         return len(self.in_flight)
+
+    @property
+    def standby(self) -> ModelRef | None:
+        """The model kept in standby (for a rollback, or finishing its sequences), if any."""
+        return self.slots.standby_ref
+
+    @property
+    def kv_blocks(self) -> tuple[int, int]:
+        """The active engine's KV-cache blocks: (in use, in the pool)."""
+        engine = self.slots.active
+        return int(getattr(engine, "blocks_used", 0)), int(getattr(engine, "num_blocks", 0))
 
     def has_work(self) -> bool:
         return any(e.has_work() for e in self.slots.engines())
@@ -255,7 +265,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 await self._send_error(item, prompt)
                 continue
             try:
-                self._add(engine, item, prompt)
+                engine.add(engine_request(item, prompt))
             except RequestRejected as exc:
                 await self._send_error(item, ErrorInfo(code=exc.code, message=str(exc)))
                 continue
@@ -271,27 +281,6 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 admitted_at=now,
                 requeued=batch.reason == "requeued",
             )
-
-    def _add(self, engine: EngineLike, item: Admitted, prompt: list[int]) -> None:
-        request = item.request
-        params = SamplingParams(
-            max_new_tokens=request.max_new_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            seed=request.seed,
-            stop=tuple(request.stop),
-            stop_token_ids=tuple(request.stop_token_ids),
-        )
-        engine.add(
-            EngineRequest(
-                request_id=request.id,
-                prompt_token_ids=prompt,
-                params=params,
-                priority=request.priority,
-                arrival_time=item.consumed_at,
-            )
-        )
 
     def _engine_for(self, item: Admitted) -> tuple[Any, Any]:
         """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).

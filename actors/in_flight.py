@@ -1,4 +1,5 @@
-"""InFlight: what the GPU actor keeps of each request an engine is running.
+"""InFlight: what the GPU actor keeps of each request an engine is running (and what it asks
+the engine to run for it: `engine_request`).
 
 One record per running request id, so nothing is kept in step by hand: the engine that runs
 it, the model its result names, when it was admitted, whether it was already queued again
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 from actors.mail import Admitted
 from gpu.engine import Completion, EngineRequest, StepOutput
+from gpu.sequence import SamplingParams
 from messages.result import ModelRef
 
 
@@ -41,3 +43,24 @@ class InFlight:
     def everyone(self) -> list[Admitted]:
         """The request and its copies: each gets the result."""
         return [self.item, *self.copies]
+
+
+def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
+    """What an engine runs for `item`, with `prompt` tokenized for that engine's model."""
+    request = item.request
+    params = SamplingParams(
+        max_new_tokens=request.max_new_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        seed=request.seed,
+        stop=tuple(request.stop),
+        stop_token_ids=tuple(request.stop_token_ids),
+    )
+    return EngineRequest(
+        request_id=request.id,
+        prompt_token_ids=prompt,
+        params=params,
+        priority=request.priority,
+        arrival_time=item.consumed_at,
+    )

@@ -20,7 +20,7 @@ import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -315,19 +315,19 @@ class Supervisor(Actor[VerifiedCommand]):
 
     def status(self, nonce: str | None = None) -> StatusReply:
         gpu = self.gpu
-        engine: Any = gpu.engine
         running = gpu.running
+        blocks_used, blocks_total = gpu.kv_blocks
         return StatusReply(
             worker=self.config.worker_id,
             at=time.time(),
             command=nonce,
             model=gpu.front.ref,
             uptime_s=time.monotonic() - self.started_at,
-            queued=max(self.ingest.backpressure.requests - running, 0),
+            queued=max(self.ingest.outstanding - running, 0),
             running=running,
-            kv_blocks_used=int(getattr(engine, "blocks_used", 0)),
-            kv_blocks_total=int(getattr(engine, "num_blocks", 0)),
-            standby=gpu.slots.standby_ref,
+            kv_blocks_used=blocks_used,
+            kv_blocks_total=blocks_total,
+            standby=gpu.standby,
             draining=self.draining,
             restarts=self.policy.total(),
         )

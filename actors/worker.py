@@ -151,15 +151,13 @@ class Worker:
         if metrics is None:
             return b""
         gpu, ingest = self.gpu, self.ingest
-        standby = gpu.slots.standby_ref
+        standby = gpu.standby
         metrics.set_models(
             (gpu.front.name, gpu.front.digest),
             (standby.name, standby.digest) if standby is not None else None,
         )
-        metrics.set_queue_depth(max(ingest.backpressure.requests - gpu.running, 0))
-        consumer = ingest.consumer
-        paused = len(consumer.paused()) if consumer is not None and ingest.joined else 0
-        metrics.set_paused_partitions(paused)
+        metrics.set_queue_depth(max(ingest.outstanding - gpu.running, 0))
+        metrics.set_paused_partitions(ingest.paused_partitions)
         lag = ingest.lag()
         for partition in self._lag_partitions - lag.keys():
             metrics.forget_partition(partition)

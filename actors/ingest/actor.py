@@ -22,7 +22,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.ingest.backpressure import Backpressure, Decision
-from actors.ingest.buckets import BucketConfig, Flushed, LengthBuckets, default_boundaries
+from actors.ingest.buckets import Flushed, LengthBuckets
 from actors.ingest.committer import Committer
 from actors.ingest.crash_guard import CrashGuard
 from actors.ingest.door import check, tokenize_all
@@ -68,23 +68,12 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.committer = Committer(self.tracker, self.guard, headroom=config.fetch_max_records)
         self.backpressure = Backpressure(config.watermarks)
         self.buckets: LengthBuckets[Admitted] = LengthBuckets(
-            BucketConfig(
-                boundaries=config.bucket_boundaries or default_boundaries(front.max_model_len),
-                max_batch_tokens=config.max_batch_tokens,
-                max_batch_size=config.max_batch_size,
-                max_wait_s=config.max_wait_ms / 1000,
-            )
+            config.bucket_config(front.max_model_len)
         )
         self.consumer: AIOKafkaConsumer | None = None
+        own = (config.requests_topic, config.dlq_topic, config.control_topic, config.events_topic)
         policy = ReplyPolicy.of(
-            results_topic=config.results_topic,
-            own_topics=(
-                config.requests_topic,
-                config.dlq_topic,
-                config.control_topic,
-                config.events_topic,
-            ),
-            allowed=config.allowed_reply_to,
+            results_topic=config.results_topic, own_topics=own, allowed=config.allowed_reply_to
         )
         self.reply_topics = ReplyTopics(policy, KnownTopics(self._list_topics))
         self.refusals = Refusals(config, self.reply_topics, outcomes)
@@ -99,6 +88,16 @@ class IngestActor(Actor[Delivered | UseModel]):
         # past the rebalance (its partitions may have been revoked and handed back, with
         # fetching restarted at the last commit).
         self._generation = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Requests read and not yet answered (queued or running)."""
+        return self.backpressure.requests
+
+    @property
+    def paused_partitions(self) -> int:
+        consumer = self.consumer
+        return len(consumer.paused()) if consumer is not None and self.joined else 0
 
     @staticmethod
     def new_mailbox(config: WorkerConfig) -> Mailbox[Delivered | UseModel]:
