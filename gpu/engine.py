@@ -21,6 +21,7 @@ from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
 from gpu.sequence import Sequence as Seq
+from gpu.step_clock import StepClock
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
@@ -122,6 +123,7 @@ class Engine:
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
         self.peak_blocks_used = 0
+        self.timing: StepClock | None = None  # set by a benchmark: time each step's phases
 
     # -- admission ---------------------------------------------------------------------
 
@@ -162,8 +164,13 @@ class Engine:
 
     def step(self) -> StepOutput:
         start_ns = time.time_ns()
+        timing = self.timing
+        began = timing.now() if timing is not None else 0.0
         batch = self.scheduler.schedule()
-        sampled = self.runner.run(batch) if not batch.is_empty else []
+        if timing is not None:
+            timing.lap("schedule", began)
+        sampled = self.runner.run(batch, timing) if not batch.is_empty else []
+        collecting = timing.now() if timing is not None else 0.0
         self.scheduler.advance(batch)
         self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
         now = self.clock()
@@ -178,6 +185,9 @@ class Engine:
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 finished.append(self._finish(seq, reason))
+        if timing is not None:
+            timing.lap("collect", collecting)
+            timing.step_done(began)
         stats = StepStats(
             start_ns=start_ns,
             end_ns=time.time_ns(),

@@ -15,6 +15,7 @@ from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.models.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from gpu.sampling import sample
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
+from gpu.step_clock import StepClock
 
 # A decode group's longest context is at most GROUP_SLACK × its shortest + GROUP_SLACK_TOKENS.
 GROUP_SLACK = 1.25
@@ -69,7 +70,7 @@ class ModelRunner:
         return self._to_device(rows)
 
     def prepare(
-        self, chunks: list[ScheduledChunk]
+        self, chunks: list[ScheduledChunk], timing: StepClock | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Inputs for chunks (decodes first): ids, positions, metadata, rows to sample."""
         ids: list[int] = []
@@ -120,20 +121,30 @@ class ModelRunner:
             slot_mapping=self._to_device(slot_mapping),
             decodes=tuple(groups),
             prefills=tuple(spans),
+            timing=timing,
         )
         return self._to_device(ids), self._to_device(positions), meta, sample_rows
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[tuple[ScheduledChunk, int]]:
-        """Compute the batch; return the sampled next token of each chunk that samples."""
+    def run(
+        self, batch: ScheduledBatch, timing: StepClock | None = None
+    ) -> list[tuple[ScheduledChunk, int]]:
+        """Compute the batch; return the sampled next token of each chunk that samples.
+        `timing`: where to add the time of prepare, forward (and attention) and sample."""
+        lap = timing.now() if timing is not None else 0.0
         # Decodes first, shortest context first (so length groups are contiguous), then prefills.
         chunks = sorted(batch.chunks, key=lambda c: (not c.is_decode, c.end if c.is_decode else 0))
-        ids, positions, meta, sample_rows = self.prepare(chunks)
+        ids, positions, meta, sample_rows = self.prepare(chunks, timing)
         sampling = [c for c in chunks if c.samples]
         if not sampling:
             # Only mid-prompt chunks: the K/V writes are the whole point; no logits needed.
             sample_rows = [0]
-        logits = self.model(ids, positions, self.kv, meta, self._to_device(sample_rows))
+        rows = self._to_device(sample_rows)
+        if timing is not None:
+            lap = timing.lap("prepare", lap)
+        logits = self.model(ids, positions, self.kv, meta, rows)
+        if timing is not None:
+            lap = timing.lap("forward", lap)
         if not sampling:
             return []
         tokens = sample(
@@ -142,4 +153,6 @@ class ModelRunner:
             [c.end for c in sampling],
             self.generator,
         )
+        if timing is not None:
+            timing.lap("sample", lap)
         return list(zip(sampling, tokens, strict=True))

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu.kv_pool import LayerKV
+from gpu.step_clock import StepClock
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] flat slot receiving each new token's K/V
     decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSpan, ...]
+    timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
 
 
 def gather_blocks(
@@ -64,6 +66,22 @@ def gather_blocks(
 
 
 def paged_attention(
+    q: torch.Tensor,  # [tokens, heads, head_dim]
+    k: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    v: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    kv: LayerKV,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [tokens, heads, head_dim]
+    if meta.timing is None:
+        return _paged_attention(q, k, v, kv, meta, scale)
+    began = meta.timing.now()
+    out = _paged_attention(q, k, v, kv, meta, scale)
+    meta.timing.lap("attention", began)
+    return out
+
+
+def _paged_attention(
     q: torch.Tensor,  # [tokens, heads, head_dim]
     k: torch.Tensor,  # [tokens, kv_heads, head_dim]
     v: torch.Tensor,  # [tokens, kv_heads, head_dim]

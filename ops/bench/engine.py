@@ -37,6 +37,7 @@ from ops.bench.flops import (
 )
 from ops.bench.narrate import Narrate
 from ops.bench.profile import profile_engine
+from ops.bench.step_time import BATCH1_NEW_TOKENS, BATCH1_PROMPT_TOKENS, batch1, timed
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
 
 TARGET_VS_SEQUENTIAL = 15.0
@@ -102,7 +103,10 @@ def bench_engine(
     load_before = host_load()
     start = time.perf_counter()
     with torch.inference_mode():
-        run = run_all(cast(Engine, recorder), requests)
+        if engine.model.device.type == "cpu":  # there the clock costs nothing measurable
+            run, breakdown = timed(engine, lambda: run_all(cast(Engine, recorder), requests))
+        else:  # on CUDA it synchronizes at every phase: the rate would not be the engine's
+            run, breakdown = run_all(cast(Engine, recorder), requests), None
     wall = time.perf_counter() - start
 
     tracker = DecodeTracker({r.request_id: len(r.prompt_token_ids) for r in requests})
@@ -121,6 +125,7 @@ def bench_engine(
         "ttft_ms": _percentiles([c.ttft_ms for c in run.completions]),
         "tpot_ms": _percentiles([c.tpot_ms for c in run.completions]),
         "host_load_1m": [load_before, host_load()],
+        "step_time": breakdown,
     }
     return stats, steady, [c.token_ids for c in run.completions]
 
@@ -277,6 +282,9 @@ def run_bench(
     say(f"engine: {len(workload)} requests in one continuous batch")
     engine_stats, steady, engine_out = bench_engine(engine, workload, flop_model)
 
+    say(f"engine: batch 1, a {BATCH1_PROMPT_TOKENS}-token prompt, {BATCH1_NEW_TOKENS} new tokens")
+    single = batch1(engine, o)
+
     contenders = {"engine": engine_stats, **_run_transformers(engine, workload, o, engine_out, say)}
 
     rate = engine_stats["output_tokens_per_s"]
@@ -316,6 +324,7 @@ def run_bench(
             "sampling": "greedy, EOS ignored: exactly the asked output length",
         },
         "contenders": contenders,
+        "batch1": single,
         "ratios": {"engine_vs_sequential": vs_seq, "engine_vs_static": vs_static},
         "latency_ms": {"ttft": engine_stats["ttft_ms"], "tpot": engine_stats["tpot_ms"]},
         "kv": {

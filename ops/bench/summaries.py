@@ -84,6 +84,17 @@ def summary(report: dict[str, Any]) -> str:
         f"(block {kv['block_size']}) · GEMM peak {f['gemm_peak_gflops']} GFLOP/s · engine "
         f"{f['engine_gflops']} GFLOP/s · steady decode {f['steady_decode_gflops']} GFLOP/s"
     )
+    one = report["batch1"]
+    lines.append(
+        f"  batch 1 ({one['prompt_tokens']}-token prompt, {one['new_tokens']} new): "
+        f"{one['decode_tokens_per_s']} tok/s decode, {one['decode_step_ms']} ms a step"
+    )
+    for label, breakdown in (
+        ("batch-1 decode step", one["breakdown"]),
+        ("workload step", c["engine"].get("step_time")),
+    ):
+        if breakdown and breakdown.get("steps"):
+            lines.append(f"  {label}: {step_parts(breakdown)}")
     cpus = report["environment"]["cpu_count"] or 1
     busy = [
         name
@@ -127,3 +138,9 @@ def swap_summary(report: dict[str, Any]) -> str:
     )
     lines += [f"  warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
+
+
+def step_parts(breakdown: dict[str, Any]) -> str:
+    """'79.1 ms = dense 52.0 · attention 14.1 · …' from a `StepClock` breakdown."""
+    parts = " · ".join(f"{k} {v:.1f}" for k, v in breakdown["ms_per_step"].items())
+    return f"{breakdown['step_ms']:.1f} ms = {parts}"

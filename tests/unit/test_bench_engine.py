@@ -196,3 +196,18 @@ def test_without_transformers_the_engine_still_runs(
     assert report["ratios"] == {"engine_vs_sequential": None, "engine_vs_static": None}
     assert report["targets"]["engine_vs_static"]["met"] is None
     assert report["environment"]["transformers"] is None
+
+
+def test_batch1_and_step_breakdowns(report: dict[str, Any]) -> None:
+    one = report["batch1"]
+    assert one["prompt_tokens"] + one["new_tokens"] <= 256
+    assert one["decode_tokens_per_s"] > 0 and one["decode_step_ms"] > 0
+    for breakdown in (one["breakdown"], report["contenders"]["engine"]["step_time"]):
+        assert breakdown["steps"] > 0
+        parts = breakdown["ms_per_step"]
+        assert set(parts) == {"schedule", "prepare", "dense", "attention", "sample", "collect",
+                              "other"}  # fmt: skip
+        assert all(ms >= 0 for ms in parts.values())
+        assert parts["dense"] > 0 and parts["attention"] > 0
+        assert sum(parts.values()) == pytest.approx(breakdown["step_ms"], rel=0.01, abs=0.01)
+    assert one["breakdown"]["steps"] == one["new_tokens"] - 1  # decode steps only
