@@ -65,10 +65,12 @@ def summary(report: dict[str, Any]) -> str:
         if "skipped" in stats:
             lines.append(f"  {name:<24} skipped: {stats['skipped']}")
             continue
+        same, n = stats.get("outputs_matching_engine"), stats["requests"]
+        agree = "" if same is None else f", {same} of {n} outputs equal the engine's"
         lines.append(
             f"  {name:<24} {stats['output_tokens_per_s']:>9.1f} tok/s  "
             f"({stats['requests']} requests, {stats['output_tokens']} tokens, "
-            f"{stats['wall_s']:.1f} s)"
+            f"{stats['wall_s']:.1f} s{agree})"
         )
     for key, t in report["targets"].items():
         value = "n/a" if t["value"] is None else f"{t['value']}"
