@@ -73,22 +73,7 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
-    if meta.timing is None:
-        return _paged_attention(q, k, v, kv, meta, scale)
-    began = meta.timing.now()
-    out = _paged_attention(q, k, v, kv, meta, scale)
-    meta.timing.lap("attention", began)
-    return out
-
-
-def _paged_attention(
-    q: torch.Tensor,  # [tokens, heads, head_dim]
-    k: torch.Tensor,  # [tokens, kv_heads, head_dim]
-    v: torch.Tensor,  # [tokens, kv_heads, head_dim]
-    kv: LayerKV,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:  # [tokens, heads, head_dim]
+    began = meta.timing.now() if meta.timing is not None else 0.0
     kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
     kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
@@ -124,4 +109,6 @@ def _paged_attention(
             enable_gqa=True,
         )  # [1, heads, n, head_dim]
         out[span.begin : span.end] = op[0].transpose(0, 1)
+    if meta.timing is not None:
+        meta.timing.lap("attention", began)
     return out
