@@ -132,9 +132,6 @@ class GpuActor(Actor[Batch | SwapOrder]):
         engine = self.slots.active
         return int(getattr(engine, "blocks_used", 0)), int(getattr(engine, "num_blocks", 0))
 
-    def has_work(self) -> bool:
-        return any(e.has_work() for e in self.slots.engines())
-
     # -- the actor's life ----------------------------------------------------------------
 
     async def run(self) -> None:

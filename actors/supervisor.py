@@ -108,10 +108,6 @@ class Supervisor(Actor[VerifiedCommand]):
         """Children between a crash and their restart."""
         return self.health.down
 
-    @property
-    def draining(self) -> bool:
-        return self.health.draining
-
     # -- what others may call ------------------------------------------------------------
 
     def drain(self, reason: str = "signal", command: str | None = None) -> None:
@@ -121,10 +117,6 @@ class Supervisor(Actor[VerifiedCommand]):
             self._drain_reason, self._drain_command = reason, command
             log.info("worker_draining", reason=reason, timeout_s=self.config.shutdown_timeout_s)
         self._drain.set()
-
-    def readiness(self) -> tuple[bool, dict[str, object]]:
-        """See `Health.readiness`."""
-        return self.health.readiness()
 
     # -- the worker's life ---------------------------------------------------------------
 
@@ -328,7 +320,7 @@ class Supervisor(Actor[VerifiedCommand]):
             kv_blocks_used=blocks_used,
             kv_blocks_total=blocks_total,
             standby=gpu.standby,
-            draining=self.draining,
+            draining=self.health.draining,
             restarts=self.policy.total(),
         )
 

@@ -83,8 +83,8 @@ class Rig:
             while not (later := [i for i, sent in self.sent_at.items() if sent > at]):
                 self.sent.clear()
                 await self.sent.wait()
-            while later[0] not in await results_by_id(self.lane, later[:1], within_s=5.0):
-                pass
+        found = await results_by_id(self.lane, later[:1], within_s=within_s)  # returns once found
+        assert later[0] in found, f"no answer to {later[0]} within {within_s} s"
 
     async def stream(self, stop: asyncio.Event, every_s: float, prefix: str) -> list[str]:
         """Produce one request every `every_s` until `stop`; the ids sent."""
