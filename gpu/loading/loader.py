@@ -17,6 +17,7 @@ from gpu.loading.tokenizer import Tokenizer
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
+from gpu.models.packed_linear import pack_linears, packing_available
 
 
 @dataclass
@@ -31,6 +32,7 @@ class LoadedModel:
     module: nn.Module
     dtype: torch.dtype
     device: torch.device
+    linear_kernel: str = "torch"  # "onednn-packed" when `pack_linears` packed the weights
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -63,9 +65,12 @@ def load_model(
     name: str | None = None,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    pack: bool = True,
 ) -> LoadedModel:
     """Read a checkpoint (HF folder or .gguf), build the model and move it to the device.
 
+    `pack`: reorder the linear weights for oneDNN (`gpu.models.packed_linear`) wherever that
+    is available (float32 on CPU); False keeps `nn.Linear` (`F.linear`) everywhere.
     Raises `CheckpointError` (naming the file and the problem) when anything is wrong.
     """
     path = Path(path)
@@ -79,6 +84,7 @@ def load_model(
     module = module.to(dtype=dtype).to_empty(device=device).eval()
     _tie_and_fill_buffers(module, ckpt.config, device)
     module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
+    pack = pack and packing_available(device, dtype) and pack_linears(module) > 0
     default_name = path.stem if path.is_file() else path.name
     return LoadedModel(
         name=name or default_name,
@@ -89,6 +95,7 @@ def load_model(
         module=module,
         dtype=dtype,
         device=device,
+        linear_kernel="onednn-packed" if pack else "torch",
     )
 
 

@@ -25,7 +25,9 @@ def engine_bytes(engine: Any) -> int:
         tensors = [*model.parameters(), *model.buffers()]
         seen: set[int] = set()  # tied weights count once
         for t in tensors:
-            if t.data_ptr() not in seen:
+            if t.is_mkldnn:  # a packed weight: its own opaque memory, never shared
+                total += t.numel() * t.element_size()
+            elif t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
     kv = getattr(engine, "kv", None)

@@ -276,8 +276,9 @@ def run_bench(
     workload = make_workload(engine, o)
     flop_model = FlopModel.of(m.config)
 
-    say(f"GEMM peak: torch.mm {o.gemm_size}² {m.dtype} on {m.device}")
-    peak = gemm_peak_gflops(m.device, m.dtype, o.gemm_size)
+    gemm = "torch.mm" if m.linear_kernel == "torch" else f"{m.linear_kernel} linear"
+    say(f"GEMM peak: {gemm} {o.gemm_size}² {m.dtype} on {m.device}")
+    peak = gemm_peak_gflops(m.device, m.dtype, o.gemm_size, kernel=m.linear_kernel)
 
     say(f"engine: {len(workload)} requests in one continuous batch")
     engine_stats, steady, engine_out = bench_engine(engine, workload, flop_model)
@@ -309,6 +310,7 @@ def run_bench(
             "transformers": _transformers_version(),
             "device": str(m.device),
             "dtype": dtype,
+            "linear_kernel": m.linear_kernel,
             "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "host_load_1m_at_end": host_load(),
@@ -337,7 +339,7 @@ def run_bench(
             "formula": FLOP_FORMULA,
             "linear_params": flop_model.linear_params,
             "lm_head_params": flop_model.lm_head_params,
-            "gemm": f"torch.mm {o.gemm_size}×{o.gemm_size} {dtype}, best of 5 × 3 products",
+            "gemm": f"{gemm} {o.gemm_size}×{o.gemm_size} {dtype}, best of 5 × 3 products",
             "gemm_peak_gflops": round(peak, 2),
             "engine_gflop": significant(engine_flops / 1e9),
             "engine_gflops": significant(engine_gflops),

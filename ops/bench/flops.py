@@ -1,14 +1,14 @@
 """FLOP accounting for the engine benchmark: how many FLOPs a workload or a step costs.
 
 `FlopModel` counts a model's useful FLOPs (formula in `FLOP_FORMULA`), `gemm_peak_gflops`
-measures the `torch.mm` rate they are compared against, and `DecodeTracker` with
+measures the matmul rate (by the engine's kernel) they are compared against, and `DecodeTracker` with
 `steady_decode` picks out the pure-decode steps of a run and their FLOP rate.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,20 +74,34 @@ def _sync(device: torch.device) -> None:
 
 
 def gemm_peak_gflops(
-    device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 3, trials: int = 5
+    device: torch.device,
+    dtype: torch.dtype,
+    n: int = 2048,
+    repeats: int = 3,
+    trials: int = 5,
+    kernel: str = "torch",
 ) -> float:
-    """Best observed `torch.mm` rate on an n×n by n×n product, in GFLOP/s."""
+    """Best observed rate of an n×n by n×n product, in GFLOP/s, by the engine's kernel:
+    `torch.mm`, or ("onednn-packed") a `PackedLinear` whose weight oneDNN reordered."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     c = torch.mm(a, b)
+    product: Callable[[], object] = lambda: torch.mm(a, b, out=c)  # noqa: E731
+    if kernel == "onednn-packed":
+        from gpu.models.packed_linear import PackedLinear
+
+        linear = torch.nn.Linear(n, n, bias=False, device=device, dtype=dtype)
+        packed = PackedLinear(linear)
+        product = lambda: packed(a)  # noqa: E731
     best = float("inf")
-    for _ in range(trials):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b, out=c)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
+    with torch.inference_mode():
+        for _ in range(trials):
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                product()
+            _sync(device)
+            best = min(best, time.perf_counter() - start)
     return 2 * n**3 * repeats / best / 1e9
 
 

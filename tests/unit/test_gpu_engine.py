@@ -1,4 +1,8 @@
-"""The engine against transformers: same greedy tokens, close logits, batch invariance."""
+"""The engine against transformers: same greedy tokens, close logits, batch invariance.
+
+Every check runs on both linear kernels: oneDNN-packed weights (the CPU default) and
+`nn.Linear` (what GPUs and `pack=False` get).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from tests.tiny_models import ARCHS
 # share steps with other sequences' decodes, and every sequence spans many blocks.
 CHUNKY = EngineConfig(block_size=4, max_num_batched_tokens=48, num_kv_blocks=2048)
 LOGITS_ATOL = 1e-4  # float32 on CPU: fused projections and paged attention reorder sums
+KERNELS = ("onednn-packed", "torch")
 
 
 def random_prompts(
@@ -75,28 +80,34 @@ def engine_logits(model: LoadedModel, prompt: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def models(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[LoadedModel, object]]:
+def models(tiny_checkpoints: dict[str, Path]) -> dict[tuple[str, str], tuple[LoadedModel, object]]:
+    """(arch, linear kernel) -> our model and transformers' reference."""
     from transformers import AutoModelForCausalLM
 
     loaded = {}
     for arch, path in tiny_checkpoints.items():
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        loaded[arch] = (load_model(path), hf)
+        for pack in (True, False):
+            model = load_model(path, pack=pack)
+            loaded[arch, model.linear_kernel] = (model, hf)
+    assert {kernel for _, kernel in loaded} == set(KERNELS)
     return loaded
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_match_transformers(models, arch: str) -> None:  # type: ignore[no-untyped-def]
-    model, hf = models[arch]
+def test_greedy_tokens_match_transformers(models, arch: str, kernel: str) -> None:  # type: ignore[no-untyped-def]
+    model, hf = models[arch, kernel]
     prompts = random_prompts(model.config.vocab_size, 10, seed=1)
     ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True))
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_close_to_transformers(models, arch: str) -> None:  # type: ignore[no-untyped-def]
-    model, hf = models[arch]
+def test_logits_close_to_transformers(models, arch: str, kernel: str) -> None:  # type: ignore[no-untyped-def]
+    model, hf = models[arch, kernel]
     prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
     with torch.inference_mode():
         reference = hf(torch.tensor([prompt])).logits[0].float()  # [positions, vocab]

@@ -1,0 +1,77 @@
+"""oneDNN-packed linear layers: same products as `nn.Linear`, swapped in at load on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gpu.engine import Engine
+from gpu.engine_config import EngineConfig
+from gpu.loading.loader import load_model
+from gpu.memory.footprint import engine_bytes
+from gpu.models.packed_linear import PackedLinear, pack_linears, packing_available
+
+pytestmark = pytest.mark.skipif(
+    not packing_available(torch.device("cpu"), torch.float32), reason="PyTorch without oneDNN"
+)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_packed_product_equals_linear(bias: bool, rows: int) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias)
+    packed = PackedLinear(linear)
+    x = torch.randn(rows, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+def test_packed_takes_any_leading_shape_and_strides() -> None:
+    linear = nn.Linear(32, 48)
+    packed = PackedLinear(linear)
+    x = torch.randn(3, 5, 32)
+    transposed = torch.randn(32, 6).t()  # [6, 32], not contiguous
+    with torch.inference_mode():
+        assert packed(x).shape == (3, 5, 48)
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed(transposed), linear(transposed), atol=1e-5, rtol=1e-5)
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_the_rest() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    embedding = nn.Embedding(10, 8)
+    head = nn.Linear(8, 10, bias=False)
+    head.weight = embedding.weight  # tied, as a tied LM head is
+    model.append(head)
+    assert pack_linears(model) == 3
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert isinstance(model[1], nn.ReLU)
+    # The embedding keeps its dense table: only the head's product moved to a packed copy.
+    assert embedding.weight.layout == torch.strided
+    with torch.inference_mode():
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(model[3](x), x @ embedding.weight.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_load_model_packs_on_cpu_unless_told_not_to(tiny_checkpoints: dict[str, Path]) -> None:
+    packed = load_model(tiny_checkpoints["llama"], device="cpu")
+    plain = load_model(tiny_checkpoints["llama"], device="cpu", pack=False)
+    assert packed.linear_kernel == "onednn-packed"
+    assert plain.linear_kernel == "torch"
+    assert any(isinstance(m, PackedLinear) for m in packed.module.modules())
+    assert not any(isinstance(m, PackedLinear) for m in plain.module.modules())
+
+
+def test_footprint_counts_packed_weights(tiny_checkpoints: dict[str, Path]) -> None:
+    config = EngineConfig(num_kv_blocks=64)
+    for arch in ("llama", "gpt2"):
+        packed = Engine(load_model(tiny_checkpoints[arch], device="cpu"), config)
+        plain = Engine(load_model(tiny_checkpoints[arch], device="cpu", pack=False), config)
+        c = packed.model.config
+        # A tied LM head's packed copy is the only extra memory packing costs.
+        extra = c.vocab_size * c.hidden_size * 4 if c.tie_word_embeddings else 0
+        assert engine_bytes(packed) == engine_bytes(plain) + extra
