@@ -1,8 +1,9 @@
 """FLOP accounting for the engine benchmark: how many FLOPs a workload or a step costs.
 
 `FlopModel` counts a model's useful FLOPs (formula in `FLOP_FORMULA`), `gemm_peak_gflops`
-measures the matmul rate (by the engine's kernel) they are compared against, and `DecodeTracker` with
-`steady_decode` picks out the pure-decode steps of a run and their FLOP rate.
+measures the matmul rate (by the engine's kernel) they are compared against, and
+`DecodeTracker` with `steady_decode` picks out the pure-decode steps of a run and their
+FLOP rate.
 """
 
 from __future__ import annotations
