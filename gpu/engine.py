@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import RequestRejected
+from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
 from gpu.runner import ModelRunner
@@ -118,7 +121,14 @@ class Engine:
         if pad != PAD_BLOCK:
             raise RuntimeError(f"a fresh allocator handed out block {pad}, not {PAD_BLOCK}")
         self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
-        self.runner = ModelRunner(model.module, self.kv, model.device, seed=config.seed)
+        kernels = None
+        if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
+            kernels = cpu_kernels()
+        self.runner = ModelRunner(
+            model.module, self.kv, model.device, seed=config.seed, kernels=kernels
+        )
+        # What decode attention runs on: the native kernel reads the pool in place.
+        self.attention_kernel = "native-paged" if kernels is not None else "sdpa-gather"
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)

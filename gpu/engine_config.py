@@ -32,6 +32,7 @@ class EngineConfig:
     host_memory_fraction: float = 0.25  # share of RAM for weights + KV + activations (CPU)
     aging_seconds: float = 10.0
     seed: int = 0  # for unseeded sampling
+    native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
 
     def __post_init__(self) -> None:
         positive = {

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from gpu.block_allocator import blocks_for
+from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.models.attention import AttentionMetadata, DecodeGroup, PrefillSpan
 from gpu.sampling import sample
@@ -47,10 +48,20 @@ class CausalLM(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVPool, device: torch.device, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVPool,
+        device: torch.device,
+        seed: int = 0,
+        kernels: CpuKernels | None = None,
+    ) -> None:
+        """`kernels`: tokenmill's native CPU kernels, for decode attention straight from the
+        pool (all decodes in one group); None: SDPA over gathered blocks, grouped by length."""
         self.model = model
         self.kv = kv
         self.device = device
+        self.kernels = kernels
         self.block_size = kv.block_size
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
@@ -95,14 +106,20 @@ class ModelRunner:
 
         decodes = [c for c in chunks if c.is_decode]
         groups: list[DecodeGroup] = []
-        for begin, end in group_by_length([c.end for c in decodes]):
+        lengths_of = [c.end for c in decodes]
+        # The native kernel stops at each sequence's length: one group pads nothing it reads.
+        runs = group_by_length(lengths_of) if self.kernels is None else [(0, len(decodes))]
+        for begin, end in runs if decodes else []:
             members = decodes[begin:end]
             width = blocks_for(members[-1].end, bs)
             blocks = self._block_rows([c.seq.block_table for c in members], width)
-            lengths = self._to_device([c.end for c in members])
-            keys = torch.arange(width * bs, device=self.device)
-            valid = keys.unsqueeze(0) < lengths.unsqueeze(1)  # [members, width * block_size]
-            groups.append(DecodeGroup(begin, end, blocks, valid.view(end - begin, 1, 1, -1)))
+            lengths = self._to_device(lengths_of[begin:end])
+            mask = None
+            if self.kernels is None:
+                keys = torch.arange(width * bs, device=self.device)
+                valid = keys.unsqueeze(0) < lengths.unsqueeze(1)  # [members, width * block_size]
+                mask = valid.view(end - begin, 1, 1, -1)
+            groups.append(DecodeGroup(begin, end, blocks, lengths, mask))
 
         spans: list[PrefillSpan] = []
         row = len(decodes)
@@ -122,6 +139,7 @@ class ModelRunner:
             decodes=tuple(groups),
             prefills=tuple(spans),
             timing=timing,
+            kernels=self.kernels,
         )
         return self._to_device(ids), self._to_device(positions), meta, sample_rows
 

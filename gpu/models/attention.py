@@ -4,10 +4,13 @@ The runner builds one `AttentionMetadata` per step (all index tensors, on the de
 layer reuses it. Tokens of the step are laid out flat: the decode tokens first (one per
 sequence), then each prefill chunk's tokens in order.
 
-A sequence's context is read block by block into the pool's gather workspace (`index_select`
-into preallocated memory), then attended with SDPA. Decodes share one SDPA call per group of
-similar context lengths; their query heads are grouped by KV head, so grouped-query attention
-needs no copy of K/V per query head.
+On float32 CPU models, decodes attend with tokenmill's native kernel (`gpu/kernels`), which
+reads each sequence's blocks where they lie in the pool: no copy, one call for all decodes.
+Otherwise (GPUs, other dtypes, no C compiler) and for prefill chunks that continue a context,
+a sequence's context is read block by block into the pool's gather workspace (`index_select`
+into preallocated memory), then attended with SDPA. Decodes then share one SDPA call per group
+of similar context lengths; their query heads are grouped by KV head, so grouped-query
+attention needs no copy of K/V per query head.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import LayerKV
 from gpu.step_clock import StepClock
 
@@ -35,16 +39,20 @@ class PrefillSpan:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """Decodes of similar context length, rows `begin:end`, attended in one SDPA call.
+    """Decodes, rows `begin:end`, attended in one call.
 
-    Each sequence's block table is padded to the group's widest (with block 0, masked out);
-    grouping by length keeps that padding, copied and attended for nothing, small.
+    Each sequence's block table is padded to the group's widest (with block 0). The native
+    kernel reads each table up to its length, so all decodes form one group; SDPA attends
+    the gathered padding too (masked out), so for it decodes are grouped by similar length,
+    keeping that padding, copied and attended for nothing, small.
     """
 
     begin: int
     end: int
     blocks: torch.Tensor  # [sequences * width] block tables, padded with block 0
-    mask: torch.Tensor  # [sequences, 1, 1, width * block_size] bool, False past each length
+    lengths: torch.Tensor  # [sequences] int64 positions each sequence attends to
+    mask: torch.Tensor | None  # [sequences, 1, 1, width * block_size] bool, False past each
+    # length; None where the native kernel attends (it needs none)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class AttentionMetadata:
     decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSpan, ...]
     timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
+    kernels: CpuKernels | None = None  # native decode attention (CPU, float32), if built
 
 
 def gather_blocks(
@@ -76,11 +85,23 @@ def paged_attention(
     began = meta.timing.now() if meta.timing is not None else 0.0
     kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
     kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)  # contiguous, whatever q's strides
     kv_heads, head_dim = k.shape[1:]
     per_kv_head = q.shape[1] // kv_heads
     for group in meta.decodes:
         d = group.end - group.begin
+        if group.mask is None:
+            assert meta.kernels is not None, "a decode group without a mask needs the kernel"
+            meta.kernels.paged_decode_attention(
+                q[group.begin : group.end].contiguous(),
+                kv.k,
+                kv.v,
+                group.blocks.view(d, -1),
+                group.lengths,
+                scale,
+                out[group.begin : group.end],
+            )
+            continue
         # Query heads grouped by the KV head they share: [d, kv_heads, per_kv_head, head_dim].
         qd = q[group.begin : group.end].view(d, kv_heads, per_kv_head, head_dim)
         kd = gather_blocks(kv.k, kv.k_work, group.blocks)

@@ -311,6 +311,7 @@ def run_bench(
             "device": str(m.device),
             "dtype": dtype,
             "linear_kernel": m.linear_kernel,
+            "attention_kernel": engine.attention_kernel,
             "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "host_load_1m_at_end": host_load(),

@@ -57,7 +57,8 @@ def summary(report: dict[str, Any]) -> str:
     w, c = report["workload"], report["contenders"]
     lines = [
         f"{report['model']['name']} · {report['environment']['device']} "
-        f"{report['environment']['dtype']} ({report['environment']['linear_kernel']} linears) · "
+        f"{report['environment']['dtype']} ({report['environment']['linear_kernel']} linears, "
+        f"{report['environment']['attention_kernel']} decode attention) · "
         f"{report['environment']['threads']} threads · "
         f"{w['requests']} requests, {w['prompt_tokens']} prompt + {w['output_tokens']} output "
         f"tokens (seed {w['seed']})",

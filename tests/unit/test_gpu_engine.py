@@ -1,11 +1,13 @@
 """The engine against transformers: same greedy tokens, close logits, batch invariance.
 
-Every check runs on both linear kernels: oneDNN-packed weights (the CPU default) and
-`nn.Linear` (what GPUs and `pack=False` get).
+Every check runs on both linear kernels, oneDNN-packed weights (the CPU default) and
+`nn.Linear` (what GPUs and `pack=False` get), and on both decode attentions: the native
+kernel reading the pool in place (the CPU default) and SDPA over gathered blocks.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
+from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
@@ -23,6 +26,7 @@ from tests.tiny_models import ARCHS
 CHUNKY = EngineConfig(block_size=4, max_num_batched_tokens=48, num_kv_blocks=2048)
 LOGITS_ATOL = 1e-4  # float32 on CPU: fused projections and paged attention reorder sums
 KERNELS = ("onednn-packed", "torch")
+ATTENTIONS = {"native-paged": CHUNKY, "sdpa-gather": replace(CHUNKY, native_kernels=False)}
 
 
 def random_prompts(
@@ -60,12 +64,14 @@ def engine_tokens(
     return [c.token_ids for c in run.completions]
 
 
-def engine_logits(model: LoadedModel, prompt: list[int]) -> torch.Tensor:
+def engine_logits(
+    model: LoadedModel, prompt: list[int], config: EngineConfig = CHUNKY
+) -> torch.Tensor:
     """Next-token logits at every position of `prompt`, computed in chunks through the pool."""
     from gpu.scheduler import ScheduledChunk
     from gpu.sequence import Sequence
 
-    engine = Engine(model, CHUNKY)
+    engine = Engine(model, config)
     seq = Sequence("x", prompt, SamplingParams(), arrival_time=0.0)
     rows = []
     for start in range(0, len(prompt), 7):
@@ -94,22 +100,32 @@ def models(tiny_checkpoints: dict[str, Path]) -> dict[tuple[str, str], tuple[Loa
     return loaded
 
 
+def attention_config(attention: str) -> EngineConfig:
+    config = ATTENTIONS[attention]
+    if attention == "native-paged" and cpu_kernels() is None:
+        pytest.skip("no C compiler here: the native kernels are off")
+    return config
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_match_transformers(models, arch: str, kernel: str) -> None:  # type: ignore[no-untyped-def]
+def test_greedy_tokens_match_transformers(models, arch: str, kernel: str, attention: str) -> None:  # type: ignore[no-untyped-def]
     model, hf = models[arch, kernel]
     prompts = random_prompts(model.config.vocab_size, 10, seed=1)
-    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ours = engine_tokens(model, prompts, params, attention_config(attention))
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_close_to_transformers(models, arch: str, kernel: str) -> None:  # type: ignore[no-untyped-def]
+def test_logits_close_to_transformers(models, arch: str, kernel: str, attention: str) -> None:  # type: ignore[no-untyped-def]
     model, hf = models[arch, kernel]
     prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
     with torch.inference_mode():
         reference = hf(torch.tensor([prompt])).logits[0].float()  # [positions, vocab]
-    ours = engine_logits(model, prompt)
+    ours = engine_logits(model, prompt, attention_config(attention))
     torch.testing.assert_close(ours, reference, atol=LOGITS_ATOL, rtol=0)

@@ -1,0 +1,175 @@
+/* tokenmill's CPU kernels: what PyTorch's CPU ops cannot do without copies.
+ *
+ * Built at first use by gpu/kernels/native.py with the host's C compiler
+ * (-O3 -march=native -fopenmp) and called through ctypes on tensors' memory. OpenMP here is
+ * the runtime PyTorch itself loaded (same soname, libgomp.so.1), so these loops share its
+ * thread pool and its torch.set_num_threads setting. Vector work uses AVX-512 or AVX2
+ * intrinsics where -march=native finds them, plain C loops elsewhere.
+ * All arithmetic is float32; only the order of sums differs from PyTorch's.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* e^x for x <= 0 (scores minus their maximum), in a form the compiler vectorises: x = n ln2 + r
+ * with |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes' coefficients, ~1 ulp), 2^n put
+ * into the exponent bits. Below -87 the result would be denormal: it is taken as e^-87. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.f ? -87.f : x;
+    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* Vectors of VEC floats: AVX-512 or AVX2 intrinsics where the host has them. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VEC 16
+typedef __m512 vec;
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC 8
+typedef __m256 vec;
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+static inline float vsum(vec v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+/* dot(a, b) over n floats (n a multiple of VEC where vectors are used) */
+static inline float dot(const float *a, const float *b, int64_t n) {
+#ifdef VEC
+    if (n % VEC == 0) {
+        vec acc0 = vzero(), acc1 = vzero();
+        int64_t d = 0;
+        for (; d + 2 * VEC <= n; d += 2 * VEC) {
+            acc0 = vfma(vload(a + d), vload(b + d), acc0);
+            acc1 = vfma(vload(a + d + VEC), vload(b + d + VEC), acc1);
+        }
+        if (d < n) acc0 = vfma(vload(a + d), vload(b + d), acc0);
+        return vsum(acc0) + vsum(acc1);
+    }
+#endif
+    float total = 0.f;
+    for (int64_t d = 0; d < n; ++d) total += a[d] * b[d];
+    return total;
+}
+
+/* acc[0:n] += p · x[0:n] */
+static inline void axpy(float *acc, float p, const float *x, int64_t n) {
+#ifdef VEC
+    if (n % VEC == 0) {
+        vec pv = vset1(p);
+        for (int64_t d = 0; d < n; d += VEC) vstore(acc + d, vfma(pv, vload(x + d), vload(acc + d)));
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
+}
+
+/* Decode attention straight from the paged KV pool: no copy of any context.
+ *
+ * q, out:  [seqs, kv_heads * group, head_dim]; query head h * group + g reads KV head h.
+ * k, v:    [num_blocks, block_size, kv_heads, head_dim], one layer of the pool.
+ * tables:  [seqs, width] block tables; lengths: [seqs] how many positions each attends to.
+ * A task is one sequence and a range of its KV heads: all of them when there are sequences
+ * enough to keep every thread busy, so each block (block_size × kv_heads × head_dim floats,
+ * contiguous) is read front to back while the next one is prefetched; one KV head each when
+ * there are fewer sequences than threads. Scores are kept whole (exact softmax with the
+ * maximum subtracted), then the values summed.
+ */
+void tm_paged_decode_attention(const float *q, const float *k, const float *v,
+                               const int64_t *tables, int64_t width, const int64_t *lengths,
+                               int64_t seqs, int64_t block_size, int64_t kv_heads,
+                               int64_t group, int64_t head_dim, float scale, float *out) {
+    int64_t heads = kv_heads * group;
+    int64_t token_stride = kv_heads * head_dim; /* from one position to the next in a block */
+    int64_t block_floats = block_size * token_stride;
+    int64_t split = seqs < omp_get_max_threads() ? kv_heads : 1; /* tasks per sequence */
+    int64_t per_task = kv_heads / split;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < seqs * split; ++task) {
+        int64_t s = task / split, h0 = task % split * per_task, h1 = h0 + per_task;
+        int64_t ctx = lengths[s];
+        int64_t rows = (h1 - h0) * group; /* query heads of this task */
+        const int64_t *table = tables + s * width;
+        const float *qs = q + (s * heads + h0 * group) * head_dim;
+        float *os = out + (s * heads + h0 * group) * head_dim;
+        float *scores = malloc(sizeof(float) * (size_t)(rows * ctx > 0 ? rows * ctx : 1));
+        /* scores[r, t] = scale · q_r · k_t, r = (h - h0) * group + g */
+        for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+            const float *kb = k + table[t0 / block_size] * block_floats;
+            if (t0 + block_size < ctx) {
+                const char *next = (const char *)(k + table[t0 / block_size + 1] * block_floats);
+                for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
+            }
+            int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+            for (int64_t j = 0; j < n; ++j)
+                for (int64_t h = h0; h < h1; ++h) {
+                    const float *kt = kb + j * token_stride + h * head_dim;
+                    for (int64_t g = 0; g < group; ++g) {
+                        int64_t r = (h - h0) * group + g;
+                        scores[r * ctx + t0 + j] = dot(qs + r * head_dim, kt, head_dim) * scale;
+                    }
+                }
+        }
+        /* softmax over t, per query head */
+        for (int64_t r = 0; r < rows; ++r) {
+            float *sr = scores + r * ctx;
+            float top = sr[0];
+            for (int64_t t = 1; t < ctx; ++t) top = sr[t] > top ? sr[t] : top;
+            float total = 0.f;
+#pragma omp simd reduction(+ : total)
+            for (int64_t t = 0; t < ctx; ++t) {
+                sr[t] = exp_nonpositive(sr[t] - top);
+                total += sr[t];
+            }
+            float inv = 1.f / total;
+#pragma omp simd
+            for (int64_t t = 0; t < ctx; ++t) sr[t] *= inv;
+            for (int64_t d = 0; d < head_dim; ++d) os[r * head_dim + d] = 0.f;
+        }
+        /* out_r = sum_t p[r, t] v_t */
+        for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+            const float *vb = v + table[t0 / block_size] * block_floats;
+            if (t0 + block_size < ctx) {
+                const char *next = (const char *)(v + table[t0 / block_size + 1] * block_floats);
+                for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
+            }
+            int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+            for (int64_t j = 0; j < n; ++j)
+                for (int64_t h = h0; h < h1; ++h) {
+                    const float *vt = vb + j * token_stride + h * head_dim;
+                    for (int64_t g = 0; g < group; ++g) {
+                        int64_t r = (h - h0) * group + g;
+                        axpy(os + r * head_dim, scores[r * ctx + t0 + j], vt, head_dim);
+                    }
+                }
+        }
+        free(scores);
+    }
+}

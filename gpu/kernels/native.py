@@ -1,0 +1,173 @@
+"""tokenmill's native CPU kernels (`cpu_kernels.c`), built once per host with its C compiler.
+
+`cpu_kernels()` compiles the C file with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`;
+`-O3 -march=native -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else
+`~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and
+the CPU's feature flags, so a cache shared by different hosts never hands one another's
+binary. The build takes about a second and happens once per host and source version.
+
+Where there is no C compiler, or the build fails, `cpu_kernels()` logs one warning and
+returns None: models then run PyTorch's ops alone (oneDNN-packed linears, SDPA over gathered
+blocks), which give the same tokens, more slowly. `TOKENMILL_NATIVE_KERNELS=0` turns the
+kernels off on purpose (no warning).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("tokenmill.kernels")
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+ENABLE_VARIABLE = "TOKENMILL_NATIVE_KERNELS"
+
+_i64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+
+
+class CpuKernels:
+    """The built library's kernels, on float32 CPU tensors (checked here, not in C)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        self._decode = lib.tm_paged_decode_attention
+        self._decode.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr]
+        self._decode.argtypes += [_i64] * 5 + [ctypes.c_float, _ptr]
+        self._decode.restype = None
+
+    def paged_decode_attention(
+        self,
+        q: torch.Tensor,  # [seqs, heads, head_dim] float32, contiguous
+        k: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v: torch.Tensor,
+        tables: torch.Tensor,  # [seqs, width] int64 block tables
+        lengths: torch.Tensor,  # [seqs] int64 positions each attends to (≤ width × block_size)
+        scale: float,
+        out: torch.Tensor,  # [seqs, heads, head_dim], written
+    ) -> None:
+        _check(q, k, v, out)
+        if tables.dtype != torch.int64 or lengths.dtype != torch.int64:
+            raise TypeError("block tables and lengths must be int64")
+        if not (tables.is_contiguous() and lengths.is_contiguous()):
+            raise ValueError("block tables and lengths must be contiguous")
+        seqs, heads, head_dim = q.shape
+        _, block_size, kv_heads, _ = k.shape
+        self._decode(
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            tables.data_ptr(),
+            tables.shape[1],
+            lengths.data_ptr(),
+            seqs,
+            block_size,
+            kv_heads,
+            heads // kv_heads,
+            head_dim,
+            scale,
+            out.data_ptr(),
+        )
+
+
+def _check(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"native kernels take contiguous float32 CPU tensors, got {t.dtype}")
+
+
+@functools.cache
+def cpu_kernels() -> CpuKernels | None:
+    """This host's kernels, built on first use; None (one warning) where they cannot be."""
+    if os.environ.get(ENABLE_VARIABLE, "1") == "0":
+        return None
+    return build(find_compiler(), cache_dir())
+
+
+def find_compiler() -> str | None:
+    named = os.environ.get("CC")
+    for candidate in (named,) if named else ("cc", "gcc", "clang"):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    return None
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("TOKENMILL_KERNEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "tokenmill" / "kernels"
+
+
+def build(compiler: str | None, cache: Path) -> CpuKernels | None:
+    """Compile (or find compiled) `cpu_kernels.c` with `compiler` into `cache` and load it."""
+    if compiler is None:
+        log.warning(
+            "no C compiler found (set CC, or install gcc): the native CPU kernels are off; "
+            "models run PyTorch's ops alone, slower, with the same results"
+        )
+        return None
+    try:
+        target = cache / f"cpu_kernels-{_build_key(compiler, SOURCE.read_bytes())}.so"
+        if not target.exists():
+            _compile(compiler, target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = (getattr(exc, "stderr", None) or str(exc)).strip()
+        log.warning(
+            "building the native CPU kernels with %s failed (%s): they are off; models "
+            "run PyTorch's ops alone, slower, with the same results",
+            compiler,
+            detail.splitlines()[-1] if detail else type(exc).__name__,
+        )
+        return None
+    try:
+        return CpuKernels(target)
+    except (OSError, AttributeError) as exc:
+        log.warning("loading the native CPU kernels from %s failed (%s): they are off", target, exc)
+        return None
+
+
+def _compile(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target, then rename: processes building at once never see half a file.
+    fd, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        command = [compiler, *FLAGS, str(SOURCE), "-o", temporary, "-lm"]
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _build_key(compiler: str, source: bytes) -> str:
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=60
+    ).stdout.splitlines()[:1]
+    digest = hashlib.sha256(source)
+    for part in (compiler, *version, *FLAGS, platform.machine(), _cpu_flags()):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """The host CPU's feature flags (what -march=native compiles for)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
