@@ -7,15 +7,16 @@
  * intrinsics where -march=native finds them, plain C loops elsewhere.
  * All arithmetic is float32; only the order of sums differs from PyTorch's.
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-/* e^x for x <= 0 (scores minus their maximum), in a form the compiler vectorises: x = n ln2 + r
- * with |r| <= ln2 / 2, e^r by a degree-6 polynomial (Cephes' coefficients, ~1 ulp), 2^n put
- * into the exponent bits. Below -87 the result would be denormal: it is taken as e^-87. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.f ? -87.f : x;
+/* e^x in a form the compiler vectorises: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
+ * polynomial (Cephes' coefficients, ~1 ulp), 2^n put into the exponent bits. x is clamped to
+ * [-87, 88], where float32 neither overflows nor turns denormal. */
+static inline float exp_clamped(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
     float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -145,7 +146,7 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
             float total = 0.f;
 #pragma omp simd reduction(+ : total)
             for (int64_t t = 0; t < ctx; ++t) {
-                sr[t] = exp_nonpositive(sr[t] - top);
+                sr[t] = exp_clamped(sr[t] - top);
                 total += sr[t];
             }
             float inv = 1.f / total;
@@ -171,5 +172,62 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
                 }
         }
         free(scores);
+    }
+}
+
+
+/* out[r] = weight ⊙ (x[r] / sqrt(mean(x[r]²) + eps)), the order of operations of the reference
+ * RMSNorm. With `residual`, first residual[r] += x[r] (in place) and normalise that sum: the
+ * residual add and the next layer's norm in one pass. rows × hidden, all contiguous. */
+void tm_rms_norm(const float *x, float *residual, const float *weight, float eps, int64_t rows,
+                 int64_t hidden, float *out) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * hidden;
+        float *src = (float *)xr;
+        if (residual) {
+            src = residual + r * hidden;
+#pragma omp simd
+            for (int64_t i = 0; i < hidden; ++i) src[i] += xr[i];
+        }
+        float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < hidden; ++i) squares += src[i] * src[i];
+        float inv = 1.f / sqrtf(squares / (float)hidden + eps);
+        float *o = out + r * hidden;
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; ++i) o[i] = weight[i] * (src[i] * inv);
+    }
+}
+
+/* Rotary embedding, rotate-half layout, in place on the first `heads` heads of each row of x
+ * (row r at x + r * row_stride, heads of head_dim floats back to back: q then k of a fused
+ * qkv row). cos, sin: [positions, head_dim] tables, row positions[r] used for row r. */
+void tm_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
+             const int64_t *positions, const float *cos, const float *sin) {
+    int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *c = cos + positions[r] * head_dim, *s = sin + positions[r] * head_dim;
+        for (int64_t h = 0; h < heads; ++h) {
+            float *a = x + r * row_stride + h * head_dim, *b = a + half;
+#pragma omp simd
+            for (int64_t i = 0; i < half; ++i) {
+                float lo = a[i], hi = b[i];
+                a[i] = lo * c[i] + (-hi) * s[i];
+                b[i] = hi * c[half + i] + lo * s[half + i];
+            }
+        }
+    }
+}
+
+/* out[r, i] = silu(gate_up[r, i]) · gate_up[r, size + i]: SwiGLU's gate, silu(g) = g / (1 + e^-g). */
+void tm_silu_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gate_up + r * 2 * size, *u = g + size;
+        float *o = out + r * size;
+#pragma omp simd
+        for (int64_t i = 0; i < size; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
     }
 }

@@ -47,6 +47,69 @@ class CpuKernels:
         self._decode.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr]
         self._decode.argtypes += [_i64] * 5 + [ctypes.c_float, _ptr]
         self._decode.restype = None
+        self._rms_norm = lib.tm_rms_norm
+        self._rms_norm.argtypes = [_ptr, _ptr, _ptr, ctypes.c_float, _i64, _i64, _ptr]
+        self._rms_norm.restype = None
+        self._rope = lib.tm_rope
+        self._rope.argtypes = [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr]
+        self._rope.restype = None
+        self._silu_mul = lib.tm_silu_mul
+        self._silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
+        self._silu_mul.restype = None
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [rows, hidden]
+        weight: torch.Tensor,  # [hidden]
+        eps: float,
+        residual: torch.Tensor | None = None,  # [rows, hidden]: += x first, in place
+    ) -> torch.Tensor:  # [rows, hidden] the norm of x (of residual + x, with a residual)
+        """RMSNorm; with `residual`, the residual add before it in the same pass."""
+        _check(x, weight, *(() if residual is None else (residual,)))
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} is not x's {tuple(x.shape)}")
+        rows, hidden = x.shape
+        out = torch.empty_like(x)
+        extra = None if residual is None else residual.data_ptr()
+        self._rms_norm(x.data_ptr(), extra, weight.data_ptr(), eps, rows, hidden, out.data_ptr())
+        return out
+
+    def rope_(
+        self,
+        x: torch.Tensor,  # [rows, ≥ heads * head_dim], rows contiguous (a fused qkv)
+        heads: int,
+        head_dim: int,
+        positions: torch.Tensor,  # [rows] int64
+        cos: torch.Tensor,  # [max_positions, head_dim] float32
+        sin: torch.Tensor,
+    ) -> None:
+        """Rotary embedding in place on the first `heads` heads of each row."""
+        _check(cos, sin)
+        if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError("rope_ takes float32 rows whose elements are contiguous")
+        if x.shape[1] < heads * head_dim or cos.shape[1] != head_dim:
+            raise ValueError(f"{heads} heads of {head_dim} do not fit rows of {x.shape[1]}")
+        if positions.dtype != torch.int64 or not positions.is_contiguous():
+            raise TypeError("positions must be contiguous int64")
+        rows = x.shape[0]
+        self._rope(
+            x.data_ptr(),
+            rows,
+            x.stride(0),
+            heads,
+            head_dim,
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+        )
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        """SwiGLU's activation: silu(gate) · up, gate and up the halves of each row."""
+        _check(gate_up)
+        rows, width = gate_up.shape
+        out = gate_up.new_empty(rows, width // 2)
+        self._silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+        return out
 
     def paged_decode_attention(
         self,

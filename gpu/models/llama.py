@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
@@ -39,6 +40,19 @@ class LlamaAttention(nn.Module):
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+        return self.attend(q, k, v, kv, meta)
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [tokens, q_size] or [tokens, heads, head_dim], rotated
+        k: torch.Tensor,  # [tokens, kv_size] or [tokens, kv_heads, head_dim], rotated
+        v: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [tokens, hidden]
+        c = self.config
+        q = q.view(-1, c.num_heads, c.head_dim)
+        k = k.view(-1, c.num_kv_heads, c.head_dim)
         v = v.view(-1, c.num_kv_heads, c.head_dim)
         out = paged_attention(q, k, v, kv, meta, self.scale)
         hidden: torch.Tensor = self.o_proj(out.flatten(1))  # [tokens, hidden]
@@ -93,6 +107,10 @@ class LlamaForCausalLM(nn.Module):
         logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        if meta.kernels is not None and x.dtype == torch.float32:
+            x = self._layers_fused(x, positions, kv, meta, meta.kernels)
+            logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows]))
+            return logits.float()
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
         for index, layer in enumerate(self.typed_layers()):
@@ -100,8 +118,40 @@ class LlamaForCausalLM(nn.Module):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, layer_kv, meta)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x[logits_rows])  # [rows, hidden]
-        logits: torch.Tensor = self.lm_head(x)
+        logits = self.lm_head(x)
         return logits.float()
+
+    def _layers_fused(
+        self,
+        x: torch.Tensor,  # [tokens, hidden] the embeddings; becomes the residual stream
+        positions: torch.Tensor,  # [tokens] int64
+        kv: KVPool,
+        meta: AttentionMetadata,
+        kernels: CpuKernels,
+    ) -> torch.Tensor:  # [tokens, hidden] the last layer's residual stream
+        """The layers with the native kernels' fused elementwise ops: each residual add and
+        the norm after it in one pass, rotary embedding in place on the fused qkv rows, and
+        SwiGLU's activation in one op. Same arithmetic as the unfused path, far fewer ops."""
+        c = self.config
+        layers = self.typed_layers()
+        residual = x
+        normed = kernels.rms_norm(x, layers[0].input_layernorm.weight, c.norm_eps)
+        for index, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = attn.qkv_proj(normed)  # [tokens, q_size + 2 * kv_size]
+            rotated = c.num_heads + c.num_kv_heads  # q's heads, then k's
+            kernels.rope_(qkv, rotated, c.head_dim, positions, self.rope_cos, self.rope_sin)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            hidden = attn.attend(q, k, v, kv.layer(index), meta)
+            post = layer.post_attention_layernorm.weight
+            normed = kernels.rms_norm(hidden, post, c.norm_eps, residual=residual)
+            hidden = mlp.down_proj(kernels.silu_mul(mlp.gate_up_proj(normed)))
+            if index + 1 < len(layers):
+                following = layers[index + 1].input_layernorm.weight
+                normed = kernels.rms_norm(hidden, following, c.norm_eps, residual=residual)
+            else:
+                residual += hidden
+        return residual
 
     def typed_layers(self) -> list[LlamaLayer]:
         return [layer for layer in self.layers if isinstance(layer, LlamaLayer)]

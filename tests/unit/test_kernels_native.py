@@ -125,3 +125,49 @@ def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert cpu_kernels() is None
     finally:
         cpu_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_rms_norm_with_and_without_the_residual_add(kernels: CpuKernels, rows: int) -> None:
+    from gpu.models.layers import RMSNorm
+
+    torch.manual_seed(rows)
+    norm = RMSNorm(72, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x, residual = torch.randn(rows, 72), torch.randn(rows, 72)
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.rms_norm(x, norm.weight, 1e-5), norm(x))
+        expected_sum = residual + x
+        fused = kernels.rms_norm(x, norm.weight, 1e-5, residual=residual)
+    torch.testing.assert_close(residual, expected_sum)  # the add happened in place
+    torch.testing.assert_close(fused, norm(expected_sum))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 33])
+def test_rope_in_place_on_fused_rows_equals_apply_rope(kernels: CpuKernels, rows: int) -> None:
+    from gpu.models.layers import apply_rope
+
+    heads, kv_heads, head_dim, positions_max = 4, 2, 16, 50
+    torch.manual_seed(rows)
+    cos, sin = torch.randn(positions_max, head_dim), torch.randn(positions_max, head_dim)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)
+    positions = torch.randint(0, positions_max, (rows,))
+    q = qkv[:, : heads * head_dim].reshape(rows, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    expected_q, expected_k = apply_rope(q, c, s), apply_rope(k, c, s)
+    kernels.rope_(qkv, heads + kv_heads, head_dim, positions, cos, sin)
+    torch.testing.assert_close(qkv[:, : heads * head_dim].view(rows, heads, head_dim), expected_q)
+    rotated_k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim]
+    torch.testing.assert_close(rotated_k.reshape(rows, kv_heads, head_dim), expected_k)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v)  # v untouched
+
+
+def test_silu_mul_equals_swiglu(kernels: CpuKernels) -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(17, 2 * 40) * 6  # far into both tails of silu
+    gate_up[0, 0], gate_up[0, 1] = -200.0, 200.0
+    gate, up = gate_up.split(40, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up)
