@@ -92,6 +92,105 @@ static inline void axpy(float *acc, float p, const float *x, int64_t n) {
     for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
 }
 
+#if VEC == 16
+/* exp_clamped on 16 lanes: the same steps, in AVX-512. */
+static inline vec vexp(vec x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, vset1(-87.f)), vset1(88.f));
+    vec n = _mm512_roundscale_ps(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)),
+                                 _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vset1(1.9875691500e-4f);
+    p = vfma(p, r, vset1(1.3981999507e-3f));
+    p = vfma(p, r, vset1(8.3334519073e-3f));
+    p = vfma(p, r, vset1(4.1665795894e-2f));
+    p = vfma(p, r, vset1(1.6666665459e-1f));
+    p = vfma(p, r, vset1(5.0000001201e-1f));
+    p = vfma(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, vset1(1.f)));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* One KV head of one sequence for head_dim 64 and G ≤ 4 query heads: the G query rows and
+ * the G output rows stay in registers (4 vectors each) while the context streams by, the
+ * next block's lines of this head prefetched. Same sums as the generic loops below. */
+static inline __attribute__((always_inline)) void attend_head64(
+    const float *qh, const float *k, const float *v, const int64_t *table, int64_t ctx,
+    int64_t block_size, int64_t block_floats, int64_t token_stride, float scale, float *scores,
+    float *oh, const int G) {
+    vec qr[4][4], acc[4][4];
+    for (int g = 0; g < G; ++g)
+        for (int c = 0; c < 4; ++c) {
+            qr[g][c] = vload(qh + g * 64 + c * 16);
+            acc[g][c] = vzero();
+        }
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+        const float *kb = k + table[t0 / block_size] * block_floats;
+        int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        if (t0 + block_size < ctx) {
+            const char *next = (const char *)(k + table[t0 / block_size + 1] * block_floats);
+            for (int64_t j = 0; j < block_size; ++j)
+                for (int c = 0; c < 4; ++c) __builtin_prefetch(next + j * token_stride * 4 + c * 64);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            const float *kt = kb + j * token_stride;
+            vec k0 = vload(kt), k1 = vload(kt + 16), k2 = vload(kt + 32), k3 = vload(kt + 48);
+            for (int g = 0; g < G; ++g) {
+                vec a = _mm512_mul_ps(qr[g][0], k0);
+                vec b = _mm512_mul_ps(qr[g][1], k1);
+                a = vfma(qr[g][2], k2, a);
+                b = vfma(qr[g][3], k3, b);
+                scores[g * ctx + t0 + j] = vsum(_mm512_add_ps(a, b)) * scale;
+            }
+        }
+    }
+    float inv[4];
+    for (int g = 0; g < G; ++g) {
+        float *sg = scores + g * ctx;
+        int64_t whole = ctx / 16 * 16, t = 0;
+        vec tops = vset1(-INFINITY);
+        for (; t < whole; t += 16) tops = _mm512_max_ps(tops, vload(sg + t));
+        float top = _mm512_reduce_max_ps(tops);
+        for (; t < ctx; ++t) top = sg[t] > top ? sg[t] : top;
+        vec top_v = vset1(top), totals = vzero();
+        for (t = 0; t < whole; t += 16) {
+            vec e = vexp(_mm512_sub_ps(vload(sg + t), top_v));
+            vstore(sg + t, e);
+            totals = _mm512_add_ps(totals, e);
+        }
+        float total = _mm512_reduce_add_ps(totals);
+        for (; t < ctx; ++t) {
+            sg[t] = exp_clamped(sg[t] - top);
+            total += sg[t];
+        }
+        inv[g] = 1.f / total;
+    }
+    for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
+        const float *vb = v + table[t0 / block_size] * block_floats;
+        int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        if (t0 + block_size < ctx) {
+            const char *next = (const char *)(v + table[t0 / block_size + 1] * block_floats);
+            for (int64_t j = 0; j < block_size; ++j)
+                for (int c = 0; c < 4; ++c) __builtin_prefetch(next + j * token_stride * 4 + c * 64);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            const float *vt = vb + j * token_stride;
+            vec v0 = vload(vt), v1 = vload(vt + 16), v2 = vload(vt + 32), v3 = vload(vt + 48);
+            for (int g = 0; g < G; ++g) {
+                vec p = vset1(scores[g * ctx + t0 + j]);
+                acc[g][0] = vfma(p, v0, acc[g][0]);
+                acc[g][1] = vfma(p, v1, acc[g][1]);
+                acc[g][2] = vfma(p, v2, acc[g][2]);
+                acc[g][3] = vfma(p, v3, acc[g][3]);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g)
+        for (int c = 0; c < 4; ++c)
+            vstore(oh + g * 64 + c * 16, _mm512_mul_ps(acc[g][c], vset1(inv[g])));
+}
+#endif
+
 /* Decode attention straight from the paged KV pool: no copy of any context.
  *
  * q, out:  [seqs, kv_heads * group, head_dim]; query head h * group + g reads KV head h.
@@ -121,6 +220,27 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
         const float *qs = q + (s * heads + h0 * group) * head_dim;
         float *os = out + (s * heads + h0 * group) * head_dim;
         float *scores = malloc(sizeof(float) * (size_t)(rows * ctx > 0 ? rows * ctx : 1));
+#if VEC == 16
+        if (head_dim == 64 && group <= 4 && ctx > 0) {
+            for (int64_t h = h0; h < h1; ++h) {
+                const float *qh = qs + (h - h0) * group * 64;
+                float *oh = os + (h - h0) * group * 64;
+                const float *kh = k + h * 64, *vh = v + h * 64;
+#define ATTEND(G)                                                                             \
+    attend_head64(qh, kh, vh, table, ctx, block_size, block_floats, token_stride, scale, scores, \
+                  oh, G)
+                switch (group) {
+                case 1: ATTEND(1); break;
+                case 2: ATTEND(2); break;
+                case 3: ATTEND(3); break;
+                default: ATTEND(4); break;
+                }
+#undef ATTEND
+            }
+            free(scores);
+            continue;
+        }
+#endif
         /* scores[r, t] = scale · q_r · k_t, r = (h - h0) * group + g */
         for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
             const float *kb = k + table[t0 / block_size] * block_floats;
@@ -227,7 +347,14 @@ void tm_silu_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *g = gate_up + r * 2 * size, *u = g + size;
         float *o = out + r * size;
-#pragma omp simd
-        for (int64_t i = 0; i < size; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+        int64_t i = 0;
+#if VEC == 16
+        for (; i + 16 <= size; i += 16) {
+            vec gv = vload(g + i);
+            vec e = vexp(_mm512_sub_ps(vzero(), gv));
+            vstore(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
+        }
+#endif
+        for (; i < size; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
     }
 }
