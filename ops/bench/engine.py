@@ -41,7 +41,7 @@ from ops.bench.step_time import BATCH1_NEW_TOKENS, BATCH1_PROMPT_TOKENS, batch1,
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
 
 TARGET_VS_SEQUENTIAL = 15.0
-TARGET_VS_STATIC = 2.0
+TARGET_VS_STATIC = 2.5  # issue 15: static batches of transformers
 TARGET_STEADY_DECODE_FRACTION = 0.5
 NO_TRANSFORMERS = "transformers is not installed (a dev dependency: `uv sync --group dev`)"
 
