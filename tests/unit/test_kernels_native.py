@@ -171,3 +171,34 @@ def test_silu_mul_equals_swiglu(kernels: CpuKernels) -> None:
     gate_up[0, 0], gate_up[0, 1] = -200.0, 200.0
     gate, up = gate_up.split(40, dim=-1)
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up)
+
+
+def test_varied_batches_and_lengths_build_one_binary(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is compiled per shape: a run of many batch sizes and lengths uses one build."""
+    from gpu.engine import Engine, EngineRequest
+    from gpu.engine_config import EngineConfig
+    from gpu.loading.loader import load_model
+    from gpu.offline import run_all
+    from gpu.sequence import SamplingParams
+
+    if find_compiler() is None:
+        pytest.skip("no C compiler on this host")
+    monkeypatch.setenv("TOKENMILL_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.cache_clear()
+    try:
+        engine = Engine(load_model(tiny_checkpoints["llama"], device="cpu"), EngineConfig())
+        assert engine.attention_kernel == "native-paged"
+        g = torch.Generator().manual_seed(0)
+        for wave, count in enumerate((1, 3, 8, 17)):
+            lengths = torch.randint(1, 120, (count,), generator=g).tolist()
+            requests = [
+                EngineRequest(f"{wave}-{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=5))
+                for i, n in enumerate(lengths)
+            ]
+            run = run_all(engine, requests)
+            assert len(run.completions) == count
+        assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
+    finally:
+        cpu_kernels.cache_clear()
