@@ -194,7 +194,9 @@ def test_varied_batches_and_lengths_build_one_binary(
         for wave, count in enumerate((1, 3, 8, 17)):
             lengths = torch.randint(1, 120, (count,), generator=g).tolist()
             requests = [
-                EngineRequest(f"{wave}-{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=5))
+                EngineRequest(
+                    f"{wave}-{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=5)
+                )
                 for i, n in enumerate(lengths)
             ]
             run = run_all(engine, requests)
