@@ -124,7 +124,8 @@ def _kv_budget_from_device(
     return kv_budget_bytes(
         model.config,
         dtype=dtype,
-        device_budget_bytes=int(ram * config.host_memory_fraction),
+        # the plan counts the parameters once; packed linear weights are held a second time
+        device_budget_bytes=int(ram * config.host_memory_fraction) - model.packed_bytes,
         max_batched_tokens=config.max_num_batched_tokens,
         max_batch=config.max_num_seqs,
         max_context_len=max_model_len,

@@ -218,7 +218,8 @@ class Swapper:
         max_len = active.config.resolved_max_model_len(config)
         dtype = getattr(active.model, "dtype", None)
         device = getattr(active.model, "device", None)
-        new = planned_engine_bytes(config, active.config, dtype, max_len) if dtype else 0
+        packed = getattr(active.model, "packed_bytes", 0) > 0  # the new one will be too
+        new = planned_engine_bytes(config, active.config, dtype, max_len, packed) if dtype else 0
         return plan_swap(
             active_bytes=engine_bytes(active),
             standby_bytes=0,

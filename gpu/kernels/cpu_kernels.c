@@ -358,3 +358,193 @@ void tm_silu_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
         for (; i < size; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
     }
 }
+
+/* ---- One token through a whole Llama-family model, in one parallel region -------------------
+ *
+ * A batch-1 decode step is nothing but streaming every weight once; PyTorch spends it in a
+ * few hundred separate ops, each its own fork and join of the thread pool, with Python in
+ * between. Here every thread stays in one region for the whole step and takes its share of
+ * each product's rows; a barrier separates the phases that depend on each other. Weights are
+ * the plain [out, in] matrices. The arithmetic is the layers' own (RMSNorm, rotary in the
+ * rotate-half layout, grouped-query attention over the paged pool, SwiGLU), in float32.
+ */
+
+/* x[t] = e^(x[t] - top) for t < n; returns their sum */
+static inline float exp_shifted_sum(float *x, int64_t n, float top) {
+    int64_t t = 0;
+    float total = 0.f;
+#if VEC == 16
+    vec top_v = vset1(top), totals = vzero();
+    for (; t + 16 <= n; t += 16) {
+        vec e = vexp(_mm512_sub_ps(vload(x + t), top_v));
+        vstore(x + t, e);
+        totals = _mm512_add_ps(totals, e);
+    }
+    total = _mm512_reduce_add_ps(totals);
+#endif
+    for (; t < n; ++t) {
+        x[t] = exp_clamped(x[t] - top);
+        total += x[t];
+    }
+    return total;
+}
+
+/* g[i] = silu(g[i]) · u[i] for i < n */
+static inline void silu_mul_inplace(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+#if VEC == 16
+    for (; i + 16 <= n; i += 16) {
+        vec gv = vload(g + i);
+        vec e = vexp(_mm512_sub_ps(vzero(), gv));
+        vstore(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
+    }
+#endif
+    for (; i < n; ++i) g[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+}
+
+/* Rows [begin, end) of the thread's share of `rows` (in blocks of 4). */
+static inline void share(int64_t rows, int64_t *begin, int64_t *end) {
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int64_t blocks = (rows + 3) / 4, per = (blocks + n - 1) / n;
+    *begin = t * per * 4 < rows ? t * per * 4 : rows;
+    *end = (t + 1) * per * 4 < rows ? (t + 1) * per * 4 : rows;
+}
+
+/* y[o] = w[o] · x (+ bias[o]) for o in [begin, end) */
+static inline void gemv_share(const float *w, const float *bias, const float *x, int64_t in,
+                              int64_t begin, int64_t end, float *y) {
+    int64_t o = begin;
+#ifdef VEC
+    if (in % VEC == 0)
+        for (; o + 4 <= end; o += 4) {
+            const float *w0 = w + o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+            vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            for (int64_t i = 0; i < in; i += VEC) {
+                vec xv = vload(x + i);
+                a0 = vfma(vload(w0 + i), xv, a0);
+                a1 = vfma(vload(w1 + i), xv, a1);
+                a2 = vfma(vload(w2 + i), xv, a2);
+                a3 = vfma(vload(w3 + i), xv, a3);
+            }
+            y[o] = vsum(a0);
+            y[o + 1] = vsum(a1);
+            y[o + 2] = vsum(a2);
+            y[o + 3] = vsum(a3);
+        }
+#endif
+    for (; o < end; ++o) y[o] = dot(w + o * in, x, in);
+    if (bias)
+        for (o = begin; o < end; ++o) y[o] += bias[o];
+}
+
+static inline void rms_norm_row(const float *x, const float *weight, float eps, int64_t n,
+                                float *out) {
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += x[i] * x[i];
+    float inv = 1.f / sqrtf(squares / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+static inline void rope_row(float *x, int64_t heads, int64_t head_dim, const float *c,
+                            const float *s) {
+    int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        float *a = x + h * head_dim, *b = a + half;
+        for (int64_t i = 0; i < half; ++i) {
+            float lo = a[i], hi = b[i];
+            a[i] = lo * c[i] + (-hi) * s[i];
+            b[i] = hi * c[half + i] + lo * s[half + i];
+        }
+    }
+}
+
+/* Per layer, `layer_weights` holds 8 pointers: input norm, qkv [q + 2 kv, hidden], qkv bias
+ * (or NULL), o [hidden, q], o bias (or NULL), post-attention norm, gate_up [2 inter,
+ * hidden], down [hidden, inter]; `k_layers`/`v_layers` each layer's pool [blocks, block_size,
+ * kv_heads, head_dim]. `residual` holds the token's embedding and ends as the last layer's
+ * residual stream; `work` has room for hidden + (heads + 2 kv_heads) · head_dim + heads ·
+ * head_dim + hidden + 2 inter + heads · ctx floats. The new token's K and V go to `slot`;
+ * attention reads positions 0 .. ctx - 1 through `table`. */
+void tm_llama_decode_one(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t inter, int64_t vocab,
+                         const float *const *layer_weights, const float *final_norm,
+                         const float *lm_head, float eps, float scale, const float *cos_row,
+                         const float *sin_row, float *const *k_layers, float *const *v_layers,
+                         const int64_t *table, int64_t block_size, int64_t ctx, int64_t slot,
+                         float *residual, float *work, float *logits) {
+    int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, group = heads / kv_heads;
+    int64_t token_stride = kv_heads * head_dim;
+    float *normed = work, *qkv = normed + hidden, *attn = qkv + q_size + 2 * kv_size;
+    float *h = attn + q_size, *gate_up = h + hidden, *scores = gate_up + 2 * inter;
+#pragma omp parallel
+    {
+        int64_t b, e;
+#pragma omp single
+        rms_norm_row(residual, layer_weights[0], eps, hidden, normed);
+        for (int64_t l = 0; l < layers; ++l) {
+            const float *const *lw = layer_weights + 8 * l;
+            share(q_size + 2 * kv_size, &b, &e);
+            gemv_share(lw[1], lw[2], normed, hidden, b, e, qkv);
+#pragma omp barrier
+#pragma omp single
+            {
+                rope_row(qkv, heads + kv_heads, head_dim, cos_row, sin_row);
+                float *kslot = k_layers[l] + slot * token_stride;
+                float *vslot = v_layers[l] + slot * token_stride;
+                for (int64_t i = 0; i < kv_size; ++i) {
+                    kslot[i] = qkv[q_size + i];
+                    vslot[i] = qkv[q_size + kv_size + i];
+                }
+            }
+            /* attention: query heads shared among the threads */
+#pragma omp for schedule(static)
+            for (int64_t qh = 0; qh < heads; ++qh) {
+                int64_t kvh = qh / group;
+                const float *qv = qkv + qh * head_dim;
+                float *sc = scores + qh * ctx, top = -INFINITY, total = 0.f;
+                const float *kl = k_layers[l] + kvh * head_dim, *vl = v_layers[l] + kvh * head_dim;
+                for (int64_t t = 0; t < ctx; ++t) {
+                    int64_t at = (table[t / block_size] * block_size + t % block_size) * token_stride;
+                    sc[t] = dot(qv, kl + at, head_dim) * scale;
+                    top = sc[t] > top ? sc[t] : top;
+                }
+                total = exp_shifted_sum(sc, ctx, top);
+                float inv = 1.f / total;
+                float *o = attn + qh * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.f;
+                for (int64_t t = 0; t < ctx; ++t) {
+                    int64_t at = (table[t / block_size] * block_size + t % block_size) * token_stride;
+                    axpy(o, sc[t] * inv, vl + at, head_dim);
+                }
+            } /* implicit barrier */
+            share(hidden, &b, &e);
+            gemv_share(lw[3], lw[4], attn, q_size, b, e, h);
+#pragma omp barrier
+#pragma omp single
+            {
+                for (int64_t i = 0; i < hidden; ++i) residual[i] += h[i];
+                rms_norm_row(residual, lw[5], eps, hidden, normed);
+            }
+            /* gate and up rows of the same features in one share: each thread then has both
+             * halves of its features and applies silu(gate) · up itself */
+            share(inter, &b, &e);
+            gemv_share(lw[6], NULL, normed, hidden, b, e, gate_up);
+            gemv_share(lw[6] + inter * hidden, NULL, normed, hidden, b, e, gate_up + inter);
+            silu_mul_inplace(gate_up + b, gate_up + inter + b, e - b);
+#pragma omp barrier
+            share(hidden, &b, &e);
+            gemv_share(lw[7], NULL, gate_up, inter, b, e, h);
+#pragma omp barrier
+#pragma omp single
+            {
+                for (int64_t i = 0; i < hidden; ++i) residual[i] += h[i];
+                const float *next = l + 1 < layers ? layer_weights[8 * (l + 1)] : final_norm;
+                rms_norm_row(residual, next, eps, hidden, normed);
+            }
+        }
+        share(vocab, &b, &e);
+        gemv_share(lm_head, NULL, normed, hidden, b, e, logits);
+    }
+}

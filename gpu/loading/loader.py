@@ -17,7 +17,7 @@ from gpu.loading.tokenizer import Tokenizer
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
-from gpu.models.packed_linear import pack_linears, packing_available
+from gpu.models.packed_linear import pack_linears, packed_bytes, packing_available
 
 
 @dataclass
@@ -33,6 +33,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     linear_kernel: str = "torch"  # "onednn-packed" when `pack_linears` packed the weights
+    packed_bytes: int = 0  # what the packed copies hold beyond the parameters
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -96,6 +97,7 @@ def load_model(
         dtype=dtype,
         device=device,
         linear_kernel="onednn-packed" if pack else "torch",
+        packed_bytes=packed_bytes(module),
     )
 
 

@@ -59,10 +59,15 @@ def _read_config(path: Path, _version: tuple[int, int] | None) -> ModelConfig:
 
 
 def planned_engine_bytes(
-    config: ModelConfig, engine: EngineConfig, dtype: torch.dtype, max_model_len: int
+    config: ModelConfig,
+    engine: EngineConfig,
+    dtype: torch.dtype,
+    max_model_len: int,
+    packed: bool = False,
 ) -> int:
     """What an engine for `config` would hold: weights, a full KV pool and its workspace,
-    and the activation reserve of one step."""
+    and the activation reserve of one step. `packed`: its linear weights will be held a
+    second time, packed for oneDNN (float32 on CPU; `gpu/models/packed_linear.py`)."""
     name = str(dtype).removeprefix("torch.")
     per_token = kv_bytes_per_token(config, name)
     blocks = engine.max_num_seqs * blocks_for(max_model_len, engine.block_size)
@@ -77,7 +82,11 @@ def planned_engine_bytes(
         max_batch=engine.max_num_seqs,
         max_context_len=max_model_len,
     )
-    return config.num_parameters() * dtype_bytes(name) + kv + workspace + reserve
+    weights = config.num_parameters() * dtype_bytes(name)
+    if packed:  # every linear: the parameters but the embedding table, unless it is the head
+        untied_table = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+        weights += (config.num_parameters() - untied_table) * dtype_bytes(name)
+    return weights + kv + workspace + reserve
 
 
 def free_bytes(device: torch.device) -> int:

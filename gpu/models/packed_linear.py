@@ -11,7 +11,8 @@ order), which the engine's parity tests against transformers cover.
 `pack_linears` swaps every `nn.Linear` of a loaded model for a `PackedLinear`, on float32 CPU
 models where PyTorch has oneDNN; elsewhere (GPUs, other dtypes, builds without oneDNN) the
 model keeps `nn.Linear` and nothing changes. A packed weight is opaque memory (no storage a
-tensor view could share), so a tied LM head holds its own copy beside the embedding table.
+tensor view could share) and the plain weight stays beside it for the one-token step, so on
+CPU the linear weights are held twice (measured worth it: see `llama_one_token`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """`y = x Wᵀ + b` with W held in oneDNN's reordered layout."""
+    """`y = x Wᵀ + b` with W held in oneDNN's reordered layout, and as it was.
+
+    The plain weight stays, the same parameter (so a tied LM head still shares the embedding
+    table): the native one-token step (`gpu/models/llama_one_token.py`) streams it.
+    """
 
     packed: torch.Tensor  # [out, in] in oneDNN's opaque blocked layout
 
@@ -40,11 +45,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        weight = linear.weight.detach()
+        self.weight = linear.weight  # [out, in]
         self.register_buffer(
-            "packed", torch.ops.mkldnn._reorder_linear_weight(weight, None), persistent=False
+            "packed",
+            torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
+            persistent=False,
         )
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach())
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
@@ -65,3 +72,12 @@ def pack_linears(module: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 count += 1
     return count
+
+
+def packed_bytes(module: nn.Module) -> int:
+    """Bytes the packed copies of `module`'s linear weights hold (0 when nothing is packed)."""
+    total = 0
+    for m in module.modules():
+        if isinstance(m, PackedLinear):
+            total += m.packed.numel() * m.packed.element_size()
+    return total

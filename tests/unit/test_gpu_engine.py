@@ -129,3 +129,14 @@ def test_logits_close_to_transformers(models, arch: str, kernel: str, attention:
         reference = hf(torch.tensor([prompt])).logits[0].float()  # [positions, vocab]
     ours = engine_logits(model, prompt, attention_config(attention))
     torch.testing.assert_close(ours, reference, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """Every decode step alone: on the Llama family that is the native one-token step."""
+    model, hf = models[arch, "onednn-packed"]
+    prompts = random_prompts(model.config.vocab_size, 4, seed=3)
+    alone = replace(attention_config("native-paged"), max_num_seqs=1)
+    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), alone)
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"

@@ -50,8 +50,8 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_rest() -> None:
     assert pack_linears(model) == 3
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert isinstance(model[1], nn.ReLU)
-    # The embedding keeps its dense table: only the head's product moved to a packed copy.
-    assert embedding.weight.layout == torch.strided
+    # The head still shares the embedding's table (the plain weight stays beside the packed).
+    assert model[3].weight is embedding.weight
     with torch.inference_mode():
         x = torch.randn(2, 8)
         torch.testing.assert_close(model[3](x), x @ embedding.weight.t(), atol=1e-5, rtol=1e-5)
@@ -71,7 +71,8 @@ def test_footprint_counts_packed_weights(tiny_checkpoints: dict[str, Path]) -> N
     for arch in ("llama", "gpt2"):
         packed = Engine(load_model(tiny_checkpoints[arch], device="cpu"), config)
         plain = Engine(load_model(tiny_checkpoints[arch], device="cpu", pack=False), config)
-        c = packed.model.config
-        # A tied LM head's packed copy is the only extra memory packing costs.
-        extra = c.vocab_size * c.hidden_size * 4 if c.tie_word_embeddings else 0
+        # Packing holds every linear weight a second time, in oneDNN's layout.
+        linears = [m for m in plain.model.module.modules() if isinstance(m, nn.Linear)]
+        extra = sum(m.weight.numel() * 4 for m in linears)
+        assert packed.model.packed_bytes == extra
         assert engine_bytes(packed) == engine_bytes(plain) + extra
