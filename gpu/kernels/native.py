@@ -56,11 +56,10 @@ class CpuKernels:
         self._silu_mul = lib.tm_silu_mul
         self._silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
         self._silu_mul.restype = None
-        self.llama_decode_one = lib.tm_llama_decode_one  # called by gpu/models/llama_one_token
-        self.llama_decode_one.argtypes = [_i64] * 7 + [_ptr, _ptr, _ptr]
-        self.llama_decode_one.argtypes += [ctypes.c_float] * 2 + [_ptr] * 5
-        self.llama_decode_one.argtypes += [_i64] * 3 + [_ptr] * 3
-        self.llama_decode_one.restype = None
+        self.llama_decode = lib.tm_llama_decode  # called by gpu/models/llama_decode_step.py
+        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, _ptr, _ptr, ctypes.c_float, ctypes.c_float]
+        self.llama_decode.argtypes += [_ptr] * 5 + [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
+        self.llama_decode.restype = None
 
     def rms_norm(
         self,

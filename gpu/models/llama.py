@@ -15,7 +15,7 @@ from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
-from gpu.models.llama_one_token import OneTokenDecode, one_token_step
+from gpu.models.llama_decode_step import DecodeStep, small_decode_step
 
 
 class LlamaAttention(nn.Module):
@@ -95,7 +95,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.one_token: OneTokenDecode | None = None  # the batch-1 native step, built on use
+        self.decode_step: DecodeStep | None = None  # the small native decode step, built on use
         cos, sin = rope_tables(config, max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -110,10 +110,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
         if meta.kernels is not None and x.dtype == torch.float32:
-            if one_token_step(meta, x.shape[0]):
-                if self.one_token is None or self.one_token.kernels is not meta.kernels:
-                    self.one_token = OneTokenDecode(self, meta.kernels)
-                return self.one_token(x, positions, kv, meta)
+            if small_decode_step(meta, x.shape[0]):
+                if self.decode_step is None or self.decode_step.kernels is not meta.kernels:
+                    self.decode_step = DecodeStep(self, meta.kernels)
+                return self.decode_step(x, positions, kv, meta)[logits_rows]
             x = self._layers_fused(x, positions, kv, meta, meta.kernels)
             logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows]))
             return logits.float()

@@ -12,7 +12,7 @@ order), which the engine's parity tests against transformers cover.
 models where PyTorch has oneDNN; elsewhere (GPUs, other dtypes, builds without oneDNN) the
 model keeps `nn.Linear` and nothing changes. A packed weight is opaque memory (no storage a
 tensor view could share) and the plain weight stays beside it for the one-token step, so on
-CPU the linear weights are held twice (measured worth it: see `llama_one_token`).
+CPU the linear weights are held twice (measured worth it: see `llama_decode_step`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class PackedLinear(nn.Module):
     """`y = x Wᵀ + b` with W held in oneDNN's reordered layout, and as it was.
 
     The plain weight stays, the same parameter (so a tied LM head still shares the embedding
-    table): the native one-token step (`gpu/models/llama_one_token.py`) streams it.
+    table): the native decode step (`gpu/models/llama_decode_step.py`) streams it.
     """
 
     packed: torch.Tensor  # [out, in] in oneDNN's opaque blocked layout
