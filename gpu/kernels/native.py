@@ -177,8 +177,11 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "tokenmill" / "kernels"
 
 
-def build(compiler: str | None, cache: Path) -> CpuKernels | None:
-    """Compile (or find compiled) `cpu_kernels.c` with `compiler` into `cache` and load it."""
+def build(
+    compiler: str | None, cache: Path, extra_flags: tuple[str, ...] = ()
+) -> CpuKernels | None:
+    """Compile (or find compiled) `cpu_kernels.c` with `compiler` into `cache` and load it.
+    `extra_flags` (tests: `-mno-avx512f` builds the AVX2 path) join the build and its name."""
     if compiler is None:
         log.warning(
             "no C compiler found (set CC, or install gcc): the native CPU kernels are off; "
@@ -186,9 +189,10 @@ def build(compiler: str | None, cache: Path) -> CpuKernels | None:
         )
         return None
     try:
-        target = cache / f"cpu_kernels-{_build_key(compiler, SOURCE.read_bytes())}.so"
+        key = _build_key(compiler, SOURCE.read_bytes(), extra_flags)
+        target = cache / f"cpu_kernels-{key}.so"
         if not target.exists():
-            _compile(compiler, target)
+            _compile(compiler, target, extra_flags)
     except (OSError, subprocess.SubprocessError) as exc:
         detail = (getattr(exc, "stderr", None) or str(exc)).strip()
         log.warning(
@@ -205,13 +209,13 @@ def build(compiler: str | None, cache: Path) -> CpuKernels | None:
         return None
 
 
-def _compile(compiler: str, target: Path) -> None:
+def _compile(compiler: str, target: Path, extra_flags: tuple[str, ...]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target, then rename: processes building at once never see half a file.
     fd, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        command = [compiler, *FLAGS, str(SOURCE), "-o", temporary, "-lm"]
+        command = [compiler, *FLAGS, *extra_flags, str(SOURCE), "-o", temporary, "-lm"]
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
         os.replace(temporary, target)
     finally:
@@ -219,12 +223,12 @@ def _compile(compiler: str, target: Path) -> None:
             os.unlink(temporary)
 
 
-def _build_key(compiler: str, source: bytes) -> str:
+def _build_key(compiler: str, source: bytes, extra_flags: tuple[str, ...]) -> str:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=60
     ).stdout.splitlines()[:1]
     digest = hashlib.sha256(source)
-    for part in (compiler, *version, *FLAGS, platform.machine(), _cpu_flags()):
+    for part in (compiler, *version, *FLAGS, *extra_flags, platform.machine(), _cpu_flags()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 

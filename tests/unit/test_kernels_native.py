@@ -4,6 +4,7 @@ build's fallback (one warning, PyTorch's ops) where no compiler is found or the 
 from __future__ import annotations
 
 import logging
+import platform
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,25 @@ import torch.nn.functional as F
 from gpu.kernels import native
 from gpu.kernels.native import CpuKernels, build, cpu_kernels, find_compiler
 
+# Builds of the same source for the vector paths a host may have: what -march=native finds
+# here, AVX2 only, and no vector intrinsics at all (the plain C loops).
+ISA_FLAGS = {
+    "native": (),
+    "avx2": ("-mno-avx512f",),
+    "plain": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+}
 
-@pytest.fixture(scope="module")
-def kernels() -> CpuKernels:
-    built = cpu_kernels()
-    if built is None:
+
+@pytest.fixture(scope="module", params=list(ISA_FLAGS))
+def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
+    compiler = find_compiler()
+    if compiler is None:
         pytest.skip("no C compiler on this host: the fallback is tested below")
+    if request.param != "native" and platform.machine() != "x86_64":
+        pytest.skip("the x86 vector paths")
+    cache = tmp_path_factory.mktemp(f"kernels-{request.param}")
+    built = build(compiler, cache, ISA_FLAGS[request.param])
+    assert built is not None
     return built
 
 
@@ -204,3 +218,29 @@ def test_varied_batches_and_lengths_build_one_binary(
         assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
     finally:
         cpu_kernels.cache_clear()
+
+
+def test_engine_tokens_on_every_vector_path_match_transformers(
+    kernels: CpuKernels, tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole engine on this build of the kernels: batched steps and one-sequence steps."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    import gpu.engine
+    from gpu.loading.loader import load_model
+    from gpu.sequence import SamplingParams
+    from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, hf_greedy, random_prompts
+
+    monkeypatch.setattr(gpu.engine, "cpu_kernels", lambda: kernels)
+    path = tiny_checkpoints["llama"]
+    model = load_model(path, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = random_prompts(model.config.vocab_size, 4, seed=4)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    for config in (CHUNKY, replace(CHUNKY, max_num_seqs=1)):
+        for prompt, tokens in zip(
+            prompts, engine_tokens(model, prompts, params, config), strict=True
+        ):
+            assert tokens == hf_greedy(hf, prompt, 12)
