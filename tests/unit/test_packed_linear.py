@@ -12,7 +12,7 @@ from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from gpu.memory.footprint import engine_bytes
-from gpu.models.packed_linear import PackedLinear, pack_linears, packing_available
+from gpu.models.packed_linear import PackedLinear, bucket_rows, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(
     not packing_available(torch.device("cpu"), torch.float32), reason="PyTorch without oneDNN"
@@ -76,3 +76,46 @@ def test_footprint_counts_packed_weights(tiny_checkpoints: dict[str, Path]) -> N
         extra = sum(m.weight.numel() * 4 for m in linears)
         assert packed.model.packed_bytes == extra
         assert engine_bytes(packed) == engine_bytes(plain) + extra
+
+
+def test_row_buckets_are_few_and_waste_little() -> None:
+    buckets = [bucket_rows(n) for n in range(1, 1025)]
+    assert all(b >= n for n, b in zip(range(1, 1025), buckets, strict=True))
+    assert buckets == sorted(buckets)
+    assert len(set(buckets)) == 37  # every step of a run up to the default token budget
+    assert all(b - n <= 7 for n, b in zip(range(1, 129), buckets, strict=False))
+    assert all(b - n <= 63 for n, b in zip(range(1, 1025), buckets, strict=True))
+    assert bucket_rows(1025) == 1280
+
+
+def test_varied_steps_reach_onednn_in_few_shapes(
+    tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneDNN caches a primitive per input shape: a run of many batch sizes and lengths must
+    reach it in a bounded set of shapes, or its cache (and the worker's memory) grows."""
+    from gpu.engine import EngineRequest
+    from gpu.offline import run_all
+    from gpu.sequence import SamplingParams
+
+    shapes: set[tuple[int, ...]] = set()
+    product = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        shapes.add(tuple(x.shape))
+        return product(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    engine = Engine(load_model(tiny_checkpoints["llama"], device="cpu"), EngineConfig())
+    g = torch.Generator().manual_seed(1)
+    for wave in range(12):
+        count = int(torch.randint(1, 40, (1,), generator=g))
+        lengths = torch.randint(1, 200, (count,), generator=g).tolist()
+        requests = [
+            EngineRequest(f"{wave}-{i}", list(range(1, n + 1)), SamplingParams(max_new_tokens=4))
+            for i, n in enumerate(lengths)
+        ]
+        run_all(engine, requests)
+    rows = {shape[0] for shape in shapes}
+    assert len(rows) >= 5, "the spy saw the products"
+    assert rows <= {bucket_rows(n) for n in range(1, 1025)}
+    assert len(rows) <= 37
