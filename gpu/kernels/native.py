@@ -1,6 +1,7 @@
-"""tokenmill's native CPU kernels (`cpu_kernels.c`), built once per host with its C compiler.
+"""tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
-`cpu_kernels()` compiles the C file with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`;
+`cpu_kernels()` compiles `attention.c`, `elementwise.c` and `decode_step.c` (with `vector.h`)
+into one library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`;
 `-O3 -march=native -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else
 `~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and
 the CPU's feature flags, so a cache shared by different hosts never hands one another's
@@ -29,7 +30,8 @@ import torch
 
 log = logging.getLogger("tokenmill.kernels")
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FOLDER = Path(__file__).parent
+SOURCES = ("attention.c", "elementwise.c", "decode_step.c")  # with vector.h: one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ENABLE_VARIABLE = "TOKENMILL_NATIVE_KERNELS"
 
@@ -180,7 +182,7 @@ def cache_dir() -> Path:
 def build(
     compiler: str | None, cache: Path, extra_flags: tuple[str, ...] = ()
 ) -> CpuKernels | None:
-    """Compile (or find compiled) `cpu_kernels.c` with `compiler` into `cache` and load it.
+    """Compile (or find compiled) the kernels with `compiler` into `cache` and load them.
     `extra_flags` (tests: `-mno-avx512f` builds the AVX2 path) join the build and its name."""
     if compiler is None:
         log.warning(
@@ -189,7 +191,8 @@ def build(
         )
         return None
     try:
-        key = _build_key(compiler, SOURCE.read_bytes(), extra_flags)
+        source = b"".join((FOLDER / name).read_bytes() for name in (*SOURCES, "vector.h"))
+        key = _build_key(compiler, source, extra_flags)
         target = cache / f"cpu_kernels-{key}.so"
         if not target.exists():
             _compile(compiler, target, extra_flags)
@@ -215,7 +218,8 @@ def _compile(compiler: str, target: Path, extra_flags: tuple[str, ...]) -> None:
     fd, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        command = [compiler, *FLAGS, *extra_flags, str(SOURCE), "-o", temporary, "-lm"]
+        sources = [str(FOLDER / name) for name in SOURCES]
+        command = [compiler, *FLAGS, *extra_flags, *sources, "-o", temporary, "-lm"]
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
         os.replace(temporary, target)
     finally:

@@ -2,7 +2,7 @@
 
 A decode step of a few sequences is mostly streaming every weight once. Through PyTorch it
 is ~300 ops, each forking and joining the thread pool, with Python in between;
-`tm_llama_decode` (`gpu/kernels/cpu_kernels.c`) runs the whole step, every layer and the LM
+`tm_llama_decode` (`gpu/kernels/decode_step.c`) runs the whole step, every layer and the LM
 head, in one parallel region over the plain weights, each block of weight rows used for every
 token while it is in L1 (measured 2026-12-01 on SmolLM2-135M's 121 products at one token:
 7.2 ms in one region against 9.5 ms as separate oneDNN calls). The engine takes this path on

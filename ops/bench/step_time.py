@@ -46,6 +46,9 @@ def batch1(engine: Engine, options: BenchOptions) -> dict[str, Any]:
         "decode_tokens_per_s": round(len(bare) / decode_s, 2) if decode_s else None,
         "decode_step_ms": round(decode_s / len(bare) * 1e3, 3) if bare else None,
         "breakdown": clock.breakdown(),
+        # the decode steps ran as one native call (gpu/models/llama_decode_step.py), so their
+        # attention is inside "dense"
+        "one_native_call": getattr(engine.model.module, "decode_step", None) is not None,
     }
 
 

@@ -93,8 +93,9 @@ def summary(report: dict[str, Any]) -> str:
         f"  batch 1 ({one['prompt_tokens']}-token prompt, {one['new_tokens']} new): "
         f"{one['decode_tokens_per_s']} tok/s decode, {one['decode_step_ms']} ms a step"
     )
+    single = "batch-1 decode step" + (" (one native call)" if one.get("one_native_call") else "")
     for label, breakdown in (
-        ("batch-1 decode step", one["breakdown"]),
+        (single, one["breakdown"]),
         ("workload step", c["engine"].get("step_time")),
     ):
         if breakdown and breakdown.get("steps"):

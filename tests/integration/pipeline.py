@@ -280,9 +280,11 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is None:
             self.kill()
 
-    async def wait_for_log(self, needle: str, within_s: float = 120.0) -> None:
+    async def wait_for_log(self, needle: str | tuple[str, ...], within_s: float = 120.0) -> None:
+        """Until the log holds `needle` (or, given several, any one of them)."""
+        needles = (needle,) if isinstance(needle, str) else needle
         deadline = time.monotonic() + within_s
-        while needle not in self.log():
+        while not any(n in self.log() for n in needles):
             if self.process is not None and self.process.poll() is not None:
                 raise AssertionError(f"worker exited early:\n{self.log()[-3000:]}")
             if time.monotonic() > deadline:

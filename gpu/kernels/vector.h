@@ -1,0 +1,171 @@
+/* What tokenmill's CPU kernels share (the .c files beside it, built into one library by
+ * gpu/kernels/native.py with -O3 -march=native -fopenmp): the host's vector type (AVX-512,
+ * AVX2 or none), e^x in scalar and 16-lane forms, and the row operations the kernels are made
+ * of. OpenMP is the runtime PyTorch itself loaded (same soname, libgomp.so.1), so the kernels
+ * share its thread pool and its torch.set_num_threads setting. All arithmetic is float32; only
+ * the order of sums differs from PyTorch's. */
+#ifndef TOKENMILL_VECTOR_H
+#define TOKENMILL_VECTOR_H
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* e^x, one lane (vexp below: 16 lanes): x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6
+ * polynomial (Cephes' coefficients, ~1 ulp), 2^n put into the exponent bits. x is clamped to
+ * [-87, 88], where float32 neither overflows nor turns denormal. */
+static inline float exp_clamped(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* Vectors of VEC floats: AVX-512 or AVX2 intrinsics where the host has them. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VEC 16
+typedef __m512 vec;
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC 8
+typedef __m256 vec;
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+static inline float vsum(vec v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+/* dot(a, b) over n floats (n a multiple of VEC where vectors are used) */
+static inline float dot(const float *a, const float *b, int64_t n) {
+#ifdef VEC
+    if (n % VEC == 0) {
+        vec acc0 = vzero(), acc1 = vzero();
+        int64_t d = 0;
+        for (; d + 2 * VEC <= n; d += 2 * VEC) {
+            acc0 = vfma(vload(a + d), vload(b + d), acc0);
+            acc1 = vfma(vload(a + d + VEC), vload(b + d + VEC), acc1);
+        }
+        if (d < n) acc0 = vfma(vload(a + d), vload(b + d), acc0);
+        return vsum(acc0) + vsum(acc1);
+    }
+#endif
+    float total = 0.f;
+    for (int64_t d = 0; d < n; ++d) total += a[d] * b[d];
+    return total;
+}
+
+/* acc[0:n] += p · x[0:n] */
+static inline void axpy(float *acc, float p, const float *x, int64_t n) {
+#ifdef VEC
+    if (n % VEC == 0) {
+        vec pv = vset1(p);
+        for (int64_t d = 0; d < n; d += VEC) vstore(acc + d, vfma(pv, vload(x + d), vload(acc + d)));
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
+}
+
+#if VEC == 16
+/* exp_clamped on 16 lanes: the same steps, in AVX-512. */
+static inline vec vexp(vec x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, vset1(-87.f)), vset1(88.f));
+    vec n = _mm512_roundscale_ps(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)),
+                                 _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vset1(1.9875691500e-4f);
+    p = vfma(p, r, vset1(1.3981999507e-3f));
+    p = vfma(p, r, vset1(8.3334519073e-3f));
+    p = vfma(p, r, vset1(4.1665795894e-2f));
+    p = vfma(p, r, vset1(1.6666665459e-1f));
+    p = vfma(p, r, vset1(5.0000001201e-1f));
+    p = vfma(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, vset1(1.f)));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+#endif
+
+/* x[t] = e^(x[t] - top) for t < n; returns their sum */
+static inline float exp_shifted_sum(float *x, int64_t n, float top) {
+    int64_t t = 0;
+    float total = 0.f;
+#if VEC == 16
+    vec top_v = vset1(top), totals = vzero();
+    for (; t + 16 <= n; t += 16) {
+        vec e = vexp(_mm512_sub_ps(vload(x + t), top_v));
+        vstore(x + t, e);
+        totals = _mm512_add_ps(totals, e);
+    }
+    total = _mm512_reduce_add_ps(totals);
+#endif
+    for (; t < n; ++t) {
+        x[t] = exp_clamped(x[t] - top);
+        total += x[t];
+    }
+    return total;
+}
+
+/* g[i] = silu(g[i]) · u[i] for i < n */
+static inline void silu_mul_inplace(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+#if VEC == 16
+    for (; i + 16 <= n; i += 16) {
+        vec gv = vload(g + i);
+        vec e = vexp(_mm512_sub_ps(vzero(), gv));
+        vstore(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
+    }
+#endif
+    for (; i < n; ++i) g[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+}
+
+static inline void rms_norm_row(const float *x, const float *weight, float eps, int64_t n,
+                                float *out) {
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += x[i] * x[i];
+    float inv = 1.f / sqrtf(squares / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+static inline void rope_row(float *x, int64_t heads, int64_t head_dim, const float *c,
+                            const float *s) {
+    int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        float *a = x + h * head_dim, *b = a + half;
+        for (int64_t i = 0; i < half; ++i) {
+            float lo = a[i], hi = b[i];
+            a[i] = lo * c[i] + (-hi) * s[i];
+            b[i] = hi * c[half + i] + lo * s[half + i];
+        }
+    }
+}
+
+#endif
