@@ -18,11 +18,8 @@ static inline __attribute__((always_inline)) void attend_head64(
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
         const float *kb = k + table[t0 / block_size] * block_floats;
         int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        if (t0 + block_size < ctx) {
-            const char *next = (const char *)(k + table[t0 / block_size + 1] * block_floats);
-            for (int64_t j = 0; j < block_size; ++j)
-                for (int c = 0; c < 4; ++c) __builtin_prefetch(next + j * token_stride * 4 + c * 64);
-        }
+        if (t0 + block_size < ctx)
+            prefetch_head64(k + table[t0 / block_size + 1] * block_floats, block_size, token_stride);
         for (int64_t j = 0; j < n; ++j) {
             const float *kt = kb + j * token_stride;
             vec k0 = vload(kt), k1 = vload(kt + 16), k2 = vload(kt + 32), k3 = vload(kt + 48);
@@ -59,11 +56,8 @@ static inline __attribute__((always_inline)) void attend_head64(
     for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
         const float *vb = v + table[t0 / block_size] * block_floats;
         int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
-        if (t0 + block_size < ctx) {
-            const char *next = (const char *)(v + table[t0 / block_size + 1] * block_floats);
-            for (int64_t j = 0; j < block_size; ++j)
-                for (int c = 0; c < 4; ++c) __builtin_prefetch(next + j * token_stride * 4 + c * 64);
-        }
+        if (t0 + block_size < ctx)
+            prefetch_head64(v + table[t0 / block_size + 1] * block_floats, block_size, token_stride);
         for (int64_t j = 0; j < n; ++j) {
             const float *vt = vb + j * token_stride;
             vec v0 = vload(vt), v1 = vload(vt + 16), v2 = vload(vt + 32), v3 = vload(vt + 48);

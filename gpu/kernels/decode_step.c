@@ -139,7 +139,7 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
                 float *sc = scores + task * longest, top = -INFINITY;
                 const float *kl = k_layers[l] + kvh * head_dim, *vl = v_layers[l] + kvh * head_dim;
                 for (int64_t t = 0; t < ctx; ++t) {
-                    int64_t at = (table[t / block_size] * block_size + t % block_size) * token_stride;
+                    int64_t at = position_offset(table, t, block_size, token_stride);
                     sc[t] = dot(qv, kl + at, head_dim) * scale;
                     top = sc[t] > top ? sc[t] : top;
                 }
@@ -147,7 +147,7 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
                 float *o = attn + r * q_size + qh * head_dim;
                 for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.f;
                 for (int64_t t = 0; t < ctx; ++t) {
-                    int64_t at = (table[t / block_size] * block_size + t % block_size) * token_stride;
+                    int64_t at = position_offset(table, t, block_size, token_stride);
                     axpy(o, sc[t] * inv, vl + at, head_dim);
                 }
             } /* implicit barrier */
@@ -167,8 +167,8 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
             gemv_share(lw[6] + inter * hidden, NULL, normed, hidden, m, hidden, 2 * inter, b, e,
                        gate_up + inter);
             for (int64_t r = 0; r < m; ++r)
-                silu_mul_inplace(gate_up + r * 2 * inter + b, gate_up + r * 2 * inter + inter + b,
-                                 e - b);
+                silu_mul_row(gate_up + r * 2 * inter + b, gate_up + r * 2 * inter + inter + b, e - b,
+                             gate_up + r * 2 * inter + b);
 #pragma omp barrier
             /* down reads each row's activations: the first `inter` of its 2 · inter */
             share(hidden, &b, &e);

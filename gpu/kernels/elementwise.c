@@ -47,20 +47,9 @@ void tm_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t 
     }
 }
 
-/* out[r, i] = silu(gate_up[r, i]) · gate_up[r, size + i]: SwiGLU's gate, silu(g) = g / (1 + e^-g). */
+/* out[r, i] = silu(gate_up[r, i]) · gate_up[r, size + i]: SwiGLU's activation. */
 void tm_silu_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
 #pragma omp parallel for schedule(static) if (rows >= 16)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *g = gate_up + r * 2 * size, *u = g + size;
-        float *o = out + r * size;
-        int64_t i = 0;
-#if VEC == 16
-        for (; i + 16 <= size; i += 16) {
-            vec gv = vload(g + i);
-            vec e = vexp(_mm512_sub_ps(vzero(), gv));
-            vstore(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
-        }
-#endif
-        for (; i < size; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        silu_mul_row(gate_up + r * 2 * size, gate_up + r * 2 * size + size, size, out + r * size);
 }

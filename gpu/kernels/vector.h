@@ -132,17 +132,34 @@ static inline float exp_shifted_sum(float *x, int64_t n, float top) {
     return total;
 }
 
-/* g[i] = silu(g[i]) · u[i] for i < n */
-static inline void silu_mul_inplace(float *g, const float *u, int64_t n) {
+/* out[i] = silu(g[i]) · u[i] for i < n (out may be g): SwiGLU's activation, silu(g) =
+ * g / (1 + e^-g) */
+static inline void silu_mul_row(const float *g, const float *u, int64_t n, float *out) {
     int64_t i = 0;
 #if VEC == 16
     for (; i + 16 <= n; i += 16) {
         vec gv = vload(g + i);
         vec e = vexp(_mm512_sub_ps(vzero(), gv));
-        vstore(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
+        vstore(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
     }
 #endif
-    for (; i < n; ++i) g[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+    for (; i < n; ++i) out[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+}
+
+#if VEC == 16
+/* Prefetch one KV head's rows of a block: 64 floats (4 lines) at each of its positions. */
+static inline void prefetch_head64(const float *block_head, int64_t block_size,
+                                   int64_t token_stride) {
+    const char *bytes = (const char *)block_head;
+    for (int64_t j = 0; j < block_size; ++j)
+        for (int c = 0; c < 4; ++c) __builtin_prefetch(bytes + j * token_stride * 4 + c * 64);
+}
+#endif
+
+/* Where position t of a sequence lies in one layer's pool, in floats from its start. */
+static inline int64_t position_offset(const int64_t *table, int64_t t, int64_t block_size,
+                                      int64_t token_stride) {
+    return (table[t / block_size] * block_size + t % block_size) * token_stride;
 }
 
 static inline void rms_norm_row(const float *x, const float *weight, float eps, int64_t n,
