@@ -129,10 +129,8 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
         /* scores[r, t] = scale · q_r · k_t, r = (h - h0) * group + g */
         for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
             const float *kb = k + table[t0 / block_size] * block_floats;
-            if (t0 + block_size < ctx) {
-                const char *next = (const char *)(k + table[t0 / block_size + 1] * block_floats);
-                for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
-            }
+            if (t0 + block_size < ctx)
+                prefetch_floats(k + table[t0 / block_size + 1] * block_floats, block_floats);
             int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
             for (int64_t j = 0; j < n; ++j)
                 for (int64_t h = h0; h < h1; ++h) {
@@ -148,13 +146,7 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
             float *sr = scores + r * ctx;
             float top = sr[0];
             for (int64_t t = 1; t < ctx; ++t) top = sr[t] > top ? sr[t] : top;
-            float total = 0.f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t t = 0; t < ctx; ++t) {
-                sr[t] = exp_clamped(sr[t] - top);
-                total += sr[t];
-            }
-            float inv = 1.f / total;
+            float inv = 1.f / exp_shifted_sum(sr, ctx, top);
 #pragma omp simd
             for (int64_t t = 0; t < ctx; ++t) sr[t] *= inv;
             for (int64_t d = 0; d < head_dim; ++d) os[r * head_dim + d] = 0.f;
@@ -162,10 +154,8 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
         /* out_r = sum_t p[r, t] v_t */
         for (int64_t t0 = 0; t0 < ctx; t0 += block_size) {
             const float *vb = v + table[t0 / block_size] * block_floats;
-            if (t0 + block_size < ctx) {
-                const char *next = (const char *)(v + table[t0 / block_size + 1] * block_floats);
-                for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
-            }
+            if (t0 + block_size < ctx)
+                prefetch_floats(v + table[t0 / block_size + 1] * block_floats, block_floats);
             int64_t n = ctx - t0 < block_size ? ctx - t0 : block_size;
             for (int64_t j = 0; j < n; ++j)
                 for (int64_t h = h0; h < h1; ++h) {

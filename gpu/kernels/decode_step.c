@@ -83,6 +83,16 @@ static inline void gemv_share(const float *w, const float *bias, const float *x,
             for (o = begin; o < end; ++o) y[r * out + o] += bias[o];
 }
 
+/* residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows */
+static inline void add_and_norm(float *residual, const float *h, int64_t m, int64_t hidden,
+                                const float *weight, float eps, float *normed) {
+    for (int64_t r = 0; r < m; ++r) {
+        float *res = residual + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) res[i] += h[r * hidden + i];
+        rms_norm_row(res, weight, eps, hidden, normed + r * hidden);
+    }
+}
+
 /* m decode tokens, one per sequence, through every layer and the LM head.
  *
  * Per layer, `layer_weights` holds 8 pointers: input norm, qkv [q + 2 kv, hidden], qkv bias
@@ -155,11 +165,7 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
             gemv_share(lw[3], lw[4], attn, q_size, m, q_size, hidden, b, e, h);
 #pragma omp barrier
 #pragma omp single
-            for (int64_t r = 0; r < m; ++r) {
-                float *res = residual + r * hidden;
-                for (int64_t i = 0; i < hidden; ++i) res[i] += h[r * hidden + i];
-                rms_norm_row(res, lw[5], eps, hidden, normed + r * hidden);
-            }
+            add_and_norm(residual, h, m, hidden, lw[5], eps, normed);
             /* gate and up rows of the same features in one share: each thread then has both
              * halves of its features and applies silu(gate) · up itself */
             share(inter, &b, &e);
@@ -175,14 +181,8 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
             gemv_share(lw[7], NULL, gate_up, 2 * inter, m, inter, hidden, b, e, h);
 #pragma omp barrier
 #pragma omp single
-            {
-                const float *next = l + 1 < layers ? layer_weights[8 * (l + 1)] : final_norm;
-                for (int64_t r = 0; r < m; ++r) {
-                    float *res = residual + r * hidden;
-                    for (int64_t i = 0; i < hidden; ++i) res[i] += h[r * hidden + i];
-                    rms_norm_row(res, next, eps, hidden, normed + r * hidden);
-                }
-            }
+            add_and_norm(residual, h, m, hidden,
+                         l + 1 < layers ? layer_weights[8 * (l + 1)] : final_norm, eps, normed);
         }
         share(vocab, &b, &e);
         gemv_share(lm_head, NULL, normed, hidden, m, hidden, vocab, b, e, logits);

@@ -156,6 +156,12 @@ static inline void prefetch_head64(const float *block_head, int64_t block_size,
 }
 #endif
 
+/* Prefetch `n` contiguous floats (a whole block of the pool). */
+static inline void prefetch_floats(const float *start, int64_t n) {
+    const char *bytes = (const char *)start;
+    for (int64_t b = 0; b < n * 4; b += 64) __builtin_prefetch(bytes + b);
+}
+
 /* Where position t of a sequence lies in one layer's pool, in floats from its start. */
 static inline int64_t position_offset(const int64_t *table, int64_t t, int64_t block_size,
                                       int64_t token_stride) {

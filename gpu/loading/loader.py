@@ -32,8 +32,12 @@ class LoadedModel:
     module: nn.Module
     dtype: torch.dtype
     device: torch.device
-    linear_kernel: str = "torch"  # "onednn-packed" when `pack_linears` packed the weights
     packed_bytes: int = 0  # what the packed copies hold beyond the parameters
+
+    @property
+    def linear_kernel(self) -> str:
+        """Which kernel the linears run on: onednn-packed when `pack_linears` packed them."""
+        return "onednn-packed" if self.packed_bytes else "torch"
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -85,7 +89,8 @@ def load_model(
     module = module.to(dtype=dtype).to_empty(device=device).eval()
     _tie_and_fill_buffers(module, ckpt.config, device)
     module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
-    pack = pack and packing_available(device, dtype) and pack_linears(module) > 0
+    if pack and packing_available(device, dtype):
+        pack_linears(module)
     default_name = path.stem if path.is_file() else path.name
     return LoadedModel(
         name=name or default_name,
@@ -96,7 +101,6 @@ def load_model(
         module=module,
         dtype=dtype,
         device=device,
-        linear_kernel="onednn-packed" if pack else "torch",
         packed_bytes=packed_bytes(module),
     )
 
