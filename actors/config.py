@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from actors.ingest.backpressure import Watermarks
 from actors.ingest.buckets import BucketConfig, default_boundaries
+from actors.kafka.connection import KafkaConnection
 
 DEFAULT_REQUESTS_TOPIC = "tokenmill.requests"
 DEFAULT_RESULTS_TOPIC = "tokenmill.results"
@@ -30,8 +31,15 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    bootstrap_servers: str = "127.0.0.1:9092"
+    kafka: KafkaConnection = field(default_factory=KafkaConnection)  # brokers, TLS, SASL
     group: str = "tokenmill"
+    # Static membership (KIP-345): a worker restarted under the same id within the session
+    # timeout gets its partitions back, and no other worker's assignment moves meanwhile.
+    group_instance_id: str | None = None
+    session_timeout_ms: int = 10_000
+    # How long a starting client waits for its broker before the worker gives up (exit 1);
+    # None: as long as it takes.
+    connect_timeout_s: float | None = None
     requests_topic: str = DEFAULT_REQUESTS_TOPIC
     results_topic: str = DEFAULT_RESULTS_TOPIC
     dlq_topic: str = DEFAULT_DLQ_TOPIC

@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from actors.broker_wait import started
 from actors.config import WorkerConfig
+from actors.kafka.broker_wait import started
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.lifecycle_spans import record_event_span
@@ -81,7 +81,7 @@ class ControlActor(Actor[Event]):
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.config.bootstrap_servers,
+            **self.config.kafka.producer_kwargs(),
             client_id=f"tokenmill-{self.config.worker_id}-events",
             acks="all",
             enable_idempotence=True,
@@ -89,7 +89,7 @@ class ControlActor(Actor[Event]):
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap_servers,
+            **self.config.kafka.client_kwargs(),
             group_id=f"{self.config.group}.control.{self.config.worker_id}",
             client_id=f"tokenmill-{self.config.worker_id}-control",
             # Never committed: every start reads from the end, so a restarted worker
@@ -104,11 +104,23 @@ class ControlActor(Actor[Event]):
         self.ready.clear()
         self._assigned.clear()
         async with contextlib.AsyncExitStack() as stack:
-            producer = await started(self._new_producer, name="events", stopping=self.stopping)
+            producer = await started(
+                self._new_producer,
+                name="events",
+                stopping=self.stopping,
+                connection=self.config.kafka,
+                give_up_after_s=self.config.connect_timeout_s,
+            )
             if producer is None:
                 return
             stack.push_async_callback(producer.stop)
-            consumer = await started(self._new_consumer, name="control", stopping=self.stopping)
+            consumer = await started(
+                self._new_consumer,
+                name="control",
+                stopping=self.stopping,
+                connection=self.config.kafka,
+                give_up_after_s=self.config.connect_timeout_s,
+            )
             if consumer is None:
                 return
             stack.push_async_callback(consumer.stop)

@@ -29,8 +29,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from actors.broker_wait import started
 from actors.config import WorkerConfig
+from actors.kafka.broker_wait import started
 from actors.mail import Delivered, Outcome
 from actors.results import undeliverable
 from actors.runtime import Actor, Address, Mailbox
@@ -131,7 +131,13 @@ class EmitterActor(Actor[Outcome]):
         backlog = list(self._unconfirmed.values())
         if backlog:
             log.warning("emitter_resending", outcomes=len(backlog))
-        producer = await started(self._new_producer, name="emitter", stopping=self.stopping)
+        producer = await started(
+            self._new_producer,
+            name="emitter",
+            stopping=self.stopping,
+            connection=self.config.kafka,
+            give_up_after_s=self.config.connect_timeout_s,
+        )
         if producer is None:
             return  # stopped before the broker came back: the backlog's offsets stay open
         self._unconfirmed.clear()
@@ -163,7 +169,7 @@ class EmitterActor(Actor[Outcome]):
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.config.bootstrap_servers,
+            **self.config.kafka.producer_kwargs(),
             client_id=f"tokenmill-{self.config.worker_id}",
             acks="all",
             enable_idempotence=True,

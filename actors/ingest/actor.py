@@ -19,7 +19,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from actors.broker_wait import started
 from actors.config import WorkerConfig
 from actors.ingest.backpressure import Backpressure, Decision
 from actors.ingest.buckets import Flushed, LengthBuckets
@@ -30,6 +29,7 @@ from actors.ingest.model_front import ModelFront
 from actors.ingest.offsets import OffsetTracker
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
+from actors.kafka.broker_wait import started
 from actors.mail import Admitted, Batch, Delivered, Outcome, RecordRef, UseModel
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
@@ -108,7 +108,13 @@ class IngestActor(Actor[Delivered | UseModel]):
 
     async def run(self) -> None:
         self.joined = False
-        consumer = await started(self._new_consumer, name="ingest", stopping=self.stopping)
+        consumer = await started(
+            self._new_consumer,
+            name="ingest",
+            stopping=self.stopping,
+            connection=self.config.kafka,
+            give_up_after_s=self.config.connect_timeout_s,
+        )
         if consumer is None:
             return  # drained before the broker answered
         log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group)
@@ -135,8 +141,10 @@ class IngestActor(Actor[Delivered | UseModel]):
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         self.consumer = consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap_servers,
+            **self.config.kafka.client_kwargs(),
             group_id=self.config.group,
+            group_instance_id=self.config.group_instance_id,
+            session_timeout_ms=self.config.session_timeout_ms,
             client_id=f"tokenmill-{self.config.worker_id}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",

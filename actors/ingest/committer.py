@@ -5,6 +5,9 @@
     await committer.commit(consumer, assigned, fetched_to)   progress, and what is in flight
     await committer.commit(consumer, revoked, fetched_to, release=True)   giving them up
 
+Only partitions the consumer owns at the time are committed: after a rebalance (or a pause
+that outlived the session) a lost partition's offsets are its new owner's to write.
+
 A commit is written when a partition's offset or its metadata changed. The metadata records
 what is in flight, so it is written before fetched records run (`fetched()`): a worker that
 dies while running them leaves that behind. To keep that off the consume loop's path, it
@@ -19,7 +22,7 @@ from collections.abc import Iterable, Mapping
 
 import structlog
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from actors.ingest.crash_guard import RELEASED, CrashGuard, parse
@@ -107,7 +110,11 @@ class Committer:
         there is neither yet) with the guard's metadata, or "released"."""
         async with self._lock:
             offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+            owned = consumer.assignment()
             for tp in partitions:
+                if tp not in owned:  # lost in a rebalance: its new owner commits it now
+                    log.info("commit_skipped_not_owned", topic=tp.topic, partition=tp.partition)
+                    continue
                 point = self.tracker.commit_point(tp)
                 written = self._written.get(tp)
                 offset = point if point is not None else written[0] if written else None
@@ -123,9 +130,19 @@ class Committer:
                 return
             try:
                 await consumer.commit({tp: (o.offset, o.metadata) for tp, o in offsets.items()})
+            except CommitFailedError as exc:
+                # Fenced: the group moved on without this member (a pause that outlived its
+                # session). Nothing was written; the partitions' new owners answer again
+                # what this worker had not committed (at most duplicates).
+                log.warning("commit_fenced", partitions=_names(offsets), error=repr(exc))
+                return
             except KafkaError as exc:  # a rebalance in progress: the next commit catches up
                 log.warning("commit_failed", error=repr(exc))
                 return
             for tp, o in offsets.items():
                 self._written[tp] = (o.offset, o.metadata)
             self.tracker.mark_committed({tp: o.offset for tp, o in offsets.items()})
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}/{tp.partition}" for tp in tps)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from actors.config import DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
-from ops.worker.settings import bootstrap_option
+from ops.connection.options import kafka_connection, kafka_options
 
 
 @click.group()
@@ -21,7 +21,7 @@ def batch() -> None:
 
 
 @batch.command()
-@bootstrap_option
+@kafka_options
 @click.argument("input_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "-o",
@@ -76,7 +76,7 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
     options = BatchOptions(
         input=input_file,
         output=output,
-        bootstrap=kwargs["bootstrap_servers"],
+        kafka=kafka_connection(kwargs),
         topic=kwargs["topic"],
         results_topic=kwargs["results_topic"],
         max_inflight=kwargs["max_inflight"],

@@ -1,6 +1,6 @@
 """`run_batch`: stream an OpenAI Batch input file through Kafka into an output file.
 
-    summary = asyncio.run(run_batch(BatchOptions(input, output, bootstrap), progress))
+    summary = asyncio.run(run_batch(BatchOptions(input, output, kafka), progress))
 
 One pass over the input, in bounded memory whatever its length: a line is read only when
 fewer than `max_inflight` requests are waiting for results; each result is appended to the
@@ -22,6 +22,7 @@ from pathlib import Path
 from aiokafka.errors import MessageSizeTooLargeError
 
 from actors.config import DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
+from actors.kafka.connection import KafkaConnection
 from messages.openai_batch import BatchOutputLine
 from ops.batch.output import OutputWriter, read_answered
 from ops.batch.plan import BatchPlan, InFlight
@@ -37,7 +38,7 @@ _SYNC_EVERY_S = 5.0  # fsync the output this often: a power loss, too, loses onl
 class BatchOptions:
     input: Path
     output: Path
-    bootstrap: str
+    kafka: KafkaConnection | str
     topic: str = DEFAULT_REQUESTS_TOPIC
     results_topic: str = DEFAULT_RESULTS_TOPIC
     max_inflight: int = 256  # requests sent and not yet answered
@@ -68,7 +69,7 @@ async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
             model=options.model,
             default_max_tokens=options.default_max_tokens,
         )
-        async with SubmitClient(options.bootstrap, options.topic, options.results_topic) as client:
+        async with SubmitClient(options.kafka, options.topic, options.results_topic) as client:
             await client.listen()
             progress.started(summary.total, answered.lines)
             try:

@@ -17,14 +17,14 @@ from typing import Any
 import click
 
 from actors.config import DEFAULT_CONTROL_TOPIC, DEFAULT_EVENTS_TOPIC
-from ops.worker.settings import bootstrap_option
+from ops.connection.options import kafka_connection, kafka_options
 
 _SETTLE_S = 2.0  # how long answers are collected without --wait, and at least with it
 
 
 def _control_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        bootstrap_option,
+        kafka_options,
         click.option("--control-topic", default=DEFAULT_CONTROL_TOPIC, show_default=True),
         click.option("--events-topic", default=DEFAULT_EVENTS_TOPIC, show_default=True),
         click.option(
@@ -195,7 +195,7 @@ def _send(
     try:
         return asyncio.run(
             send_command(
-                common["bootstrap_servers"],
+                kafka_connection(common),
                 command,
                 secret=secret,
                 control_topic=common["control_topic"],

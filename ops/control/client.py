@@ -16,12 +16,14 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from actors.config import DEFAULT_CONTROL_TOPIC, DEFAULT_EVENTS_TOPIC
+from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.control import Command
 from messages.errors import MessageError
 from messages.events import Event
 from messages.signing import sign_command
+from ops.connection.check import ensure_reachable
 from ops.errors import OpsError
 
 _event_codec: Codec[Event] = Codec(Event)  # type: ignore[arg-type]  # a union, not a class
@@ -34,7 +36,7 @@ class ControlError(OpsError):
 
 
 async def send_command(
-    bootstrap: str,
+    kafka: KafkaConnection | str,
     command: Command,
     *,
     secret: str,
@@ -49,14 +51,16 @@ async def send_command(
     `until`: for the whole `wait_s`). Raises `ControlError` when Kafka or a topic cannot be
     reached; an unanswered command is not an error here (the list is just empty).
     """
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    kafka = connection_of(kafka)
+    await ensure_reachable(kafka, ControlError)
+    producer = AIOKafkaProducer(**kafka.producer_kwargs(), acks="all")
+    consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
     try:
         try:
             await producer.start()
             await consumer.start()
         except KafkaError as exc:
-            raise ControlError(f"cannot reach Kafka at {bootstrap} ({exc})") from exc
+            raise ControlError(f"cannot reach Kafka at {kafka.bootstrap_servers} ({exc})") from exc
         await _listen_from_end(producer, consumer, events_topic)
         signed = sign_command(command, secret, now=time.time())
         try:

@@ -19,6 +19,7 @@ from ops.services.jaeger import (
 from ops.services.jaeger_build import JAEGER_VERSION, is_built
 from ops.services.kafka import LocalKafka
 from ops.services.kafka_jars import KAFKA_VERSION, is_resolved
+from ops.services.kafka_security import KINDS, masked, read_properties
 
 _STATE_DIR_HELP = "Where the broker keeps its config, data and logs [default: <cache>/run/kafka]."
 _JAEGER_DIR_HELP = "Where Jaeger keeps its config and log [default: <cache>/run/jaeger]."
@@ -49,6 +50,12 @@ def _port(name: str, default: int, what: str) -> Callable[[Callable[..., Any]], 
     help="The port on 127.0.0.1; 0 picks a free one.",
 )
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help=_STATE_DIR_HELP)
+@click.option(
+    "--security",
+    type=click.Choice(KINDS),
+    multiple=True,
+    help="Also serve a secured listener of this kind, on a port of its own (repeatable).",
+)
 @click.option("--jaeger", is_flag=True, help="Also start Jaeger v2 (built with Go on first use).")
 @_port("--jaeger-ui-port", DEFAULT_UI_PORT, "Jaeger's UI and query API; 0 picks a free one.")
 @_port("--otlp-grpc-port", DEFAULT_OTLP_GRPC_PORT, "Jaeger's OTLP gRPC receiver.")
@@ -56,15 +63,39 @@ def _port(name: str, default: int, what: str) -> Callable[[Callable[..., Any]], 
 @click.option(
     "--jaeger-state-dir", type=click.Path(file_okay=False, path_type=Path), help=_JAEGER_DIR_HELP
 )
-def up(kafka_port: int, state_dir: Path | None, jaeger: bool, **jaeger_options: Any) -> None:
+def up(
+    kafka_port: int,
+    state_dir: Path | None,
+    security: tuple[str, ...],
+    jaeger: bool,
+    **jaeger_options: Any,
+) -> None:
     """Start a single-node Kafka broker (KRaft) and print its bootstrap address.
 
     The broker is Apache Kafka run from its Maven Central jars on the local JDK 17+ (the first
     run fetches them with Maven). It keeps running after this command returns. If the state
     dir's broker is already running it is reused. The address goes to stdout, so
     `export TOKENMILL_BOOTSTRAP_SERVERS=$(tokenmill up)` works.
+
+    With --security the broker also serves secured listeners beside its PLAINTEXT one, each on
+    127.0.0.1 and a free port kept across restarts, for user `tokenmill` whose password is made
+    once per state dir (certificates too, by `openssl`, under <state-dir>/tls):
+
+    \b
+      ssl             TLS
+      mtls            TLS with a client certificate (tls/client.pem, tls/client.key)
+      sasl_ssl        SASL over TLS: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, OAUTHBEARER
+      sasl_plaintext  the same SASL mechanisms without TLS
+
+    OAUTHBEARER takes any unsigned JWT: a test broker's convenience. For each kind stderr shows
+    its address and its client properties file, <state-dir>/client-KIND.properties, usable as
+    is by librdkafka clients (password masked here); stdout gives the first secured listener's
+    address instead, so `export TOKENMILL_BOOTSTRAP_SERVERS=$(tokenmill up --security sasl_ssl)`
+    works. A running broker lacking a requested listener must be stopped first.
     """
-    kafka = LocalKafka(state_dir=state_dir or default_state_dir(), port=kafka_port)
+    kafka = LocalKafka(
+        state_dir=state_dir or default_state_dir(), port=kafka_port, security=security
+    )
     if not is_resolved():
         click.echo(f"kafka: fetching Kafka {KAFKA_VERSION} jars with Maven (first run)", err=True)
     try:
@@ -74,10 +105,19 @@ def up(kafka_port: int, state_dir: Path | None, jaeger: bool, **jaeger_options: 
     state = "started" if started else "already running"
     address = kafka.bootstrap
     click.echo(f"kafka: {state} on {address} (pid {kafka.pid}, {kafka.state_dir})", err=True)
+    for kind in kafka.security:
+        _show_listener(kafka, kind)
     click.echo(f"kafka: create the topics with `tokenmill topics create -b {address}`", err=True)
     if jaeger:
         _start_jaeger(**jaeger_options)
-    click.echo(kafka.bootstrap)
+    click.echo(kafka.listener(kafka.security[0]) if kafka.security else address)
+
+
+def _show_listener(kafka: LocalKafka, kind: str) -> None:
+    path = kafka.client_properties(kind)
+    click.echo(f"kafka: {kind} on {kafka.listener(kind)}, client properties {path}:", err=True)
+    for key, value in masked(read_properties(path)).items():
+        click.echo(f"kafka:   {key}={value}", err=True)
 
 
 def _start_jaeger(

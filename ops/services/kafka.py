@@ -5,14 +5,27 @@
     kafka.bootstrap    # "127.0.0.1:9092"
     kafka.stop()
 
+    secured = LocalKafka(state_dir=Path("/tmp/k"), security=("sasl_ssl", "mtls"))
+    secured.start()
+    secured.listener("sasl_ssl")            # "127.0.0.1:40123", a port of its own
+    secured.client_properties("sasl_ssl")   # /tmp/k/client-sasl_ssl.properties, for librdkafka
+
 No Docker: the broker is `java -cp "<jars>/*" kafka.Kafka server.properties` on the local JDK,
 found by `ops.services.kafka_jars.KafkaRuntime`. Everything it owns lives in the state dir:
 
-    server.properties, log4j2.properties   rendered on each start
-    data/                                  the log dir, formatted on first start
+    server.properties, log4j2.properties   rendered on each start (server.properties 0600)
+    data/                                  the log dir, formatted on first start, with the
+                                           SCRAM users of `tokenmill`
     server.log                             the broker's log
     kafka.out                              the JVM's stdout and stderr
     broker.json                            pid and ports of the running broker
+    sasl.password                          the `tokenmill` user's password (0600)
+    security.json                          the secured listeners' ports; whether data/ has
+                                           the SCRAM users
+    tls/, client-<kind>.properties         with secured listeners: see `kafka_security`
+
+The PLAINTEXT listener is always there (the controller, the readiness probe and `bootstrap` use
+it); `security` adds TLS and SASL listeners, each on a port of its own, kept across restarts.
 """
 
 from __future__ import annotations
@@ -31,6 +44,13 @@ from aiokafka.errors import KafkaError
 
 from ops.errors import KafkaStartError
 from ops.services.kafka_jars import KafkaRuntime
+from ops.services.kafka_security import (
+    KINDS,
+    SASL_KINDS,
+    BrokerSecurity,
+    SecurityRecord,
+    write_private,
+)
 from ops.services.local_process import accepts, bindable, free_port
 from ops.services.local_service import LocalService, Recorded
 
@@ -39,18 +59,27 @@ _HEAP = ("-Xms256m", "-Xmx768m")
 
 
 def render_server_properties(
-    *, port: int, controller_port: int, log_dir: Path, extra: Mapping[str, str] | None = None
+    *,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    extra: Mapping[str, str] | None = None,
+    listeners: Mapping[str, tuple[str, int]] | None = None,
 ) -> str:
     """One KRaft node that is both broker and controller, listening on 127.0.0.1 only;
-    `extra` settings are added (or override)."""
+    `listeners` (name → security protocol, port) are served beside PLAINTEXT, and `extra`
+    settings are added (or override)."""
+    served = {"PLAINTEXT": ("PLAINTEXT", port), **(listeners or {})}
+    advertised = ",".join(f"{name}://127.0.0.1:{p}" for name, (_, p) in served.items())
+    protocols = ",".join(f"{name}:{protocol}" for name, (protocol, _) in served.items())
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": f"{advertised},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": f"{protocols},CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(log_dir),
         "offsets.topic.replication.factor": "1",
@@ -107,7 +136,8 @@ def probe(bootstrap: str, timeout: float = 5.0) -> bool:
 
 @dataclass
 class LocalKafka(LocalService):
-    """The broker whose files live in `state_dir`, serving on 127.0.0.1:`port`.
+    """The broker whose files live in `state_dir`, serving on 127.0.0.1:`port`, and on a port
+    of its own for each secured listener kind in `security` (`kafka_security.KINDS`).
 
     At most one broker runs per state dir. `start()` adopts one already running there (started
     by this process or another), and `stop()` stops whichever is recorded, so `tokenmill up` and
@@ -118,6 +148,9 @@ class LocalKafka(LocalService):
     port: int = 9092
     controller_port: int = 0
     settings: Mapping[str, str] = field(default_factory=dict)  # broker settings to add
+    security: tuple[str, ...] = ()  # secured listener kinds to serve
+    # kind -> port of each secured listener the broker serves, once started or adopted
+    secured_ports: dict[str, int] = field(default_factory=dict, init=False)
 
     _state_file = "broker.json"
     _port_fields = ("port", "controller_port")
@@ -127,9 +160,33 @@ class LocalKafka(LocalService):
     _title = "the broker"
     _start_error = KafkaStartError
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.security = tuple(dict.fromkeys(self.security))
+        if unknown := [kind for kind in self.security if kind not in KINDS]:
+            raise ValueError(f"unknown listener kinds {unknown}; known: {', '.join(KINDS)}")
+
     @property
     def bootstrap(self) -> str:
+        """The PLAINTEXT listener, "127.0.0.1:PORT"."""
         return f"127.0.0.1:{self.port}"
+
+    def listener(self, kind: str) -> str:
+        """The secured listener `kind` of the started or adopted broker, "127.0.0.1:PORT"."""
+        return f"127.0.0.1:{self._secured_port(kind)}"
+
+    def client_properties(self, kind: str) -> Path:
+        """The librdkafka properties file (0600) that reaches listener `kind` as `tokenmill`."""
+        self._secured_port(kind)
+        return self._security.client_properties_path(kind)
+
+    def sasl_password(self) -> str:
+        """The password of user `tokenmill` (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN)."""
+        return self._security.password()
+
+    def tls_file(self, name: str) -> Path:
+        """A file of the broker's TLS material: `ca.pem`, `client.pem`, `client.key`."""
+        return self._security.tls_file(name)
 
     def start(self, timeout: float = 90.0) -> bool:
         """Start the broker, or adopt the running one, and wait until it serves.
@@ -153,7 +210,15 @@ class LocalKafka(LocalService):
                 f"the broker of {self.state_dir} already serves on port {running.ports['port']}, "
                 f"not {self.port}; stop it first (`tokenmill down`) or use that port"
             )
+        served = self._security.recorded().listeners
+        if missing := [kind for kind in self.security if kind not in served]:
+            raise KafkaStartError(
+                f"the broker of {self.state_dir} runs without the {', '.join(missing)} "
+                f"listener; stop it first (`tokenmill down`) and start it with every --security "
+                "kind it should serve"
+            )
         super()._adopt(running)
+        self.secured_ports = served
 
     def _ready(self) -> bool:
         return accepts(self.port) and probe(self.bootstrap)
@@ -172,24 +237,70 @@ class LocalKafka(LocalService):
                 f"port {self.port} on 127.0.0.1 is already in use; pick another (--kafka-port) "
                 "or stop what listens there"
             )
+        data = self._path("data")
+        formatted = (data / "meta.properties").is_file()
+        record = self._security.recorded()
+        if formatted and not record.scram and SASL_KINDS.intersection(self.security):
+            raise KafkaStartError(
+                f"{data} was formatted without the SCRAM users that a SASL listener needs; "
+                f"use another --state-dir, or delete {self.state_dir} (its topics too) and retry"
+            )
         runtime = KafkaRuntime.resolve()
         while self.controller_port in (0, self.port):
             self.controller_port = free_port()
+        self.secured_ports = self._pick_secured_ports(record.listeners)
         props = self._path("server.properties")
         log4j2 = self._path("log4j2.properties")
-        data = self._path("data")
-        props.write_text(
+        write_private(  # it holds the keystore's and the PLAIN user's passwords
+            props,
             render_server_properties(
                 port=self.port,
                 controller_port=self.controller_port,
                 log_dir=data,
-                extra=self.settings,
-            )
+                extra={**self._security.broker_settings(self.security), **self.settings},
+                listeners=self._security.listeners(self.secured_ports),
+            ),
         )
         log4j2.write_text(render_log4j2(self._path("server.log")))
-        if not (data / "meta.properties").is_file():
+        # Before formatting: a failed format leaves no meta.properties, so the next try formats.
+        self._security.record(
+            SecurityRecord(listeners=self.secured_ports, scram=record.scram or not formatted)
+        )
+        if not formatted:
             self._format(runtime, props, log4j2)
+        for kind in KINDS:
+            if kind in self.secured_ports:
+                self._security.write_client_properties(kind, self.listener(kind))
+            else:
+                self._security.client_properties_path(kind).unlink(missing_ok=True)
         return runtime.command("kafka.Kafka", str(props), log4j2=log4j2, jvm=_HEAP)
+
+    def _pick_secured_ports(self, recorded: Mapping[str, int]) -> dict[str, int]:
+        """A port per secured listener: the last launch's while it is free (so client
+        properties stay valid across restarts), else any free one."""
+        taken = {self.port, self.controller_port}
+        ports = {}
+        for kind in self.security:
+            port = recorded.get(kind, 0)
+            if port in taken or not bindable(port):
+                port = 0
+            while port in taken or port == 0:
+                port = free_port()
+            ports[kind] = port
+            taken.add(port)
+        return ports
+
+    @property
+    def _security(self) -> BrokerSecurity:
+        return BrokerSecurity(self.state_dir)
+
+    def _secured_port(self, kind: str) -> int:
+        if kind not in self.secured_ports:
+            raise ValueError(
+                f"the broker of {self.state_dir} serves no {kind} listener "
+                f"(serves: {', '.join(self.secured_ports) or 'plaintext only'})"
+            )
+        return self.secured_ports[kind]
 
     def _format(self, runtime: KafkaRuntime, props: Path, log4j2: Path) -> None:
         argv = runtime.command(
@@ -199,6 +310,7 @@ class LocalKafka(LocalService):
             _cluster_id(),
             "-c",
             str(props),
+            *self._security.scram_arguments(),  # always, so later SASL listeners find the users
             log4j2=log4j2,
         )
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

@@ -16,6 +16,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from actors.kafka.connection import KafkaConnection, connection_of
 from ops.errors import TopicCreateError
 from ops.services.kafka import MAX_MESSAGE_BYTES
 
@@ -73,7 +74,7 @@ def plan_topics(
 
 
 async def create_topics(
-    bootstrap: str,
+    bootstrap: KafkaConnection | str,
     *,
     requests_partitions: int = 6,
     other_partitions: int = 1,
@@ -96,7 +97,8 @@ async def create_topics(
         names=names,
         configs=configs,
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    kafka = connection_of(bootstrap)
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=request_timeout_ms)
     try:
         await admin.start()
         response = await admin.create_topics(topics, timeout_ms=request_timeout_ms)
@@ -106,21 +108,28 @@ async def create_topics(
                 created.append(name)
             elif code != TopicAlreadyExistsError.errno:
                 detail = message[0] if message and message[0] else f"error code {code}"
-                raise TopicCreateError(f"the broker at {bootstrap} refused topic {name}: {detail}")
+                raise TopicCreateError(
+                    f"the broker at {kafka.bootstrap_servers} refused topic {name}: {detail}"
+                )
         async with asyncio.timeout(request_timeout_ms / 1000):
             await _until_visible(admin, [t.name for t in topics])
     except TimeoutError as exc:
         raise TopicCreateError("the topics were created but never showed in metadata") from exc
     except KafkaError as exc:
-        raise TopicCreateError(f"cannot create topics on {bootstrap}: {exc!r}") from exc
+        raise TopicCreateError(
+            f"cannot create topics on {kafka.bootstrap_servers}: {exc!r}"
+        ) from exc
     finally:
         await admin.close()
     return created
 
 
-async def describe_topics(bootstrap: str, *, request_timeout_ms: int = 30_000) -> dict[str, int]:
+async def describe_topics(
+    bootstrap: KafkaConnection | str, *, request_timeout_ms: int = 30_000
+) -> dict[str, int]:
     """Every non-internal topic on the broker with its partition count, by name."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    kafka = connection_of(bootstrap)
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=request_timeout_ms)
     try:
         await admin.start()
         return _partition_counts(await admin.describe_topics())

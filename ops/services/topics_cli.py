@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import click
 from aiokafka.errors import KafkaError
 
-from ops.errors import OpsError
+from ops.connection.check import ensure_reachable
+from ops.connection.options import kafka_connection, kafka_options
+from ops.errors import OpsError, TopicCreateError
 from ops.services.topics import DEFAULT_TOPICS, create_topics, describe_topics
-
-_bootstrap_option = click.option(
-    "--bootstrap-servers",
-    "-b",
-    envvar="TOKENMILL_BOOTSTRAP_SERVERS",
-    default="127.0.0.1:9092",
-    show_default=True,
-    show_envvar=True,
-    help="Kafka bootstrap address(es), comma-separated.",
-)
 
 
 @click.group()
@@ -27,7 +20,7 @@ def topics() -> None:
 
 
 @topics.command("create")
-@_bootstrap_option
+@kafka_options
 @click.option(
     "--partitions",
     default=6,
@@ -35,14 +28,16 @@ def topics() -> None:
     type=click.IntRange(min=1),
     help="Partitions of the requests and results topics (the others get 1).",
 )
-def create(bootstrap_servers: str, partitions: int) -> None:
+def create(partitions: int, **connection: Any) -> None:
     """Create the topics that do not exist yet; existing ones are left as they are.
 
     Prints one line per topic: created or exists, its name, its partition count.
     """
+    kafka = kafka_connection(connection)
     try:
-        created = asyncio.run(create_topics(bootstrap_servers, requests_partitions=partitions))
-        counts = asyncio.run(describe_topics(bootstrap_servers))
+        asyncio.run(ensure_reachable(kafka, TopicCreateError))
+        created = asyncio.run(create_topics(kafka, requests_partitions=partitions))
+        counts = asyncio.run(describe_topics(kafka))
     except (OpsError, KafkaError) as exc:
         raise click.ClickException(str(exc)) from exc
     for name in DEFAULT_TOPICS.values():
@@ -51,12 +46,16 @@ def create(bootstrap_servers: str, partitions: int) -> None:
 
 
 @topics.command("list")
-@_bootstrap_option
-def list_topics(bootstrap_servers: str) -> None:
+@kafka_options
+def list_topics(**connection: Any) -> None:
     """List the broker's topics with their partition counts."""
+    kafka = kafka_connection(connection)
     try:
-        counts = asyncio.run(describe_topics(bootstrap_servers))
+        asyncio.run(ensure_reachable(kafka, TopicCreateError))
+        counts = asyncio.run(describe_topics(kafka))
+    except TopicCreateError as exc:
+        raise click.ClickException(str(exc)) from exc
     except KafkaError as exc:
-        raise click.ClickException(f"cannot reach {bootstrap_servers}: {exc!r}") from exc
+        raise click.ClickException(f"cannot reach {kafka.bootstrap_servers}: {exc!r}") from exc
     for name, partitions in sorted(counts.items()):
         click.echo(f"{name}  {partitions}")

@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
-from ops.worker.settings import bootstrap_option
+from ops.connection.options import kafka_connection, kafka_options
 
 
 @click.command()
-@bootstrap_option
+@kafka_options
 @click.argument("prompt", required=False)
 @click.option(
     "--file",
@@ -61,7 +61,7 @@ def submit(**kwargs: Any) -> None:
             raise click.ClickException(str(exc)) from exc
     else:
         requests = [_prompt_request(kwargs)]
-    client = SubmitClient(kwargs["bootstrap_servers"], kwargs["topic"], kwargs["results_topic"])
+    client = SubmitClient(kafka_connection(kwargs), kwargs["topic"], kwargs["results_topic"])
     try:
         tracing = setup_tracing("tokenmill-cli")
         try:

@@ -21,11 +21,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.errors import MessageError
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
+from ops.connection.check import ensure_reachable
 from ops.errors import SubmitError
 
 _tracer = trace.get_tracer("tokenmill.client")
@@ -51,8 +53,8 @@ def read_jobs(path: Path) -> list[GenerateRequest]:
 
 
 class SubmitClient:
-    def __init__(self, bootstrap: str, topic: str, results_topic: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection | str, topic: str, results_topic: str) -> None:
+        self.kafka = connection_of(kafka)
         self.topic = topic
         self.results_topic = results_topic
         self.missing: set[str] = set()
@@ -60,14 +62,17 @@ class SubmitClient:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> SubmitClient:
+        await ensure_reachable(self.kafka, SubmitError)
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+            **self.kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=5
         )
         try:
             await producer.start()
         except KafkaError as exc:
             await producer.stop()
-            raise SubmitError(f"cannot reach Kafka at {self.bootstrap} ({exc})") from exc
+            raise SubmitError(
+                f"cannot reach Kafka at {self.kafka.bootstrap_servers} ({exc})"
+            ) from exc
         self._producer = producer
         return self
 
@@ -84,7 +89,7 @@ class SubmitClient:
 
     async def listen(self) -> None:
         """Start reading the results topic from its current end (before sending anything)."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
         await consumer.start()
         self._consumer = consumer
         assert self._producer is not None

@@ -24,8 +24,7 @@ from actors.config import (
     default_worker_id,
 )
 from actors.ingest.backpressure import Watermarks
-
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+from ops.connection.options import kafka_connection, kafka_options
 
 
 def default_models_dir() -> Path:
@@ -50,16 +49,6 @@ def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -
     ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
-def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--bootstrap-servers",
-        envvar="TOKENMILL_BOOTSTRAP_SERVERS",
-        default=DEFAULT_BOOTSTRAP,
-        show_default=True,
-        help="Kafka bootstrap address (env TOKENMILL_BOOTSTRAP_SERVERS).",
-    )(command)
-
-
 def _opt(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     name = decls[0].split("/")[0]
     kwargs.setdefault("envvar", "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper())
@@ -77,8 +66,28 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
             callback=_load_toml,
             help="TOML file with any of these settings (env TOKENMILL_CONFIG).",
         ),
-        bootstrap_option,
+        kafka_options,
         _opt("--group", default="tokenmill", help="Consumer group."),
+        _opt(
+            "--group-instance-id",
+            default=None,
+            help="Static membership (KIP-345): a stable name per worker (e.g. its pod name). "
+            "Restarted within the session timeout, it gets its partitions back and no other "
+            "worker's assignment moves.",
+        ),
+        _opt(
+            "--session-timeout-ms",
+            type=int,
+            default=10_000,
+            help="How long the group waits for a silent worker before moving its partitions.",
+        ),
+        _opt(
+            "--connect-timeout",
+            type=float,
+            default=None,
+            help="Seconds to wait for the broker at start before exiting 1 [default: wait "
+            "as long as it takes, not ready meanwhile].",
+        ),
         _opt("--requests-topic", default=DEFAULT_REQUESTS_TOPIC),
         _opt("--results-topic", default=DEFAULT_RESULTS_TOPIC, help="Default reply topic."),
         _opt("--dlq-topic", default=DEFAULT_DLQ_TOPIC),
@@ -174,8 +183,11 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
     try:
         boundaries = kwargs.pop("bucket_boundaries")
         return WorkerConfig(
-            bootstrap_servers=kwargs.pop("bootstrap_servers"),
+            kafka=kafka_connection(kwargs),
             group=kwargs.pop("group"),
+            group_instance_id=kwargs.pop("group_instance_id") or None,
+            session_timeout_ms=kwargs.pop("session_timeout_ms"),
+            connect_timeout_s=kwargs.pop("connect_timeout"),
             requests_topic=kwargs.pop("requests_topic"),
             results_topic=kwargs.pop("results_topic"),
             dlq_topic=kwargs.pop("dlq_topic"),

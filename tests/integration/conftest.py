@@ -9,16 +9,20 @@ from pathlib import Path
 import pytest
 
 from ops.services.kafka import LocalKafka
+from ops.services.kafka_security import KINDS
 from ops.services.local_process import free_port
 
 
 @contextlib.contextmanager
 def local_broker(
-    state_dir: Path, settings: Mapping[str, str] | None = None
+    state_dir: Path, settings: Mapping[str, str] | None = None, security: tuple[str, ...] = ()
 ) -> Iterator[LocalKafka]:
     """A real single-node Kafka broker (KRaft) on a free port, stopped when the block ends;
-    `settings` are added to its server.properties."""
-    broker = LocalKafka(state_dir=state_dir, port=free_port(), settings=dict(settings or {}))
+    `settings` are added to its server.properties, `security` are the secured listener kinds
+    it serves beside PLAINTEXT."""
+    broker = LocalKafka(
+        state_dir=state_dir, port=free_port(), settings=dict(settings or {}), security=security
+    )
     broker.start(timeout=120)
     try:
         yield broker
@@ -30,6 +34,23 @@ def local_broker(
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """The session's broker, in a temporary state dir, shared by the tests of a run."""
     with local_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """The session's broker with every secured listener kind ("ssl", "mtls", "sasl_ssl",
+    "sasl_plaintext"), for user `tokenmill`:
+
+        secured_kafka.listener("sasl_ssl")           # "127.0.0.1:PORT" of that listener
+        secured_kafka.client_properties("sasl_ssl")  # Path of its librdkafka properties file
+        secured_kafka.bootstrap                      # the PLAINTEXT one, e.g. for create_topics
+        secured_kafka.sasl_password()                # SCRAM-SHA-512/256 and PLAIN
+        secured_kafka.tls_file("ca.pem")             # also "client.pem", "client.key" (mtls)
+
+    SASL listeners also take OAUTHBEARER with any unsigned JWT (claims `sub` and `exp`).
+    """
+    with local_broker(tmp_path_factory.mktemp("kafka-secured"), security=KINDS) as broker:
         yield broker
 
 

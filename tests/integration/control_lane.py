@@ -19,6 +19,7 @@ from aiokafka.structs import ConsumerRecord
 
 from actors.config import WorkerConfig
 from actors.control import ControlActor
+from actors.kafka.connection import KafkaConnection
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor
 from messages.codec import Codec
@@ -41,7 +42,7 @@ class ControlLane:
 
     def worker_config(self, **overrides: Any) -> WorkerConfig:
         base = WorkerConfig(
-            bootstrap_servers=self.bootstrap,
+            kafka=KafkaConnection(self.bootstrap),
             group=self.group,
             control_topic=self.control,
             events_topic=self.events,

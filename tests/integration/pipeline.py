@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.config import WorkerConfig
+from actors.kafka.connection import KafkaConnection
 from messages.codec import Codec, normalize_content_type
 from messages.headers import CONTENT_TYPE, header
 from messages.request import GenerateRequest
@@ -50,7 +51,7 @@ class Lane:
 
     def worker_config(self, **overrides: Any) -> WorkerConfig:
         base = WorkerConfig(
-            bootstrap_servers=self.bootstrap,
+            kafka=KafkaConnection(self.bootstrap),
             group=self.group,
             requests_topic=self.requests,
             results_topic=self.results,

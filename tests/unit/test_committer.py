@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiokafka.errors import CommitFailedError
 from aiokafka.structs import TopicPartition
 
 from actors.ingest.committer import Committer
@@ -14,12 +15,20 @@ TP = TopicPartition("requests", 0)
 
 
 class Consumer:
-    """Takes commits and remembers them (the committer's only use of a consumer here)."""
+    """Owns `owned`, takes commits and remembers them (the committer's only uses of a
+    consumer here); `fenced`: the group has moved on, so every commit fails."""
 
-    def __init__(self) -> None:
+    def __init__(self, owned: set[TopicPartition] | None = None) -> None:
         self.commits: list[dict[TopicPartition, tuple[int, str]]] = []
+        self.owned = {TP} if owned is None else owned
+        self.fenced = False
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.owned)
 
     async def commit(self, offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        if self.fenced:
+            raise CommitFailedError("the group rebalanced without this member")
         self.commits.append(dict(offsets))
 
 
@@ -65,3 +74,29 @@ async def test_a_taken_over_partition_commits_its_isolated_chunk_as_in_flight() 
     await c.fetched(consumer, {TP: 10}, {TP: 18})
     ((offset, metadata),) = consumer.commits[-1].values()
     assert offset == 10 and parse(metadata) == Held(14, 0, alone=False)
+
+
+async def test_only_partitions_the_consumer_owns_are_committed() -> None:
+    """A partition lost in a rebalance is its new owner's to commit, whatever was tracked."""
+    other = TopicPartition("requests", 1)
+    consumer: Any = Consumer(owned={TP})
+    c, tracker = committer()
+    for tp in (TP, other):
+        tracker.track(tp, 0)
+        tracker.done(tp, 0)
+    await c.commit(consumer, [TP, other], {TP: 1, other: 1})
+    assert [set(commit) for commit in consumer.commits] == [{TP}]
+
+
+async def test_a_fenced_commit_writes_nothing_and_is_not_marked_done() -> None:
+    """A member the group has moved on without (a pause past its session) is refused."""
+    consumer: Any = Consumer()
+    c, tracker = committer()
+    tracker.track(TP, 0)
+    tracker.done(TP, 0)
+    consumer.fenced = True
+    await c.commit(consumer, [TP], {TP: 1})
+    assert consumer.commits == []
+    consumer.fenced = False  # rejoined, still the owner: the commit is written then
+    await c.commit(consumer, [TP], {TP: 1})
+    assert consumer.commits[-1][TP][0] == 1

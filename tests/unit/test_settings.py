@@ -11,7 +11,8 @@ from click.testing import CliRunner, Result
 
 from actors.config import WorkerConfig
 from actors.ingest.backpressure import Watermarks
-from ops.worker.settings import DEFAULT_BOOTSTRAP, default_models_dir, worker_config, worker_options
+from actors.kafka.connection import KafkaConnection
+from ops.worker.settings import default_models_dir, worker_config, worker_options
 
 
 @click.command()
@@ -56,7 +57,7 @@ def test_every_option_has_its_env_var() -> None:
 def test_defaults() -> None:
     config = config_of("--worker-id", "w1")
     assert config == WorkerConfig(
-        bootstrap_servers=DEFAULT_BOOTSTRAP,
+        kafka=KafkaConnection(),
         worker_id="w1",
         watermarks=Watermarks(high_requests=512, high_tokens=262144),
         # The CLI turns on what a library user opts into: control plane, HTTP, models dir.

@@ -1,0 +1,150 @@
+"""The Kafka connection options every command takes, and the `KafkaConnection` they make.
+
+    @kafka_options
+    @click.command()
+    def submit(**kwargs): kafka = kafka_connection(kwargs)
+
+Each setting comes from its flag, else its `TOKENMILL_*` env var (or, for the worker, its TOML
+file), else the client properties file (`--kafka-config`), else the default. Secrets have no
+default to show in `--help`, and a password is best given by file or env var (a flag shows in
+`ps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+
+from actors.kafka.connection import (
+    COMPRESSION_TYPES,
+    DEFAULT_BOOTSTRAP,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    KafkaConnection,
+    KafkaSettingError,
+)
+from ops.connection.properties import read_properties
+
+log = structlog.get_logger("tokenmill.kafka")
+
+_FIELDS = (
+    "bootstrap_servers",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "oauth_token_file",
+    "oauth_token_command",
+    "ssl_ca_file",
+    "ssl_cert_file",
+    "ssl_key_file",
+    "ssl_key_password",
+    "ssl_check_hostname",
+    "compression_type",
+)
+_OPTION_NAMES = (*_FIELDS, "kafka_config", "sasl_password_file")
+
+
+def _opt(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    name = decls[0].split("/")[0]
+    kwargs.setdefault("envvar", "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper())
+    kwargs.setdefault("default", None)
+    return click.option(*decls, show_envvar=True, **kwargs)
+
+
+_FILE = click.Path(exists=True, dir_okay=False)
+_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    _opt(
+        "--bootstrap-servers",
+        "-b",
+        help=f"Kafka bootstrap addresses, comma-separated [default: {DEFAULT_BOOTSTRAP}].",
+    ),
+    _opt(
+        "--kafka-config",
+        type=_FILE,
+        help="A Kafka client properties file (Java or librdkafka keys: bootstrap.servers, "
+        "security.protocol, sasl.*, ssl.*); the options here override it.",
+    ),
+    _opt(
+        "--security-protocol",
+        type=click.Choice(SECURITY_PROTOCOLS, case_sensitive=False),
+        help="[default: PLAINTEXT]",
+    ),
+    _opt("--sasl-mechanism", type=click.Choice(SASL_MECHANISMS, case_sensitive=False)),
+    _opt("--sasl-username"),
+    _opt(
+        "--sasl-password",
+        help="Prefer TOKENMILL_SASL_PASSWORD or --sasl-password-file: a flag shows in `ps`.",
+    ),
+    _opt("--sasl-password-file", type=_FILE, help="A file holding the SASL password."),
+    _opt("--oauth-token-file", type=_FILE, help="OAUTHBEARER token, re-read when it changes."),
+    _opt(
+        "--oauth-token-command",
+        help="A command printing an OAUTHBEARER token; run again before the token expires.",
+    ),
+    _opt("--ssl-ca-file", type=_FILE, help="CA certificates (PEM) [default: system trust store]."),
+    _opt("--ssl-cert-file", type=_FILE, help="Client certificate (PEM), for mTLS."),
+    _opt("--ssl-key-file", type=_FILE, help="Client private key (PEM), for mTLS."),
+    _opt("--ssl-key-password", help="Password of an encrypted client key (prefer the env var)."),
+    _opt(
+        "--ssl-check-hostname/--no-ssl-check-hostname",
+        help="Check that the broker's certificate names its host [default: on].",
+    ),
+    _opt(
+        "--compression-type",
+        type=click.Choice(COMPRESSION_TYPES, case_sensitive=False),
+        help="Compression of what tokenmill produces [default: none].",
+    ),
+]
+
+
+def kafka_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the connection options to a click command (see `kafka_connection`)."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+def kafka_connection(kwargs: dict[str, Any]) -> KafkaConnection:
+    """Pop the connection options out of a command's kwargs; a setting that cannot work is a
+    usage error naming it (never its value)."""
+    given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
+    try:
+        return connection_from(given)
+    except KafkaSettingError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def connection_from(given: dict[str, Any]) -> KafkaConnection:
+    """A `KafkaConnection` from option values (None: not given), over the properties file of
+    `kafka_config` if any. `KafkaSettingError` when they cannot work together."""
+    settings: dict[str, object] = {}
+    if given.get("kafka_config"):
+        properties = read_properties(Path(given["kafka_config"]))
+        settings.update(properties.settings)
+        if properties.unused:
+            log.warning(
+                "kafka_config_keys_unused",
+                path=str(properties.path),
+                keys=list(properties.unused),
+                note="tokenmill sets these itself or does not need them",
+            )
+    if given.get("sasl_password_file"):
+        settings["sasl_password"] = _read_secret(Path(given["sasl_password_file"]))
+    for name in _FIELDS:
+        if given.get(name) is not None:
+            settings[name] = given[name]
+    if isinstance(settings.get("compression_type"), str):
+        settings["compression_type"] = str(settings["compression_type"]).lower()
+    return KafkaConnection(**settings)  # type: ignore[arg-type]
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise KafkaSettingError(f"cannot read the password file {path}: {exc.strerror}") from exc
