@@ -1,9 +1,9 @@
 """Health: what the worker's readiness probe (`/healthz/ready`) answers.
 
 Read from the children's own public flags (the ingest joined its group, a model is loaded,
-the control lane listens) and the marks the supervisor keeps here (children down between a
-crash and their restart, draining). Made before the supervisor and the HTTP server, which
-both hold it: the server asks, the supervisor marks.
+the control lane listens, the broker answers the `BrokerWatch`) and the marks the supervisor
+keeps here (children down between a crash and their restart, draining). Made before the
+supervisor and the HTTP server, which both hold it: the server asks, the supervisor marks.
 """
 
 from __future__ import annotations
@@ -29,14 +29,31 @@ class _Listening(Protocol):
     def listening(self) -> bool: ...
 
 
+class _Reachable(Protocol):
+    @property
+    def reachable(self) -> bool: ...
+
+    @property
+    def unreachable_since(self) -> str | None: ...
+
+
 class Health:
-    def __init__(self, ingest: _Joined, gpu: _Serving, control: _Listening | None) -> None:
-        self._ingest, self._gpu, self._control = ingest, gpu, control
+    def __init__(
+        self,
+        ingest: _Joined,
+        gpu: _Serving,
+        control: _Listening | None,
+        kafka: _Reachable | None = None,
+    ) -> None:
+        """`kafka`: the `BrokerWatch`; None leaves the broker out of readiness."""
+        self._ingest, self._gpu, self._control, self._kafka = ingest, gpu, control, kafka
         self.draining = False
         self.down: set[str] = set()  # children between a crash and their restart
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
-        """Ready: consuming, a model loaded, not draining, every child up, control listening."""
+        """Ready: consuming, a model loaded, not draining, every child up, control listening,
+        the broker reachable. `kafka` is "reachable", "unreachable since <ISO-8601 UTC>", or
+        "not probed yet" (not ready either)."""
         details: dict[str, object] = {
             "consuming": self._ingest.joined,
             "model_loaded": self._gpu.model_loaded,
@@ -46,11 +63,21 @@ class Health:
         }
         if self._control is not None:
             details["control"] = self._control.listening
+        if self._kafka is not None:
+            details["kafka"] = _kafka_reason(self._kafka)
         ready = (
             bool(details["consuming"])
             and bool(details["model_loaded"])
             and not self.draining
             and not self.down
             and details.get("control", True) is True
+            and details.get("kafka", "reachable") == "reachable"
         )
         return ready, details
+
+
+def _kafka_reason(kafka: _Reachable) -> str:
+    if kafka.reachable:
+        return "reachable"
+    since = kafka.unreachable_since
+    return f"unreachable since {since}" if since is not None else "not probed yet"

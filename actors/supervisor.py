@@ -31,6 +31,8 @@ from actors.gpu_actor import GpuActor
 from actors.health import Health
 from actors.http_server import HttpServer
 from actors.ingest.actor import IngestActor
+from actors.kafka.broker_watch import BrokerWatch
+from actors.kafka.errors import KafkaUnusable
 from actors.mail import SwapOrder, VerifiedCommand
 from actors.restart_policy import RestartPolicy
 from actors.runtime import Actor, Mailbox
@@ -76,20 +78,22 @@ class Supervisor(Actor[VerifiedCommand]):
         *,
         control: ControlActor | None = None,
         http: HttpServer | None = None,
+        broker_watch: BrokerWatch | None = None,
         health: Health | None = None,
         models_dir: Path | None = None,
         aliases: AliasResolver | None = None,
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
         """`mailbox`: where the control actor sends verified commands. `control`: the
-        `ControlActor` (commands in, events out), `http`: the health and metrics server; both
-        optional. `health`: what the readiness probe reads (the supervisor marks it).
+        `ControlActor` (commands in, events out), `http`: the health and metrics server,
+        `broker_watch`: whether the cluster answers; all optional. `health`: what the readiness
+        probe reads (the supervisor marks it).
         `models_dir`/`aliases`: where swaps may load from."""
         super().__init__("supervisor", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
         self.ingest, self.gpu, self.emitter = ingest, gpu, emitter
-        self.control, self.http = control, http
-        self.health = health or Health(ingest, gpu, control)
+        self.control, self.http, self.broker_watch = control, http, broker_watch
+        self.health = health or Health(ingest, gpu, control, broker_watch)
         self.models_dir = models_dir
         self.aliases = aliases
         self.on_restart = on_restart
@@ -126,6 +130,8 @@ class Supervisor(Actor[VerifiedCommand]):
             children.append(self.control)
         if self.http is not None:
             children.append(self.http)
+        if self.broker_watch is not None:
+            children.append(self.broker_watch)
         async with asyncio.TaskGroup() as tg:
             tasks = {c.name: tg.create_task(self._supervise(c), name=c.name) for c in children}
             commands = tg.create_task(self._commands(), name="commands")
@@ -170,7 +176,8 @@ class Supervisor(Actor[VerifiedCommand]):
         )
 
     async def _stop_children(self, tasks: dict[str, asyncio.Task[None]]) -> None:
-        """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP."""
+        """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP,
+        broker watch."""
         ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
         self.ingest.stop()
         if self.given_up & {"ingest", "gpu", "emitter"}:
@@ -196,7 +203,7 @@ class Supervisor(Actor[VerifiedCommand]):
                 failed_on_shutdown=self.gpu.failed_on_shutdown,
             )
         )
-        for child in (self.control, self.http):
+        for child in (self.control, self.http, self.broker_watch):
             if child is not None:
                 child.stop()
                 await tasks[child.name]
@@ -224,6 +231,11 @@ class Supervisor(Actor[VerifiedCommand]):
                 if child is self.http and _cannot_bind(exc):
                     log.error("http_unavailable", port=self.config.http_port, error=repr(exc))
                     self._give_up(f"cannot serve HTTP on port {self.config.http_port}: {exc}")
+                    return
+                if isinstance(exc, KafkaUnusable):  # a setting to fix: restarting cannot help
+                    log.error("kafka_unusable", child=child.name, reason=str(exc))
+                    self.given_up.add(child.name)
+                    self._give_up(f"kafka: {exc}")
                     return
                 self.down.add(child.name)
                 backoff = self.policy.on_crash(child.name, time.monotonic())

@@ -4,6 +4,7 @@
        ▲               │ UseModel (after a model flip)
        └───────────────┘
     control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu;  events ◄── every actor
+    broker watch ──reachable──► health ◄── /readyz
 
 The mailboxes are made first; each actor gets its own and the addresses it sends to through
 its constructor (nothing is wired afterwards), so the circles above need no back-references.
@@ -32,6 +33,7 @@ from actors.http_server import HttpServer
 from actors.in_flight import EngineLike
 from actors.ingest.actor import IngestActor
 from actors.ingest.model_front import ModelFront, result_size_refusal
+from actors.kafka.broker_watch import BrokerWatch
 from actors.mail import Batch, Outcome, SwapOrder, VerifiedCommand
 from actors.runtime import Mailbox
 from actors.supervisor import Supervisor
@@ -102,7 +104,8 @@ class Worker:
         self.ingest = IngestActor(
             config, front, ingest_mail, batches=gpu_mail, outcomes=emitter_mail, metrics=metrics
         )
-        health = Health(self.ingest, self.gpu, self.control)
+        self.broker_watch = BrokerWatch(config.kafka)  # readiness says when the broker is away
+        health = Health(self.ingest, self.gpu, self.control, self.broker_watch)
         http = (
             HttpServer(config.http_host, config.http_port, health.readiness, self.scrape)
             if config.http_port is not None
@@ -116,6 +119,7 @@ class Worker:
             supervisor_mail,
             control=self.control,
             http=http,
+            broker_watch=self.broker_watch,
             health=health,
             models_dir=Path(config.models_dir) if config.models_dir else None,
             aliases=aliases,

@@ -20,7 +20,8 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from actors.kafka.connection import KafkaConnection
-from actors.kafka.preflight import KafkaUnusable, preflight
+from actors.kafka.errors import KafkaUnusable
+from actors.kafka.preflight import preflight
 from actors.send_errors import backoff_s
 
 log = structlog.get_logger("tokenmill.kafka")

@@ -18,16 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.kafka.errors import KafkaSettingError
 from actors.kafka.oauth_token import CommandToken, FileToken
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 COMPRESSION_TYPES = ("none", "gzip", "snappy", "lz4", "zstd")
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-
-
-class KafkaSettingError(ValueError):
-    """A connection setting that cannot work: named, with what to do instead."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,8 @@ class KafkaConnection:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     oauth_token_file: str | None = None  # re-read whenever it changes
-    oauth_token_command: str | None = None  # run again when its token nears expiry
+    # Run again when its token nears expiry; out of repr (it may carry a client secret).
+    oauth_token_command: str | None = field(default=None, repr=False)
     ssl_ca_file: str | None = None  # None: the system's trust store
     ssl_cert_file: str | None = None  # client certificate (mTLS), PEM
     ssl_key_file: str | None = None  # its private key, PEM

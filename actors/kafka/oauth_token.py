@@ -19,13 +19,11 @@ from pathlib import Path
 
 from aiokafka.abc import AbstractTokenProvider
 
+from actors.kafka.errors import TokenUnavailable
+
 RENEW_BEFORE_EXPIRY_S = 60.0
 COMMAND_TOKEN_TTL_S = 300.0  # for a token whose expiry cannot be read
 COMMAND_TIMEOUT_S = 30.0
-
-
-class TokenUnavailable(RuntimeError):
-    """No token could be had: the file is missing or empty, or the command failed."""
 
 
 def jwt_expiry(token: str) -> float | None:
@@ -80,7 +78,14 @@ class CommandToken(AbstractTokenProvider):  # type: ignore[misc]
 
     async def token(self) -> str:
         if not self._token or self._clock() >= self._renew_at:
-            self._token = await self._run()
+            try:
+                token = await self._run()
+            except TokenUnavailable:
+                exp = jwt_expiry(self._token) if self._token else None
+                if exp is not None and self._clock() < exp:
+                    return self._token  # still valid: the next connection tries again
+                raise
+            self._token = token
             exp = jwt_expiry(self._token)
             self._renew_at = (
                 exp - RENEW_BEFORE_EXPIRY_S if exp is not None

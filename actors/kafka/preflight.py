@@ -19,16 +19,12 @@ from dataclasses import dataclass
 
 from aiokafka import errors as kafka_errors
 from aiokafka.conn import create_conn
+from aiokafka.protocol.metadata import MetadataRequest
 
 from actors.kafka.connection import KafkaConnection
-from actors.kafka.oauth_token import TokenUnavailable
+from actors.kafka.errors import TokenUnavailable
 
 PREFLIGHT_TIMEOUT_S = 10.0
-
-
-class KafkaUnusable(Exception):
-    """The connection cannot work as configured; retrying will not help. Its text is one line
-    naming the cause, never a secret."""
 
 
 @dataclass(frozen=True)
@@ -61,17 +57,22 @@ async def _try(connection: KafkaConnection, host: str, port: int, timeout_s: flo
     writer.close()
     kwargs = connection.client_kwargs()
     kwargs.pop("bootstrap_servers")
+    conn = None
     try:
         conn = await asyncio.wait_for(
             create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **kwargs),
             timeout_s,
         )
+        # A SASL listener answers ApiVersions before authentication: ask for metadata too.
+        await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
     except Exception as exc:
         cause = unusable_cause(exc, connection, where)
         if cause is not None:
             return Reach(True, False, cause)
         return Reach(False, True, f"{where}: {_short(exc)}")
-    conn.close()
+    finally:
+        if conn is not None:
+            conn.close()
     return Reach(True, True)
 
 
@@ -96,10 +97,12 @@ def unusable_cause(exc: BaseException, connection: KafkaConnection, where: str) 
             return f"certificate verify failed: {err.verify_message} ({where})"
         if isinstance(err, ssl.SSLError):
             return _tls_cause(err, connection, where)
-    if not connection.uses_tls and any(_closed_early(err) for err in chain):
+    if any(_closed_early(err) for err in chain):
+        # It listens, then hangs up on what it was sent: it speaks another protocol.
         return (
-            f"{where} closed the connection on the first request: is it a TLS listener? "
-            f"(security_protocol {connection.security_protocol}; use SSL or SASL_SSL)"
+            f"{where} closed the connection on the first request: is it a "
+            f"{'plaintext' if connection.uses_tls else 'TLS or SASL'} listener? "
+            f"(security_protocol {connection.security_protocol})"
         )
     return None
 
@@ -110,6 +113,8 @@ def _tls_cause(err: ssl.SSLError, connection: KafkaConnection, where: str) -> st
         return f"{where} requires a client certificate (mTLS): give ssl_cert_file and ssl_key_file"
     if "wrong_version" in reason or "record_layer" in reason or "unknown_protocol" in reason:
         return f"TLS handshake with {where} failed ({err.reason}): is it a TLS listener?"
+    if "bad_certificate" in reason and not connection.ssl_cert_file:
+        return f"{where} requires a client certificate (mTLS): give ssl_cert_file and ssl_key_file"
     if "unknown_ca" in reason or "bad_certificate" in reason:
         return f"{where} refused the client certificate ({err.reason}): is it signed by its CA?"
     return f"TLS with {where} failed: {err.reason or err}"

@@ -25,8 +25,8 @@ from actors.kafka.connection import (
     SASL_MECHANISMS,
     SECURITY_PROTOCOLS,
     KafkaConnection,
-    KafkaSettingError,
 )
+from actors.kafka.errors import KafkaSettingError
 from ops.connection.properties import read_properties
 
 log = structlog.get_logger("tokenmill.kafka")
@@ -113,6 +113,15 @@ def kafka_connection(kwargs: dict[str, Any]) -> KafkaConnection:
     """Pop the connection options out of a command's kwargs; a setting that cannot work is a
     usage error naming it (never its value)."""
     given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
+    ctx = click.get_current_context(silent=True)
+    # The password flag beats the file; the file beats TOKENMILL_SASL_PASSWORD (or TOML).
+    if (
+        ctx is not None
+        and given["sasl_password_file"]
+        and given["sasl_password"] is not None
+        and ctx.get_parameter_source("sasl_password") != click.core.ParameterSource.COMMANDLINE
+    ):
+        given["sasl_password"] = None
     try:
         return connection_from(given)
     except KafkaSettingError as exc:

@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.kafka.connection import COMPRESSION_TYPES, KafkaSettingError
+from actors.kafka.connection import COMPRESSION_TYPES
+from actors.kafka.errors import KafkaSettingError
 
 # property key -> KafkaConnection field
 _DIRECT = {

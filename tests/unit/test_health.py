@@ -54,3 +54,30 @@ def test_not_ready_while_draining_or_a_child_is_down() -> None:
     health.down.clear()
     health.draining = True
     assert not health.readiness()[0]
+
+
+@dataclass
+class Watch:
+    reachable: bool = True
+    unreachable_since: str | None = None
+
+
+def test_ready_says_the_broker_is_reachable() -> None:
+    flags = Flags()
+    ready, details = Health(flags, flags, flags, Watch()).readiness()
+    assert ready and details["kafka"] == "reachable"
+
+
+def test_not_ready_while_the_broker_is_unreachable_and_says_since_when() -> None:
+    flags = Flags()  # joined: the consumer keeps its group while the broker is away
+    watch = Watch(reachable=False, unreachable_since="2026-01-01T00:00:00Z")
+    ready, details = Health(flags, flags, flags, watch).readiness()
+    assert not ready
+    assert details["kafka"] == "unreachable since 2026-01-01T00:00:00Z"
+    assert details["consuming"] is True
+
+
+def test_not_ready_before_the_broker_was_probed() -> None:
+    flags = Flags()
+    ready, details = Health(flags, flags, flags, Watch(reachable=False)).readiness()
+    assert not ready and details["kafka"] == "not probed yet"
