@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+import structlog
 
 from ops.models.engine_options import EngineChoice, build_engine, engine_choice, engine_options
 from ops.worker.settings import worker_config, worker_options
 
 if TYPE_CHECKING:
+    from actors.kafka.connection import KafkaConnection
     from gpu.echo_engine import EchoEngine
 
 
@@ -55,6 +57,7 @@ def worker(**kwargs: Any) -> None:
         faults = Faults.from_env()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    _refuse_unusable_kafka(config.kafka)
     map_large_host_allocations()  # swapped-out models give their memory back
     thread = engine_thread()  # the engine is built where it will be stepped
     engine = build_on(
@@ -81,6 +84,19 @@ def worker(**kwargs: Any) -> None:
         shutdown_worker_tracing(tracing)
     if service.exit_code:
         raise SystemExit(service.exit_code)
+
+
+def _refuse_unusable_kafka(kafka: KafkaConnection) -> None:
+    """Before the model loads: a setting that cannot work (bad credentials, an untrusted
+    certificate) exits 1 at once with one line. A broker that is only away is waited for."""
+    from actors.kafka.preflight import preflight
+
+    reach = asyncio.run(preflight(kafka))
+    if not reach.usable:
+        structlog.get_logger("tokenmill.worker").error(
+            "kafka_unusable", reason=reach.reason, **kafka.describe()
+        )
+        raise click.ClickException(f"kafka: {reach.reason}")
 
 
 def _registry_alias(name: str) -> Path | None:

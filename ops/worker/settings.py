@@ -7,6 +7,7 @@ either at the top level or under a `[worker]` table.
 
 from __future__ import annotations
 
+import socket
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -71,7 +72,8 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt(
             "--group-instance-id",
             default=None,
-            help="Static membership (KIP-345): a stable name per worker (e.g. its pod name). "
+            help="Static membership (KIP-345): a stable name per worker, unique in the group "
+            "(`{hostname}` is replaced by the host's name: a StatefulSet pod's or a container's). "
             "Restarted within the session timeout, it gets its partitions back and no other "
             "worker's assignment moves.",
         ),
@@ -178,6 +180,11 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def instance_id(value: str | None) -> str | None:
+    """`--group-instance-id` with `{hostname}` expanded; None or empty: dynamic membership."""
+    return value.replace("{hostname}", socket.gethostname()) if value else None
+
+
 def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
     """Pop the worker options out of a command's kwargs; bad values become usage errors."""
     try:
@@ -185,7 +192,7 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
         return WorkerConfig(
             kafka=kafka_connection(kwargs),
             group=kwargs.pop("group"),
-            group_instance_id=kwargs.pop("group_instance_id") or None,
+            group_instance_id=instance_id(kwargs.pop("group_instance_id")),
             session_timeout_ms=kwargs.pop("session_timeout_ms"),
             connect_timeout_s=kwargs.pop("connect_timeout"),
             requests_topic=kwargs.pop("requests_topic"),

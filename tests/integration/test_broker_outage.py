@@ -243,3 +243,31 @@ async def test_a_killed_broker_makes_the_worker_unready_until_it_is_back(
     )
     assert len(during_outage) < 200, "\n".join(during_outage[-50:])
     assert "kafka_unreachable" in events and "kafka_reachable" in events
+
+
+async def test_a_connect_timeout_makes_a_worker_without_broker_exit_1_saying_so(
+    tiny_checkpoints, tmp_path
+) -> None:
+    """`--connect-timeout`: the operator wants a worker that finds no broker to fail, not wait."""
+    nowhere = Lane(
+        bootstrap=f"127.0.0.1:{free_port()}",  # nothing listens there
+        requests="never.requests",
+        results="never.results",
+        dlq="never.dlq",
+        group="never",
+        partitions=1,
+    )
+    worker = WorkerProcess(
+        nowhere,
+        str(tiny_checkpoints["llama"]),
+        tmp_path / "worker.log",
+        ["--connect-timeout", "3", "--max-restarts", "5"],
+    ).start()
+    try:
+        code = await asyncio.to_thread(worker.wait, 180)
+    finally:
+        worker.close()
+    log = worker.log()
+    assert code == 1, log[-3000:]
+    assert "no broker answered within 3 s" in log and "kafka_unusable" in log, log[-3000:]
+    assert "child_restarted" not in log, log[-3000:]

@@ -10,6 +10,7 @@ is tokenmill's side of the connection).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -303,3 +304,61 @@ async def test_a_worker_with_a_wrong_password_exits_with_that_reason(
     assert says in log and "kafka_unusable" in log, log[-3000:]
     assert "child_restarted" not in log, "a setting to fix is not retried"
     assert secured_kafka.sasl_password() not in log
+
+
+def unsigned_jwt(subject: str, lifetime_s: float = 3600) -> str:
+    """What the broker's built-in (unsecured) OAUTHBEARER validator accepts: alg none."""
+
+    def part(claims: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {"sub": subject, "iat": now, "exp": now + int(lifetime_s)}
+    return f"{part({'alg': 'none'})}.{part(claims)}."
+
+
+async def test_oauthbearer_from_a_token_file_and_from_a_token_command(
+    secured_kafka: LocalKafka, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """The worker reads its token from a file; `submit` gets its own from a command."""
+    lane = await new_lane(secured_kafka.bootstrap, partitions=1)
+    token = tmp_path / "token.jwt"
+    token.write_text(unsigned_jwt("tokenmill") + "\n")
+    oauth = [
+        "-b",
+        secured_kafka.listener("sasl_ssl"),
+        "--security-protocol",
+        "SASL_SSL",
+        "--sasl-mechanism",
+        "OAUTHBEARER",
+        "--ssl-ca-file",
+        str(secured_kafka.tls_file("ca.pem")),
+    ]
+    worker = WorkerProcess(
+        lane,
+        MODEL,
+        tmp_path / "worker.log",
+        extra=["--engine", "echo", *oauth, "--oauth-token-file", str(token)],
+    ).start()
+    try:
+        await worker.wait_for_log("partitions_assigned", within_s=240)
+        command = f"cat {token}"  # as a cloud CLI's `... get-token` would print one
+        submitted = await tokenmill(
+            "submit",
+            "Hi",
+            "--wait",
+            "--timeout",
+            "120",
+            "--topic",
+            lane.requests,
+            "--results-topic",
+            lane.results,
+            *oauth,
+            "--oauth-token-command",
+            command,
+        )
+        assert submitted.returncode == 0, submitted.stderr[-2000:]
+        [result] = [json.loads(line) for line in submitted.stdout.splitlines()]
+        assert result["error"] is None
+    finally:
+        assert worker.terminate() == 0, worker.log()[-3000:]

@@ -150,6 +150,7 @@ def test_worker_waits_for_the_topics_and_reaches_kafka_and_jaeger_by_name() -> N
     assert worker["depends_on"]["topics"] == {"condition": "service_completed_successfully"}
     assert worker["environment"] == {
         "TOKENMILL_BOOTSTRAP_SERVERS": "kafka:9092",
+        "TOKENMILL_GROUP_INSTANCE_ID": "worker-{hostname}",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
         "OTEL_SERVICE_NAME": "tokenmill",
     }

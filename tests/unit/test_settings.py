@@ -171,3 +171,33 @@ def test_unreadable_toml_is_a_usage_error(tmp_path: Path) -> None:
     missing = run("--config", str(tmp_path / "nope.toml"))
     assert missing.exit_code == 2
     assert "does not exist" in missing.output
+
+
+def test_a_group_instance_id_may_name_the_host() -> None:
+    import socket
+
+    assert config_of().group_instance_id is None
+    assert config_of("--group-instance-id", "w-{hostname}").group_instance_id == (
+        f"w-{socket.gethostname()}"
+    )
+    env = {"TOKENMILL_GROUP_INSTANCE_ID": "fixed-1", "TOKENMILL_CONNECT_TIMEOUT": "5"}
+    config = config_of(env=env)
+    assert (config.group_instance_id, config.connect_timeout_s) == ("fixed-1", 5.0)
+
+
+def test_the_kafka_settings_come_from_a_properties_file_and_flags(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text(
+        "bootstrap.servers=broker:9094\nsecurity.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=SCRAM-SHA-256\nsasl.username=svc\nsasl.password=from-the-file\n"
+    )
+    config = config_of("--kafka-config", str(props), "--compression-type", "zstd")
+    assert config.kafka == KafkaConnection(
+        "broker:9094",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username="svc",
+        sasl_password="from-the-file",
+        compression_type="zstd",
+    )
+    assert "from-the-file" not in repr(config)
