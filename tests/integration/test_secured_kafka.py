@@ -22,8 +22,10 @@ import pytest
 from confluent_kafka import Producer
 
 from ops.services.kafka import LocalKafka
+from ops.services.local_process import free_port
 from ops.services.topics import create_topics
 from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane, results_by_id
+from tests.integration.test_supervision import http_get, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +103,8 @@ async def test_a_worker_submit_batch_and_status_through_a_secured_listener(
         SECRET,
         "--compression-type",
         "lz4",
+        "--http-port",
+        str(http_port := free_port()),
     )
     conn = connection_args(secured_kafka, kind)
     try:
@@ -176,8 +180,19 @@ async def test_a_worker_submit_batch_and_status_through_a_secured_listener(
         assert status.returncode == 0, status.stderr[-2000:]
         assert '"worker"' in status.stdout
 
+        ready = await wait_ready(worker, http_port)
+        assert ready["kafka"] == "reachable"
+        _, metrics = await asyncio.to_thread(http_get, http_port, "/metrics")
         password = secured_kafka.sasl_password()
-        for text in (worker.log(), submitted.stderr, batch.stderr, status.stderr, status.stdout):
+        for text in (
+            worker.log(),
+            submitted.stderr,
+            batch.stderr,
+            status.stderr,
+            status.stdout,
+            metrics.decode(),
+            json.dumps(ready),
+        ):
             assert password not in text
     finally:
         assert worker.terminate() == 0, worker.log()[-3000:]
