@@ -344,8 +344,12 @@ def _retrieve(future: asyncio.Future[object]) -> None:
 
 def _trimmed_dead_letter(record: _Record, exc: KafkaError) -> _Record | None:
     """A dead letter the DLQ refused, without its value and the original headers (None when
-    that was tried already)."""
-    ours = [(k, v) for k, v in record.headers if k.startswith("tokenmill-")]
+    that was tried already).
+
+    It keeps the headers tokenmill wrote (its own and Kafka Connect's), each once: the last
+    of a name, as the original headers come first. So it is a few KB, whatever the original.
+    """
+    ours = list({k: v for k, v in record.headers if k in h.DEAD_LETTER_HEADERS}.items())
     if not record.value and list(record.headers) == ours:
         log.error("dead_letter_refused", topic=record.topic, error=repr(exc))
         return None

@@ -10,7 +10,7 @@ from actors.mail import Admitted, DeadLetter, Outcome, RecordRef
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.headers import Headers
-from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, cut
+from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, MAX_NAME_CHARS, cut
 from messages.request import GenerateRequest
 from messages.result import (
     ErrorInfo,
@@ -65,7 +65,16 @@ def rejected_at_door(
     )
     dead_letter = None
     if code in DEAD_LETTER_CODES:
-        dead_letter = _dead_letter(record, code, message, value, headers, max_dead_letter_bytes)
+        dead_letter = _dead_letter(
+            record,
+            code,
+            message,
+            value,
+            headers,
+            max_dead_letter_bytes,
+            worker=worker,
+            stage=_DOOR_STAGES.get(code, "TASK_PUT"),
+        )
     return Outcome(
         record=record,
         result=result,
@@ -98,8 +107,27 @@ def undeliverable(
         error=ErrorInfo(code=code, message=message),
         source=old.source,
     )
-    letter = outcome.dead_letter or _dead_letter(outcome.record, code, message, value, [], None)
+    letter = outcome.dead_letter or _dead_letter(
+        outcome.record, code, message, value, [], None, worker=old.worker, stage="KAFKA_PRODUCE"
+    )
     return replace(outcome, result=result, reply_topic=results_topic, dead_letter=letter)
+
+
+# The stage of Kafka Connect's pipeline (its `Stage` enum) where each refusal at the door
+# would have happened: in a converter when the key or value cannot become a request, else in
+# the task (a quarantined record killed the workers running it). A result that could not be
+# delivered failed in KAFKA_PRODUCE.
+_DOOR_STAGES = {
+    ErrorCode.KEY_TOO_LARGE: "KEY_CONVERTER",
+    ErrorCode.INVALID_ENCODING: "VALUE_CONVERTER",
+    ErrorCode.INVALID_JSON: "VALUE_CONVERTER",
+    ErrorCode.MESSAGE_TOO_LARGE: "VALUE_CONVERTER",
+    ErrorCode.UNSUPPORTED_CONTENT_TYPE: "VALUE_CONVERTER",
+    ErrorCode.SCHEMA_VIOLATION: "VALUE_CONVERTER",
+    ErrorCode.MISSING_ID: "VALUE_CONVERTER",
+    ErrorCode.ID_TOO_LONG: "VALUE_CONVERTER",
+}
+_MAX_MESSAGE_BYTES = 1024  # a dead letter's error message, in each of its two headers
 
 
 def _dead_letter(
@@ -109,30 +137,66 @@ def _dead_letter(
     value: bytes | None,
     headers: Headers,
     max_bytes: int | None,
+    *,
+    worker: str,
+    stage: str,
 ) -> DeadLetter:
-    """The record for the DLQ, bounded: at most `max_bytes` of the value, the original headers
-    only if they are small, the key only if it is within the limit (headers say what was cut)."""
+    """The record for the DLQ, bounded: at most `max_bytes` of the value, the key only if it is
+    within the limit, the original headers only if they and ours stay within
+    DEAD_LETTER_HEADER_BYTES (headers say what was cut).
+
+    Ours follow the original headers and say why, and where the record was read, twice: in
+    tokenmill's names and in Kafka Connect's (`messages.headers.CONNECT_*`). They are a few KB
+    at most (the message and the worker id are cut), so a letter trimmed to them always fits.
+    """
     kept = value if value is not None else b""  # Kafka refuses a null key and value
-    extra: list[tuple[str, bytes]] = []
+    truncated: list[tuple[str, bytes]] = []
     if max_bytes is not None and len(kept) > max_bytes:
         # The original stays on the source topic (see the source headers) until retention.
         kept = kept[:max_bytes]
-        extra.append((h.DLQ_TRUNCATED_FROM, str(len(value or b"")).encode()))
-    if sum(len(k) + len(v) for k, v in headers) > DEAD_LETTER_HEADER_BYTES:
-        extra.append((h.DLQ_HEADERS_DROPPED, str(len(headers)).encode()))
-        headers = []
+        truncated.append((h.DLQ_TRUNCATED_FROM, str(len(value or b"")).encode()))
     key = record.key
+    key_dropped: list[tuple[str, bytes]] = []
     if key is not None and len(key) > MAX_KEY_BYTES:
-        extra.append((h.DLQ_KEY_DROPPED, str(len(key)).encode()))
+        key_dropped.append((h.DLQ_KEY_DROPPED, str(len(key)).encode()))
         key = None
+    reason = _utf8(message, _MAX_MESSAGE_BYTES)
+    topic = record.topic.encode()
+    partition = str(record.partition).encode()
+    offset = str(record.offset).encode()
     why = [
         (h.DLQ_ERROR_CODE, code.value.encode()),
-        (h.DLQ_ERROR_MESSAGE, message.encode()[:1024]),
-        (h.DLQ_SOURCE_TOPIC, record.topic.encode()),
-        (h.DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-        (h.DLQ_SOURCE_OFFSET, str(record.offset).encode()),
+        (h.DLQ_ERROR_MESSAGE, reason),
+        (h.DLQ_SOURCE_TOPIC, topic),
+        (h.DLQ_SOURCE_PARTITION, partition),
+        (h.DLQ_SOURCE_OFFSET, offset),
+        (h.CONNECT_TOPIC, topic),
+        (h.CONNECT_PARTITION, partition),
+        (h.CONNECT_OFFSET, offset),
+        (h.CONNECT_CONNECTOR_NAME, h.CONNECT_CONNECTOR.encode()),
+        (h.CONNECT_TASK_ID, _utf8(worker, MAX_NAME_CHARS)),
+        (h.CONNECT_STAGE, stage.encode()),
+        (h.CONNECT_EXCEPTION, h.connect_exception_class(code).encode()),
+        (h.CONNECT_EXCEPTION_MESSAGE, reason),
     ]
-    return DeadLetter(key=key, value=kept, headers=[*headers, *extra, *why])
+    dropped: list[tuple[str, bytes]] = []
+    if _header_bytes([*headers, *truncated, *key_dropped, *why]) > DEAD_LETTER_HEADER_BYTES:
+        dropped.append((h.DLQ_HEADERS_DROPPED, str(len(headers)).encode()))
+        headers = []
+    return DeadLetter(
+        key=key, value=kept, headers=[*headers, *truncated, *dropped, *key_dropped, *why]
+    )
+
+
+def _header_bytes(headers: Headers) -> int:
+    """The bytes `headers` take in a record: each name and value, and their two lengths (varints
+    of at most 3 bytes each below 1 MiB)."""
+    return sum(len(k.encode(errors="replace")) + len(v) + 6 for k, v in headers)
+
+
+def _utf8(text: str, max_bytes: int) -> bytes:
+    """`text` as UTF-8, cut to at most `max_bytes` without splitting a character."""
+    return text.encode(errors="replace")[:max_bytes].decode(errors="ignore").encode()
 
 
 def engine_outcome(

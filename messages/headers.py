@@ -23,6 +23,42 @@ DLQ_HEADERS_DROPPED = "tokenmill-headers-dropped"  # how many original headers (
 DLQ_KEY_DROPPED = "tokenmill-key-dropped"  # original key size (over the key limit)
 DLQ_CRASHES = "tokenmill-crashes"  # on a quarantined record: workers that died with it
 
+# Also on dead letters: Kafka Connect's error context, under the names its DeadLetterQueueReporter
+# writes with `errors.deadletterqueue.context.headers.enable=true`, so that tools made for
+# Connect's DLQs read tokenmill's too. UTF-8 text; partition and offset in decimal.
+CONNECT_TOPIC = "__connect.errors.topic"
+CONNECT_PARTITION = "__connect.errors.partition"
+CONNECT_OFFSET = "__connect.errors.offset"
+CONNECT_CONNECTOR_NAME = "__connect.errors.connector.name"  # always CONNECT_CONNECTOR
+CONNECT_TASK_ID = "__connect.errors.task.id"  # the worker id
+CONNECT_STAGE = "__connect.errors.stage"  # one of Connect's `Stage` names
+CONNECT_EXCEPTION = "__connect.errors.exception.class.name"  # see `connect_exception_class`
+CONNECT_EXCEPTION_MESSAGE = "__connect.errors.exception.message"  # as DLQ_ERROR_MESSAGE
+CONNECT_CONNECTOR = "tokenmill"
+
+# Every header tokenmill itself writes on a dead letter (a trimmed one keeps only these).
+DEAD_LETTER_HEADERS = frozenset(
+    {
+        DLQ_ERROR_CODE,
+        DLQ_ERROR_MESSAGE,
+        DLQ_SOURCE_TOPIC,
+        DLQ_SOURCE_PARTITION,
+        DLQ_SOURCE_OFFSET,
+        DLQ_TRUNCATED_FROM,
+        DLQ_HEADERS_DROPPED,
+        DLQ_KEY_DROPPED,
+        DLQ_CRASHES,
+        CONNECT_TOPIC,
+        CONNECT_PARTITION,
+        CONNECT_OFFSET,
+        CONNECT_CONNECTOR_NAME,
+        CONNECT_TASK_ID,
+        CONNECT_STAGE,
+        CONNECT_EXCEPTION,
+        CONNECT_EXCEPTION_MESSAGE,
+    }
+)
+
 Headers = Sequence[tuple[str, bytes]]
 
 # Trace headers are copied from a request to its result; nothing else is.
@@ -55,3 +91,13 @@ def trace_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tu
         if value is not None and len(value) <= _TRACE_HEADER_LIMITS[name]:
             out.append((name, value))
     return out
+
+
+def connect_exception_class(code: str) -> str:
+    """The class-like name a dead letter's CONNECT_EXCEPTION gives for an error code:
+    `message_too_large` → `tokenmill.errors.MessageTooLarge`.
+
+    Connect writes a Java class name there, and tools group and match on it as one; derived
+    from the code (a closed set that never changes meaning), it is as stable as the code.
+    """
+    return "tokenmill.errors." + "".join(word.capitalize() for word in code.split("_"))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import socket
 
+from aiokafka.structs import ConsumerRecord
 from confluent_kafka import Producer
 
 from gpu.engine import Engine
@@ -47,6 +49,20 @@ def produce_foreign(bootstrap: str, topic: str, records: list[tuple[bytes | None
     assert producer.flush(60) == 0
 
 
+def assert_connect_context(
+    letter: ConsumerRecord[bytes, bytes], *, topic: str, offset: int, stage: str, task: str
+) -> None:
+    """The letter says why and where, as Kafka Connect's DLQ context headers would, too."""
+    names = {name: value.decode() for name, value in letter.headers}
+    code = names[h.DLQ_ERROR_CODE]
+    assert names[h.CONNECT_TOPIC] == topic
+    assert (names[h.CONNECT_PARTITION], names[h.CONNECT_OFFSET]) == ("0", str(offset))
+    assert names[h.CONNECT_STAGE] == stage, code
+    assert names[h.CONNECT_EXCEPTION] == h.connect_exception_class(code)
+    assert names[h.CONNECT_EXCEPTION_MESSAGE] == names[h.DLQ_ERROR_MESSAGE] != ""
+    assert (names[h.CONNECT_CONNECTOR_NAME], names[h.CONNECT_TASK_ID]) == ("tokenmill", task)
+
+
 def huge_id_request() -> bytes:
     return encode_json({"id": "x" * 700_000, "prompt_token_ids": [5, 6], "max_new_tokens": 2})
 
@@ -80,6 +96,14 @@ async def test_a_700_kb_id_from_a_foreign_client_stops_no_worker(
         assert by_code[b"id_too_long"].value == records[1][1], "the raw record, whole"
         assert by_code[b"key_too_large"].key is None  # dropped, its size in a header
         assert dict(by_code[b"key_too_large"].headers)[h.DLQ_KEY_DROPPED] == b"1025"
+        task = f"{socket.gethostname()}-{first.pid}"  # the worker's default id
+        for code, offset, stage in [
+            (b"id_too_long", 1, "VALUE_CONVERTER"),
+            (b"key_too_large", 2, "KEY_CONVERTER"),
+        ]:
+            assert_connect_context(
+                by_code[code], topic=lane.requests, offset=offset, stage=stage, task=task
+            )
         await wait_committed_to_end(lane)
         assert first.process is not None and first.process.poll() is None, first.log()[-3000:]
     finally:
@@ -124,7 +148,8 @@ async def test_reply_to_that_may_not_or_cannot_be_written_is_answered_on_the_res
     ]
     before = set(await describe_topics(lane.bootstrap))
     engine = Engine(load_model(tiny_checkpoints["llama"], name="tiny"), EngineConfig())
-    async with running_worker(lane.worker_config(), engine) as worker:
+    config = lane.worker_config()
+    async with running_worker(config, engine) as worker:
         await produce(lane.bootstrap, lane.requests, [*requests, good(0)])
         found = await results_by_id(lane, [*cases, "good-0"])
         await wait_committed_to_end(lane)
@@ -138,6 +163,10 @@ async def test_reply_to_that_may_not_or_cannot_be_written_is_answered_on_the_res
     (letter,) = [x for x in letters if x.key == b"too-small"]
     assert dict(letter.headers)[h.DLQ_ERROR_CODE] == b"result_too_large"
     assert b'"too-small"' in letter.value, "the request, for a retry elsewhere"
+    offset = list(cases).index("too-small")
+    assert_connect_context(
+        letter, topic=lane.requests, offset=offset, stage="KAFKA_PRODUCE", task=config.worker_id
+    )
     assert set(await describe_topics(lane.bootstrap)) - before == set(), "no topic was created"
 
 

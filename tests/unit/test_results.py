@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, Outcome, RecordRef
-from actors.results import engine_outcome, finish_reason, rejected_at_door
+from actors.results import engine_outcome, finish_reason, rejected_at_door, undeliverable
 from messages import headers as h
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
@@ -31,7 +32,28 @@ DLQ_HEADERS = [
     h.DLQ_SOURCE_TOPIC,
     h.DLQ_SOURCE_PARTITION,
     h.DLQ_SOURCE_OFFSET,
+    # Kafka Connect's, as its DeadLetterQueueReporter names them.
+    "__connect.errors.topic",
+    "__connect.errors.partition",
+    "__connect.errors.offset",
+    "__connect.errors.connector.name",
+    "__connect.errors.task.id",
+    "__connect.errors.stage",
+    "__connect.errors.exception.class.name",
+    "__connect.errors.exception.message",
 ]
+# The stage of Connect's pipeline each dead-lettered refusal is reported in.
+STAGES = {
+    ErrorCode.INVALID_ENCODING: b"VALUE_CONVERTER",
+    ErrorCode.INVALID_JSON: b"VALUE_CONVERTER",
+    ErrorCode.MESSAGE_TOO_LARGE: b"VALUE_CONVERTER",
+    ErrorCode.UNSUPPORTED_CONTENT_TYPE: b"VALUE_CONVERTER",
+    ErrorCode.SCHEMA_VIOLATION: b"VALUE_CONVERTER",
+    ErrorCode.MISSING_ID: b"VALUE_CONVERTER",
+    ErrorCode.ID_TOO_LONG: b"VALUE_CONVERTER",
+    ErrorCode.KEY_TOO_LARGE: b"KEY_CONVERTER",
+    ErrorCode.QUARANTINED: b"TASK_PUT",
+}
 
 
 def reject(code: ErrorCode, message: str = "why it was refused", **kw: Any) -> Outcome:
@@ -76,7 +98,111 @@ def test_the_dead_letter_keeps_the_record_and_says_why() -> None:
         "tokenmill-source-topic": b"tokenmill.requests",
         "tokenmill-source-partition": b"3",
         "tokenmill-source-offset": b"1041",
+        "__connect.errors.topic": b"tokenmill.requests",
+        "__connect.errors.partition": b"3",
+        "__connect.errors.offset": b"1041",
+        "__connect.errors.connector.name": b"tokenmill",
+        "__connect.errors.task.id": b"w1",
+        "__connect.errors.stage": b"VALUE_CONVERTER",
+        "__connect.errors.exception.class.name": b"tokenmill.errors.InvalidJson",
+        "__connect.errors.exception.message": b"cannot decode the request: JSON is malformed",
     }
+
+
+def test_every_dead_letter_code_has_its_connect_stage() -> None:
+    assert set(STAGES) == DEAD_LETTER_CODES
+
+
+@pytest.mark.parametrize("code", sorted(DEAD_LETTER_CODES), ids=str)
+def test_each_dead_letter_carries_connects_error_context_beside_tokenmills(
+    code: ErrorCode,
+) -> None:
+    letter = reject(code, "refused: " + code.value, worker="host-7-4242").dead_letter
+    assert letter is not None
+    names = dict(letter.headers)
+    assert names[h.DLQ_ERROR_CODE] == code.value.encode()
+    for ours, connects in [
+        (h.DLQ_SOURCE_TOPIC, h.CONNECT_TOPIC),
+        (h.DLQ_SOURCE_PARTITION, h.CONNECT_PARTITION),
+        (h.DLQ_SOURCE_OFFSET, h.CONNECT_OFFSET),
+        (h.DLQ_ERROR_MESSAGE, h.CONNECT_EXCEPTION_MESSAGE),
+    ]:
+        assert names[connects] == names[ours], connects
+    assert (names[h.CONNECT_TOPIC], names[h.CONNECT_PARTITION], names[h.CONNECT_OFFSET]) == (
+        b"tokenmill.requests",
+        b"3",
+        b"1041",
+    )
+    assert names[h.CONNECT_EXCEPTION_MESSAGE] == b"refused: " + code.value.encode()
+    assert names[h.CONNECT_EXCEPTION] == h.connect_exception_class(code).encode()
+    assert names[h.CONNECT_STAGE] == STAGES[code]
+    assert names[h.CONNECT_CONNECTOR_NAME] == b"tokenmill"
+    assert names[h.CONNECT_TASK_ID] == b"host-7-4242"
+    assert [n for n, _ in letter.headers].count(h.CONNECT_STAGE) == 1
+
+
+def test_connect_exception_class_names() -> None:
+    assert h.connect_exception_class(ErrorCode.MESSAGE_TOO_LARGE) == (
+        "tokenmill.errors.MessageTooLarge"
+    )
+    assert h.connect_exception_class(ErrorCode.ID_TOO_LONG) == "tokenmill.errors.IdTooLong"
+    names = {h.connect_exception_class(code) for code in ErrorCode}
+    assert len(names) == len(ErrorCode), "one name per code"
+    assert all(name.removeprefix("tokenmill.errors.").isidentifier() for name in names)
+
+
+@pytest.mark.parametrize("code", [ErrorCode.RESULT_TOO_LARGE, ErrorCode.REPLY_TO_REFUSED])
+def test_an_undeliverable_result_is_dead_lettered_at_the_produce_stage(code: ErrorCode) -> None:
+    ran = finished(admitted(), "stop", [1, 2])
+    outcome = undeliverable(ran, code, "team.replies: refused", results_topic="r", value=b"{}")
+    letter = outcome.dead_letter
+    assert letter is not None and letter.value == b"{}"
+    names = dict(letter.headers)
+    assert [n for n, _ in letter.headers] == DLQ_HEADERS
+    assert names[h.DLQ_ERROR_CODE] == code.value.encode()
+    assert names[h.CONNECT_STAGE] == b"KAFKA_PRODUCE"
+    assert names[h.CONNECT_EXCEPTION] == h.connect_exception_class(code).encode()
+    assert names[h.CONNECT_EXCEPTION_MESSAGE] == b"team.replies: refused"
+    assert names[h.CONNECT_TASK_ID] == b"w1"
+    assert (names[h.CONNECT_TOPIC], names[h.CONNECT_OFFSET]) == (b"tokenmill.requests", b"1041")
+
+
+def test_a_dead_letter_already_made_at_the_door_is_kept_when_undeliverable() -> None:
+    door = reject(ErrorCode.MISSING_ID)
+    outcome = undeliverable(
+        door, ErrorCode.REPLY_TO_REFUSED, "refused", results_topic="r", value=None
+    )
+    assert outcome.dead_letter is door.dead_letter
+
+
+def test_the_messages_are_cut_on_a_character_boundary() -> None:
+    letter = reject(ErrorCode.SCHEMA_VIOLATION, "é" * 1000, worker="ü" * 600).dead_letter
+    assert letter is not None
+    for name in (h.DLQ_ERROR_MESSAGE, h.CONNECT_EXCEPTION_MESSAGE):
+        value = h.header(letter.headers, name)
+        assert value is not None and value.decode() == "é" * 512  # 1,024 bytes
+    task = h.header(letter.headers, h.CONNECT_TASK_ID)
+    assert task is not None and task.decode() == "ü" * 256  # 512 bytes
+
+
+def header_bytes(headers: list[tuple[str, bytes]]) -> int:
+    return sum(len(k.encode()) + len(v) + 6 for k, v in headers)
+
+
+@pytest.mark.parametrize("slack", [0, 2048, 8192])
+def test_all_headers_of_a_dead_letter_stay_within_the_budget(slack: int) -> None:
+    # Original headers just below the budget on their own: with ours they may be over it.
+    big = [("x-blob", b"b" * (DEAD_LETTER_HEADER_BYTES - slack - 20))]
+    letter = reject(ErrorCode.INVALID_JSON, "m" * 5000, headers=big, worker="w" * 600).dead_letter
+    assert letter is not None
+    headers = list(letter.headers)
+    assert header_bytes(headers) <= DEAD_LETTER_HEADER_BYTES
+    names = dict(headers)
+    kept = "x-blob" in names
+    assert kept == (slack == 8192), "kept only when ours fit beside them"
+    if not kept:
+        assert names[h.DLQ_HEADERS_DROPPED] == b"1"
+    assert set(DLQ_HEADERS) <= set(names), "ours are never dropped"
 
 
 def test_a_tombstone_is_dead_lettered_with_an_empty_value() -> None:
