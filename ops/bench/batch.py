@@ -1,6 +1,6 @@
 """The batch benchmark: what `tokenmill batch run` costs over raw Kafka clients, and its memory.
 
-On one real broker (a local one on free ports unless a bootstrap address is given) and topics
+On one real broker (a local one on free ports unless a connection is given) and topics
 named for this run, one `tokenmill worker --engine echo` subprocess (no model: the plumbing
 alone) answers, in turn:
 
@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.kafka.connection import KafkaConnection
 from messages.request import GenerateRequest
-from ops.bench.broker import broker
+from ops.bench.broker import broker, kafka_facts
 from ops.bench.kafka import LoadClient, ceiling_run, warm_up
 from ops.bench.narrate import Narrate
-from ops.bench.worker import CpuMeter, worker_argv, worker_process
+from ops.bench.worker import CpuMeter, child_env, worker_argv, worker_process
 from ops.bench.workload import host_load
+from ops.connection.options import connection_argv
 from ops.models.engine_options import EngineChoice
 from ops.services.topics import create_topics
 
@@ -44,7 +46,7 @@ class BatchBenchOptions:
     engine: EngineChoice  # the echo worker reads this model's config and tokenizer
     lines: int = 100_000
     max_inflight: int = 1024
-    bootstrap_servers: str | None = None
+    kafka: KafkaConnection | None = None  # None: start a broker for this run
     partitions: int = 6
     timeout_s: float = 1800.0
 
@@ -60,11 +62,13 @@ class Measured:
     wall_s: float
 
 
-def run_measured(argv: list[str], cwd: Path | None = None) -> Measured:
+def run_measured(
+    argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Measured:
     """Run `argv` to the end, reaping it with wait4 so its own CPU time is what is measured."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        child = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err)
+        child = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -107,15 +111,16 @@ async def run_batch_bench(options: BatchBenchOptions, say: Narrate) -> dict[str,
     }
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-batch-") as tmp_name:
         tmp = Path(tmp_name)
-        async with broker(o.bootstrap_servers, tmp / "kafka", say) as (bootstrap, broker_pid):
+        async with broker(o.kafka, tmp / "kafka", say) as (kafka, broker_pid):
+            report["kafka"] = kafka_facts(o.kafka is not None, kafka) | {"partitions": o.partitions}
             base = f"tokenmill-bench-{run_id}-batch"
             topics = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
-            await create_topics(bootstrap, requests_partitions=o.partitions, names=topics)
-            argv = worker_argv(o.engine, "echo", bootstrap, topics)
+            await create_topics(kafka, requests_partitions=o.partitions, names=topics)
+            argv, secrets = worker_argv(o.engine, "echo", kafka, topics)
             log = tmp / "worker.log"
             async with (
-                worker_process(argv, log) as proc,
-                LoadClient(bootstrap, topics, linger_ms=5) as client,
+                worker_process(argv, log, env=secrets) as proc,
+                LoadClient(kafka, topics, linger_ms=5) as client,
             ):
                 say("worker (echo): starting and warming up")
                 warm = [_request(f"warm-{i}", i) for i in range(2000)]
@@ -129,7 +134,7 @@ async def run_batch_bench(options: BatchBenchOptions, say: Narrate) -> dict[str,
                 for lines in (report["small_lines"], o.lines):
                     say(f"batch: {lines} lines through `tokenmill batch run`")
                     report["batch"][str(lines)] = await asyncio.to_thread(
-                        _batch_run, o, bootstrap, topics, tmp, lines
+                        _batch_run, o, kafka, topics, tmp, lines
                     )
             report["worker_exit_code"] = proc.returncode
     report["host_load_1m"].append(host_load())
@@ -142,17 +147,20 @@ def _request(request_id: str, i: int) -> GenerateRequest:
 
 
 def _batch_run(
-    o: BatchBenchOptions, bootstrap: str, topics: dict[str, str], tmp: Path, lines: int
+    o: BatchBenchOptions, kafka: KafkaConnection, topics: dict[str, str], tmp: Path, lines: int
 ) -> dict[str, Any]:
     source = write_batch_file(tmp / f"in-{lines}.jsonl", lines, o.engine.model)
+    connection, secrets = connection_argv(kafka)
     argv = [
         sys.executable, "-m", "ops", "batch", "run", str(source),
         "-o", str(tmp / f"out-{lines}.jsonl"), "--json", "--no-progress",
-        "--bootstrap-servers", bootstrap, "--max-inflight", str(o.max_inflight),
+        *connection, "--max-inflight", str(o.max_inflight),
         "--topic", topics["requests"], "--results-topic", topics["results"],
         "--stall-timeout", str(o.timeout_s),
     ]  # fmt: skip
-    measured = run_measured(argv, cwd=Path(__file__).resolve().parent.parent)
+    measured = run_measured(
+        argv, cwd=Path(__file__).resolve().parent.parent, env=child_env(secrets)
+    )
     if measured.returncode != 0:
         raise RuntimeError(f"tokenmill batch run failed:\n{measured.stderr[-3000:]}")
     summary = json.loads(measured.stdout)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from actors.kafka.connection import KafkaConnection
 from ops.bench.narrate import Narrate
 from ops.services.kafka import LocalKafka
 from ops.services.local_process import free_port
@@ -16,26 +17,42 @@ from ops.services.local_process import free_port
 
 @contextlib.asynccontextmanager
 async def broker(
-    bootstrap: str | None, state_dir: Path, say: Narrate
-) -> AsyncIterator[tuple[str, int | None]]:
-    """The given broker, or a local one on free ports in `state_dir`, stopped on the way out.
+    kafka: KafkaConnection | None, state_dir: Path, say: Narrate
+) -> AsyncIterator[tuple[KafkaConnection, int | None]]:
+    """The given connection, or a local plaintext broker on free ports in `state_dir`, stopped
+    on the way out.
 
-    Yields its bootstrap address and, when started here, its pid.
+    Yields the connection to it and, when started here, its pid.
     """
-    if bootstrap is not None:
-        yield bootstrap, None
+    if kafka is not None:
+        yield kafka, None
         return
-    kafka = LocalKafka(state_dir=state_dir, port=free_port())
-    say(f"kafka: starting a local broker on {kafka.bootstrap}")
-    await asyncio.to_thread(kafka.start)
+    local = LocalKafka(state_dir=state_dir, port=free_port())
+    say(f"kafka: starting a local broker on {local.bootstrap}")
+    await asyncio.to_thread(local.start)
     try:
-        yield kafka.bootstrap, kafka.pid
+        yield KafkaConnection(local.bootstrap), local.pid
     finally:
-        await asyncio.to_thread(kafka.stop)
+        await asyncio.to_thread(local.stop)
 
 
-async def delete_topics(bootstrap: str, names: Sequence[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+def kafka_facts(given: bool, kafka: KafkaConnection | None) -> dict[str, object]:
+    """The report's account of the broker: given or started here, where, and how reached (no
+    secret: only `describe()`'s protocol and mechanism)."""
+    facts: dict[str, object] = {
+        "broker": "given" if given else "started for this run, on this machine",
+        "bootstrap": kafka.bootstrap_servers if kafka else None,
+    }
+    if kafka is not None:
+        described = kafka.describe()
+        facts |= {
+            k: described[k] for k in ("security_protocol", "sasl_mechanism") if k in described
+        }
+    return facts
+
+
+async def delete_topics(kafka: KafkaConnection, names: Sequence[str]) -> None:
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     with contextlib.suppress(Exception):  # best effort: a broker we do not own keeps them
         await admin.start()
         await admin.delete_topics(list(names))

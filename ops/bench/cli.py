@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import click
 
+from actors.kafka.connection import KafkaConnection
 from ops.bench.summaries import pipeline_summary, summary, swap_summary
+from ops.connection.options import kafka_connection, kafka_options
 from ops.errors import OpsError
 from ops.models.engine_options import build_engine, engine_choice, engine_options
 
@@ -24,11 +27,24 @@ def _positive(name: str, default: int, text: str) -> Callable[[Callable[..., Any
     )
 
 
-_broker_option = click.option(
-    "--bootstrap-servers",
-    default=None,
-    help="Use this broker; default: start one for the run on free ports, then stop it.",
-)
+def _bench_kafka(kwargs: dict[str, Any]) -> KafkaConnection | None:
+    """The broker the user gave (`--bootstrap-servers` or `--kafka-config`, or their env vars)
+    with the rest of the connection options; None: start a plaintext one for the run. Other
+    connection settings without a broker to apply to are a usage error, not silently dropped."""
+    given = kwargs["bootstrap_servers"] is not None or kwargs["kafka_config"] is not None
+    kafka = kafka_connection(kwargs)
+    if given:
+        return kafka
+    stray = [f.name for f in fields(kafka) if getattr(kafka, f.name) != getattr(_NOT_GIVEN, f.name)]
+    if stray:
+        raise click.UsageError(
+            f"{', '.join(stray)} given without --bootstrap-servers or --kafka-config: "
+            "without them the bench starts its own plaintext broker"
+        )
+    return None
+
+
+_NOT_GIVEN = KafkaConnection()
 
 
 def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,7 +131,7 @@ def engine(**kwargs: Any) -> None:
     help="Run only this section (repeatable); default: the first three. tracing: an echo "
     "worker with tracing off and on (sampled at 1.0, into a Jaeger started for the run).",
 )
-@_broker_option
+@kafka_options
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_workload_options
 @click.option(
@@ -143,16 +159,16 @@ def engine(**kwargs: Any) -> None:
 def pipeline(**kwargs: Any) -> None:
     """The engine's workload through real Kafka and a `tokenmill worker`, against the engine.
 
-    Starts a Kafka broker on free ports (unless --bootstrap-servers), makes topics for this
-    run, and runs the worker as a subprocess. throughput: bench engine's seeded workload on
-    the engine directly, then through Kafka: output tokens/s and their ratio (target ≥ 0.95).
-    latency: short requests at a light --rate through Kafka, end to end, against the same
-    requests one at a time on the engine: ms added at p50 (target ≤ 10) and p99. ceiling: a
-    worker with --engine echo (no model): its latency at a light rate (the plumbing's floor),
-    then requests/s when fed as fast as this process produces, with token-id and with text
-    prompts (target ≥ 10,000 on 2 cores, broker on the same machine). CPU seconds of the
-    worker, this process and the broker are reported beside wall times: on a busy host they
-    say more.
+    Starts a Kafka broker on free ports (unless --bootstrap-servers or --kafka-config give one,
+    with the other connection options), makes topics for this run, and runs the worker as a
+    subprocess. throughput: bench engine's seeded workload on the engine directly, then through
+    Kafka: output tokens/s and their ratio (target ≥ 0.95). latency: short requests at a light
+    --rate through Kafka, end to end, against the same requests one at a time on the engine: ms
+    added at p50 (target ≤ 10) and p99. ceiling: a worker with --engine echo (no model): its
+    latency at a light rate (the plumbing's floor), then requests/s when fed as fast as this
+    process produces, with token-id and with text prompts (target ≥ 10,000 on 2 cores, broker on
+    the same machine). CPU seconds of the worker, this process and the broker are reported
+    beside wall times: on a busy host they say more.
     """
     import asyncio
 
@@ -175,7 +191,7 @@ def pipeline(**kwargs: Any) -> None:
                 max_output=kwargs["max_output"],
             ),
             sections=tuple(s for s in SECTIONS if s in kwargs["only"]) or DEFAULT_SECTIONS,
-            bootstrap_servers=kwargs["bootstrap_servers"],
+            kafka=_bench_kafka(kwargs),
             partitions=kwargs["partitions"],
             rate=kwargs["rate"],
             latency_requests=kwargs["latency_requests"],
@@ -202,7 +218,7 @@ def pipeline(**kwargs: Any) -> None:
 )
 @_positive("--lines", 100_000, "Lines in the large file (the small one has a tenth).")
 @_positive("--max-inflight", 1024, "`batch run --max-inflight`.")
-@_broker_option
+@kafka_options
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_positive("--timeout", 1800, "Seconds to wait for results (and for progress in a batch run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
@@ -214,6 +230,7 @@ def batch_bench(**kwargs: Any) -> None:
     OpenAI Batch lines through `tokenmill batch run` subprocesses for a tenth of --lines and
     for --lines. Reports requests/s of each, their ratio, and the batch client's peak RSS for
     both file sizes (bounded memory: the large file's peak should barely exceed the small's).
+    On a broker started for the run unless --bootstrap-servers or --kafka-config give one.
     """
     import asyncio
 
@@ -226,7 +243,7 @@ def batch_bench(**kwargs: Any) -> None:
         engine=EngineChoice(model=kwargs["model"], dtype=None, device=None, engine=EngineConfig()),
         lines=kwargs["lines"],
         max_inflight=kwargs["max_inflight"],
-        bootstrap_servers=kwargs["bootstrap_servers"],
+        kafka=_bench_kafka(kwargs),
         partitions=kwargs["partitions"],
         timeout_s=kwargs["timeout"],
     )
@@ -255,7 +272,7 @@ def batch_bench(**kwargs: Any) -> None:
     show_default=True,
     help="Alias or .gguf file; the worker's a.gguf and b.gguf are both links to it.",
 )
-@_broker_option
+@kafka_options
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
@@ -298,12 +315,13 @@ def swap_bench(**kwargs: Any) -> None:
 
     Runs one `tokenmill worker` on a.gguf from a temp models dir that also holds b.gguf (both
     hard links to --model's file, so b is a real second load of the same bytes), on a broker
-    started for the run unless --bootstrap-servers. Sends short greedy requests at --rate for
-    --duration and, at --swap-at of it, a signed swap to b.gguf. Reports the swap's timings
-    (load, smoke test, flip or drain pause), and for requests sent before the command, during
-    the swap and after it: latency p50/p99/max, throughput and the models that answered; then
-    requests lost, duplicates, errors, p99 during/before and the throughput dip (slowest 1-s
-    bin around the swap over the mean before it). Exits 1 when the swap fails.
+    started for the run unless --bootstrap-servers or --kafka-config give one. Sends short
+    greedy requests at --rate for --duration and, at --swap-at of it, a signed swap to b.gguf.
+    Reports the swap's timings (load, smoke test, flip or drain pause), and for requests sent
+    before the command, during the swap and after it: latency p50/p99/max, throughput and the
+    models that answered; then requests lost, duplicates, errors, p99 during/before and the
+    throughput dip (slowest 1-s bin around the swap over the mean before it). Exits 1 when the
+    swap fails.
     """
     import asyncio
 
@@ -318,7 +336,7 @@ def swap_bench(**kwargs: Any) -> None:
             swap_at=kwargs["swap_at"],
             max_new_tokens=kwargs["max_new_tokens"],
             drain=kwargs["drain"],
-            bootstrap_servers=kwargs["bootstrap_servers"],
+            kafka=_bench_kafka(kwargs),
             timeout_s=kwargs["timeout"],
             min_after=kwargs["min_after"],
         )

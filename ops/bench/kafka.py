@@ -19,6 +19,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from actors.kafka.connection import KafkaConnection
 from messages.codec import Codec
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
@@ -35,16 +36,16 @@ class LoadClient:
     It reads the results topic from its end as it was before anything was sent.
     """
 
-    def __init__(self, bootstrap: str, topics: dict[str, str], *, linger_ms: int) -> None:
+    def __init__(self, kafka: KafkaConnection, topics: dict[str, str], *, linger_ms: int) -> None:
         self.topics = topics
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **kafka.producer_kwargs(),
             acks="all",
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_batch_size=256 << 10,
         )
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
         self.arrived: dict[str, tuple[float, GenerateResult]] = {}  # id → (perf_counter, result)
         # id → ms from the result record's timestamp (the worker's send) to its fetch here
         self.result_leg_ms: dict[str, float] = {}

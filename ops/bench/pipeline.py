@@ -1,7 +1,7 @@
 """The pipeline benchmark: `bench engine`'s seeded workload through real Kafka, against the engine.
 
 Three sections (any subset), on one real broker (a local one started on free ports in a temp
-dir unless a bootstrap address is given) and topics named for this run:
+dir unless a connection is given) and topics named for this run:
 
 - throughput: the workload run directly on an engine in this process (`run_all`), then through
   Kafka to a worker with the same engine options: output tokens/s of each, and their ratio.
@@ -47,7 +47,7 @@ from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from messages.request import GenerateRequest
-from ops.bench.broker import broker, delete_topics
+from ops.bench.broker import broker, delete_topics, kafka_facts
 from ops.bench.kafka import (
     LoadClient,
     ceiling_run,
@@ -150,12 +150,12 @@ async def _model_sections(run: PipelineRun) -> None:
 
     topics = await run.topics("torch")
     log = run.tmp / "worker-torch.log"
-    argv = worker_argv(o.engine, "torch", run.bootstrap, topics)
+    argv, secrets = worker_argv(o.engine, "torch", run.kafka, topics)
     report["worker"]["argv"]["torch"] = argv[3:]
     warm = wire_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-")
     async with (
-        worker_process(argv, log) as proc,
-        LoadClient(run.bootstrap, topics, linger_ms=0) as client,
+        worker_process(argv, log, env=secrets) as proc,
+        LoadClient(run.kafka, topics, linger_ms=0) as client,
     ):
         say("worker (torch): starting and warming up")
         report["worker"]["warm_up_s"]["torch"] = await warm_up(client, proc, log, warm, o.timeout_s)
@@ -226,19 +226,19 @@ async def _ceiling_section(run: PipelineRun) -> None:
 
     topics = await run.topics("echo")
     log = run.tmp / "worker-echo.log"
-    argv = worker_argv(o.engine, "echo", run.bootstrap, topics)
+    argv, secrets = worker_argv(o.engine, "echo", run.kafka, topics)
     report["worker"]["argv"]["echo"] = argv[3:]
     light = [BenchRequest(ids, p) for ids in prompts[: o.latency_requests]]
     rate = o.rate or MAX_LIGHT_RATE
     async with (
-        worker_process(argv, log) as proc,
-        LoadClient(run.bootstrap, topics, linger_ms=5) as client,
+        worker_process(argv, log, env=secrets) as proc,
+        LoadClient(run.kafka, topics, linger_ms=5) as client,
     ):
         say("worker (echo): starting and warming up")
         report["worker"]["warm_up_s"]["echo"] = await warm_up(client, proc, log, warm, o.timeout_s)
         load = [host_load()]
         say(f"kafka: {len(light)} echo requests at {rate}/s")
-        async with LoadClient(run.bootstrap, topics, linger_ms=0) as one_by_one:
+        async with LoadClient(run.kafka, topics, linger_ms=0) as one_by_one:
             echo_latency = await kafka_latency(one_by_one, light, rate, o.timeout_s)
         say(f"kafka: {n} echo requests with prompt_token_ids, as fast as they go")
         ids_run = await ceiling_run(client, by_ids, run.meter(proc), o.timeout_s)
@@ -264,9 +264,9 @@ async def run_bench(options: PipelineOptions, progress: Narrate | None = None) -
     report = skeleton(o, run_id)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         say = progress or (lambda _: None)
-        async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
-            report["kafka"]["bootstrap"] = bootstrap
-            run = PipelineRun(o, bootstrap, pid, run_id, Path(tmp), report, say)
+        async with broker(o.kafka, Path(tmp) / "kafka", say) as (kafka, pid):
+            report["kafka"] |= kafka_facts(o.kafka is not None, kafka)
+            run = PipelineRun(o, kafka, pid, run_id, Path(tmp), report, say)
             try:
                 if {"throughput", "latency"} & set(o.sections):
                     await _model_sections(run)
@@ -280,8 +280,8 @@ async def run_bench(options: PipelineOptions, progress: Narrate | None = None) -
                     ]
                     report["tracing"] = await tracing_section(run, prompts)
             finally:
-                if o.bootstrap_servers is not None and run.topics_made:
-                    await delete_topics(bootstrap, run.topics_made)
+                if o.kafka is not None and run.topics_made:
+                    await delete_topics(kafka, run.topics_made)
     report["environment"]["host_load_1m_at_end"] = host_load()
     report["targets"] = targets(report)
     report["warnings"] = warnings_for(report)

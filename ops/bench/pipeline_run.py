@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.kafka.connection import KafkaConnection
 from ops.bench.narrate import Narrate
 from ops.bench.worker import CpuMeter
 from ops.bench.workload import BenchOptions
@@ -25,7 +26,7 @@ class PipelineOptions:
     engine: EngineChoice  # the direct engine's, and the worker's engine options
     workload: BenchOptions = field(default_factory=BenchOptions)  # as `bench engine`'s
     sections: tuple[str, ...] = DEFAULT_SECTIONS
-    bootstrap_servers: str | None = None  # None: start a broker for this run
+    kafka: KafkaConnection | None = None  # None: start a broker for this run
     partitions: int = 6
     rate: float | None = None  # latency, requests/s; None: light for the engine (`light_rate`)
     latency_requests: int = 20
@@ -49,7 +50,7 @@ class PipelineRun:
     """What every section of one run shares."""
 
     options: PipelineOptions
-    bootstrap: str
+    kafka: KafkaConnection  # the given broker's, or the one started for this run
     broker_pid: int | None  # when this run started the broker
     run_id: str
     tmp: Path
@@ -61,9 +62,7 @@ class PipelineRun:
         """A fresh requests/results/dlq trio per worker, so no worker reads another's requests."""
         base = f"tokenmill-bench-{self.run_id}-{kind}"
         names = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
-        await create_topics(
-            self.bootstrap, requests_partitions=self.options.partitions, names=names
-        )
+        await create_topics(self.kafka, requests_partitions=self.options.partitions, names=names)
         self.topics_made += names.values()
         return names
 

@@ -16,6 +16,7 @@ import aiokafka
 import torch
 
 from actors.config import WorkerConfig
+from ops.bench.broker import kafka_facts
 from ops.bench.workload import host_load
 
 if TYPE_CHECKING:
@@ -46,8 +47,7 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
             "host_load_1m_at_start": host_load(),
         },
         "kafka": {
-            "broker": "given" if o.bootstrap_servers else "started for this run, on this machine",
-            "bootstrap": o.bootstrap_servers,
+            **kafka_facts(o.kafka is not None, o.kafka),  # bootstrap: set once the broker is up
             "partitions": o.partitions,
             "client": "aiokafka, acks=all, idempotent; linger 0 ms, 5 ms for the ceiling's floods",
         },

@@ -2,7 +2,7 @@
 
 One `tokenmill worker` subprocess serves `a.gguf` from a models directory in a temp dir that
 also holds `b.gguf`: two hard links (copies across filesystems) to the chosen GGUF file. A real
-broker (a local one on free ports unless a bootstrap address is given) carries topics named
+broker (a local one on free ports unless a connection is given) carries topics named
 for this run. Requests go out at a fixed rate, open loop (sends are scheduled, never wait for
 answers); at `swap_at` of the run a signed `SwapModel("b.gguf")` goes out on the control topic.
 
@@ -40,12 +40,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from actors.kafka.connection import KafkaConnection
 from messages.codec import Codec
 from messages.control import Command, Status, SwapModel
 from messages.events import Event, ModelSwapFailed, ModelSwapped, StatusReply
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from ops.bench.broker import broker, delete_topics
+from ops.bench.broker import broker, delete_topics, kafka_facts
 from ops.bench.narrate import Narrate
 from ops.bench.swap_report import summarize, warnings_for
 from ops.bench.swap_run import ResultLog, Stamp, SwapRun
@@ -70,7 +71,7 @@ class SwapBenchOptions:
     swap_at: float = 0.4  # share of duration_s at which the swap command goes out
     max_new_tokens: int = 16
     drain: bool = False  # force a drain-mode swap
-    bootstrap_servers: str | None = None  # None: start a broker for this run
+    kafka: KafkaConnection | None = None  # None: start a broker for this run
     timeout_s: float = 120.0  # per wait: the worker's start, the swap, the last results
     # Keep sending past duration_s, at the same rate, until this many requests went out after
     # the swap was done (within timeout_s more): a slow swap still leaves an "after" window.
@@ -107,7 +108,7 @@ def link_models(source: Path, models_dir: Path) -> str:
 class Rig:
     """This run's broker, topics (by role) and control secret."""
 
-    bootstrap: str
+    kafka: KafkaConnection
     broker_pid: int | None  # when this run started the broker
     topics: dict[str, str]
     secret: str
@@ -117,7 +118,7 @@ class Rig:
     ) -> list[Event]:
         """Send a signed command; its events, once one is of an `answered` type (or `wait_s`)."""
         return await send_command(
-            self.bootstrap,
+            self.kafka,
             command,
             secret=self.secret,
             control_topic=self.topics["control"],
@@ -127,12 +128,12 @@ class Rig:
         )
 
 
-def swap_worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
-    """The worker under test: a models dir to swap within, the control lane, no HTTP."""
+def swap_worker_argv(models_dir: Path, rig: Rig, drain: bool) -> tuple[list[str], dict[str, str]]:
+    """The worker under test: a models dir to swap within, the control lane, no HTTP; and the
+    env vars holding the connection's secrets."""
     flags = {
         "--model": models_dir / "a.gguf",
         "--models-dir": models_dir,
-        "--bootstrap-servers": rig.bootstrap,
         "--group": f"{rig.topics['requests']}.workers",
         "--requests-topic": rig.topics["requests"],
         "--results-topic": rig.topics["results"],
@@ -144,7 +145,7 @@ def swap_worker_argv(models_dir: Path, rig: Rig, drain: bool) -> list[str]:
         "--http-port": -1,
         "--swap-memory-budget": 1 if drain else None,  # no room for two models: drain mode
     }
-    return worker_command(flags)
+    return worker_command(flags, rig.kafka)
 
 
 async def _until_ready(
@@ -230,15 +231,15 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-swap-") as tmp:
         models_dir = Path(tmp) / "models"
         linked = link_models(source, models_dir)
-        async with broker(o.bootstrap_servers, Path(tmp) / "kafka", say) as (bootstrap, pid):
+        async with broker(o.kafka, Path(tmp) / "kafka", say) as (kafka, pid):
             topics = {role: f"tokenmill-bench-{run_id}-swap.{role}" for role in ROLES}
-            await create_topics(bootstrap, requests_partitions=3, names=topics)
-            rig = Rig(bootstrap, pid, topics, secrets.token_hex(16))
+            await create_topics(kafka, requests_partitions=3, names=topics)
+            rig = Rig(kafka, pid, topics, secrets.token_hex(16))
             try:
                 report = await _measure(o, rig, models_dir, say)
             finally:
-                if o.bootstrap_servers is not None:
-                    await delete_topics(bootstrap, list(topics.values()))
+                if o.kafka is not None:
+                    await delete_topics(kafka, list(topics.values()))
     report["config"] = {
         "model": o.model,
         "model_file": str(source),
@@ -257,10 +258,7 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -
         "note": "a.gguf and b.gguf are links to the same file: b is a real second load (another "
         "path, named b in results) of the same bytes, so both digests are equal",
     }
-    report["kafka"] = {
-        "broker": "given" if o.bootstrap_servers else "started for this run, on this machine",
-        "requests_partitions": 3,
-    }
+    report["kafka"] = kafka_facts(o.kafka is not None, rig.kafka) | {"requests_partitions": 3}
     report["environment"] = {
         "python": sys.version.split()[0],
         "cpus_usable": len(os.sched_getaffinity(0)),
@@ -271,18 +269,18 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -
 
 
 async def _measure(o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Narrate) -> dict[str, Any]:
-    argv = swap_worker_argv(models_dir, rig, o.drain)
+    argv, connection_secrets = swap_worker_argv(models_dir, rig, o.drain)
     log = models_dir.parent / "worker.log"
     run = SwapRun()
     producer = AIOKafkaProducer(
-        bootstrap_servers=rig.bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+        **rig.kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=0
     )
     await producer.start()
     try:
         partitions = await producer.partitions_for(rig.topics["results"])
         async with (
-            worker_process(argv, log) as proc,
-            ResultLog(rig.bootstrap, rig.topics["results"], partitions) as results,
+            worker_process(argv, log, env=connection_secrets) as proc,
+            ResultLog(rig.kafka, rig.topics["results"], partitions) as results,
         ):
             say("worker: loading a.gguf, then a warm-up request and a status command")
             ready_s = await _until_ready(rig, results, producer, proc, log, o)

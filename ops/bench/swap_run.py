@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from actors.kafka.connection import KafkaConnection
 from messages.codec import Codec
 from messages.events import Event
 from messages.result import GenerateResult
@@ -46,9 +47,9 @@ class SwapRun:
 class ResultLog:
     """Reads the results topic from its end as it was on entry; stamps each result on arrival."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: Collection[int]) -> None:
+    def __init__(self, kafka: KafkaConnection, topic: str, partitions: Collection[int]) -> None:
         self.tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
         self.first: dict[str, tuple[Stamp, GenerateResult]] = {}  # id → its first result
         self.duplicates: Counter[str] = Counter()  # id → results after the first
         self._fetched = asyncio.Event()

@@ -134,15 +134,15 @@ async def _flood(
     o = run.options
     topics = await run.topics(name)
     log: Path = run.tmp / f"worker-{name}.log"
-    argv = worker_argv(o.engine, kind, run.bootstrap, topics)
+    argv, secrets = worker_argv(o.engine, kind, run.kafka, topics)
     warm_requests = [
         GenerateRequest(id=f"{name}-warm-{i}", prompt_token_ids=r.prompt_token_ids or [1],
                         max_new_tokens=r.max_new_tokens)
         for i, r in enumerate(requests[:warm])
     ]  # fmt: skip
     async with (
-        worker_process(argv, log, env=env) as proc,
-        LoadClient(run.bootstrap, topics, linger_ms=5) as client,
+        worker_process(argv, log, env=secrets | env) as proc,
+        LoadClient(run.kafka, topics, linger_ms=5) as client,
     ):
         await warm_up(client, proc, log, warm_requests, o.timeout_s)
         pids = run.meter(proc).pids

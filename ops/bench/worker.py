@@ -1,8 +1,9 @@
 """The worker under test: a `tokenmill worker` subprocess, and the CPU seconds processes use.
 
-`worker_argv` builds the command line from the benchmark's engine options and this run's
-topics; `worker_process` runs it with nothing inherited from this environment's TOKENMILL_*
-settings and drains it on the way out. `CpuMeter` reads /proc for the CPU seconds the worker,
+`worker_argv` builds the command line from the benchmark's engine options, its Kafka connection
+and this run's topics, with the env vars that carry the connection's secrets; `worker_process`
+runs it with nothing else inherited from this environment's TOKENMILL_* settings and drains it
+on the way out. `CpuMeter` reads /proc for the CPU seconds the worker,
 the load generator and the broker use over one measurement.
 """
 
@@ -16,12 +17,15 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+from actors.kafka.connection import KafkaConnection
+from ops.connection.options import connection_argv
 from ops.models.engine_options import EngineChoice
 
 
 def worker_argv(
-    choice: EngineChoice, kind: str, bootstrap: str, topics: dict[str, str]
-) -> list[str]:
+    choice: EngineChoice, kind: str, kafka: KafkaConnection, topics: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The bench worker's command line, and the env vars it needs (see `worker_command`)."""
     e = choice.engine
     flags = {
         "--model": choice.model,
@@ -33,7 +37,6 @@ def worker_argv(
         "--max-num-seqs": e.max_num_seqs,
         "--max-batched-tokens": e.max_num_batched_tokens,
         "--num-kv-blocks": e.num_kv_blocks,
-        "--bootstrap-servers": bootstrap,
         "--group": f"{topics['requests']}.workers",
         "--requests-topic": topics["requests"],
         "--results-topic": topics["results"],
@@ -42,13 +45,26 @@ def worker_argv(
         "--http-port": -1,  # benchmarks measure the pipeline: no HTTP server, no control plane
         "--control-topic": "",
     }
-    return worker_command(flags)
+    return worker_command(flags, kafka)
 
 
-def worker_command(flags: Mapping[str, object]) -> list[str]:
-    """`tokenmill worker` in a fresh interpreter with `flags` (those set to None left out)."""
+def worker_command(
+    flags: Mapping[str, object], kafka: KafkaConnection
+) -> tuple[list[str], dict[str, str]]:
+    """`tokenmill worker` in a fresh interpreter with `flags` (those set to None left out) on
+    `kafka`; and the env vars holding the connection's secrets, kept off the command line."""
+    connection, secrets = connection_argv(kafka)
     args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
-    return [sys.executable, "-c", "from ops.cli import main; main()", "worker", *args]
+    argv = [sys.executable, "-c", "from ops.cli import main; main()", "worker", *connection, *args]
+    return argv, secrets
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment without its TOKENMILL_* and OTEL_* settings, then `extra`: a child's
+    settings are its flags and `extra` alone (an inherited TOKENMILL_KAFKA_CONFIG or
+    TOKENMILL_SECURITY_PROTOCOL would otherwise mix with the connection its flags give)."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_", "OTEL_"))}
+    return {**inherited, **(extra or {})}
 
 
 @contextlib.asynccontextmanager
@@ -58,13 +74,9 @@ async def worker_process(
     """Run the worker with only these settings (no TOKENMILL_* or OTEL_* from this
     environment; `env` adds its own); SIGTERM (a drain) on the way out, SIGKILL if it has
     not exited within a minute."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_", "OTEL_"))},
-        **(env or {}),
-    }
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=child_env(env)
         )
     try:
         yield proc

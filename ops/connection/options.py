@@ -12,6 +12,7 @@ default to show in `--help`, and a password is best given by file or env var (a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,34 @@ def connection_from(given: dict[str, Any]) -> KafkaConnection:
     if isinstance(settings.get("compression_type"), str):
         settings["compression_type"] = str(settings["compression_type"]).lower()
     return KafkaConnection(**settings)  # type: ignore[arg-type]
+
+
+def connection_argv(kafka: KafkaConnection) -> tuple[list[str], dict[str, str]]:
+    """The flags and env vars that give a `kafka_options` command in a child process this
+    same connection: flags for every setting off its default (always `--bootstrap-servers`,
+    and file paths made absolute, for a child in another directory), env vars for the secrets,
+    which never go on a command line (it shows in `ps`). Merge the env into the child's."""
+    default = KafkaConnection()
+    argv = ["--bootstrap-servers", kafka.bootstrap_servers]
+    for name in ("security_protocol", "sasl_mechanism", "sasl_username", "compression_type"):
+        value = getattr(kafka, name)
+        if value != getattr(default, name):
+            argv += [_flag(name), value]
+    for name in ("oauth_token_file", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"):
+        if path := getattr(kafka, name):
+            argv += [_flag(name), os.path.abspath(path)]
+    if not kafka.ssl_check_hostname:
+        argv.append("--no-ssl-check-hostname")
+    secrets = {
+        "TOKENMILL_SASL_PASSWORD": kafka.sasl_password,
+        "TOKENMILL_SSL_KEY_PASSWORD": kafka.ssl_key_password,
+        "TOKENMILL_OAUTH_TOKEN_COMMAND": kafka.oauth_token_command,
+    }
+    return argv, {name: value for name, value in secrets.items() if value is not None}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _read_secret(path: Path) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
 from ops.bench.pipeline import run_bench
 from ops.bench.pipeline_run import PipelineOptions
@@ -27,7 +28,7 @@ async def test_tracing_off_and_on_in_one_run(
     options = PipelineOptions(
         engine=engine,
         sections=("tracing",),
-        bootstrap_servers=kafka_bootstrap,
+        kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         echo_prompt_tokens=8,
         tracing_requests=300,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
 from ops.bench.batch import BatchBenchOptions, run_batch_bench
 from ops.models.engine_options import EngineChoice
@@ -17,7 +18,7 @@ async def test_the_report_compares_the_batch_client_with_a_raw_client(
         engine=EngineChoice(model="smollm2-135m", dtype=None, device=None, engine=EngineConfig()),
         lines=600,
         max_inflight=64,
-        bootstrap_servers=kafka_bootstrap,
+        kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         timeout_s=300,
     )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
 from ops.bench.cli import bench
 from ops.bench.pipeline import light_rate, run_bench
@@ -50,7 +51,7 @@ async def test_ceiling_through_an_echo_worker(
     options = PipelineOptions(
         engine=tiny_llama,
         sections=("ceiling",),
-        bootstrap_servers=kafka_bootstrap,
+        kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         echo_requests=300,
         echo_prompt_tokens=8,
@@ -88,7 +89,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         engine=tiny_llama,
         workload=BenchOptions(requests=4, min_prompt=4, max_prompt=12, min_output=3, max_output=8),
         sections=("throughput", "latency"),
-        bootstrap_servers=kafka_bootstrap,
+        kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         rate=20.0,
         latency_requests=3,

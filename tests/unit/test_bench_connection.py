@@ -1,0 +1,76 @@
+"""How the benches take their Kafka connection: given (`--bootstrap-servers` or
+`--kafka-config`) or None (a broker started for the run); handed to the worker as flags with
+its secrets in env vars; reported without a secret."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from actors.kafka.connection import KafkaConnection
+from gpu.engine_config import EngineConfig
+from ops.bench.broker import kafka_facts
+from ops.bench.cli import _bench_kafka, bench
+from ops.bench.worker import child_env, worker_argv
+from ops.models.engine_options import EngineChoice
+
+SECRET = "pw-Hx7-unlikely"
+SCRAM = KafkaConnection(
+    "broker:9093",
+    security_protocol="SASL_PLAINTEXT",
+    sasl_mechanism="SCRAM-SHA-256",
+    sasl_username="svc",
+    sasl_password=SECRET,
+)
+
+
+def _none(**given: object) -> dict[str, object]:
+    return {"bootstrap_servers": None, "kafka_config": None, **given}
+
+
+def test_no_broker_given_means_start_one() -> None:
+    assert _bench_kafka(_none()) is None
+
+
+def test_a_given_broker_brings_the_other_settings(tmp_path: Path) -> None:
+    given = _bench_kafka(_none(bootstrap_servers="b:9092", compression_type="zstd"))
+    assert given == KafkaConnection("b:9092", compression_type="zstd")
+    config = tmp_path / "client.properties"
+    config.write_text("bootstrap.servers=c:9092\n")
+    assert _bench_kafka(_none(kafka_config=str(config))) == KafkaConnection("c:9092")
+
+
+def test_settings_without_a_broker_are_a_usage_error() -> None:
+    env = {n: None for n in os.environ if n.startswith("TOKENMILL_")}
+    result = CliRunner().invoke(bench, ["batch", "--compression-type", "lz4"], env=env)
+    assert result.exit_code == 2
+    assert "compression_type given without --bootstrap-servers" in result.output
+
+
+def test_the_worker_gets_the_connection_with_its_secrets_off_the_command_line() -> None:
+    choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
+    topics = {"requests": "r", "results": "s", "dlq": "d"}
+    argv, env = worker_argv(choice, "echo", SCRAM, topics)
+
+    flags = argv[argv.index("worker") + 1 :]
+    assert flags[flags.index("--bootstrap-servers") + 1] == "broker:9093"
+    assert flags[flags.index("--sasl-mechanism") + 1] == "SCRAM-SHA-256"
+    assert not any(SECRET in arg for arg in argv)
+    assert env == {"TOKENMILL_SASL_PASSWORD": SECRET}
+    assert child_env(env)["TOKENMILL_SASL_PASSWORD"] == SECRET
+
+
+def test_the_report_names_the_broker_never_a_secret() -> None:
+    facts = kafka_facts(True, SCRAM)
+    assert facts == {
+        "broker": "given",
+        "bootstrap": "broker:9093",
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+    }
+    started = kafka_facts(False, KafkaConnection("127.0.0.1:40000"))
+    assert started["broker"] == "started for this run, on this machine"
+    assert "sasl_mechanism" not in started
+    assert kafka_facts(False, None)["bootstrap"] is None
