@@ -88,6 +88,15 @@ class IngestActor(Actor[Delivered | UseModel]):
         # past the rebalance (its partitions may have been revoked and handed back, with
         # fetching restarted at the last commit).
         self._generation = 0
+        # A fetch loop stalled past this (the process stopped, the event loop blocked, and
+        # heartbeats with it) may have outlived the session: the group may have handed its
+        # partitions on. The last heartbeat came at most one interval (aiokafka's 3 s) before
+        # the stall, so only a stall past session - 3 s (at least half the broker's minimum
+        # session of 6 s) can cost the membership; past a third, this member asks the group
+        # (a commit) before it runs what it fetched. A slow loop on a live event loop costs
+        # that one commit.
+        self._stall_s = config.session_timeout_ms / 3000
+        self._fenced: int | None = None  # a generation the group fenced: its fetches are dropped
 
     @property
     def outstanding(self) -> int:
@@ -167,6 +176,7 @@ class IngestActor(Actor[Delivered | UseModel]):
     # -- fetching ------------------------------------------------------------------------
 
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
+        fetched_at, stalled = time.monotonic(), False
         while not self.stopping.is_set():
             # Never fetch more than the watermark has room for: a whole fetched batch is
             # admitted before the next pause can take effect.
@@ -175,18 +185,50 @@ class IngestActor(Actor[Delivered | UseModel]):
             # What getmany returns belongs to the assignment current now; a rebalance while
             # it is handled resets the positions to the last commit (eager protocol).
             generation = self._generation
-            if fetched:  # what is now in flight is on record before it runs (crash_guard)
-                await self.committer.fetched(
-                    consumer,
-                    {tp: r[0].offset for tp, r in fetched.items()},
-                    {tp: r[-1].offset + 1 for tp, r in fetched.items()},
-                )
+            now = time.monotonic()
+            # Until the next records: back from a stop, getmany first returns nothing (its
+            # timeout ran out meanwhile), and the old assignment's records a moment later.
+            stalled, fetched_at = stalled or now - fetched_at > self._stall_s, now
+            if not fetched:
+                continue
+            owned = await self._on_record(consumer, fetched, generation, stalled)
+            stalled = False
+            if not owned:
+                continue
             for records in fetched.values():
                 await self._ingest(records, generation)
-            if fetched and self.backpressure.requests == len(self.buckets):
+            if self.backpressure.requests == len(self.buckets):
                 # Nothing is running: waiting to fill a batch would only add latency, and
                 # whatever arrives next joins the running batch at the engine's next step.
                 await self._flush(self.buckets.drain("idle"))
+
+    async def _on_record(
+        self,
+        consumer: AIOKafkaConsumer,
+        fetched: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+        generation: int,
+        stalled: bool,
+    ) -> bool:
+        """Put what was fetched on record as in flight before it runs (crash_guard); False
+        when it must not run: the group fenced this member (a zombie, back from a stall).
+
+        aiokafka learns that it was fenced only from a heartbeat or a commit, and its fetcher
+        hands out records of the old assignment until then. Dropped records were never
+        tracked: the rejoin that follows every fenced commit reads the new assignment's
+        positions from the last commits, so their owners (maybe this worker) run them."""
+        if self._fenced == generation:
+            return False
+        if await self.committer.fetched(
+            consumer,
+            {tp: r[0].offset for tp, r in fetched.items()},
+            {tp: r[-1].offset + 1 for tp, r in fetched.items()},
+            verify=stalled,
+        ):
+            return True
+        self._fenced = generation
+        log.warning("fetch_dropped_fenced", partitions=_names(fetched),
+                    records=sum(len(r) for r in fetched.values()))  # fmt: skip
+        return False
 
     async def _ingest(
         self, records: Sequence[ConsumerRecord[bytes, bytes]], generation: int

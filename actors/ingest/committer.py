@@ -2,6 +2,7 @@
 
     await committer.take_over(consumer, assigned)            last commits, to the crash guard
     await committer.fetched(consumer, first, to)              before fetched records run
+    await committer.fetched(consumer, first, to, verify=True) and after a stall, is it still ours?
     await committer.commit(consumer, assigned, fetched_to)   progress, and what is in flight
     await committer.commit(consumer, revoked, fetched_to, release=True)   giving them up
 
@@ -13,6 +14,9 @@ what is in flight, so it is written before fetched records run (`fetched()`): a 
 dies while running them leaves that behind. To keep that off the consume loop's path, it
 counts `headroom` more records than were fetched, and a fetch commits only when it passes
 that mark. A failed commit is logged and retried by the next one.
+
+A commit is also the one way to ask the group whether this member is still in it: `verify`
+writes one even when nothing changed, and says False when the group refused it (fenced).
 """
 
 from __future__ import annotations
@@ -87,15 +91,22 @@ class Committer:
         consumer: AIOKafkaConsumer,
         first: Mapping[TopicPartition, int],
         to: Mapping[TopicPartition, int],
-    ) -> None:
+        *,
+        verify: bool = False,
+    ) -> bool:
         """Records [first, to) of each partition were just fetched: before they run, make sure
-        the last commit counts them in flight (with headroom, so this rarely commits)."""
-        behind = {tp: end for tp, end in to.items() if end > self._in_flight_to.get(tp, -1)}
+        the last commit counts them in flight (with headroom, so this rarely commits).
+
+        `verify`: commit whether or not anything changed. False when that commit (or one made
+        anyway) was fenced: the records are no longer this member's to run."""
+        behind = {
+            tp: end for tp, end in to.items() if verify or end > self._in_flight_to.get(tp, -1)
+        }
         if not behind:
-            return
+            return True
         for tp, end in behind.items():
-            self._in_flight_to[tp] = end + self.headroom
-        await self.commit(consumer, behind, {}, first_fetched=first)
+            self._in_flight_to[tp] = max(self._in_flight_to.get(tp, -1), end + self.headroom)
+        return await self.commit(consumer, behind, {}, first_fetched=first, force=verify)
 
     async def commit(
         self,
@@ -105,9 +116,11 @@ class Committer:
         *,
         release: bool = False,
         first_fetched: Mapping[TopicPartition, int] | None = None,
-    ) -> None:
+        force: bool = False,
+    ) -> bool:
         """Commit each partition's commit point (or its last commit, or `first_fetched` when
-        there is neither yet) with the guard's metadata, or "released"."""
+        there is neither yet) with the guard's metadata, or "released"; `force`: even what is
+        already written. False when the group fenced this member (nothing was written)."""
         async with self._lock:
             offsets: dict[TopicPartition, OffsetAndMetadata] = {}
             owned = consumer.assignment()
@@ -124,10 +137,10 @@ class Committer:
                     continue  # nothing read from it, nothing committed yet
                 fetched = max(fetched_to.get(tp, offset), self._in_flight_to.get(tp, offset))
                 meta = RELEASED if release else self.guard.metadata(tp, offset, fetched)
-                if written != (offset, meta):
+                if force or written != (offset, meta):
                     offsets[tp] = OffsetAndMetadata(offset, meta)
             if not offsets:
-                return
+                return True
             try:
                 await consumer.commit({tp: (o.offset, o.metadata) for tp, o in offsets.items()})
             except CommitFailedError as exc:
@@ -135,13 +148,14 @@ class Committer:
                 # session). Nothing was written; the partitions' new owners answer again
                 # what this worker had not committed (at most duplicates).
                 log.warning("commit_fenced", partitions=_names(offsets), error=repr(exc))
-                return
+                return False
             except KafkaError as exc:  # a rebalance in progress: the next commit catches up
                 log.warning("commit_failed", error=repr(exc))
-                return
+                return True
             for tp, o in offsets.items():
                 self._written[tp] = (o.offset, o.metadata)
             self.tracker.mark_committed({tp: o.offset for tp, o in offsets.items()})
+            return True
 
 
 def _names(tps: Iterable[TopicPartition]) -> list[str]:

@@ -100,3 +100,29 @@ async def test_a_fenced_commit_writes_nothing_and_is_not_marked_done() -> None:
     consumer.fenced = False  # rejoined, still the owner: the commit is written then
     await c.commit(consumer, [TP], {TP: 1})
     assert consumer.commits[-1][TP][0] == 1
+
+
+async def test_a_verifying_fetch_commits_even_within_the_headroom_and_says_when_fenced() -> None:
+    """After a stall, a fetch asks the group (a commit) whether it is still a member."""
+    consumer: Any = Consumer()
+    c, _ = committer(headroom=100)
+    assert await c.fetched(consumer, {TP: 0}, {TP: 10})
+    assert await c.fetched(consumer, {TP: 10}, {TP: 20})  # within the headroom: no commit
+    assert len(consumer.commits) == 1
+    assert await c.fetched(consumer, {TP: 20}, {TP: 30}, verify=True)
+    assert len(consumer.commits) == 2
+    consumer.fenced = True
+    assert not await c.fetched(consumer, {TP: 30}, {TP: 40}, verify=True)
+    assert len(consumer.commits) == 2
+
+
+async def test_a_forced_commit_writes_what_is_already_written() -> None:
+    consumer: Any = Consumer()
+    c, tracker = committer()
+    tracker.track(TP, 0)
+    tracker.done(TP, 0)
+    assert await c.commit(consumer, [TP], {TP: 1})
+    assert await c.commit(consumer, [TP], {TP: 1})  # unchanged: nothing sent
+    assert len(consumer.commits) == 1
+    assert await c.commit(consumer, [TP], {TP: 1}, force=True)
+    assert len(consumer.commits) == 2
