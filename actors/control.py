@@ -105,21 +105,13 @@ class ControlActor(Actor[Event]):
         self._assigned.clear()
         async with contextlib.AsyncExitStack() as stack:
             producer = await started(
-                self._new_producer,
-                name="events",
-                stopping=self.stopping,
-                connection=self.config.kafka,
-                give_up_after_s=self.config.connect_timeout_s,
+                self._new_producer, name="events", stopping=self.stopping, settings=self.config
             )
             if producer is None:
                 return
             stack.push_async_callback(producer.stop)
             consumer = await started(
-                self._new_consumer,
-                name="control",
-                stopping=self.stopping,
-                connection=self.config.kafka,
-                give_up_after_s=self.config.connect_timeout_s,
+                self._new_consumer, name="control", stopping=self.stopping, settings=self.config
             )
             if consumer is None:
                 return

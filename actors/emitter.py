@@ -132,11 +132,7 @@ class EmitterActor(Actor[Outcome]):
         if backlog:
             log.warning("emitter_resending", outcomes=len(backlog))
         producer = await started(
-            self._new_producer,
-            name="emitter",
-            stopping=self.stopping,
-            connection=self.config.kafka,
-            give_up_after_s=self.config.connect_timeout_s,
+            self._new_producer, name="emitter", stopping=self.stopping, settings=self.config
         )
         if producer is None:
             return  # stopped before the broker came back: the backlog's offsets stay open

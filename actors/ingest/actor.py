@@ -118,11 +118,7 @@ class IngestActor(Actor[Delivered | UseModel]):
     async def run(self) -> None:
         self.joined = False
         consumer = await started(
-            self._new_consumer,
-            name="ingest",
-            stopping=self.stopping,
-            connection=self.config.kafka,
-            give_up_after_s=self.config.connect_timeout_s,
+            self._new_consumer, name="ingest", stopping=self.stopping, settings=self.config
         )
         if consumer is None:
             return  # drained before the broker answered

@@ -27,6 +27,16 @@ from actors.send_errors import backoff_s
 log = structlog.get_logger("tokenmill.kafka")
 
 
+class _Settings(Protocol):
+    """What a start needs of the worker's settings (`WorkerConfig`)."""
+
+    @property
+    def kafka(self) -> KafkaConnection: ...
+
+    @property
+    def connect_timeout_s(self) -> float | None: ...
+
+
 class _Client(Protocol):
     async def start(self) -> None: ...
 
@@ -41,13 +51,13 @@ async def started(
     *,
     name: str,
     stopping: asyncio.Event,
-    connection: KafkaConnection,
-    give_up_after_s: float | None = None,
+    settings: _Settings,
 ) -> C | None:
     """A client from `make()`, started once the broker answers; None if `stopping` is set
     first. A client whose start failed is stopped and a new one made for the next try.
-    `KafkaUnusable` when the connection cannot work, or the broker is still away after
-    `give_up_after_s` (None: wait as long as it takes)."""
+    `KafkaUnusable` when the connection (`settings.kafka`) cannot work, or the broker is
+    still away after `settings.connect_timeout_s` (None: wait as long as it takes)."""
+    connection, give_up_after_s = settings.kafka, settings.connect_timeout_s
     attempt = 0
     began = time.monotonic()
     while True:
@@ -67,7 +77,7 @@ async def started(
             waited = time.monotonic() - began
             if give_up_after_s is not None and waited >= give_up_after_s:
                 raise KafkaUnusable(
-                    f"no broker answered within {give_up_after_s:.0f} s "
+                    f"no broker answered within {give_up_after_s:g} s "
                     f"({reach.reason or _short(exc)})"
                 ) from None
             delay = backoff_s(attempt)

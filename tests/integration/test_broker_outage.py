@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -35,7 +35,7 @@ from tests.integration.pipeline import (
     request_codec,
     results_by_id,
 )
-from tests.integration.test_supervision import http_get
+from tests.integration.test_supervision import readiness
 
 pytestmark = pytest.mark.slow
 
@@ -144,26 +144,6 @@ class RequestStream:
                 return
             except KafkaError:  # the broker is away: its batch expired; send it again
                 self.failed_sends += 1
-
-
-Readiness = Callable[[int, dict[str, object]], bool]
-
-
-async def readiness(
-    worker: WorkerProcess, port: int, wanted: Readiness, within_s: float
-) -> dict[str, object]:
-    """Poll /readyz until `wanted(status, details)`; its details."""
-    async with asyncio.timeout(within_s):  # a hang bound only
-        while True:
-            assert worker.process is not None and worker.process.poll() is None, worker.log()
-            try:
-                status, body = await asyncio.to_thread(http_get, port, "/readyz")
-            except OSError:
-                status, body = 0, b"{}"
-            details = json.loads(body) if body.startswith(b"{") else {}
-            if wanted(status, details):
-                return details
-            await asyncio.sleep(0.2)
 
 
 def unreachable(status: int, details: dict[str, object]) -> bool:

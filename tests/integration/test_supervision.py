@@ -8,6 +8,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,17 +37,28 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-async def wait_ready(worker: WorkerProcess, port: int, within_s: float = 120) -> dict:
-    async with asyncio.timeout(within_s):
+Readiness = Callable[[int, dict[str, object]], bool]
+
+
+async def readiness(
+    worker: WorkerProcess, port: int, wanted: Readiness, within_s: float
+) -> dict[str, object]:
+    """Poll /readyz until `wanted(status, details)`; its details."""
+    async with asyncio.timeout(within_s):  # a hang bound only
         while True:
             assert worker.process is not None and worker.process.poll() is None, worker.log()
             try:
                 status, body = await asyncio.to_thread(http_get, port, "/readyz")
             except OSError:
                 status, body = 0, b"{}"
-            if status == 200:
-                return json.loads(body)
-            await asyncio.sleep(0.3)
+            details = json.loads(body) if body.startswith(b"{") else {}
+            if wanted(status, details):
+                return details
+            await asyncio.sleep(0.2)
+
+
+async def wait_ready(worker: WorkerProcess, port: int, within_s: float = 120) -> dict[str, object]:
+    return await readiness(worker, port, lambda status, _: status == 200, within_s)
 
 
 def samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
