@@ -107,7 +107,12 @@ def up(
     click.echo(f"kafka: {state} on {address} (pid {kafka.pid}, {kafka.state_dir})", err=True)
     for kind in kafka.security:
         _show_listener(kafka, kind)
-    click.echo(f"kafka: create the topics with `tokenmill topics create -b {address}`", err=True)
+    connect = (
+        f"--kafka-config {kafka.client_properties(kafka.security[0])}"
+        if kafka.security
+        else f"-b {address}"
+    )
+    click.echo(f"kafka: create the topics with `tokenmill topics create {connect}`", err=True)
     if jaeger:
         _start_jaeger(**jaeger_options)
     click.echo(kafka.listener(kafka.security[0]) if kafka.security else address)
