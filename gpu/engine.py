@@ -124,8 +124,14 @@ class Engine:
         kernels = None
         if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
             kernels = cpu_kernels()
+        windows = {model.config.layer_window(i) for i in range(model.config.num_layers)}
         self.runner = ModelRunner(
-            model.module, self.kv, model.device, seed=config.seed, kernels=kernels
+            model.module,
+            self.kv,
+            model.device,
+            seed=config.seed,
+            kernels=kernels,
+            window=max((w for w in windows if w is not None), default=None),
         )
         # What decode attention runs on: the native kernel reads the pool in place.
         self.attention_kernel = "native-paged" if kernels is not None else "sdpa-gather"

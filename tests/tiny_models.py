@@ -22,7 +22,8 @@ CORPUS = [
 ] * 20
 
 # llama_scaled: llama3 RoPE scaling and Llama's attention_bias (q/k/v and o_proj biases).
-ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2")
+# gemma2/gemma3: sliding windows of 12 and 10 positions, far shorter than the test prompts.
+ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2", "gemma2", "gemma3")
 
 
 def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
@@ -75,7 +76,52 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return MistralConfig(tie_word_embeddings=False, sliding_window=None, **llama_like)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
+    if arch in ("gemma2", "gemma3"):
+        return gemma_config(arch, common)
     raise ValueError(arch)
+
+
+def gemma_config(arch: str, common: dict):  # type: ignore[no-untyped-def, type-arg]
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        **common,
+    )
+    if arch == "gemma2":  # layers alternate sliding, full; soft caps low enough to bite
+        return Gemma2Config(
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=12,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=10.0,
+            **shape,
+        )
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    return Gemma3TextConfig(
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=32,
+        sliding_window=10,
+        layer_types=[
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+        ],
+        rope_parameters=rope,
+        **shape,
+    )
 
 
 def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
@@ -85,6 +131,11 @@ def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
     eos = tok.token_to_id(SPECIAL)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(arch, tok.get_vocab_size(), eos))
+    if arch.startswith("gemma"):  # Gemma's norms start at 0 (a scale of 1 + 0): make them count
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))

@@ -12,8 +12,9 @@ from torch import nn
 from gpu.device import default_device, default_dtype
 from gpu.errors import CheckpointError
 from gpu.loading.checkpoint import Checkpoint, load_hf_folder
-from gpu.loading.model_config import ModelConfig
+from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.loading.tokenizer import Tokenizer
+from gpu.models.gemma import GemmaForCausalLM
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
@@ -61,6 +62,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
 def build_module(config: ModelConfig, max_positions: int) -> nn.Module:
     if config.arch == "gpt2":
         return GPT2ForCausalLM(config, max_positions)
+    if config.arch in GEMMA_FAMILY:
+        return GemmaForCausalLM(config, max_positions)
     return LlamaForCausalLM(config, max_positions)
 
 
@@ -114,6 +117,9 @@ def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.
     if isinstance(module, LlamaForCausalLM):
         cos, sin = rope_tables(config, config.max_position_embeddings)
         module.rope_cos, module.rope_sin = cos.to(device), sin.to(device)
+        embed = module.embed_tokens
+    elif isinstance(module, GemmaForCausalLM):
+        module.fill_rope(config.max_position_embeddings, device)
         embed = module.embed_tokens
     else:
         assert isinstance(module, GPT2ForCausalLM)

@@ -1,0 +1,120 @@
+"""Gemma's config.json read into a ModelConfig (both the flat and the transformers-5 layout),
+its parameter count against transformers' own, and `tokenmill plan` on a config-only folder.
+The engine's parity with transformers is in test_gpu_engine.py (ARCHS has gemma2, gemma3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gpu.loading.model_config import FULL, SLIDING, ModelConfig, config_from_hf, load_hf_config
+from ops.models.plan_cli import plan
+
+# google/gemma-3-270m's config.json as published (transformers 4.55: rope settings flat).
+GEMMA3_270M: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "_sliding_window_pattern": 6,
+    "attention_bias": False,
+    "attn_logit_softcapping": None,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 640,
+    "intermediate_size": 2048,
+    "layer_types": ([SLIDING] * 5 + [FULL]) * 3,
+    "max_position_embeddings": 32768,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 18,
+    "num_key_value_heads": 1,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": 512,
+    "use_bidirectional_attention": False,
+    "vocab_size": 262144,
+}
+
+GEMMA2_2B: dict[str, Any] = {
+    "model_type": "gemma2",
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+}
+
+
+def test_gemma3_270m_config() -> None:
+    config = config_from_hf(GEMMA3_270M, Path("config.json"))
+    assert config.arch == "gemma3"
+    assert config.qk_norm and config.tie_word_embeddings
+    assert config.rope_theta == 1e6 and config.rope_local_theta == 1e4
+    assert config.attention_scale == 256**-0.5
+    assert config.attn_logit_softcapping is None and config.final_logit_softcapping is None
+    windows = [config.layer_window(i) for i in range(18)]
+    assert windows == ([512] * 5 + [None]) * 3
+
+
+def test_gemma2_config_alternates_and_soft_caps() -> None:
+    config = config_from_hf(GEMMA2_2B, Path("config.json"))
+    assert config.arch == "gemma2" and not config.qk_norm
+    assert config.layer_types == (SLIDING, FULL) * 13  # transformers' default: even layers slide
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+    assert config.rope_local_theta is None
+
+
+def test_transformers_5_layout_reads_the_same() -> None:
+    from transformers import Gemma3TextConfig
+
+    flat = config_from_hf(GEMMA3_270M, Path("config.json"))
+    fields = {k: v for k, v in GEMMA3_270M.items() if k not in ("architectures", "model_type")}
+    saved = Gemma3TextConfig(**fields).to_dict()  # rope settings nested per layer type
+    assert "sliding_attention" in saved["rope_parameters"]
+    assert config_from_hf(saved, Path("config.json")) == flat
+
+
+@pytest.mark.parametrize("raw", [GEMMA3_270M, GEMMA2_2B], ids=["gemma3", "gemma2"])
+def test_num_parameters_is_transformers_count(raw: dict[str, Any]) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+    hf_config = AutoConfig.for_model(raw["model_type"], **fields)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_config)
+    expected = sum(p.numel() for p in hf.parameters())  # tied: the embedding counted once
+    config: ModelConfig = config_from_hf(raw, Path("config.json"))
+    assert config.num_parameters() == expected
+
+
+def test_plan_on_a_config_only_gemma_folder(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3_270M))
+    args = ["--model", str(tmp_path), "--dtype", "bf16", "--batch", "2", "--seq-len", "2048"]
+    result = CliRunner().invoke(plan, [*args, "--device-memory", "4GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["arch"] == "gemma3"
+    assert record["num_parameters"] == load_hf_config(tmp_path).num_parameters()
+    assert record["kv_bytes_per_token"] == 2 * 18 * 1 * 256 * 2  # K and V, every layer
+    assert record["fits"] is True
