@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -71,7 +72,7 @@ def apply_rope(
 class WeightSource:
     """Hands out checkpoint tensors by name, checking each one's presence and shape."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    def __init__(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
         self.tensors = tensors
         self.path = path
 
