@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -20,6 +20,7 @@ from gpu.errors import RequestRejected
 from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
+from gpu.loading.model_config import GEMMA_FAMILY
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
@@ -120,11 +121,18 @@ class Engine:
         pad = self.allocator.allocate()
         if pad != PAD_BLOCK:
             raise RuntimeError(f"a fresh allocator handed out block {pad}, not {PAD_BLOCK}")
-        self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
+        windows = {model.config.layer_window(i) for i in range(model.config.num_layers)}
+        # Every layer local (and the model windows its attention): blocks behind the window
+        # are released as sequences grow (entries become PAD_BLOCK, which the scheduler's
+        # RELEASED_BLOCK names).
+        local_only = model.config.arch in GEMMA_FAMILY and None not in windows
+        scheduling = config.scheduler_config()
+        if local_only:
+            scheduling = replace(scheduling, window=model.config.sliding_window)
+        self.scheduler = Scheduler(scheduling, self.allocator, clock)
         kernels = None
         if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
             kernels = cpu_kernels()
-        windows = {model.config.layer_window(i) for i in range(model.config.num_layers)}
         self.runner = ModelRunner(
             model.module,
             self.kv,

@@ -76,7 +76,7 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return MistralConfig(tie_word_embeddings=False, sliding_window=None, **llama_like)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
-    if arch in ("gemma2", "gemma3"):
+    if arch in ("gemma2", "gemma3", "gemma3_local"):
         return gemma_config(arch, common)
     raise ValueError(arch)
 
@@ -108,17 +108,15 @@ def gemma_config(arch: str, common: dict):  # type: ignore[no-untyped-def, type-
         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     }
+    types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    if arch == "gemma3_local":  # every layer local: blocks behind the window are released
+        types = ["sliding_attention"] * 4
     return Gemma3TextConfig(
         num_key_value_heads=1,
         head_dim=16,
         query_pre_attn_scalar=32,
         sliding_window=10,
-        layer_types=[
-            "sliding_attention",
-            "full_attention",
-            "sliding_attention",
-            "sliding_attention",
-        ],
+        layer_types=types,
         rope_parameters=rope,
         **shape,
     )
