@@ -1,15 +1,17 @@
 """Reading checkpoints: an HF folder of safetensors or a single GGUF file.
 
-A `Checkpoint` is the config, every weight under its Hugging Face name (on the host, in the
-file's dtype; GGUF weights dequantized to float32; the model casts them to its compute dtype as
-it loads them), the tokenizer and the files read. `load_hf_folder` reads an HF folder here,
-`gpu.loading.gguf.load_gguf` a GGUF file; `gpu.loading.loader.load_checkpoint` picks between them.
+A `Checkpoint` is the config, every weight under its Hugging Face name (on the host: safetensors
+in the file's dtype, which the model casts to its compute dtype as it loads them; GGUF tensors
+dequantized one at a time, to the dtype `load_gguf` is given, as the model reads them), the
+tokenizer and the files read. `load_hf_folder` reads an HF folder here, `gpu.loading.gguf.load_gguf`
+a GGUF file; `gpu.loading.loader.load_checkpoint` picks between them.
 Only safetensors and GGUF are read; no pickle ever touches a model file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ class Checkpoint:
     """Everything needed to build a model, as read from disk."""
 
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # Hugging Face parameter names
+    tensors: Mapping[str, torch.Tensor]  # Hugging Face parameter names
     tokenizer: Tokenizer
     files: list[Path]  # the weight files, for the content digest
 

@@ -45,13 +45,16 @@ class LoadedModel:
         return tuple(dict.fromkeys((*self.config.eos_token_ids, *self.tokenizer.eos_token_ids)))
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file.
+
+    `dtype`: what a GGUF's tensors are dequantized to as they are read (safetensors keep theirs).
+    """
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
         from gpu.loading.gguf import load_gguf  # gguf-py only when a GGUF is read
 
-        return load_gguf(path)
+        return load_gguf(path, dtype)
     if path.is_file():
         raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
     if not path.is_dir():
@@ -84,7 +87,7 @@ def load_model(
     path = Path(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, dtype)
     with torch.device("meta"):
         module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
     # Materialise straight on the device in the compute dtype, then copy each weight in: the
