@@ -21,6 +21,7 @@ from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
 from gpu.loading.model_config import GEMMA_FAMILY
+from gpu.models.layers import long_rope_rows
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
@@ -133,6 +134,7 @@ class Engine:
         kernels = None
         if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
             kernels = cpu_kernels()
+        self.long_rope = long_rope_rows(model.config)
         self.runner = ModelRunner(
             model.module,
             self.kv,
@@ -140,6 +142,7 @@ class Engine:
             seed=config.seed,
             kernels=kernels,
             window=max((w for w in windows if w is not None), default=None),
+            long_rope=self.long_rope,
         )
         # What decode attention runs on: the native kernel reads the pool in place.
         self.attention_kernel = "native-paged" if kernels is not None else "sdpa-gather"
@@ -209,6 +212,11 @@ class Engine:
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 finished.append(self._finish(seq, reason))
+            elif self.long_rope is not None and seq.num_tokens == self.long_rope[0] + 1:
+                # LongRoPE: grown past the original length, the sequence switches to the long
+                # factors, and its K/V (short-rotated) are recomputed as transformers does.
+                # Its blocks stay; the scheduler prefills it again from position 0.
+                seq.num_computed_tokens = 0
         if timing is not None:
             timing.lap("collect", collecting)
             timing.step_done(began)

@@ -57,12 +57,16 @@ class ModelRunner:
         seed: int = 0,
         kernels: CpuKernels | None = None,
         window: int | None = None,
+        long_rope: tuple[int, int] | None = None,
     ) -> None:
         """`kernels`: tokenmill's native CPU kernels, for decode attention straight from the
         pool (all decodes in one group); None: SDPA over gathered blocks, grouped by length.
         `window`: the model's sliding window, if some layers have one: each step's metadata
-        then carries its view through the window too (`AttentionMetadata.local`)."""
+        then carries its view through the window too (`AttentionMetadata.local`).
+        `long_rope`: LongRoPE's (original, max_positions) (`gpu.models.layers.long_rope_rows`):
+        each step's metadata then carries the rope table row of every token."""
         self.model = model
+        self.long_rope = long_rope
         self.window = window
         self.kv = kv
         self.device = device
@@ -95,6 +99,7 @@ class ModelRunner:
         """Inputs for chunks (decodes first): ids, positions, metadata, rows to sample."""
         ids: list[int] = []
         positions: list[int] = []
+        rope_rows: list[int] = []
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
         bs = self.block_size
@@ -108,6 +113,13 @@ class ModelRunner:
                 slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
             ids.extend(seq.token_slice(chunk.start, chunk.end))
             positions.extend(range(chunk.start, chunk.end))
+            if self.long_rope is not None:
+                original, offset = self.long_rope
+                # A sequence longer than `original` is rotated by the long factors throughout.
+                shift = offset if seq.num_tokens > original else 0
+                rope_rows.extend(
+                    p + shift if p < original else p for p in range(chunk.start, chunk.end)
+                )
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
 
@@ -154,6 +166,7 @@ class ModelRunner:
             timing=timing,
             kernels=self.kernels,
             local=local,
+            rope_rows=self._to_device(rope_rows) if self.long_rope is not None else None,
         )
         return self._to_device(ids), self._to_device(positions), meta, sample_rows
 

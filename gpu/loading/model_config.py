@@ -15,7 +15,8 @@ from typing import Any
 
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe")
+MOE_ARCHS = ("mixtral", "qwen3_moe")  # sparse MLPs: gpu/models/moe.py
 GEMMA_FAMILY = ("gemma2", "gemma3")  # gemma3: the text model (HF "gemma3_text", GGUF "gemma3")
 ARCHITECTURES = (*LLAMA_FAMILY, "gpt2", *GEMMA_FAMILY)
 MODEL_TYPES = {"gemma3_text": "gemma3"}  # HF model_type -> arch, where the names differ
@@ -53,6 +54,11 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None  # scores = cap · tanh(scores / cap) (Gemma 2)
     final_logit_softcapping: float | None = None  # the same on the logits (Gemma 2)
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3)
+    partial_rotary_factor: float = 1.0  # RoPE on the first fraction of each head (Phi-4-mini)
+    num_experts: int = 0  # > 0: every layer's MLP is a sparse mixture of experts
+    num_experts_per_tok: int = 0  # experts each token is routed to (top-k)
+    moe_intermediate_size: int | None = None  # one expert's intermediate size
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
 
     @property
     def q_size(self) -> int:
@@ -61,6 +67,10 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def attention_scale(self) -> float:
@@ -95,7 +105,11 @@ class ModelConfig:
             attn += self.q_size + 2 * self.kv_size
         if self.output_bias:
             attn += h
+        if self.qk_norm:
+            attn += 2 * self.head_dim
         mlp = 3 * h * i
+        if self.num_experts:  # the router, then every expert (all are held, a few run)
+            mlp = self.num_experts * (h + 3 * h * (self.moe_intermediate_size or i))
         return embed + n * (attn + mlp + 2 * h) + h + head
 
 
@@ -143,7 +157,7 @@ def config_from_hf(raw: dict[str, Any], source: Path) -> ModelConfig:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         sliding = raw.get("sliding_window")
-        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and not raw.get("use_sliding_window"):
             sliding = None
         return ModelConfig(
             arch=model_type,
@@ -165,6 +179,9 @@ def config_from_hf(raw: dict[str, Any], source: Path) -> ModelConfig:
             activation=str(raw.get("hidden_act", "silu")),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_ids(raw.get("eos_token_id")),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            partial_rotary_factor=_partial_rotary_factor(raw),
+            **_experts(model_type, raw, source),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(source, f"config.json is missing or has a bad field: {exc}") from exc
@@ -237,7 +254,37 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
 
 
-SUPPORTED_ROPE_SCALING = ("linear", "llama3")
+def _partial_rotary_factor(raw: dict[str, Any]) -> float:
+    params = raw.get("rope_parameters") or {}
+    return float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+
+
+def _experts(model_type: str, raw: dict[str, Any], source: Path) -> dict[str, Any]:
+    """The ModelConfig fields of a sparse MLP (none for dense models)."""
+    if model_type not in MOE_ARCHS:
+        return {}
+    if model_type == "qwen3_moe":
+        step = int(raw.get("decoder_sparse_step", 1))
+        if step != 1 or raw.get("mlp_only_layers"):
+            raise UnsupportedArchitecture(
+                source,
+                f"qwen3_moe with dense layers (decoder_sparse_step {step}, mlp_only_layers "
+                f"{raw.get('mlp_only_layers')}) is not supported: every layer must be sparse",
+            )
+    experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
+    top_k = int(raw["num_experts_per_tok"])
+    if not 0 < top_k <= experts:
+        raise CheckpointError(source, f"num_experts_per_tok {top_k} of {experts} experts")
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        # Mixtral's experts are `intermediate_size` wide; Qwen3-MoE names theirs apart.
+        "moe_intermediate_size": int(raw.get("moe_intermediate_size") or raw["intermediate_size"]),
+        "norm_topk_prob": model_type == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+    }
+
+
+SUPPORTED_ROPE_SCALING = ("linear", "llama3", "longrope")
 
 
 def _rope_scaling(raw: dict[str, Any], source: Path) -> dict[str, Any] | None:
@@ -247,10 +294,17 @@ def _rope_scaling(raw: dict[str, Any], source: Path) -> dict[str, Any] | None:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
+    kind = "longrope" if kind == "su" else kind  # Phi-3's first name for it
     if kind not in SUPPORTED_ROPE_SCALING:
         raise UnsupportedArchitecture(
-            source, f"rope scaling {kind!r} is not supported (supported: linear, llama3)"
+            source,
+            f"rope scaling {kind!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ROPE_SCALING)})",
         )
+    if kind == "longrope":  # Phi-3 keeps the pretrained length beside rope_scaling
+        original = scaling.get("original_max_position_embeddings")
+        original = original or raw["original_max_position_embeddings"]
+        return dict(scaling, rope_type=kind, original_max_position_embeddings=int(original))
     return dict(scaling, rope_type=kind)
 
 

@@ -69,6 +69,8 @@ class AttentionMetadata:
     prefills: tuple[PrefillSpan, ...]
     timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
     kernels: CpuKernels | None = None  # native decode attention (CPU, float32), if built
+    rope_rows: torch.Tensor | None = None  # [tokens] int64 rows of the rope tables, where
+    # they are not the positions (LongRoPE: `gpu.models.layers.long_rope_rows`)
     window: int | None = None  # the sliding window these groups and spans see; None: all
     local: AttentionMetadata | None = None  # the step through the sliding window, if any
 

@@ -17,9 +17,11 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
+from gpu.models.llama import LlamaForCausalLM
+from gpu.models.llama_decode_step import implements
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
-from tests.tiny_models import ARCHS
+from tests.tiny_models import ARCHS, LONGROPE_ORIGINAL
 
 # Small blocks, a small per-step budget: long prompts are prefilled in several chunks that
 # share steps with other sequences' decodes, and every sequence spans many blocks.
@@ -138,5 +140,47 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
     prompts = random_prompts(model.config.vocab_size, 4, seed=3)
     alone = replace(attention_config("native-paged"), max_num_seqs=1)
     ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), alone)
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
+    if isinstance(model.module, LlamaForCausalLM) and cpu_kernels() is not None:
+        # The native step runs only what it implements: not q/k norms, experts, partial rotary.
+        assert (model.module.decode_step is not None) == implements(model.config)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """A prompt within original_max_position_embeddings: the short factors (the parity test's
+    prompt of 60 is past it, so the long ones)."""
+    model, hf = models["phi3", "onednn-packed"]
+    prompt = random_prompts(model.config.vocab_size, 1, seed=4, low=30, high=31)[0]
+    assert len(prompt) < LONGROPE_ORIGINAL < 60
+    with torch.inference_mode():
+        reference = hf(torch.tensor([prompt])).logits[0].float()
+    ours = engine_logits(model, prompt, attention_config(attention))
+    torch.testing.assert_close(ours, reference, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_partial_rotary_matches_transformers(tmp_path: Path, attention: str) -> None:
+    """Phi-4-mini's partial rotary (half of each head rotated) with LongRoPE and a tied head:
+    logits, then greedy tokens of prompts within and past original_max_position_embeddings."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import build_tiny_checkpoint
+
+    path = build_tiny_checkpoint("phi3_partial", tmp_path / "phi3_partial")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_model(path)
+    assert model.config.rotary_dim == model.config.head_dim // 2
+    config = attention_config(attention)
+    prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
+    with torch.inference_mode():
+        reference = hf(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(
+        engine_logits(model, prompt, config), reference, atol=LOGITS_ATOL, rtol=0
+    )
+    vocab = model.config.vocab_size
+    prompts = [random_prompts(vocab, 1, seed, n, n + 1)[0] for seed, n in ((5, 30), (6, 70))]
+    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), config)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
