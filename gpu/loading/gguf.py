@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gguf import GGUFReader, ReaderTensor
 
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.loading.checkpoint import Checkpoint
 from gpu.loading.gguf_quants import dequantize
+from gpu.loading.gguf_reader import GGUFFormatError, GGUFHeader, GGUFTensorInfo, read_gguf
 from gpu.loading.gguf_tokenizer import build_gguf_tokenizer
 from gpu.loading.model_config import ModelConfig, config_from_hf
 from gpu.loading.tokenizer import Tokenizer
@@ -71,10 +71,10 @@ def read_gguf_header(path: Path) -> tuple[ModelConfig, Tokenizer, int]:
     No tensor data is read (the benchmark's echo engine needs no weights).
     """
     path = Path(path)
-    reader = _open(path)
-    config = _config(reader, path)
-    tokenizer = build_gguf_tokenizer(_Meta(reader, path), config)
-    return config, tokenizer, int(reader.data_offset)
+    header = _open(path)
+    config = _config(header, path)
+    tokenizer = build_gguf_tokenizer(_Meta(header, path), config)
+    return config, tokenizer, int(header.data_offset)
 
 
 def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
@@ -83,19 +83,19 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
     Every tensor's name and shape is checked here; the data is read when the model takes it.
     """
     path = Path(path)
-    reader = _open(path)
-    config = _config(reader, path)
-    tensors = GGUFTensors(reader, config, path, dtype)
-    tokenizer = build_gguf_tokenizer(_Meta(reader, path), config)
+    header = _open(path)
+    config = _config(header, path)
+    tensors = GGUFTensors(header, config, path, dtype)
+    tokenizer = build_gguf_tokenizer(_Meta(header, path), config)
     return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=[path])
 
 
-def _open(path: Path) -> GGUFReader:
+def _open(path: Path) -> GGUFHeader:
     if not path.is_file():
         raise CheckpointError(path, "no such file")
     try:
-        return GGUFReader(path)
-    except Exception as exc:  # gguf-py fails on bad input with assorted numpy/struct errors
+        return read_gguf(path)
+    except (GGUFFormatError, OSError) as exc:
         raise CheckpointError(
             path,
             f"not a readable GGUF file ({path.stat().st_size} bytes; truncated or corrupt?): {exc}",
@@ -105,27 +105,26 @@ def _open(path: Path) -> GGUFReader:
 class _Meta:
     """Typed access to GGUF metadata, failing with the key's name."""
 
-    def __init__(self, reader: GGUFReader, path: Path) -> None:
-        self.fields = reader.fields
+    def __init__(self, header: GGUFHeader, path: Path) -> None:
+        self.fields = header.fields
         self.path = path
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self.fields.get(key)
-        return default if field is None else field.contents()
+        return self.fields.get(key, default)
 
     def require(self, key: str) -> Any:
         if key not in self.fields:
             raise CheckpointError(self.path, f"GGUF metadata key {key!r} is missing")
-        return self.fields[key].contents()
+        return self.fields[key]
 
     def count(self, key: str) -> int | None:
-        """Length of an array field, without decoding its elements."""
-        field = self.fields.get(key)
-        return None if field is None else len(field.data)
+        """Length of an array field."""
+        value = self.fields.get(key)
+        return None if value is None else len(value)
 
 
-def _config(reader: GGUFReader, path: Path) -> ModelConfig:
-    meta = _Meta(reader, path)
+def _config(header: GGUFHeader, path: Path) -> ModelConfig:
+    meta = _Meta(header, path)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitecture(
@@ -135,7 +134,7 @@ def _config(reader: GGUFReader, path: Path) -> ModelConfig:
         )
     if meta.get(f"{arch}.expert_count", 0):
         raise UnsupportedArchitecture(path, "mixture-of-experts GGUF models are not supported")
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in header.tensors}
     if "rope_freqs.weight" in names:
         raise CheckpointError(
             path, "per-dimension RoPE frequency factors (rope_freqs.weight) are not supported"
@@ -288,10 +287,10 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
     """
 
     def __init__(
-        self, reader: GGUFReader, config: ModelConfig, path: Path, dtype: torch.dtype
+        self, header: GGUFHeader, config: ModelConfig, path: Path, dtype: torch.dtype
     ) -> None:
         self.config, self.path, self.dtype = config, path, dtype
-        self._tensors = _checked_tensors(reader, config, path)
+        self._tensors = _checked_tensors(header, config, path)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tensors
@@ -325,12 +324,12 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
 
 
 def _checked_tensors(
-    reader: GGUFReader, config: ModelConfig, path: Path
-) -> dict[str, tuple[ReaderTensor, tuple[int, ...]]]:
+    header: GGUFHeader, config: ModelConfig, path: Path
+) -> dict[str, tuple[GGUFTensorInfo, tuple[int, ...]]]:
     """HF name → (the file's tensor, its HF shape), every name and shape checked."""
     expected = _expected_tensors(config)
-    out: dict[str, tuple[ReaderTensor, tuple[int, ...]]] = {}
-    for tensor in reader.tensors:
+    out: dict[str, tuple[GGUFTensorInfo, tuple[int, ...]]] = {}
+    for tensor in header.tensors:
         if tensor.name not in expected:
             raise CheckpointError(
                 path, f"tensor {tensor.name!r} is not part of a {config.arch} model"

@@ -90,7 +90,7 @@ TORCH_TYPES = tuple(_TORCH_KERNELS)
 def dequantize(
     data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...], dtype: torch.dtype
 ) -> torch.Tensor:
-    """A GGUF tensor's raw data (as `GGUFReader` gives it) → a new `dtype` tensor of `shape`.
+    """A GGUF tensor's raw data (as `gguf_reader` maps it) → a new `dtype` tensor of `shape`.
 
     Raises ValueError for data that does not hold `shape`'s elements, NotImplementedError for a
     type neither this module nor gguf-py can unpack.
