@@ -164,3 +164,47 @@ def test_all_local_layers_release_blocks_and_still_match_transformers(
     for prompt, completion in zip(prompts, run.completions, strict=True):
         expected = hf_greedy(hf, prompt, 24)
         assert completion.token_ids == expected, f"prompt of {len(prompt)} tokens diverged"
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-paged", "sdpa-gather"])
+def test_the_window_view_of_a_step_reads_only_the_windows_blocks(native: bool) -> None:
+    """Window 10, blocks of 4: a decode at position 40 sees 31-40, in blocks 7-10 of its table;
+    a prefill chunk of 37-44 sees 28-44, blocks 7-11. Nothing before is gathered or read."""
+    from gpu.kernels.native import cpu_kernels
+    from gpu.kv_pool import KVPool
+    from gpu.runner import ModelRunner
+    from gpu.scheduler import ScheduledChunk
+    from gpu.sequence import SamplingParams, Sequence
+
+    kernels = cpu_kernels() if native else None
+    if native and kernels is None:
+        pytest.skip("no C compiler here: the native kernels are off")
+    config = config_from_hf(GEMMA3_270M, Path("config.json"))
+    kv = KVPool(config, 64, 4, 32, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(None, kv, torch.device("cpu"), kernels=kernels, window=10)  # type: ignore[arg-type]
+    decode = Sequence("d", list(range(41)), SamplingParams(), arrival_time=0.0)
+    decode.block_table = list(range(1, 12))  # positions 0-43
+    decode.num_computed_tokens = 40
+    prefill = Sequence("p", list(range(45)), SamplingParams(), arrival_time=0.0)
+    prefill.block_table = list(range(20, 32))
+    prefill.num_computed_tokens = 37
+    chunks = [ScheduledChunk.of(decode, 40, 1), ScheduledChunk.of(prefill, 37, 8)]
+    _, _, meta, _ = runner.prepare(chunks)
+    local = meta.for_window(10)
+    assert local.window == 10 and meta.for_window(None) is meta
+    (group,) = local.decodes
+    if native:  # the kernel gets the whole table and where to start in it
+        assert group.starts is not None and group.starts.tolist() == [31]
+    else:
+        assert group.blocks.tolist() == decode.block_table[7:11]
+        assert group.mask is not None
+        seen = group.mask.flatten().nonzero().flatten() + 7 * 4
+        assert seen.tolist() == list(range(31, 41))
+    (span,) = local.prefills
+    assert span.blocks is not None and span.blocks.tolist() == prefill.block_table[7:12]
+    assert span.context == 45 - 7 * 4 and span.mask is not None
+    for row, query in enumerate(range(37, 45)):  # each query sees its own last 10 positions
+        seen = span.mask[row].nonzero().flatten() + 7 * 4
+        assert seen.tolist() == list(range(query - 9, query + 1))
+    with pytest.raises(ValueError, match="sliding window of 12"):
+        meta.for_window(12)
