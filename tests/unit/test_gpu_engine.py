@@ -160,17 +160,23 @@ def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: 
     torch.testing.assert_close(ours, reference, atol=LOGITS_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_partial_rotary_matches_transformers(tmp_path: Path, attention: str) -> None:
-    """Phi-4-mini's partial rotary (half of each head rotated) with LongRoPE and a tied head:
-    logits, then greedy tokens of prompts within and past original_max_position_embeddings."""
+@pytest.fixture(scope="module")
+def partial_rotary(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, object]:
+    """Phi-4-mini's shape (not in ARCHS, to keep the parity matrix small): ours and theirs."""
     from transformers import AutoModelForCausalLM
 
     from tests.tiny_models import build_tiny_checkpoint
 
-    path = build_tiny_checkpoint("phi3_partial", tmp_path / "phi3_partial")
+    path = build_tiny_checkpoint("phi3_partial", tmp_path_factory.mktemp("tiny") / "phi3")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model = load_model(path)
+    return load_model(path), hf
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_partial_rotary_matches_transformers(partial_rotary, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """Partial rotary (half of each head rotated) with LongRoPE and a tied head: logits, then
+    greedy tokens of prompts within and past original_max_position_embeddings."""
+    model, hf = partial_rotary
     assert model.config.rotary_dim == model.config.head_dim // 2
     config = attention_config(attention)
     prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
