@@ -190,3 +190,11 @@ def test_partial_rotary_matches_transformers(partial_rotary, attention: str) -> 
     ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), config)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_num_parameters_is_transformers_count(models, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """What the memory plan counts from the config alone is what transformers holds (every
+    expert of an MoE included)."""
+    model, hf = models[arch, "torch"]
+    assert model.config.num_parameters() == sum(p.numel() for p in hf.parameters())
