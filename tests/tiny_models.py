@@ -28,6 +28,9 @@ ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2", "gem
 # switching at 48 positions; mixtral, qwen3_moe: 4 experts, top 2 (renormalised, and not).
 ARCHS += ("qwen3", "phi3", "mixtral", "qwen3_moe")
 LONGROPE_ORIGINAL = 48  # phi3's original_max_position_embeddings
+# Tested apart from ARCHS (a smaller matrix): Phi-4-mini's partial rotary with a tied head;
+# Qwen3-MoE with a dense layer among the sparse ones (mlp_only_layers).
+EXTRA_ARCHS = ("phi3_partial", "qwen3_moe_dense")
 
 
 def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
@@ -82,7 +85,7 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
     if arch in ("gemma2", "gemma3", "gemma3_local"):
         return gemma_config(arch, common)
-    if arch in ("qwen3", "phi3", "phi3_partial", "mixtral", "qwen3_moe"):
+    if arch in ("qwen3", "phi3", "mixtral", "qwen3_moe", *EXTRA_ARCHS):
         return newer_llama_config(arch, llama_like)
     raise ValueError(arch)
 
@@ -116,13 +119,15 @@ def newer_llama_config(arch: str, llama_like: dict):  # type: ignore[no-untyped-
         return MixtralConfig(
             num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **experts
         )
+    dense = arch == "qwen3_moe_dense"  # layer 1's MLP dense, 128 wide
     return Qwen3MoeConfig(
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
-        norm_topk_prob=False,
+        norm_topk_prob=dense,
         head_dim=32,
-        **experts,
+        mlp_only_layers=[1] if dense else [],
+        **(llama_like if dense else experts),
     )
 
 
@@ -174,7 +179,7 @@ def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
     eos = tok.token_to_id(SPECIAL)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(arch, tok.get_vocab_size(), eos))
-    if arch in ("qwen3", "qwen3_moe"):  # q/k norms start at 1: make a misplaced one show
+    if arch.startswith("qwen3"):  # q/k norms start at 1: make a misplaced one show
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

@@ -59,6 +59,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0  # experts each token is routed to (top-k)
     moe_intermediate_size: int | None = None  # one expert's intermediate size
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    dense_layers: tuple[int, ...] = ()  # an MoE model's layers with a dense MLP (Qwen3-MoE)
 
     @property
     def q_size(self) -> int:
@@ -109,8 +110,14 @@ class ModelConfig:
             attn += 2 * self.head_dim
         mlp = 3 * h * i
         if self.num_experts:  # the router, then every expert (all are held, a few run)
-            mlp = self.num_experts * (h + 3 * h * (self.moe_intermediate_size or i))
+            sparse = self.num_experts * (h + 3 * h * (self.moe_intermediate_size or i))
+            dense = len(self.dense_layers)
+            return embed + n * (attn + 2 * h) + (n - dense) * sparse + dense * mlp + h + head
         return embed + n * (attn + mlp + 2 * h) + h + head
+
+    def sparse_layer(self, index: int) -> bool:
+        """Whether layer `index`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and index not in self.dense_layers
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -263,14 +270,12 @@ def _experts(model_type: str, raw: dict[str, Any], source: Path) -> dict[str, An
     """The ModelConfig fields of a sparse MLP (none for dense models)."""
     if model_type not in MOE_ARCHS:
         return {}
-    if model_type == "qwen3_moe":
+    dense: tuple[int, ...] = ()
+    if model_type == "qwen3_moe":  # as Qwen3MoeDecoderLayer picks each layer's MLP
         step = int(raw.get("decoder_sparse_step", 1))
-        if step != 1 or raw.get("mlp_only_layers"):
-            raise UnsupportedArchitecture(
-                source,
-                f"qwen3_moe with dense layers (decoder_sparse_step {step}, mlp_only_layers "
-                f"{raw.get('mlp_only_layers')}) is not supported: every layer must be sparse",
-            )
+        only = {int(n) for n in raw.get("mlp_only_layers") or ()}
+        layers = range(int(raw["num_hidden_layers"]))
+        dense = tuple(n for n in layers if n in only or (n + 1) % step)
     experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
     top_k = int(raw["num_experts_per_tok"])
     if not 0 < top_k <= experts:
@@ -281,6 +286,7 @@ def _experts(model_type: str, raw: dict[str, Any], source: Path) -> dict[str, An
         # Mixtral's experts are `intermediate_size` wide; Qwen3-MoE names theirs apart.
         "moe_intermediate_size": int(raw.get("moe_intermediate_size") or raw["intermediate_size"]),
         "norm_topk_prob": model_type == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+        "dense_layers": dense,
     }
 
 

@@ -114,7 +114,8 @@ def activation_reserve_bytes(
     routed = 0  # a sparse MLP's copies of each token's hidden state, into and out of experts
     if config.num_experts:
         k = config.num_experts_per_tok
-        i, routed = k * (config.moe_intermediate_size or i), 2 * k * h
+        # (a dense layer's MLP, if any, may be the wider)
+        i, routed = max(i, k * (config.moe_intermediate_size or i)), 2 * k * h
     per_token = tokens * (4 * h + routed + 3 * q + 3 * kv + 3 * i) * b
     logits = max_batch * config.vocab_size * (b + 4 * SAMPLING_FP32_COPIES)
     scores = config.num_heads * tokens * context * ATTENTION_SCORE_BYTES

@@ -107,12 +107,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.self_attn = LlamaAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mlp = SparseMoE(config) if config.num_experts else LlamaMLP(config)
+        self.mlp = SparseMoE(config) if config.sparse_layer(index) else LlamaMLP(config)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -123,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(config, n) for n in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:

@@ -21,7 +21,7 @@ from gpu.models.llama import LlamaForCausalLM
 from gpu.models.llama_decode_step import implements
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
-from tests.tiny_models import ARCHS, LONGROPE_ORIGINAL
+from tests.tiny_models import ARCHS, EXTRA_ARCHS, LONGROPE_ORIGINAL
 
 # Small blocks, a small per-step budget: long prompts are prefilled in several chunks that
 # share steps with other sequences' decodes, and every sequence spans many blocks.
@@ -161,23 +161,31 @@ def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: 
 
 
 @pytest.fixture(scope="module")
-def partial_rotary(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, object]:
-    """Phi-4-mini's shape (not in ARCHS, to keep the parity matrix small): ours and theirs."""
+def extra_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoadedModel, object]]:
+    """EXTRA_ARCHS (tested on the default kernels only, to keep the matrix small): ours, theirs."""
     from transformers import AutoModelForCausalLM
 
     from tests.tiny_models import build_tiny_checkpoint
 
-    path = build_tiny_checkpoint("phi3_partial", tmp_path_factory.mktemp("tiny") / "phi3")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return load_model(path), hf
+    root = tmp_path_factory.mktemp("tiny_extra")
+    loaded = {}
+    for arch in EXTRA_ARCHS:
+        path = build_tiny_checkpoint(arch, root / arch)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        loaded[arch] = load_model(path), hf
+    return loaded
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
-def test_partial_rotary_matches_transformers(partial_rotary, attention: str) -> None:  # type: ignore[no-untyped-def]
-    """Partial rotary (half of each head rotated) with LongRoPE and a tied head: logits, then
-    greedy tokens of prompts within and past original_max_position_embeddings."""
-    model, hf = partial_rotary
-    assert model.config.rotary_dim == model.config.head_dim // 2
+@pytest.mark.parametrize("arch", EXTRA_ARCHS)
+def test_extra_shapes_match_transformers(extra_models, arch: str, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """Logits, then greedy tokens of prompts within and past LongRoPE's original length."""
+    model, hf = extra_models[arch]
+    if arch == "phi3_partial":
+        assert model.config.rotary_dim == model.config.head_dim // 2
+    else:
+        assert model.config.dense_layers == (1,)
+        assert sum(p.numel() for p in hf.parameters()) == model.config.num_parameters()
     config = attention_config(attention)
     prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
     with torch.inference_mode():

@@ -275,15 +275,21 @@ def test_newer_architectures_plan_from_config_alone(tmp_path: Path, arch: str) -
     assert record["weights_bytes"] == parameters * 2
 
 
-def test_qwen3_moe_with_dense_layers_is_refused(tmp_path: Path) -> None:
-    config = dict(NEWER["qwen3_moe"][0], mlp_only_layers=[0, 1])
+def test_qwen3_moe_dense_layers_count_their_dense_mlp(tmp_path: Path) -> None:
+    """decoder_sparse_step 2 makes the even layers dense; mlp_only_layers adds layer 1."""
+    config = dict(NEWER["qwen3_moe"][0], decoder_sparse_step=2, mlp_only_layers=[0, 1])
     folder = _checkpoint(tmp_path, "dense_moe", config)
     result = _run(
         "--model", str(folder), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
-        "--device-memory", "1GiB",
+        "--device-memory", "80GiB", "--json",
     )  # fmt: skip
-    assert result.exit_code != 0
-    assert "every layer must be sparse" in result.output
+    assert result.exit_code == 0, result.output
+    h, layers, sparse, dense = 2048, 48, 23, 25
+    per_layer = h * (4096 + 2 * 512) + 4096 * h + 2 * 128 + 2 * h  # attention, q/k and layer norms
+    experts = 128 * (h + 3 * h * 768)
+    embeddings = 2 * 151936 * h + h  # untied head, final norm
+    expected = embeddings + layers * per_layer + sparse * experts + dense * 3 * h * 6144
+    assert json.loads(result.output)["num_parameters"] == expected
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
