@@ -11,10 +11,12 @@ tokenizer is rebuilt from `tokenizer.ggml.*` by `gpu.loading.gguf_tokenizer`.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu.errors import CheckpointError, UnsupportedArchitecture
@@ -314,6 +316,7 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
                 self.path,
                 f"tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be dequantized: {exc}",
             ) from exc
+        _drop_pages(tensor.data)
         if shifted:
             weights = (weights - 1.0).to(self.dtype)
         if config.arch in _PERMUTED_QK and ".attn_q." in tensor.name:
@@ -321,6 +324,23 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
         elif config.arch in _PERMUTED_QK and ".attn_k." in tensor.name:
             weights = _unpermute_qk(weights, config.num_kv_heads)
         return weights
+
+
+def _drop_pages(data: np.ndarray) -> None:
+    """Let the kernel drop the mapped pages of a tensor's data from this process.
+
+    Touched pages of a file mapping count in the process's resident memory until it is
+    unmapped; the header's map lives as long as the checkpoint, so without this a load ends
+    holding the whole file beside the weights. The pages stay in the page cache, and anything
+    still viewing them (an F32 tensor returned as is) reads them back from there.
+    """
+    view = data.base
+    buffer = view.obj if isinstance(view, memoryview) else None
+    if not isinstance(buffer, mmap.mmap) or data.nbytes == 0:
+        return
+    start = data.ctypes.data - np.frombuffer(buffer, np.uint8, 1).ctypes.data
+    first = start - start % mmap.PAGESIZE
+    buffer.madvise(mmap.MADV_DONTNEED, first, start + data.nbytes - first)
 
 
 def _checked_tensors(
