@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -20,6 +20,8 @@ from gpu.errors import RequestRejected
 from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
+from gpu.loading.model_config import GEMMA_FAMILY
+from gpu.models.layers import long_rope_rows
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
@@ -120,12 +122,27 @@ class Engine:
         pad = self.allocator.allocate()
         if pad != PAD_BLOCK:
             raise RuntimeError(f"a fresh allocator handed out block {pad}, not {PAD_BLOCK}")
-        self.scheduler = Scheduler(config.scheduler_config(), self.allocator, clock)
+        windows = {model.config.layer_window(i) for i in range(model.config.num_layers)}
+        # Every layer local (and the model windows its attention): blocks behind the window
+        # are released as sequences grow (entries become PAD_BLOCK, which the scheduler's
+        # RELEASED_BLOCK names).
+        local_only = model.config.arch in GEMMA_FAMILY and None not in windows
+        scheduling = config.scheduler_config()
+        if local_only:
+            scheduling = replace(scheduling, window=model.config.sliding_window)
+        self.scheduler = Scheduler(scheduling, self.allocator, clock)
         kernels = None
         if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
             kernels = cpu_kernels()
+        self.long_rope = long_rope_rows(model.config)
         self.runner = ModelRunner(
-            model.module, self.kv, model.device, seed=config.seed, kernels=kernels
+            model.module,
+            self.kv,
+            model.device,
+            seed=config.seed,
+            kernels=kernels,
+            window=max((w for w in windows if w is not None), default=None),
+            long_rope=self.long_rope,
         )
         # What decode attention runs on: the native kernel reads the pool in place.
         self.attention_kernel = "native-paged" if kernels is not None else "sdpa-gather"
@@ -195,6 +212,11 @@ class Engine:
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 finished.append(self._finish(seq, reason))
+            elif self.long_rope is not None and seq.num_tokens == self.long_rope[0] + 1:
+                # LongRoPE: grown past the original length, the sequence switches to the long
+                # factors, and its K/V (short-rotated) are recomputed as transformers does.
+                # Its blocks stay; the scheduler prefills it again from position 0.
+                seq.num_computed_tokens = 0
         if timing is not None:
             timing.lap("collect", collecting)
             timing.step_done(began)

@@ -11,7 +11,7 @@ from gpu.block_allocator import blocks_for
 from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
 from gpu.loading.loader import LoadedModel
-from gpu.loading.model_config import ModelConfig
+from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.memory.plan import activation_reserve_bytes, kv_budget_bytes, num_kv_blocks
 from gpu.scheduler import SchedulerConfig
 
@@ -60,8 +60,9 @@ class EngineConfig:
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings
-        if model.sliding_window:
-            # Attention here is full, not windowed: stay inside the window so both agree.
+        if model.sliding_window and model.arch not in GEMMA_FAMILY:
+            # The Llama family's attention here is full, not windowed (Gemma's is windowed):
+            # stay inside the window so both agree.
             limit = min(limit, model.sliding_window)
         if self.max_model_len is None:
             return min(limit, DEFAULT_MAX_MODEL_LEN)

@@ -6,6 +6,7 @@ tables, lengths), copied to the device in one go, and expanded to per-token slot
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -55,10 +56,18 @@ class ModelRunner:
         device: torch.device,
         seed: int = 0,
         kernels: CpuKernels | None = None,
+        window: int | None = None,
+        long_rope: tuple[int, int] | None = None,
     ) -> None:
         """`kernels`: tokenmill's native CPU kernels, for decode attention straight from the
-        pool (all decodes in one group); None: SDPA over gathered blocks, grouped by length."""
+        pool (all decodes in one group); None: SDPA over gathered blocks, grouped by length.
+        `window`: the model's sliding window, if some layers have one: each step's metadata
+        then carries its view through the window too (`AttentionMetadata.local`).
+        `long_rope`: LongRoPE's (original, max_positions) (`gpu.models.layers.long_rope_rows`):
+        each step's metadata then carries the rope table row of every token."""
         self.model = model
+        self.long_rope = long_rope
+        self.window = window
         self.kv = kv
         self.device = device
         self.kernels = kernels
@@ -72,11 +81,15 @@ class ModelRunner:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def _block_rows(self, block_tables: list[list[int]], width: int) -> torch.Tensor:
-        """The first `width` blocks of each table, padded with PAD_BLOCK: [tables * width]."""
+    def _block_rows(
+        self, block_tables: list[list[int]], width: int, firsts: list[int] | None = None
+    ) -> torch.Tensor:
+        """`width` blocks of each table from its first (`firsts`, else 0), padded with
+        PAD_BLOCK: [tables * width]."""
         rows: list[int] = []
-        for table in block_tables:
-            head = table[:width]
+        for i, table in enumerate(block_tables):
+            first = firsts[i] if firsts is not None else 0
+            head = table[first : first + width]
             rows += head + [PAD_BLOCK] * (width - len(head))
         return self._to_device(rows)
 
@@ -86,6 +99,7 @@ class ModelRunner:
         """Inputs for chunks (decodes first): ids, positions, metadata, rows to sample."""
         ids: list[int] = []
         positions: list[int] = []
+        rope_rows: list[int] = []
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
         bs = self.block_size
@@ -99,6 +113,13 @@ class ModelRunner:
                 slot_mapping.append(seq.block_table[pos // bs] * bs + pos % bs)
             ids.extend(seq.token_slice(chunk.start, chunk.end))
             positions.extend(range(chunk.start, chunk.end))
+            if self.long_rope is not None:
+                original, offset = self.long_rope
+                # A sequence longer than `original` is rotated by the long factors throughout.
+                shift = offset if seq.num_tokens > original else 0
+                rope_rows.extend(
+                    p + shift if p < original else p for p in range(chunk.start, chunk.end)
+                )
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
 
@@ -134,14 +155,79 @@ class ModelRunner:
                 spans.append(PrefillSpan(row, row + n, chunk.end, blocks, key_pos <= query_pos))
             row += n
 
+        slots = self._to_device(slot_mapping)
+        local = None
+        if self.window is not None:
+            local = self._local_view(chunks, decodes, groups, runs, slots, timing)
         meta = AttentionMetadata(
-            slot_mapping=self._to_device(slot_mapping),
+            slot_mapping=slots,
             decodes=tuple(groups),
             prefills=tuple(spans),
             timing=timing,
             kernels=self.kernels,
+            local=local,
+            rope_rows=self._to_device(rope_rows) if self.long_rope is not None else None,
         )
         return self._to_device(ids), self._to_device(positions), meta, sample_rows
+
+    def _local_view(
+        self,
+        chunks: list[ScheduledChunk],
+        decodes: list[ScheduledChunk],
+        groups: list[DecodeGroup],
+        runs: list[tuple[int, int]],
+        slots: torch.Tensor,
+        timing: StepClock | None,
+    ) -> AttentionMetadata:
+        """The step seen through the sliding window: a query at p sees (p - window, p], and
+        only the blocks holding those positions are read."""
+        assert self.window is not None
+        window, bs = self.window, self.block_size
+        local_groups: list[DecodeGroup] = []
+        for group, (begin, end) in zip(groups, runs if decodes else [], strict=True):
+            members = decodes[begin:end]
+            starts = [max(0, c.end - window) for c in members]
+            if self.kernels is not None:  # the kernel skips what precedes each start
+                starts_t = self._to_device(starts)
+                local_groups.append(replace(group, starts=starts_t))
+                continue
+            firsts = [start // bs for start in starts]
+            width = max(blocks_for(c.end, bs) - f for c, f in zip(members, firsts, strict=True))
+            tables = [c.seq.block_table for c in members]
+            blocks = self._block_rows(tables, width, firsts)
+            # key j of member m is at position firsts[m] * bs + j
+            base = torch.tensor(firsts, device=self.device).unsqueeze(1) * bs
+            keys = base + torch.arange(width * bs, device=self.device).unsqueeze(0)
+            lengths = group.lengths.unsqueeze(1)
+            valid = (keys < lengths) & (keys >= lengths - window)  # [members, width * bs]
+            mask = valid.view(end - begin, 1, 1, -1)
+            local_groups.append(DecodeGroup(begin, end, blocks, group.lengths, mask))
+
+        spans: list[PrefillSpan] = []
+        row = len(decodes)
+        for chunk in chunks[len(decodes) :]:
+            n = chunk.num_tokens
+            first = max(0, chunk.start - window + 1) // bs  # the block of the first key seen
+            query_pos = torch.arange(chunk.start, chunk.end, device=self.device).unsqueeze(1)
+            if chunk.start == 0:
+                key_pos = query_pos.view(1, -1)
+                mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
+                spans.append(PrefillSpan(row, row + n, n, None, mask if n > window else None))
+            else:
+                table = [chunk.seq.block_table]
+                blocks = self._block_rows(table, blocks_for(chunk.end, bs) - first, [first])
+                key_pos = torch.arange(first * bs, chunk.end, device=self.device).unsqueeze(0)
+                mask = (key_pos <= query_pos) & (key_pos > query_pos - window)
+                spans.append(PrefillSpan(row, row + n, chunk.end - first * bs, blocks, mask))
+            row += n
+        return AttentionMetadata(
+            slot_mapping=slots,
+            decodes=tuple(local_groups),
+            prefills=tuple(spans),
+            timing=timing,
+            kernels=self.kernels,
+            window=window,
+        )
 
     @torch.inference_mode()
     def run(

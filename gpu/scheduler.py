@@ -16,6 +16,11 @@ Policy, in order, each step:
 
 Effective priority = `priority` + seconds since arrival / `aging_seconds`: a request that has
 waited long enough outranks any newcomer, so constant arrivals cannot starve anyone.
+
+With `window` set (every layer of the model attends through a sliding window of that many
+positions), blocks no future query can see are released as soon as a step computes past
+them: their table entries become `RELEASED_BLOCK` (the pool's zeroed padding block), so a
+sequence holds about window / block_size blocks however long it grows.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from dataclasses import dataclass, field
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.sequence import Sequence, SequenceStatus
 
+RELEASED_BLOCK = 0  # gpu.kv_pool.PAD_BLOCK: never handed out, so never a sequence's own
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -34,12 +41,15 @@ class SchedulerConfig:
     block_size: int = 16
     aging_seconds: float = 10.0  # waiting this long is worth one priority level
     admission_watermark: float = 0.01  # fraction of blocks kept free when admitting
+    window: int | None = None  # every layer's sliding window, if all have one: release blocks
 
     def __post_init__(self) -> None:
         if self.aging_seconds <= 0:
             raise ValueError("aging_seconds must be positive")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0 or self.block_size <= 0:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be positive")
+        if self.window is not None and self.window <= 0:
+            raise ValueError("window must be positive")
 
 
 @dataclass(frozen=True)
@@ -175,11 +185,14 @@ class Scheduler:
 
     def _allocate(self, seq: Sequence, count: int) -> None:
         for _ in range(count):
-            seq.block_table.append(self.allocator.allocate())
+            block = self.allocator.allocate()
+            if block == RELEASED_BLOCK and self.config.window is not None:
+                raise RuntimeError(f"block {block} marks released entries: hold it first")
+            seq.block_table.append(block)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it waits and is recomputed from its tokens."""
-        self.allocator.free_all(seq.block_table)
+        self._free_table(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
@@ -190,6 +203,26 @@ class Scheduler:
         """Record that the batch's chunks were computed (their K/V are now in the pool)."""
         for chunk in batch.chunks:
             chunk.seq.num_computed_tokens = chunk.end
+            if self.config.window is not None:
+                self._release_behind_window(chunk.seq, self.config.window)
+
+    def _release_behind_window(self, seq: Sequence, window: int) -> None:
+        """Free the blocks wholly before the window of the next query (at num_computed_tokens:
+        it sees positions from num_computed_tokens - window + 1 on; later queries see less)."""
+        table = seq.block_table
+        dead = max(0, seq.num_computed_tokens - window + 1) // self.config.block_size
+        for index in range(min(dead, len(table)) - 1, -1, -1):  # newest first: stop at the
+            if table[index] == RELEASED_BLOCK:  # ones an earlier step released
+                break
+            self.allocator.free(table[index])
+            table[index] = RELEASED_BLOCK
+
+    def _free_table(self, seq: Sequence) -> None:
+        table = seq.block_table
+        if self.config.window is not None:  # without one, no entry is ever released
+            table = [b for b in table if b != RELEASED_BLOCK]
+        self.allocator.free_all(table)
+        seq.block_table.clear()
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take a sequence out of the scheduler for good and return its blocks."""
@@ -197,6 +230,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.allocator.free_all(seq.block_table)
+        self._free_table(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -16,6 +16,14 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The real Gemma 3 270M GGUF (Q4_K_M), reassembled once into the user's cache dir."""
+    from ops.models.registry import resolve_model
+
+    return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One random-weight HF safetensors folder per architecture the engine implements."""
     from tests.tiny_models import ARCHS, build_tiny_checkpoint

@@ -22,7 +22,15 @@ CORPUS = [
 ] * 20
 
 # llama_scaled: llama3 RoPE scaling and Llama's attention_bias (q/k/v and o_proj biases).
-ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2")
+# gemma2/gemma3: sliding windows of 12 and 10 positions, far shorter than the test prompts.
+ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2", "gemma2", "gemma3")
+# qwen3: q/k norms and a head_dim apart from hidden / heads; phi3: fused weights and LongRoPE
+# switching at 48 positions; mixtral, qwen3_moe: 4 experts, top 2 (renormalised, and not).
+ARCHS += ("qwen3", "phi3", "mixtral", "qwen3_moe")
+LONGROPE_ORIGINAL = 48  # phi3's original_max_position_embeddings
+# Tested apart from ARCHS (a smaller matrix): Phi-4-mini's partial rotary with a tied head;
+# Qwen3-MoE with a dense layer among the sparse ones (mlp_only_layers).
+EXTRA_ARCHS = ("phi3_partial", "qwen3_moe_dense")
 
 
 def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
@@ -75,7 +83,93 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return MistralConfig(tie_word_embeddings=False, sliding_window=None, **llama_like)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
+    if arch in ("gemma2", "gemma3", "gemma3_local"):
+        return gemma_config(arch, common)
+    if arch in ("qwen3", "phi3", "mixtral", "qwen3_moe", *EXTRA_ARCHS):
+        return newer_llama_config(arch, llama_like)
     raise ValueError(arch)
+
+
+def newer_llama_config(arch: str, llama_like: dict):  # type: ignore[no-untyped-def, type-arg]
+    from transformers import MixtralConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig
+
+    if arch == "qwen3":
+        return Qwen3Config(tie_word_embeddings=False, head_dim=32, **llama_like)
+    if arch in ("phi3", "phi3_partial"):  # phi3_partial: Phi-4-mini's partial rotary, tied
+        partial = 0.5 if arch == "phi3_partial" else 1.0
+        half = int(16 * partial) // 2  # head_dim 16: one factor per rotated pair
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.05 * i for i in range(half)],
+            "long_factor": [1.0 + 0.9 * i for i in range(half)],
+            "original_max_position_embeddings": LONGROPE_ORIGINAL,
+            "partial_rotary_factor": partial,
+        }
+        return Phi3Config(
+            tie_word_embeddings=arch == "phi3_partial",
+            partial_rotary_factor=partial,
+            pad_token_id=None,
+            original_max_position_embeddings=LONGROPE_ORIGINAL,
+            rope_parameters=rope,
+            **llama_like,
+        )
+    experts = dict(llama_like, intermediate_size=32)
+    if arch == "mixtral":
+        return MixtralConfig(
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **experts
+        )
+    dense = arch == "qwen3_moe_dense"  # layer 1's MLP dense, 128 wide
+    return Qwen3MoeConfig(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=dense,
+        head_dim=32,
+        mlp_only_layers=[1] if dense else [],
+        **(llama_like if dense else experts),
+    )
+
+
+def gemma_config(arch: str, common: dict):  # type: ignore[no-untyped-def, type-arg]
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        **common,
+    )
+    if arch == "gemma2":  # layers alternate sliding, full; soft caps low enough to bite
+        return Gemma2Config(
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=12,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=10.0,
+            **shape,
+        )
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    types = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    if arch == "gemma3_local":  # every layer local: blocks behind the window are released
+        types = ["sliding_attention"] * 4
+    return Gemma3TextConfig(
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=32,
+        sliding_window=10,
+        layer_types=types,
+        rope_parameters=rope,
+        **shape,
+    )
 
 
 def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
@@ -85,6 +179,16 @@ def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
     eos = tok.token_to_id(SPECIAL)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(arch, tok.get_vocab_size(), eos))
+    if arch.startswith("qwen3"):  # q/k norms start at 1: make a misplaced one show
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.uniform_(0.5, 1.5)
+    if arch.startswith("gemma"):  # Gemma's norms start at 0 (a scale of 1 + 0): make them count
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))

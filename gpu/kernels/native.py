@@ -46,8 +46,8 @@ class CpuKernels:
         self.path = path
         lib = ctypes.CDLL(str(path))
         self._decode = lib.tm_paged_decode_attention
-        self._decode.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr]
-        self._decode.argtypes += [_i64] * 5 + [ctypes.c_float, _ptr]
+        self._decode.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr]
+        self._decode.argtypes += [_i64] * 5 + [ctypes.c_float, ctypes.c_float, _ptr]
         self._decode.restype = None
         self._rms_norm = lib.tm_rms_norm
         self._rms_norm.argtypes = [_ptr, _ptr, _ptr, ctypes.c_float, _i64, _i64, _ptr]
@@ -126,12 +126,20 @@ class CpuKernels:
         lengths: torch.Tensor,  # [seqs] int64 positions each attends to (≤ width × block_size)
         scale: float,
         out: torch.Tensor,  # [seqs, heads, head_dim], written
+        *,
+        starts: torch.Tensor | None = None,  # [seqs] int64 first position each attends to
+        softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
     ) -> None:
+        """Each sequence's query attends to positions `starts .. lengths - 1` of its blocks
+        (a sliding window reads none of the blocks before its start)."""
         _check(q, k, v, out)
-        if tables.dtype != torch.int64 or lengths.dtype != torch.int64:
-            raise TypeError("block tables and lengths must be int64")
-        if not (tables.is_contiguous() and lengths.is_contiguous()):
-            raise ValueError("block tables and lengths must be contiguous")
+        indices = (tables, lengths) if starts is None else (tables, lengths, starts)
+        if any(t.dtype != torch.int64 for t in indices):
+            raise TypeError("block tables, lengths and starts must be int64")
+        if not all(t.is_contiguous() for t in indices):
+            raise ValueError("block tables, lengths and starts must be contiguous")
+        if starts is not None and starts.shape != lengths.shape:
+            raise ValueError(f"starts {tuple(starts.shape)} is not lengths' {tuple(lengths.shape)}")
         seqs, heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k.shape
         self._decode(
@@ -141,12 +149,14 @@ class CpuKernels:
             tables.data_ptr(),
             tables.shape[1],
             lengths.data_ptr(),
+            None if starts is None else starts.data_ptr(),
             seqs,
             block_size,
             kv_heads,
             heads // kv_heads,
             head_dim,
             scale,
+            softcap or 0.0,
             out.data_ptr(),
         )
 

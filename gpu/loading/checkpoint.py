@@ -1,21 +1,25 @@
 """Reading checkpoints: an HF folder of safetensors or a single GGUF file.
 
-A `Checkpoint` is the config, every weight under its Hugging Face name (on the host, in the
-file's dtype; GGUF weights dequantized to float32; the model casts them to its compute dtype as
-it loads them), the tokenizer and the files read. `load_hf_folder` reads an HF folder here,
-`gpu.loading.gguf.load_gguf` a GGUF file; `gpu.loading.loader.load_checkpoint` picks between them.
+A `Checkpoint` is the config, every weight under its Hugging Face name, the tokenizer and the
+files read. Weights are read one at a time, as the model takes them: safetensors as views of
+the file's memory map, in the file's dtype, which the model copies into its parameters in its
+compute dtype (the map is dropped with the view, so its pages leave the process too); GGUF
+tensors dequantized to the dtype `load_gguf` is given. Loading holds the final weights and one
+tensor in flight, never the whole checkpoint. `load_hf_folder` reads an HF folder here,
+`gpu.loading.gguf.load_gguf` a GGUF file; `gpu.loading.loader.load_checkpoint` picks between
+them.
 Only safetensors and GGUF are read; no pickle ever touches a model file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from gpu.errors import CheckpointError
 from gpu.loading.model_config import ModelConfig, load_hf_config
@@ -27,7 +31,7 @@ class Checkpoint:
     """Everything needed to build a model, as read from disk."""
 
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # Hugging Face parameter names
+    tensors: Mapping[str, torch.Tensor]  # Hugging Face parameter names
     tokenizer: Tokenizer
     files: list[Path]  # the weight files, for the content digest
 
@@ -36,14 +40,49 @@ def load_hf_folder(path: Path) -> Checkpoint:
     """Load an HF folder: `config.json`, `*.safetensors` (sharded or not), `tokenizer.json`."""
     config = load_hf_config(path)
     files = safetensors_files(path)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            tensors.update(load_file(str(file), device="cpu"))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(file, f"corrupt or truncated safetensors file: {exc}") from exc
+    tensors = SafetensorsTensors(files)
     tokenizer = Tokenizer.from_hf_folder(path, eos_token_ids=config.eos_token_ids)
     return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=files)
+
+
+class SafetensorsTensors(Mapping[str, torch.Tensor]):
+    """The tensors of one or more safetensors files; each is read when the model takes it.
+
+    Every file's header is read (and checked against the file's size) up front. Reading a name
+    maps its file and returns the tensor as a view of the map: nothing is copied until the
+    model copies it into its parameter, and the map goes when the view does.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        self._file: dict[str, Path] = {}
+        for file in files:
+            with _opened(file) as f:
+                self._file.update(dict.fromkeys(f.keys(), file))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._file
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file = self._file[name]
+        with _opened(file) as f:
+            try:
+                tensor: torch.Tensor = f.get_tensor(name)
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise CheckpointError(file, f"corrupt safetensors tensor {name!r}: {exc}") from exc
+        return tensor
+
+
+def _opened(file: Path):  # type: ignore[no-untyped-def]  # safetensors' handle is untyped
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(file, f"corrupt or truncated safetensors file: {exc}") from exc
 
 
 def safetensors_files(folder: Path) -> list[Path]:

@@ -3,7 +3,8 @@
 llama.cpp stores a byte-level BPE vocabulary as token strings, token types and merges, plus a
 pre-tokenizer name (`tokenizer.ggml.pre`), BOS/EOS ids and a chat template. This module turns
 them into a Hugging Face `tokenizers.Tokenizer` that splits text as llama.cpp does, wrapped in
-our `Tokenizer`; `gpu.loading.gguf` calls it with the file's metadata.
+our `Tokenizer`; `gpu.loading.gguf` calls it with the file's metadata. A SentencePiece
+vocabulary (`tokenizer.ggml.model = "llama"`, Gemma's) is built by `gpu.loading.gguf_sentencepiece`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from gpu.errors import CheckpointError
+from gpu.loading.gguf_sentencepiece import SENTENCEPIECE_ARCHITECTURES, gemma_tokenizer
 from gpu.loading.model_config import ModelConfig
 from gpu.loading.tokenizer import Tokenizer
 
@@ -59,13 +61,17 @@ class GGUFMetadata(Protocol):
 
 
 def build_gguf_tokenizer(meta: GGUFMetadata, config: ModelConfig) -> Tokenizer:
-    """The byte-level BPE tokenizer described by `tokenizer.ggml.*`, run as llama.cpp runs it."""
+    """The tokenizer described by `tokenizer.ggml.*`: byte-level BPE run as llama.cpp runs it,
+    or Gemma's SentencePiece vocabulary as transformers rebuilds it (`gguf_sentencepiece`)."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama" and config.arch in SENTENCEPIECE_ARCHITECTURES:
+        return _sentencepiece(meta, config)
     if kind != "gpt2":
         raise CheckpointError(
             meta.path,
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
-            "use the Hugging Face checkpoint folder instead",
+            f"GGUF tokenizer model {kind!r} is not supported for {config.arch} (supported: "
+            f"byte-level BPE, 'gpt2'; SentencePiece, 'llama', for "
+            f"{', '.join(SENTENCEPIECE_ARCHITECTURES)}); use the Hugging Face checkpoint folder",
         )
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
@@ -109,10 +115,36 @@ def build_gguf_tokenizer(meta: GGUFMetadata, config: ModelConfig) -> Tokenizer:
     inner.add_special_tokens(_added(tokens, types, _CONTROL, special=True))
     inner.add_tokens(_added(tokens, types, _USER_DEFINED, special=False))
 
+    # llama.cpp's defaults when the file is silent: BOS for the llama3 family only.
+    return _wrap(inner, meta, config, tokens, add_bos_default=split == _LLAMA3_SPLIT)
+
+
+def _sentencepiece(meta: GGUFMetadata, config: ModelConfig) -> Tokenizer:
+    tokens: list[str] = list(meta.require("tokenizer.ggml.tokens"))
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise CheckpointError(meta.path, "tokenizer metadata is inconsistent")
+    unk = _token_text(tokens, meta.get("tokenizer.ggml.unknown_token_id"))
+    try:
+        inner = gemma_tokenizer(tokens, types, unk)
+    except Exception as exc:  # tokenizers raises a bare Exception on bad vocab/merges
+        raise CheckpointError(meta.path, f"cannot build the GGUF tokenizer: {exc}") from exc
+    # SentencePiece vocabularies get BOS unless the file says otherwise (llama.cpp, transformers).
+    return _wrap(inner, meta, config, tokens, add_bos_default=True)
+
+
+def _wrap(
+    inner: HFTokenizer,
+    meta: GGUFMetadata,
+    config: ModelConfig,
+    tokens: list[str],
+    *,
+    add_bos_default: bool,
+) -> Tokenizer:
+    """BOS/EOS as the file asks for them, its chat template, and the model's stop ids."""
     bos_id, eos_id = config.bos_token_id, meta.get("tokenizer.ggml.eos_token_id")
     bos, eos = _token_text(tokens, bos_id), _token_text(tokens, eos_id)
-    # llama.cpp's defaults when the file is silent: BOS for the llama3 family only.
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", split == _LLAMA3_SPLIT)
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos_default)
     add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
     template = _post_processor(bos if add_bos else None, bos_id, eos if add_eos else None, eos_id)
     if template is not None:

@@ -12,8 +12,9 @@ from torch import nn
 from gpu.device import default_device, default_dtype
 from gpu.errors import CheckpointError
 from gpu.loading.checkpoint import Checkpoint, load_hf_folder
-from gpu.loading.model_config import ModelConfig
+from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.loading.tokenizer import Tokenizer
+from gpu.models.gemma import GemmaForCausalLM
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
@@ -44,13 +45,16 @@ class LoadedModel:
         return tuple(dict.fromkeys((*self.config.eos_token_ids, *self.tokenizer.eos_token_ids)))
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file."""
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load an HF folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf` file.
+
+    `dtype`: what a GGUF's tensors are dequantized to as they are read (safetensors keep theirs).
+    """
     path = Path(path)
     if path.is_file() and path.suffix == ".gguf":
         from gpu.loading.gguf import load_gguf  # gguf-py only when a GGUF is read
 
-        return load_gguf(path)
+        return load_gguf(path, dtype)
     if path.is_file():
         raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
     if not path.is_dir():
@@ -61,6 +65,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
 def build_module(config: ModelConfig, max_positions: int) -> nn.Module:
     if config.arch == "gpt2":
         return GPT2ForCausalLM(config, max_positions)
+    if config.arch in GEMMA_FAMILY:
+        return GemmaForCausalLM(config, max_positions)
     return LlamaForCausalLM(config, max_positions)
 
 
@@ -81,7 +87,7 @@ def load_model(
     path = Path(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, dtype)
     with torch.device("meta"):
         module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
     # Materialise straight on the device in the compute dtype, then copy each weight in: the
@@ -114,6 +120,9 @@ def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.
     if isinstance(module, LlamaForCausalLM):
         cos, sin = rope_tables(config, config.max_position_embeddings)
         module.rope_cos, module.rope_sin = cos.to(device), sin.to(device)
+        embed = module.embed_tokens
+    elif isinstance(module, GemmaForCausalLM):
+        module.fill_rope(config.max_position_embeddings, device)
         embed = module.embed_tokens
     else:
         assert isinstance(module, GPT2ForCausalLM)

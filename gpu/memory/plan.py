@@ -83,7 +83,9 @@ def activation_reserve_bytes(
         per_token = T × (4h + 3q + 3kv + 3i) × b
             hidden states: residual, norm output, o_proj output, MLP down output (4h);
             attention: q, rotated q, attention output (3q); k, v, rotated k (3kv);
-            MLP: gate, up, act(gate) × up (3i)
+            MLP: gate, up, act(gate) × up (3i); a sparse MLP (Mixtral, Qwen3-MoE) runs each
+            token through k = num_experts_per_tok experts: i = k × the expert's intermediate
+            size, plus 2 × k × h for the token's k copies going in and coming out
         logits    = B × V × (b + 4 × SAMPLING_FP32_COPIES)
             the lm_head output in dtype, then fp32 rows for sampling (upcast, scaled,
             top-p sorted values + int64 indices, softmax, cumulative sum); logits are
@@ -109,7 +111,12 @@ def activation_reserve_bytes(
     if context <= 0:
         raise ValueError("max_context_len must be positive")
     h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
-    per_token = tokens * (4 * h + 3 * q + 3 * kv + 3 * i) * b
+    routed = 0  # a sparse MLP's copies of each token's hidden state, into and out of experts
+    if config.num_experts:
+        k = config.num_experts_per_tok
+        # (a dense layer's MLP, if any, may be the wider)
+        i, routed = max(i, k * (config.moe_intermediate_size or i)), 2 * k * h
+    per_token = tokens * (4 * h + routed + 3 * q + 3 * kv + 3 * i) * b
     logits = max_batch * config.vocab_size * (b + 4 * SAMPLING_FP32_COPIES)
     scores = config.num_heads * tokens * context * ATTENTION_SCORE_BYTES
     gathered = 2 * max_batch * context * (kv + q) * b

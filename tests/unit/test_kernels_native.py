@@ -84,6 +84,60 @@ def test_decode_attention_equals_sdpa_over_gathered_blocks(
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("seqs", "kv_heads", "group", "head_dim", "block_size", "window"),
+    [
+        (5, 3, 3, 64, 16, 20),  # vector path; windows that start mid-block
+        (1, 2, 2, 64, 4, 8),  # batch 1, window a whole number of blocks
+        (6, 2, 1, 32, 4, 5),
+        (3, 1, 4, 24, 8, 1),  # scalar loops; a window of one position: itself
+    ],
+)
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_decode_attention_in_a_sliding_window_reads_only_the_window(
+    kernels: CpuKernels,
+    seqs: int,
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    window: int,
+    softcap: float | None,
+) -> None:
+    """Positions before each sequence's start are NaN in the pool: reading any would show."""
+    g = torch.Generator().manual_seed(seqs * 10 + window)
+    num_blocks, width = 64, 9
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    tables = (torch.randperm(num_blocks - 1, generator=g)[: seqs * width] + 1).view(seqs, width)
+    longest = width * block_size
+    edges = [1, window, window + 1, longest]
+    randoms = torch.randint(1, longest, (seqs,), generator=g).tolist()
+    lengths = torch.tensor((edges + randoms[len(edges) :])[:seqs], dtype=torch.long)
+    starts = (lengths - window).clamp(min=0)
+    q = torch.randn(seqs, kv_heads * group, head_dim, generator=g) * 3
+    expected = []
+    for s in range(seqs):
+        first, n = int(starts[s]), int(lengths[s])
+        ks = k[tables[s]].flatten(0, 1)[first:n].transpose(0, 1)  # [kv_heads, span, head_dim]
+        vs = v[tables[s]].flatten(0, 1)[first:n].transpose(0, 1)
+        ks = ks.repeat_interleave(group, 0)
+        vs = vs.repeat_interleave(group, 0)
+        scores = (q[s].unsqueeze(1) @ ks.transpose(1, 2)) * 0.125  # [heads, 1, span]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        expected.append((scores.softmax(-1) @ vs).squeeze(1))
+        for position in range(first):  # never to be read
+            block = tables[s, position // block_size]
+            k[block, position % block_size] = float("nan")
+            v[block, position % block_size] = float("nan")
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_decode_attention(
+        q, k, v, tables.contiguous(), lengths, 0.125, out, starts=starts, softcap=softcap
+    )
+    torch.testing.assert_close(out, torch.stack(expected), atol=2e-6, rtol=1e-5)
+
+
 def test_decode_attention_refuses_tensors_it_cannot_read(kernels: CpuKernels) -> None:
     k = torch.zeros(4, 4, 1, 16)
     tables = torch.ones(1, 1, dtype=torch.long)

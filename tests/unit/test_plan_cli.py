@@ -207,3 +207,98 @@ def test_file_that_is_not_a_model(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert "neither a folder holding config.json nor a .gguf file" in result.output
+
+
+# Config-only folders of the newer Llama-family architectures, their config.json fields as the
+# real checkpoints publish them; the counts are the real checkpoints' (every expert counted).
+NEWER = {
+    "qwen3": (
+        {
+            "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "head_dim": 128, "intermediate_size": 3072, "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True,
+            "sliding_window": None, "use_sliding_window": False, "hidden_act": "silu",
+        },
+        596_049_920,  # Qwen3-0.6B
+    ),
+    "phi3": (
+        {
+            "model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "intermediate_size": 8192, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+            "rope_scaling": {
+                "type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48,
+            },
+            "sliding_window": 262144, "tie_word_embeddings": False, "hidden_act": "silu",
+        },
+        3_821_079_552,  # Phi-3-mini-128k-instruct
+    ),
+    "mixtral": (
+        {
+            "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+            "sliding_window": None, "tie_word_embeddings": False, "hidden_act": "silu",
+        },
+        46_702_792_704,  # Mixtral-8x7B-v0.1
+    ),
+    "qwen3_moe": (
+        {
+            "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+            "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": False,
+            "sliding_window": None, "use_sliding_window": False, "hidden_act": "silu",
+        },
+        30_532_122_624,  # Qwen3-30B-A3B
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", NEWER)
+def test_newer_architectures_plan_from_config_alone(tmp_path: Path, arch: str) -> None:
+    config, parameters = NEWER[arch]
+    folder = _checkpoint(tmp_path, arch, config)
+    result = _run(
+        "--model", str(folder), "--dtype", "bf16", "--batch", "2", "--seq-len", "4096",
+        "--device-memory", "80GiB", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["arch"] == arch
+    assert record["num_parameters"] == parameters
+    assert record["weights_bytes"] == parameters * 2
+
+
+def test_qwen3_moe_dense_layers_count_their_dense_mlp(tmp_path: Path) -> None:
+    """decoder_sparse_step 2 makes the even layers dense; mlp_only_layers adds layer 1."""
+    config = dict(NEWER["qwen3_moe"][0], decoder_sparse_step=2, mlp_only_layers=[0, 1])
+    folder = _checkpoint(tmp_path, "dense_moe", config)
+    result = _run(
+        "--model", str(folder), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
+        "--device-memory", "80GiB", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    h, layers, sparse, dense = 2048, 48, 23, 25
+    per_layer = h * (4096 + 2 * 512) + 4096 * h + 2 * 128 + 2 * h  # attention, q/k and layer norms
+    experts = 128 * (h + 3 * h * 768)
+    embeddings = 2 * 151936 * h + h  # untied head, final norm
+    expected = embeddings + layers * per_layer + sparse * experts + dense * 3 * h * 6144
+    assert json.loads(result.output)["num_parameters"] == expected
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path, "deepseek", {"model_type": "deepseek_v3"})
+    result = _run(
+        "--model", str(folder), "--dtype", "bf16", "--batch", "1", "--seq-len", "8",
+        "--device-memory", "1GiB",
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "'deepseek_v3' is not supported" in result.output
+    for arch in ("llama", "qwen3", "phi3", "mixtral", "qwen3_moe"):
+        assert arch in result.output

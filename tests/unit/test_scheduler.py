@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gpu.block_allocator import BlockAllocator
-from gpu.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from gpu.scheduler import RELEASED_BLOCK, ScheduledBatch, Scheduler, SchedulerConfig
 from gpu.sequence import SamplingParams, Sequence, SequenceStatus
 
 FAKE_TOKEN = 7
@@ -50,7 +50,10 @@ class Harness:
     @classmethod
     def make(cls, num_blocks: int = 64, tick: float = 1.0, **config: Any) -> Harness:
         clock = FakeClock()
-        scheduler = Scheduler(SchedulerConfig(**config), BlockAllocator(num_blocks), clock)
+        allocator = BlockAllocator(num_blocks + reserved(config))
+        if reserved(config):
+            assert allocator.allocate() == RELEASED_BLOCK  # held, as the engine's padding is
+        scheduler = Scheduler(SchedulerConfig(**config), allocator, clock)
         return cls(scheduler, clock, tick)
 
     def add(
@@ -107,6 +110,11 @@ class Harness:
         raise AssertionError(f"work left after {max_steps} steps: {describe(self.scheduler)}")
 
 
+def reserved(config: dict[str, Any]) -> int:
+    """Blocks held outside any sequence: with a window, the one released entries point at."""
+    return 1 if config.get("window") is not None else 0
+
+
 def describe(s: Scheduler) -> str:
     def one(seq: Sequence) -> str:
         return f"{seq.request_id}(computed={seq.num_computed_tokens}/{seq.num_tokens})"
@@ -159,10 +167,10 @@ def check_batch(
 def check_state(s: Scheduler) -> None:
     """Invariants between steps: blocks conserved, tables tight, queues consistent."""
     a = s.allocator
-    bs = s.config.block_size
+    bs, window = s.config.block_size, s.config.window
     assert a.num_free + a.num_used == a.num_blocks
-    assert a.num_used == sum(len(q.block_table) for q in s.running)
-    owned = [b for q in s.running for b in q.block_table]
+    owned = [b for q in s.running for b in q.block_table if window is None or b != RELEASED_BLOCK]
+    assert a.num_used == len(owned) + reserved({"window": window})
     assert len(set(owned)) == len(owned), "a block is in two tables"
     assert all(a.ref_count(b) == 1 for b in owned)
     assert len(s.running) <= s.config.max_num_seqs
@@ -171,6 +179,11 @@ def check_state(s: Scheduler) -> None:
         # Every computed token has a block, and no block is held beyond them.
         assert len(seq.block_table) == blocks_for(seq.num_computed_tokens, bs)
         assert 0 < seq.num_computed_tokens < seq.num_tokens
+        if window is not None:
+            # Released: exactly the blocks before the next query's window.
+            dead = max(0, seq.num_computed_tokens - window + 1) // bs
+            assert seq.block_table[:dead] == [RELEASED_BLOCK] * dead
+            assert RELEASED_BLOCK not in seq.block_table[dead:]
     for seq in s.waiting:
         assert seq.status is SequenceStatus.WAITING
         assert seq.block_table == [] and seq.num_computed_tokens == 0
@@ -453,6 +466,7 @@ def workloads(draw: st.DrawFn) -> tuple[dict[str, Any], int, list[tuple[int, int
         "max_num_seqs": draw(st.integers(1, 4)),
         "max_num_batched_tokens": draw(st.integers(1, 16)),
         "aging_seconds": draw(st.sampled_from([0.5, 3.0, NO_AGING])),
+        "window": draw(st.sampled_from([None, None, 1, 3, 6, 10])),
     }
     capacity = num_blocks * BLOCK_SIZE
     requests = []
@@ -494,7 +508,7 @@ def test_every_request_finishes_and_invariants_hold_every_step(
         assert covers_once(h.spans[seq.request_id], seq.num_tokens - 1)
         if seq.num_preemptions == 0:
             assert covers_once(h.history[seq.request_id], seq.num_tokens - 1)
-    assert h.scheduler.allocator.num_used == 0
+    assert h.scheduler.allocator.num_used == reserved(config)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -505,15 +519,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 4),
         budget=st.integers(1, 12),
         aging=st.sampled_from([0.5, 5.0, NO_AGING]),
+        window=st.sampled_from([None, 3, 6]),
     )
-    def make(self, num_blocks: int, max_num_seqs: int, budget: int, aging: float) -> None:
+    def make(
+        self, num_blocks: int, max_num_seqs: int, budget: int, aging: float, window: int | None
+    ) -> None:
         self.h = Harness.make(
             num_blocks=num_blocks,
             block_size=BLOCK_SIZE,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=budget,
             aging_seconds=aging,
+            window=window,
         )
+        self.reserved = reserved({"window": window})
         self.capacity = num_blocks * BLOCK_SIZE
         self.live: list[Sequence] = []
         self.count = 0
@@ -553,7 +572,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Whatever happened, the remaining work drains and every block comes back.
         if hasattr(self, "h"):
             self.h.run_until_idle(2000)
-            assert self.h.scheduler.allocator.num_used == 0
+            assert self.h.scheduler.allocator.num_used == self.reserved
 
 
 SchedulerMachine.TestCase.settings = settings(
@@ -573,3 +592,22 @@ def test_a_long_urgent_prefill_does_not_stall_running_decodes() -> None:
         assert {d.request_id for d in decoders} <= ran  # every decode got its token
         assert batch.num_tokens <= 8
     assert urgent.num_computed_tokens > 0  # and the urgent prompt advanced alongside
+
+
+def test_a_sliding_window_releases_the_blocks_behind_it() -> None:
+    """Every layer local with a window of 6: a long sequence holds only its window's blocks,
+    and finishing it returns the rest without touching the held block released entries name."""
+    h = Harness.make(num_blocks=8, block_size=4, max_num_batched_tokens=8, window=6)
+    seq = h.add("long", prompt_len=20, max_new_tokens=30)
+    h.step()  # positions 0-7: the next query (8) sees 3 on, in block 0 (0-3): all kept
+    assert RELEASED_BLOCK not in seq.block_table
+    h.step()  # 8-15: the next query (16) sees 11 on, so blocks 0 (0-3) and 1 (4-7) go
+    assert seq.block_table[:2] == [RELEASED_BLOCK] * 2
+    assert RELEASED_BLOCK not in seq.block_table[2:]
+    held = []
+    while not seq.is_finished:
+        h.step()
+        held.append(sum(b != RELEASED_BLOCK for b in seq.block_table))
+    assert seq.num_tokens == 50 > 8 * 4  # longer than the whole pool holds
+    assert max(held) <= blocks_for(6, 4) + 1  # the window's blocks and the one being written
+    assert h.scheduler.allocator.num_used == 1  # only the held one

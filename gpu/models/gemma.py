@@ -1,0 +1,226 @@
+"""Gemma 2 and Gemma 3 (text): Llama's shape with Gemma's differences.
+
+Embeddings scaled by sqrt(hidden); RMSNorm scaling by (1 + weight); a norm before and after
+both attention and the MLP; GeGLU with tanh GELU; attention scaled by
+`query_pre_attn_scalar ** -0.5`. Layers alternate between sliding-window attention and full
+attention (`ModelConfig.layer_types`). Gemma 2 soft-caps its attention scores and its logits;
+Gemma 3 normalises each head of q and k and gives its sliding layers their own RoPE base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu.kv_pool import KVPool, LayerKV
+from gpu.loading.model_config import ModelConfig
+from gpu.models.attention import AttentionMetadata, paged_attention
+from gpu.models.layers import WeightSource, apply_rope, copy_into, rope_tables
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))  # stored as the offset from 1
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., size]
+        # All in float32, the weight too, then back: Gemma rounds once, after the scaling.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).type_as(x)
+
+
+def gemma_rope_tables(
+    config: ModelConfig, max_positions: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cos, sin of the full layers, then of the sliding layers: each [positions, head_dim]."""
+    cos, sin = rope_tables(config, max_positions)
+    if config.rope_local_theta is None:
+        return cos, sin, cos, sin
+    local = dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
+    local_cos, local_sin = rope_tables(local, max_positions)
+    return cos, sin, local_cos, local_sin
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.config = config
+        self.window = config.layer_window(index)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.output_bias)
+        self.q_norm = GemmaRMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = GemmaRMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        cos: torch.Tensor,  # [tokens, 1, head_dim], this layer type's table
+        sin: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [tokens, hidden]
+        c = self.config
+        q, k, v = self.qkv_proj(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.view(-1, c.num_heads, c.head_dim)  # [tokens, heads, head_dim]
+        k = k.view(-1, c.num_kv_heads, c.head_dim)
+        v = v.view(-1, c.num_kv_heads, c.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = paged_attention(
+            q,
+            k,
+            v,
+            kv,
+            meta.for_window(self.window),
+            c.attention_scale,
+            softcap=c.attn_logit_softcapping,
+        )
+        hidden: torch.Tensor = self.o_proj(out.flatten(1))
+        return hidden
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        out: torch.Tensor = self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return out
+
+
+class GemmaLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.norm_eps
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.self_attn = GemmaAttention(config, index)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.mlp = GemmaMLP(config)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden] the residual stream
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: LayerKV,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, meta)
+        x = x + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        out: torch.Tensor = x + self.post_feedforward_layernorm(mlp)
+        return out
+
+
+class GemmaForCausalLM(nn.Module):
+    rope_cos: torch.Tensor  # [positions, head_dim] float32, the full layers'
+    rope_sin: torch.Tensor
+    local_rope_cos: torch.Tensor  # the sliding layers'
+    local_rope_sin: torch.Tensor
+
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
+        self.norm = GemmaRMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.fill_rope(max_positions)
+
+    def fill_rope(self, max_positions: int, device: torch.device | None = None) -> None:
+        """(Re)build the RoPE tables in float32: on `device` once materialised from the meta
+        device, where buffer values are lost and the compute dtype would round them."""
+        tables = gemma_rope_tables(self.config, max_positions)
+        names = ("rope_cos", "rope_sin", "local_rope_cos", "local_rope_sin")
+        for name, table in zip(names, tables, strict=True):
+            self.register_buffer(
+                name, table if device is None else table.to(device), persistent=False
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [tokens]
+        positions: torch.Tensor,  # [tokens]
+        kv: KVPool,
+        meta: AttentionMetadata,
+        logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
+    ) -> torch.Tensor:  # [rows, vocab] float32
+        x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        # The scale rounded to the model's dtype first, as transformers does (bf16: 55.5, not
+        # sqrt(3072) = 55.43), so the embeddings match its bits.
+        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        full = (self.rope_cos[positions], self.rope_sin[positions])
+        local = (self.local_rope_cos[positions], self.local_rope_sin[positions])
+        ropes = [tuple(t.unsqueeze(1).to(x.dtype) for t in pair) for pair in (full, local)]
+        for index, layer in enumerate(self.typed_layers()):
+            cos, sin = ropes[layer.self_attn.window is not None]  # [tokens, 1, head_dim]
+            x = layer(x, cos, sin, kv.layer(index), meta)
+        logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows])).float()  # [rows, vocab]
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def typed_layers(self) -> list[GemmaLayer]:
+        return [layer for layer in self.layers if isinstance(layer, GemmaLayer)]
+
+    def load_weights(self, src: WeightSource) -> None:
+        c = self.config
+        h, q, kv, i, d = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.head_dim
+        copy_into(
+            self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
+        )
+        for n, layer in enumerate(self.typed_layers()):
+            p = f"model.layers.{n}."
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = [
+                src.take(p + "self_attn.q_proj.weight", (q, h)),
+                src.take(p + "self_attn.k_proj.weight", (kv, h)),
+                src.take(p + "self_attn.v_proj.weight", (kv, h)),
+            ]
+            copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+            if c.attention_bias:
+                bias = [
+                    src.take(p + "self_attn.q_proj.bias", (q,)),
+                    src.take(p + "self_attn.k_proj.bias", (kv,)),
+                    src.take(p + "self_attn.v_proj.bias", (kv,)),
+                ]
+                copy_into(attn.qkv_proj.bias, torch.cat(bias))
+                copy_into(attn.o_proj.bias, src.take(p + "self_attn.o_proj.bias", (h,)))
+            copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
+            if attn.q_norm is not None and attn.k_norm is not None:
+                copy_into(attn.q_norm.weight, src.take(p + "self_attn.q_norm.weight", (d,)))
+                copy_into(attn.k_norm.weight, src.take(p + "self_attn.k_norm.weight", (d,)))
+            gate_up = [
+                src.take(p + "mlp.gate_proj.weight", (i, h)),
+                src.take(p + "mlp.up_proj.weight", (i, h)),
+            ]
+            copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
+            copy_into(mlp.down_proj.weight, src.take(p + "mlp.down_proj.weight", (h, i)))
+            for name in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ):
+                norm = getattr(layer, name)
+                copy_into(norm.weight, src.take(p + name + ".weight", (h,)))
+        copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
+        if not c.tie_word_embeddings:
+            copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))

@@ -1,0 +1,91 @@
+"""The sparse MLP of Mixtral and Qwen3-MoE: a top-k router over SwiGLU experts.
+
+Each token goes to `num_experts_per_tok` experts. The (token, expert) pairs are sorted by
+expert, so each expert multiplies all its tokens' rows at once: one pair of matmuls per expert
+that has tokens (a loop over experts, none over tokens). Gate and up are fused per expert at
+load, as in the dense MLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu.loading.model_config import ModelConfig
+from gpu.models.layers import WeightSource, copy_into
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, h = config.num_experts, config.hidden_size
+        i = config.moe_intermediate_size or config.intermediate_size
+        self.top_k = config.num_experts_per_tok
+        self.renormalise = config.norm_topk_prob
+        # The router stays a plain weight (never oneDNN-packed): routing is a discrete choice,
+        # so its logits are computed as transformers computes them, by F.linear.
+        self.router = nn.Parameter(torch.empty(e, h))  # [experts, hidden]
+        self.gate_up = nn.Parameter(torch.empty(e, 2 * i, h))  # [experts, 2 * i, hidden]
+        self.down = nn.Parameter(torch.empty(e, h, i))  # [experts, hidden, i]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
+        tokens = x.shape[0]
+        probs = F.softmax(F.linear(x, self.router).float(), dim=-1)  # [tokens, experts]
+        weights, experts = probs.topk(self.top_k, dim=-1)  # [tokens, top_k]
+        if self.renormalise:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        flat = experts.flatten()  # [tokens * top_k]
+        order = flat.argsort(stable=True)  # the pairs grouped by expert
+        token_of = order // self.top_k  # [pairs] which token each sorted pair is
+        # One host sync a layer: how many rows each expert's matmuls take.
+        counts = torch.bincount(flat, minlength=self.router.shape[0]).tolist()
+        rows = x[token_of]  # [pairs, hidden], expert by expert
+        out = torch.empty_like(rows)
+        begin = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            end = begin + count
+            gate, up = F.linear(rows[begin:end], self.gate_up[expert]).chunk(2, dim=-1)
+            out[begin:end] = F.linear(F.silu(gate) * up, self.down[expert])
+            begin = end
+        out = out * weights.flatten()[order].unsqueeze(1).to(out.dtype)
+        return x.new_zeros(tokens, x.shape[1]).index_add_(0, token_of, out)
+
+    def load(self, src: WeightSource, prefix: str, names: ExpertNames) -> None:
+        """Copy in the router and each expert's weights (gate and up into one matrix).
+
+        `prefix`: the layer's, `model.layers.N.`."""
+        e, h, i = self.down.shape
+        block = prefix + names.block
+        if block + "gate.weight" not in src.tensors:
+            block = prefix + "mlp."  # transformers 5's name for Mixtral's block in memory
+        copy_into(self.router, src.take(block + "gate.weight", (e, h)))
+        if block + "experts.gate_up_proj" in src.tensors:  # experts saved as 3-D tensors
+            copy_into(self.gate_up, src.take(block + "experts.gate_up_proj", (e, 2 * i, h)))
+            copy_into(self.down, src.take(block + "experts.down_proj", (e, h, i)))
+            return
+        for n in range(e):
+            p = f"{block}experts.{n}."
+            copy_into(self.gate_up[n, :i], src.take(p + names.gate, (i, h)))
+            copy_into(self.gate_up[n, i:], src.take(p + names.up, (i, h)))
+            copy_into(self.down[n], src.take(p + names.down, (h, i)))
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """How a checkpoint names an MoE block's tensors: `model.layers.N.<block>experts.E.<gate>`."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+EXPERT_NAMES = {
+    "mixtral": ExpertNames("block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"),
+    "qwen3_moe": ExpertNames("mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"),
+}
