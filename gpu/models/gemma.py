@@ -18,7 +18,14 @@ from torch import nn
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
-from gpu.models.layers import WeightSource, apply_rope, copy_into, rope_tables
+from gpu.models.layers import (
+    WeightSource,
+    apply_rope,
+    copy_into,
+    load_attention,
+    load_gated_mlp,
+    rope_tables,
+)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -182,37 +189,14 @@ class GemmaForCausalLM(nn.Module):
 
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
-        h, q, kv, i, d = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.head_dim
+        h = c.hidden_size
         copy_into(
             self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
         )
         for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = [
-                src.take(p + "self_attn.q_proj.weight", (q, h)),
-                src.take(p + "self_attn.k_proj.weight", (kv, h)),
-                src.take(p + "self_attn.v_proj.weight", (kv, h)),
-            ]
-            copy_into(attn.qkv_proj.weight, torch.cat(qkv))
-            if c.attention_bias:
-                bias = [
-                    src.take(p + "self_attn.q_proj.bias", (q,)),
-                    src.take(p + "self_attn.k_proj.bias", (kv,)),
-                    src.take(p + "self_attn.v_proj.bias", (kv,)),
-                ]
-                copy_into(attn.qkv_proj.bias, torch.cat(bias))
-                copy_into(attn.o_proj.bias, src.take(p + "self_attn.o_proj.bias", (h,)))
-            copy_into(attn.o_proj.weight, src.take(p + "self_attn.o_proj.weight", (h, q)))
-            if attn.q_norm is not None and attn.k_norm is not None:
-                copy_into(attn.q_norm.weight, src.take(p + "self_attn.q_norm.weight", (d,)))
-                copy_into(attn.k_norm.weight, src.take(p + "self_attn.k_norm.weight", (d,)))
-            gate_up = [
-                src.take(p + "mlp.gate_proj.weight", (i, h)),
-                src.take(p + "mlp.up_proj.weight", (i, h)),
-            ]
-            copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
-            copy_into(mlp.down_proj.weight, src.take(p + "mlp.down_proj.weight", (h, i)))
+            load_attention(layer.self_attn, src, p + "self_attn.", c)
+            load_gated_mlp(layer.mlp, src, p + "mlp.", c)
             for name in (
                 "input_layernorm",
                 "post_attention_layernorm",

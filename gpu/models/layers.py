@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -153,3 +154,56 @@ class WeightSource:
 def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
     with torch.no_grad():
         param.copy_(value)  # casts to the parameter's dtype and moves it to its device
+
+
+class FusedAttention(Protocol):
+    """An attention module as the model files hold one: q/k/v fused into one projection."""
+
+    qkv_proj: nn.Linear
+    o_proj: nn.Linear
+    q_norm: Any  # a norm over head_dim when the config has qk_norm
+    k_norm: Any
+
+
+class GatedMLP(Protocol):
+    gate_up_proj: nn.Linear  # gate, then up
+    down_proj: nn.Linear
+
+
+def load_attention(attn: FusedAttention, src: WeightSource, p: str, c: ModelConfig) -> None:
+    """q/k/v (fused as held, or as Phi-3 stores them), o_proj, biases and q/k norms of one
+    layer's attention under prefix `p` (`model.layers.N.self_attn.`)."""
+    h, q, kv = c.hidden_size, c.q_size, c.kv_size
+    if p + "qkv_proj.weight" in src.tensors:  # Phi-3 stores them fused, as we hold them
+        copy_into(attn.qkv_proj.weight, src.take(p + "qkv_proj.weight", (q + 2 * kv, h)))
+    else:
+        qkv = [
+            src.take(p + "q_proj.weight", (q, h)),
+            src.take(p + "k_proj.weight", (kv, h)),
+            src.take(p + "v_proj.weight", (kv, h)),
+        ]
+        copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+    if c.attention_bias:
+        bias = [
+            src.take(p + "q_proj.bias", (q,)),
+            src.take(p + "k_proj.bias", (kv,)),
+            src.take(p + "v_proj.bias", (kv,)),
+        ]
+        copy_into(attn.qkv_proj.bias, torch.cat(bias))
+    copy_into(attn.o_proj.weight, src.take(p + "o_proj.weight", (h, q)))
+    if c.output_bias:
+        copy_into(attn.o_proj.bias, src.take(p + "o_proj.bias", (h,)))
+    if c.qk_norm:  # over each head's head_dim
+        copy_into(attn.q_norm.weight, src.take(p + "q_norm.weight", (c.head_dim,)))
+        copy_into(attn.k_norm.weight, src.take(p + "k_norm.weight", (c.head_dim,)))
+
+
+def load_gated_mlp(mlp: GatedMLP, src: WeightSource, p: str, c: ModelConfig) -> None:
+    """gate/up (fused as held) and down of one layer's gated MLP under prefix `p`."""
+    h, i = c.hidden_size, c.intermediate_size
+    if p + "gate_up_proj.weight" in src.tensors:  # Phi-3: fused, gate then up, as we hold them
+        copy_into(mlp.gate_up_proj.weight, src.take(p + "gate_up_proj.weight", (2 * i, h)))
+    else:
+        gate_up = [src.take(p + "gate_proj.weight", (i, h)), src.take(p + "up_proj.weight", (i, h))]
+        copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
+    copy_into(mlp.down_proj.weight, src.take(p + "down_proj.weight", (h, i)))

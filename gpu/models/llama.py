@@ -18,7 +18,15 @@ from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
-from gpu.models.layers import RMSNorm, WeightSource, apply_rope, copy_into, rope_tables
+from gpu.models.layers import (
+    RMSNorm,
+    WeightSource,
+    apply_rope,
+    copy_into,
+    load_attention,
+    load_gated_mlp,
+    rope_tables,
+)
 from gpu.models.llama_decode_step import DecodeStep, implements, small_decode_step
 from gpu.models.moe import EXPERT_NAMES, SparseMoE
 
@@ -206,11 +214,11 @@ class LlamaForCausalLM(nn.Module):
         )
         for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
-            _load_attention(layer.self_attn, src, p + "self_attn.", c)
+            load_attention(layer.self_attn, src, p + "self_attn.", c)
             if isinstance(layer.mlp, SparseMoE):
                 layer.mlp.load(src, p, EXPERT_NAMES[c.arch])
             else:
-                _load_mlp(layer.mlp, src, p + "mlp.", c)
+                load_gated_mlp(layer.mlp, src, p + "mlp.", c)
             copy_into(layer.input_layernorm.weight, src.take(p + "input_layernorm.weight", (h,)))
             copy_into(
                 layer.post_attention_layernorm.weight,
@@ -219,39 +227,3 @@ class LlamaForCausalLM(nn.Module):
         copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
         if not c.tie_word_embeddings:
             copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))
-
-
-def _load_attention(attn: LlamaAttention, src: WeightSource, p: str, c: ModelConfig) -> None:
-    h, q, kv = c.hidden_size, c.q_size, c.kv_size
-    if p + "qkv_proj.weight" in src.tensors:  # Phi-3 stores them fused, as we hold them
-        copy_into(attn.qkv_proj.weight, src.take(p + "qkv_proj.weight", (q + 2 * kv, h)))
-    else:
-        qkv = [
-            src.take(p + "q_proj.weight", (q, h)),
-            src.take(p + "k_proj.weight", (kv, h)),
-            src.take(p + "v_proj.weight", (kv, h)),
-        ]
-        copy_into(attn.qkv_proj.weight, torch.cat(qkv))
-    if c.attention_bias:
-        bias = [
-            src.take(p + "q_proj.bias", (q,)),
-            src.take(p + "k_proj.bias", (kv,)),
-            src.take(p + "v_proj.bias", (kv,)),
-        ]
-        copy_into(attn.qkv_proj.bias, torch.cat(bias))
-    copy_into(attn.o_proj.weight, src.take(p + "o_proj.weight", (h, q)))
-    if c.output_bias:
-        copy_into(attn.o_proj.bias, src.take(p + "o_proj.bias", (h,)))
-    if c.qk_norm:
-        copy_into(attn.q_norm.weight, src.take(p + "q_norm.weight", (c.head_dim,)))
-        copy_into(attn.k_norm.weight, src.take(p + "k_norm.weight", (c.head_dim,)))
-
-
-def _load_mlp(mlp: LlamaMLP, src: WeightSource, p: str, c: ModelConfig) -> None:
-    h, i = c.hidden_size, c.intermediate_size
-    if p + "gate_up_proj.weight" in src.tensors:  # Phi-3: fused, gate then up, as we hold them
-        copy_into(mlp.gate_up_proj.weight, src.take(p + "gate_up_proj.weight", (2 * i, h)))
-    else:
-        gate_up = [src.take(p + "gate_proj.weight", (i, h)), src.take(p + "up_proj.weight", (i, h))]
-        copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
-    copy_into(mlp.down_proj.weight, src.take(p + "down_proj.weight", (h, i)))
