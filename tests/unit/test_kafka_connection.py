@@ -4,8 +4,6 @@ Validated on creation, secrets kept out of `repr`, `describe()` and errors. No b
 from __future__ import annotations
 
 import ssl
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +12,15 @@ import pytest
 from actors.kafka.connection import KafkaConnection, connection_of
 from actors.kafka.errors import KafkaSettingError
 from actors.kafka.oauth_token import CommandToken, FileToken
+from tests.pem import Pem, self_signed
 
 SECRET = "hunter2-Zq9!unlikely-secret"
 KEY_SECRET = "keypass-Xv7-unlikely"
 
 
-@dataclass(frozen=True)
-class Pem:
-    ca: Path  # a self-signed certificate, usable as CA file or client certificate
-    key: Path  # its private key
-
-
 @pytest.fixture(scope="module")
 def pem(tmp_path_factory: pytest.TempPathFactory) -> Pem:
-    root = tmp_path_factory.mktemp("pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=test",
-         "-days", "1", "-keyout", str(root / "k.pem"), "-out", str(root / "c.pem")],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return Pem(ca=root / "c.pem", key=root / "k.pem")
+    return self_signed(tmp_path_factory.mktemp("pem"))
 
 
 def _scram(pem: Pem, **overrides: Any) -> KafkaConnection:

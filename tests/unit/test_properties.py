@@ -3,7 +3,6 @@ clients hand them out, in the librdkafka and the Java dialect."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from actors.kafka.connection import KafkaConnection
 from actors.kafka.errors import KafkaSettingError
 from ops.connection.properties import parse_properties, read_properties
+from tests.pem import self_signed
 
 CONFLUENT_CLOUD = """\
 # Required connection configs for Kafka producer, consumer, and admin
@@ -51,13 +51,7 @@ def _write(tmp_path: Path, text: str, name: str = "client.properties") -> Path:
 
 @pytest.fixture(scope="module")
 def ca_pem(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=test",
-         "-days", "1", "-keyout", str(root / "k.pem"), "-out", str(root / "c.pem")],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return root / "c.pem"
+    return self_signed(tmp_path_factory.mktemp("pem")).ca
 
 
 # --- the dialects -------------------------------------------------------------------------
