@@ -1,0 +1,1 @@
+"""Weight-only quantization: quantized matrices, the layers that run them, and their kernels."""
