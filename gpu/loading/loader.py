@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
 from gpu.models.packed_linear import pack_linears, packed_bytes, packing_available
+from gpu.quant.apply import quantize_linears, tie_quantized
+from gpu.quant.scheme import Quantization, describe
 
 
 @dataclass
@@ -34,6 +37,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     packed_bytes: int = 0  # what the packed copies hold beyond the parameters
+    quantization: str = "none"  # the linear weights' formats (`gpu.quant.scheme.describe`)
 
     @property
     def linear_kernel(self) -> str:
@@ -77,16 +81,21 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     pack: bool = True,
+    quantization: str | Quantization = "none",
+    keep: Collection[str] = (),
 ) -> LoadedModel:
     """Read a checkpoint (HF folder or .gguf), build the model and move it to the device.
 
     `pack`: reorder the linear weights for oneDNN (`gpu.models.packed_linear`) wherever that
     is available (float32 on CPU); False keeps `nn.Linear` (`F.linear`) everywhere.
+    `quantization`: see `gpu.quant.scheme` (`none`, `auto`, `int8`, `int4[-g32|-g128]`);
+    `keep`: linear layers (module names) `int8`/`int4` leave in the compute dtype.
     Raises `CheckpointError` (naming the file and the problem) when anything is wrong.
     """
     path = Path(path)
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
+    scheme = Quantization.parse(quantization)
     ckpt = load_checkpoint(path, dtype)
     with torch.device("meta"):
         module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
@@ -94,7 +103,11 @@ def load_model(
     # host never holds a second, converted copy of the model.
     module = module.to(dtype=dtype).to_empty(device=device).eval()
     _tie_and_fill_buffers(module, ckpt.config, device)
-    module.load_weights(WeightSource(ckpt.tensors, path))  # type: ignore[operator]
+    src = WeightSource(ckpt.tensors, path, keep_quantized=scheme.keeps_file_quantization)
+    module.load_weights(src)  # type: ignore[operator]
+    if scheme.quantizes_floats:
+        quantize_linears(module, scheme, keep)
+    tie_quantized(module, ckpt.config)
     if pack and packing_available(device, dtype):
         pack_linears(module)
     default_name = path.stem if path.is_file() else path.name
@@ -108,6 +121,7 @@ def load_model(
         dtype=dtype,
         device=device,
         packed_bytes=packed_bytes(module),
+        quantization=describe(module, dtype),
     )
 
 

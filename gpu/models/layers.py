@@ -12,6 +12,7 @@ from torch import nn
 
 from gpu.errors import CheckpointError
 from gpu.loading.model_config import ModelConfig
+from gpu.quant.weight import QuantizedWeight, concatenated
 
 
 class RMSNorm(nn.Module):
@@ -127,11 +128,43 @@ def apply_rope(
 
 
 class WeightSource:
-    """Hands out checkpoint tensors by name, checking each one's presence and shape."""
+    """Hands out checkpoint tensors by name, checking each one's presence and shape.
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    `keep_quantized`: `take_linear` hands out a weight the checkpoint holds quantized (a
+    GGUF's blocks, or `tokenmill quantize`'s `<name>_q`/`_scales`/`_offsets` tensors) as a
+    `QuantizedWeight` instead of dequantizing it."""
+
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor], path: Path, keep_quantized: bool = False
+    ) -> None:
         self.tensors = tensors
         self.path = path
+        self.keep_quantized = keep_quantized
+
+    def has(self, name: str) -> bool:
+        """Whether the checkpoint holds `name`, as a float tensor or quantized."""
+        return name in self.tensors or name + "_q" in self.tensors
+
+    def take_linear(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
+        """A [out, in] weight: quantized when the checkpoint holds it so and `keep_quantized`."""
+        if name + "_q" in self.tensors:  # written by `tokenmill quantize`
+            weight = stored_quantized(self.tensors, name, self.path)
+            if weight.shape != shape:
+                raise CheckpointError(
+                    self.path, f"tensor {name!r} has shape {weight.shape}, expected {shape}"
+                )
+            return weight if self.keep_quantized else weight.dequantize()
+        if self.keep_quantized:
+            quantized = getattr(self.tensors, "quantized", None)
+            if quantized is not None and name in self.tensors:
+                weight = quantized(name)
+                if weight is not None:
+                    if weight.shape != shape:
+                        raise CheckpointError(
+                            self.path, f"tensor {name!r} has shape {weight.shape}, expected {shape}"
+                        )
+                    return weight
+        return self.take(name, shape)
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
@@ -151,9 +184,59 @@ class WeightSource:
         raise CheckpointError(self.path, f"tensor {names[0]!r} is missing")
 
 
+def stored_quantized(tensors: Mapping[str, torch.Tensor], name: str, path: Path) -> QuantizedWeight:
+    """`name`'s `_q` (int8 [out, in] or uint8 nibbles [out, in / 2]), `_scales` and optional
+    `_offsets` tensors as one QuantizedWeight; bits and group follow from their shapes."""
+    try:
+        data = tensors[name + "_q"].contiguous()
+        scales = tensors[name + "_scales"].float().contiguous()
+        offsets = tensors[name + "_offsets"].float().contiguous() if name + "_offsets" in tensors else None
+        if data.dtype not in (torch.int8, torch.uint8) or scales.dim() != 2:
+            raise ValueError(f"{data.dtype} integers with {scales.dim()}-D scales")
+        bits = 8 if data.dtype == torch.int8 else 4
+        inputs = data.shape[1] * (1 if bits == 8 else 2)
+        if scales.shape[1] == 0 or inputs % scales.shape[1]:
+            raise ValueError(f"{scales.shape[1]} groups do not divide {inputs} input features")
+        return QuantizedWeight(bits, inputs // scales.shape[1], data, scales, offsets)
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(path, f"quantized tensor {name!r} is malformed: {exc}") from exc
+
+
 def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
     with torch.no_grad():
         param.copy_(value)  # casts to the parameter's dtype and moves it to its device
+
+
+def fill_linear(
+    owner: nn.Module, attr: str, parts: list[torch.Tensor | QuantizedWeight]
+) -> None:
+    """Fill `owner.<attr>` (an nn.Linear) with its weight's parts stacked along the rows (q, k,
+    v; gate, up). All quantized (a checkpoint kept quantized): the layer becomes a
+    QuantizedLinear over them, fused without changing a value; otherwise the float values
+    are copied in (quantized parts among float ones are dequantized)."""
+    linear = getattr(owner, attr)
+    if all(isinstance(p, QuantizedWeight) for p in parts):
+        from gpu.quant.linear import QuantizedLinear
+
+        weight = concatenated([p for p in parts if isinstance(p, QuantizedWeight)])
+        device = linear.weight.device
+        bias = None if linear.bias is None else linear.bias
+        setattr(owner, attr, QuantizedLinear(weight.to(device), bias))
+        return
+    floats = [p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]
+    copy_into(linear.weight, floats[0] if len(floats) == 1 else torch.cat(floats))
+
+
+def fill_embedding(owner: nn.Module, attr: str, value: torch.Tensor | QuantizedWeight) -> None:
+    """Fill `owner.<attr>` (an nn.Embedding); a quantized table becomes a QuantizedEmbedding."""
+    embedding = getattr(owner, attr)
+    if isinstance(value, QuantizedWeight):
+        from gpu.quant.linear import QuantizedEmbedding
+
+        device, dtype = embedding.weight.device, embedding.weight.dtype
+        setattr(owner, attr, QuantizedEmbedding(value.to(device), dtype))
+        return
+    copy_into(embedding.weight, value)
 
 
 class FusedAttention(Protocol):
@@ -174,15 +257,16 @@ def load_attention(attn: FusedAttention, src: WeightSource, p: str, c: ModelConf
     """q/k/v (fused as held, or as Phi-3 stores them), o_proj, biases and q/k norms of one
     layer's attention under prefix `p` (`model.layers.N.self_attn.`)."""
     h, q, kv = c.hidden_size, c.q_size, c.kv_size
-    if p + "qkv_proj.weight" in src.tensors:  # Phi-3 stores them fused, as we hold them
-        copy_into(attn.qkv_proj.weight, src.take(p + "qkv_proj.weight", (q + 2 * kv, h)))
+    # Phi-3 (and `tokenmill quantize`) store them fused, as we hold them
+    if src.has(p + "qkv_proj.weight"):
+        fill_linear(attn, "qkv_proj", [src.take_linear(p + "qkv_proj.weight", (q + 2 * kv, h))])
     else:
         qkv = [
-            src.take(p + "q_proj.weight", (q, h)),
-            src.take(p + "k_proj.weight", (kv, h)),
-            src.take(p + "v_proj.weight", (kv, h)),
+            src.take_linear(p + "q_proj.weight", (q, h)),
+            src.take_linear(p + "k_proj.weight", (kv, h)),
+            src.take_linear(p + "v_proj.weight", (kv, h)),
         ]
-        copy_into(attn.qkv_proj.weight, torch.cat(qkv))
+        fill_linear(attn, "qkv_proj", qkv)
     if c.attention_bias:
         bias = [
             src.take(p + "q_proj.bias", (q,)),
@@ -190,9 +274,9 @@ def load_attention(attn: FusedAttention, src: WeightSource, p: str, c: ModelConf
             src.take(p + "v_proj.bias", (kv,)),
         ]
         copy_into(attn.qkv_proj.bias, torch.cat(bias))
-    copy_into(attn.o_proj.weight, src.take(p + "o_proj.weight", (h, q)))
     if c.output_bias:
         copy_into(attn.o_proj.bias, src.take(p + "o_proj.bias", (h,)))
+    fill_linear(attn, "o_proj", [src.take_linear(p + "o_proj.weight", (h, q))])
     if c.qk_norm:  # over each head's head_dim
         copy_into(attn.q_norm.weight, src.take(p + "q_norm.weight", (c.head_dim,)))
         copy_into(attn.k_norm.weight, src.take(p + "k_norm.weight", (c.head_dim,)))
@@ -201,9 +285,12 @@ def load_attention(attn: FusedAttention, src: WeightSource, p: str, c: ModelConf
 def load_gated_mlp(mlp: GatedMLP, src: WeightSource, p: str, c: ModelConfig) -> None:
     """gate/up (fused as held) and down of one layer's gated MLP under prefix `p`."""
     h, i = c.hidden_size, c.intermediate_size
-    if p + "gate_up_proj.weight" in src.tensors:  # Phi-3: fused, gate then up, as we hold them
-        copy_into(mlp.gate_up_proj.weight, src.take(p + "gate_up_proj.weight", (2 * i, h)))
+    if src.has(p + "gate_up_proj.weight"):  # Phi-3: fused, gate then up, as we hold them
+        fill_linear(mlp, "gate_up_proj", [src.take_linear(p + "gate_up_proj.weight", (2 * i, h))])
     else:
-        gate_up = [src.take(p + "gate_proj.weight", (i, h)), src.take(p + "up_proj.weight", (i, h))]
-        copy_into(mlp.gate_up_proj.weight, torch.cat(gate_up))
-    copy_into(mlp.down_proj.weight, src.take(p + "down_proj.weight", (h, i)))
+        gate_up = [
+            src.take_linear(p + "gate_proj.weight", (i, h)),
+            src.take_linear(p + "up_proj.weight", (i, h)),
+        ]
+        fill_linear(mlp, "gate_up_proj", gate_up)
+    fill_linear(mlp, "down_proj", [src.take_linear(p + "down_proj.weight", (h, i))])

@@ -23,6 +23,8 @@ from gpu.models.layers import (
     WeightSource,
     apply_rope,
     copy_into,
+    fill_embedding,
+    fill_linear,
     load_attention,
     load_gated_mlp,
     rope_tables,
@@ -209,9 +211,8 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
         h = c.hidden_size
-        copy_into(
-            self.embed_tokens.weight, src.take("model.embed_tokens.weight", (c.vocab_size, h))
-        )
+        table = src.take_linear("model.embed_tokens.weight", (c.vocab_size, h))
+        fill_embedding(self, "embed_tokens", table)
         for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
             load_attention(layer.self_attn, src, p + "self_attn.", c)
@@ -226,4 +227,4 @@ class LlamaForCausalLM(nn.Module):
             )
         copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
         if not c.tie_word_embeddings:
-            copy_into(self.lm_head.weight, src.take("lm_head.weight", (c.vocab_size, h)))
+            fill_linear(self, "lm_head", [src.take_linear("lm_head.weight", (c.vocab_size, h))])

@@ -1,0 +1,194 @@
+"""`y = x @ w.T (+ bias)` for a `QuantizedWeight` on CUDA: one Triton kernel that reads the
+integers and their group scales (and offsets), dequantizes them in registers to x's dtype and
+multiplies with `tl.dot`, accumulating in float32. The float matrix never exists in memory.
+
+Triton is imported only when a kernel is first built, so `gpu.quant` imports on hosts without
+it. `TRITON_INTERPRET=1` runs the same kernel on the CPU through Triton's interpreter (the
+tests); Triton 3.x reads that variable when a kernel is decorated, not when `triton` is
+imported, so the kernel is built per mode on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from gpu.quant.weight import QuantizedWeight
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCK_N = 64
+
+# triton.language, bound by `_kernel`: a module global because Triton's interpreter patches
+# the `tl` it finds among the kernel's globals (a closure variable fails under it).
+tl: Any = None
+
+
+def available() -> bool:
+    """Whether `triton_qlinear` can run here: Triton importable, and CUDA present or Triton's
+    CPU interpreter asked for (`TRITON_INTERPRET=1`)."""
+    try:
+        _triton()
+    except ImportError:
+        return False
+    return torch.cuda.is_available() or _interpreting()
+
+
+def _triton() -> Any:
+    import triton  # type: ignore[import-untyped]  # untyped, and optional: imported on first use
+
+    return triton
+
+
+def _interpreting() -> bool:
+    return bool(_triton().knobs.runtime.interpret)  # TRITON_INTERPRET, read now
+
+
+def triton_qlinear(
+    x: torch.Tensor,  # [m, in], float16 | bfloat16 | float32
+    weight: QuantizedWeight,  # [out, in]
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [m, out] in x's dtype
+    m, inputs = x.shape
+    out = weight.out_features
+    if inputs != weight.in_features:
+        raise ValueError(f"x has {inputs} features, the weight {weight.shape}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"x is {x.dtype}: expected one of {DTYPES}")
+    if x.device != weight.device or (bias is not None and bias.device != x.device):
+        raise ValueError("x, the weight and the bias must be on one device")
+    if bias is not None and tuple(bias.shape) != (out,):
+        raise ValueError(f"bias {tuple(bias.shape)} for {out} outputs")
+    y = torch.empty(m, out, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    block_k, per_tile = _k_tiling(weight.group, inputs)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    # float32 x: TF32 only where PyTorch's own matmuls would use it.
+    tf32 = x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    grid = ((out + BLOCK_N - 1) // BLOCK_N, (m + block_m - 1) // block_m)
+    _kernel(_interpreting())[grid](
+        x,
+        weight.data,
+        weight.scales,
+        weight.offsets if weight.offsets is not None else weight.scales,  # unread if None
+        bias if bias is not None else weight.scales,  # unread if None
+        y,
+        m,
+        out,
+        inputs,
+        x.stride(0),
+        x.stride(1),
+        BITS=weight.bits,
+        GROUP=weight.group,
+        SCALE_PER_TILE=per_tile,
+        HAS_OFFSETS=weight.offsets is not None,
+        HAS_BIAS=bias is not None,
+        PRECISION="tf32" if tf32 else "ieee",
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=block_k,
+    )
+    return y
+
+
+def _k_tiling(group: int, inputs: int) -> tuple[int, bool]:
+    """BLOCK_K and whether one scale per row covers a whole K tile.
+
+    BLOCK_K is the largest of 64, 32, 16 (`tl.dot` needs K >= 16) that divides the group, so a
+    tile never straddles groups and its scales are one load per row: groups of 16, 32, 64,
+    128, 256. Per-channel scales (group == in) are one group whatever BLOCK_K, so 64 with the
+    K tail masked. Any other group (8, 24, ...) gets BLOCK_K 32 and a scale gathered per
+    element (`k // group`): correct, a little slower."""
+    for block_k in (64, 32, 16):
+        if group % block_k == 0:
+            return block_k, True
+    if group == inputs:
+        return 64, True
+    return 32, False
+
+
+@functools.cache
+def _kernel(interpret: bool) -> Any:  # one per mode: the decorator reads TRITON_INTERPRET
+    global tl
+    triton = _triton()
+    tl = triton.language
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def qlinear(
+        x_ptr,  # [M, K], strided
+        q_ptr,  # int8 [N, K] | uint8 [N, K // 2]
+        s_ptr,  # float32 [N, K // GROUP]
+        o_ptr,  # float32 [N, K // GROUP]
+        b_ptr,  # [N]
+        y_ptr,  # [M, N], contiguous
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_xk,
+        BITS: tl.constexpr,
+        GROUP: tl.constexpr,
+        SCALE_PER_TILE: tl.constexpr,
+        HAS_OFFSETS: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # Axis 0 walks the outputs: neighbouring programs share the same x rows.
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_n = offs_n < N
+        mask_m = offs_m < M
+        groups = K // GROUP
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < K  # all true but in a per-channel K tail
+            x = tl.load(
+                x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                mask=mask_m[:, None] & mask_k[None, :],
+                other=0.0,
+            )  # [BLOCK_M, BLOCK_K]
+            if BITS == 8:
+                q = tl.load(
+                    q_ptr + offs_n[:, None] * K + offs_k[None, :],
+                    mask=mask_n[:, None] & mask_k[None, :],
+                    other=0,
+                ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            else:
+                # Byte j holds elements 2j (low nibble) and 2j + 1 (high): interleaving the
+                # two halves puts them back in order. K is even, so a byte is all in or out.
+                offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                packed = tl.load(
+                    q_ptr + offs_n[:, None] * (K // 2) + offs_b[None, :],
+                    mask=mask_n[:, None] & (offs_b < K // 2)[None, :],
+                    other=0,
+                )  # uint8 [BLOCK_N, BLOCK_K // 2]
+                q = tl.interleave(packed & 0x0F, packed >> 4).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            if SCALE_PER_TILE:
+                at = offs_n * groups + k0 // GROUP  # [BLOCK_N]: the tile lies in one group
+                w = q * tl.load(s_ptr + at, mask=mask_n, other=0.0)[:, None]
+                if HAS_OFFSETS:
+                    w += tl.load(o_ptr + at, mask=mask_n, other=0.0)[:, None]
+            else:
+                at2 = offs_n[:, None] * groups + offs_k[None, :] // GROUP  # [BLOCK_N, BLOCK_K]
+                mask_w = mask_n[:, None] & mask_k[None, :]
+                w = q * tl.load(s_ptr + at2, mask=mask_w, other=0.0)
+                if HAS_OFFSETS:
+                    w += tl.load(o_ptr + at2, mask=mask_w, other=0.0)
+            # Masked x is 0, so an offset past the K tail adds nothing.
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(
+            y_ptr + offs_m[:, None] * N + offs_n[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & mask_n[None, :],
+        )
+
+    del interpret  # only the cache key: the decorator above read the mode from the environment
+    return qlinear
