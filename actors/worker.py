@@ -157,8 +157,8 @@ class Worker:
         gpu, ingest = self.gpu, self.ingest
         standby = gpu.standby
         metrics.set_models(
-            (gpu.front.name, gpu.front.digest),
-            (standby.name, standby.digest) if standby is not None else None,
+            (gpu.front.name, gpu.front.digest, gpu.front.quantization),
+            (standby.name, standby.digest, standby.quantization) if standby is not None else None,
         )
         metrics.set_queue_depth(max(ingest.outstanding - gpu.running, 0))
         metrics.set_paused_partitions(ingest.paused_partitions)

@@ -33,8 +33,12 @@ class EngineConfig:
     aging_seconds: float = 10.0
     seed: int = 0  # for unseeded sampling
     native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
+    quantization: str = "none"  # how weights are held: `gpu.quant.scheme` (none, auto, int8, int4)
 
     def __post_init__(self) -> None:
+        from gpu.quant.scheme import Quantization
+
+        Quantization.parse(self.quantization)  # ValueError naming the choices
         positive = {
             "max_model_len": self.max_model_len,
             "max_prompt_tokens": self.max_prompt_tokens,

@@ -24,9 +24,10 @@ class Usage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     total_tokens: int = 0
 
 
-class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
     name: str
     digest: str  # content hash of the weights
+    quantization: str = "none"  # how its linear weights are held: int8, int4-g32, mixes, none
 
 
 class Timings(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

@@ -40,6 +40,7 @@ class ModelFront:
     max_prompt_tokens: int
     max_new_tokens: int
     max_token_bytes: int = 64  # the most bytes one token decodes to (bounds a result's size)
+    quantization: str = "none"  # `gpu.quant.scheme.describe` of its weights
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
@@ -56,6 +57,7 @@ class ModelFront:
             max_prompt_tokens=prompt_limit(engine.config.max_prompt_tokens, engine.max_model_len),
             max_new_tokens=engine.config.max_new_tokens,
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
+            quantization=getattr(model, "quantization", "none"),
         )
 
     @property
@@ -67,7 +69,7 @@ class ModelFront:
 
     @property
     def ref(self) -> ModelRef:
-        return ModelRef(name=self.name, digest=self.digest)
+        return ModelRef(name=self.name, digest=self.digest, quantization=self.quantization)
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
         """Tokenize and check `request` against this model; raises `InvalidRequest`.

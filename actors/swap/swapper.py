@@ -266,6 +266,7 @@ def engine_builder_like(active: Any) -> EngineBuilder:
         from gpu.engine import Engine
         from gpu.loading.loader import load_model
 
-        return Engine(load_model(path, dtype=dtype, device=device), config)
+        model = load_model(path, dtype=dtype, device=device, quantization=config.quantization)
+        return Engine(model, config)
 
     return build

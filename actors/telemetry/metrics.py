@@ -133,8 +133,9 @@ class WorkerMetrics:
         # For operators.
         self.model_info = Gauge(
             "tokenmill_model_info",
-            "1 for the active model and the standby one (slot), by name and weights digest.",
-            ["name", "digest", "slot"],
+            "1 for the active model and the standby one (slot), by name, weights digest and "
+            "quantization (none, int8, int4-g32, or a mix such as int4-g32+int8-g32).",
+            ["name", "digest", "quantization", "slot"],
             registry=r,
         )
         self.step_duration = Histogram(
@@ -267,8 +268,11 @@ class WorkerMetrics:
         with contextlib.suppress(KeyError):  # never reported
             self.consumer_lag.remove(str(partition))
 
-    def set_models(self, active: tuple[str, str], standby: tuple[str, str] | None) -> None:
-        """The models now loaded, as (name, digest); replaces the previous info series."""
+    def set_models(
+        self, active: tuple[str, str, str], standby: tuple[str, str, str] | None
+    ) -> None:
+        """The models now loaded, as (name, digest, quantization); replaces the previous
+        info series."""
         self.model_info.clear()
         self.model_info.labels(*active, "active").set(1)
         if standby is not None:

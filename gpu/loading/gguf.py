@@ -3,10 +3,11 @@
 Metadata becomes a `ModelConfig`; each tensor is offered under its Hugging Face name and
 `[out_features, in_features]` layout, and dequantized (`gpu.loading.gguf_quants`) only when the
 model reads it, straight to the model's dtype: loading holds the final weights and one tensor in
-flight, never the whole model in float32. llama.cpp's Q/K row permutation is undone so the model
-code sees the rotate-half RoPE convention of HF checkpoints, and Gemma's norms, which llama.cpp
-stores as (1 + w), are shifted back to HF's w, as transformers does when it reads the file. The
-tokenizer is rebuilt from `tokenizer.ggml.*` by `gpu.loading.gguf_tokenizer`.
+flight, never the whole model in float32. `GGUFTensors.quantized` hands a block-quantized weight
+out as a `QuantizedWeight` instead, with no float copy at all. llama.cpp's Q/K row permutation
+is undone so the model code sees the rotate-half RoPE convention of HF checkpoints, and Gemma's
+norms, which llama.cpp stores as (1 + w), are shifted back to HF's w, as transformers does when
+it reads the file. The tokenizer is rebuilt from `tokenizer.ggml.*` by `gpu.loading.gguf_tokenizer`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import torch
 
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.loading.checkpoint import Checkpoint
-from gpu.loading.gguf_quants import dequantize
+from gpu.loading.gguf_quants import dequantize, to_quantized
 from gpu.loading.gguf_reader import GGUFFormatError, GGUFHeader, GGUFTensorInfo, read_gguf
 from gpu.loading.gguf_tokenizer import build_gguf_tokenizer
 from gpu.loading.model_config import ModelConfig, config_from_hf
 from gpu.loading.tokenizer import Tokenizer
+from gpu.quant.weight import QuantizedWeight
 
 ARCHITECTURES = ("llama", "qwen2", "gemma3")  # general.architecture values read here
 _PERMUTED_QK = ("llama",)  # convert_hf_to_gguf.py permutes q/k rows only for LlamaModel
@@ -319,11 +321,40 @@ class GGUFTensors(Mapping[str, torch.Tensor]):
         _drop_pages(tensor.data)
         if shifted:
             weights = (weights - 1.0).to(self.dtype)
-        if config.arch in _PERMUTED_QK and ".attn_q." in tensor.name:
-            weights = _unpermute_qk(weights, config.num_heads)
-        elif config.arch in _PERMUTED_QK and ".attn_k." in tensor.name:
-            weights = _unpermute_qk(weights, config.num_kv_heads)
+        if heads := self._permuted_heads(tensor.name):
+            weights = _unpermute_qk(weights, heads)
         return weights
+
+    def quantized(self, name: str) -> QuantizedWeight | None:
+        """A 2-D weight kept as the file's integers and group scales (`to_quantized`), equal to
+        `self[name]` in float32 once dequantized; None where the type does not map without loss
+        (float tensors, norms, other block types): read those with `self[name]`."""
+        tensor, shape = self._tensors[name]
+        if self.config.arch in _NORM_SHIFTED and tensor.name.endswith("norm.weight"):
+            return None  # stored as 1 + w; only `self[name]` shifts it back
+        try:
+            weight = to_quantized(tensor.data, tensor.tensor_type, shape)
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(
+                self.path,
+                f"tensor {tensor.name!r} ({tensor.tensor_type.name}) is unreadable: {exc}",
+            ) from exc
+        if weight is None:
+            return None
+        _drop_pages(tensor.data)
+        if heads := self._permuted_heads(tensor.name):  # the same un-permutation, as a row gather
+            weight = weight.rows(_unpermute_qk(torch.arange(weight.out_features), heads))
+        return weight
+
+    def _permuted_heads(self, gguf_name: str) -> int | None:
+        """The head count whose q/k rows llama.cpp's converter permuted in this tensor, if any."""
+        if self.config.arch not in _PERMUTED_QK:
+            return None
+        if ".attn_q." in gguf_name:
+            return self.config.num_heads
+        if ".attn_k." in gguf_name:
+            return self.config.num_kv_heads
+        return None
 
 
 def _drop_pages(data: np.ndarray) -> None:

@@ -27,7 +27,7 @@ tl: Any = None
 
 def available() -> bool:
     """Whether `triton_qlinear` can run here: Triton importable, and CUDA present or Triton's
-    CPU interpreter asked for (`TRITON_INTERPRET=1`)."""
+    CPU interpreter in force (`TRITON_INTERPRET=1` set before `triton` was first imported)."""
     try:
         _triton()
     except ImportError:
@@ -42,7 +42,15 @@ def _triton() -> Any:
 
 
 def _interpreting() -> bool:
-    return bool(_triton().knobs.runtime.interpret)  # TRITON_INTERPRET, read now
+    # The knob reads TRITON_INTERPRET now, but Triton decorated its own library (tl.zeros,
+    # tl.interleave, ...) when it was imported: only if that happened in interpreter mode can
+    # a kernel built now run under the interpreter.
+    triton = _triton()
+    if not triton.knobs.runtime.interpret:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
+
+    return isinstance(triton.language.zeros, InterpretedFunction)
 
 
 def triton_qlinear(
@@ -60,6 +68,12 @@ def triton_qlinear(
         raise ValueError("x, the weight and the bias must be on one device")
     if bias is not None and tuple(bias.shape) != (out,):
         raise ValueError(f"bias {tuple(bias.shape)} for {out} outputs")
+    interpret = _interpreting()
+    if x.device.type != "cuda" and not interpret:
+        raise ValueError(
+            f"x is on {x.device}: the kernel runs on CUDA, or on the CPU under Triton's "
+            "interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+        )
     y = torch.empty(m, out, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -68,7 +82,7 @@ def triton_qlinear(
     # float32 x: TF32 only where PyTorch's own matmuls would use it.
     tf32 = x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     grid = ((out + BLOCK_N - 1) // BLOCK_N, (m + block_m - 1) // block_m)
-    _kernel(_interpreting())[grid](
+    _kernel(interpret)[grid](
         x,
         weight.data,
         weight.scales,
@@ -89,6 +103,7 @@ def triton_qlinear(
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
+        enable_fp_fusion=True,  # Triton's default, said outright (unset, 3.9 warns at compile)
     )
     return y
 
@@ -110,12 +125,11 @@ def _k_tiling(group: int, inputs: int) -> tuple[int, bool]:
 
 
 @functools.cache
-def _kernel(interpret: bool) -> Any:  # one per mode: the decorator reads TRITON_INTERPRET
+def _kernel(interpret: bool) -> Any:
     global tl
     triton = _triton()
     tl = triton.language
 
-    @triton.jit  # type: ignore[untyped-decorator]
     def qlinear(
         x_ptr,  # [M, K], strided
         q_ptr,  # int8 [N, K] | uint8 [N, K // 2]
@@ -143,19 +157,22 @@ def _kernel(interpret: bool) -> Any:  # one per mode: the decorator reads TRITON
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n = offs_n < N
         mask_m = offs_m < M
+        # Row offsets in int64: out × in (an LM head) and tokens × out pass 2**31.
+        rows_n = offs_n.to(tl.int64)
+        rows_m = offs_m.to(tl.int64)
         groups = K // GROUP
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < K  # all true but in a per-channel K tail
             x = tl.load(
-                x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                 mask=mask_m[:, None] & mask_k[None, :],
                 other=0.0,
             )  # [BLOCK_M, BLOCK_K]
             if BITS == 8:
                 q = tl.load(
-                    q_ptr + offs_n[:, None] * K + offs_k[None, :],
+                    q_ptr + rows_n[:, None] * K + offs_k[None, :],
                     mask=mask_n[:, None] & mask_k[None, :],
                     other=0,
                 ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
@@ -164,7 +181,7 @@ def _kernel(interpret: bool) -> Any:  # one per mode: the decorator reads TRITON
                 # two halves puts them back in order. K is even, so a byte is all in or out.
                 offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
                 packed = tl.load(
-                    q_ptr + offs_n[:, None] * (K // 2) + offs_b[None, :],
+                    q_ptr + rows_n[:, None] * (K // 2) + offs_b[None, :],
                     mask=mask_n[:, None] & (offs_b < K // 2)[None, :],
                     other=0,
                 )  # uint8 [BLOCK_N, BLOCK_K // 2]
@@ -185,10 +202,15 @@ def _kernel(interpret: bool) -> Any:  # one per mode: the decorator reads TRITON
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         tl.store(
-            y_ptr + offs_m[:, None] * N + offs_n[None, :],
+            y_ptr + rows_m[:, None] * N + offs_n[None, :],
             acc.to(y_ptr.dtype.element_ty),
             mask=mask_m[:, None] & mask_n[None, :],
         )
 
-    del interpret  # only the cache key: the decorator above read the mode from the environment
-    return qlinear
+    # Wrapped by hand in the mode asked for: `triton.jit` follows TRITON_INTERPRET even where
+    # the interpreter cannot run (set after triton's import).
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(qlinear)
+    return triton.runtime.JITFunction(qlinear)

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from gpu.engine_config import EngineConfig
 
 
+# `gpu.quant.scheme.CHOICES`, spelled here so `--help` does not import torch
+QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4", "int4-g32", "int4-g128")
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     model: str
@@ -56,6 +60,15 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Token budget per step.",
         ),
         click.option(
+            "--quantization",
+            type=click.Choice(QUANTIZATION_CHOICES),
+            default="none",
+            show_default=True,
+            help="Weights held quantized: int8 (per output channel), int4 (groups of 32; "
+            "int4-g128), quantized at load; auto keeps a GGUF's (or a `tokenmill quantize` "
+            "checkpoint's) quantized tensors as they are; none dequantizes everything.",
+        ),
+        click.option(
             "--num-kv-blocks",
             type=int,
             default=None,
@@ -78,6 +91,7 @@ def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
             max_num_seqs=kwargs.pop("max_num_seqs"),
             max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
             num_kv_blocks=kwargs.pop("num_kv_blocks"),
+            quantization=kwargs.pop("quantization"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -104,7 +118,13 @@ def build_engine(choice: EngineChoice) -> Engine:
         device = parse_device(choice.device) if choice.device else None
         dtype = parse_dtype(choice.dtype) if choice.dtype else None
         path = resolve_model(choice.model)
-        model = load_model(path, name=choice.model, dtype=dtype, device=device)
+        model = load_model(
+            path,
+            name=choice.model,
+            dtype=dtype,
+            device=device,
+            quantization=choice.engine.quantization,
+        )
         return Engine(model, choice.engine)
     except (EngineError, ModelFetchError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -203,12 +203,12 @@ def test_gauges_take_the_last_value_and_lag_is_per_partition() -> None:
 
 def test_model_info_names_the_active_and_standby_models_and_forgets_old_ones() -> None:
     metrics = WorkerMetrics()
-    metrics.set_models(("smollm2-135m", "aaa"), None)
-    metrics.set_models(("smollm2-360m", "bbb"), ("smollm2-135m", "aaa"))
+    metrics.set_models(("smollm2-135m", "aaa", "none"), None)
+    metrics.set_models(("smollm2-360m", "bbb", "int4-g32"), ("smollm2-135m", "aaa", "none"))
     info = {k[1]: v for k, v in scrape(metrics).items() if k[0] == "tokenmill_model_info"}
     assert info == {
-        (("digest", "bbb"), ("name", "smollm2-360m"), ("slot", "active")): 1,
-        (("digest", "aaa"), ("name", "smollm2-135m"), ("slot", "standby")): 1,
+        (("digest", "bbb"), ("name", "smollm2-360m"), ("quantization", "int4-g32"), ("slot", "active")): 1,
+        (("digest", "aaa"), ("name", "smollm2-135m"), ("quantization", "none"), ("slot", "standby")): 1,
     }
 
 
