@@ -2,10 +2,11 @@
 integers and their group scales (and offsets), dequantizes them in registers to x's dtype and
 multiplies with `tl.dot`, accumulating in float32. The float matrix never exists in memory.
 
-Triton is imported only when a kernel is first built, so `gpu.quant` imports on hosts without
-it. `TRITON_INTERPRET=1` runs the same kernel on the CPU through Triton's interpreter (the
-tests); Triton 3.x reads that variable when a kernel is decorated, not when `triton` is
-imported, so the kernel is built per mode on first use.
+Triton is imported only when it is first needed, so `gpu.quant` imports on hosts without it.
+`TRITON_INTERPRET=1` runs the same kernel on the CPU through Triton's interpreter (the tests).
+It must be set before `triton` is first imported: Triton wraps its own library (`tl.zeros`,
+`tl.interleave`, ...) for the interpreter at that import, and only the kernel itself is
+wrapped here, on first use, in the mode then in force.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def available() -> bool:
 
 
 def _triton() -> Any:
-    import triton  # type: ignore[import-untyped]  # untyped, and optional: imported on first use
+    import triton  # optional: imported on first use
 
     return triton
 
@@ -48,7 +49,7 @@ def _interpreting() -> bool:
     triton = _triton()
     if not triton.knobs.runtime.interpret:
         return False
-    from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
+    from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(triton.language.zeros, InterpretedFunction)
 
@@ -58,6 +59,8 @@ def triton_qlinear(
     weight: QuantizedWeight,  # [out, in]
     bias: torch.Tensor | None = None,  # [out]
 ) -> torch.Tensor:  # [m, out] in x's dtype
+    if x.dim() != 2:
+        raise ValueError(f"x must be [m, in], not {tuple(x.shape)}")
     m, inputs = x.shape
     out = weight.out_features
     if inputs != weight.in_features:
@@ -130,7 +133,7 @@ def _kernel(interpret: bool) -> Any:
     triton = _triton()
     tl = triton.language
 
-    def qlinear(
+    def qlinear(  # type: ignore[no-untyped-def]  # Triton types the arguments at launch
         x_ptr,  # [M, K], strided
         q_ptr,  # int8 [N, K] | uint8 [N, K // 2]
         s_ptr,  # float32 [N, K // GROUP]
