@@ -126,9 +126,15 @@ def _kv_budget_from_device(
         )
         return max(int(free - (1 - config.memory_utilization) * total - reserve), 0)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    held = None
+    if getattr(model, "quantization", "none") != "none":  # as loaded, not the dtype's
+        from gpu.memory.footprint import module_bytes
+
+        held = module_bytes(model.module) - model.packed_bytes
     return kv_budget_bytes(
         model.config,
         dtype=dtype,
+        weights=held,
         # the plan counts the parameters once; packed linear weights are held a second time
         device_budget_bytes=int(ram * config.host_memory_fraction) - model.packed_bytes,
         max_batched_tokens=config.max_num_batched_tokens,

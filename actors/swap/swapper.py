@@ -219,7 +219,12 @@ class Swapper:
         dtype = getattr(active.model, "dtype", None)
         device = getattr(active.model, "device", None)
         packed = getattr(active.model, "packed_bytes", 0) > 0  # the new one will be too
-        new = planned_engine_bytes(config, active.config, dtype, max_len, packed) if dtype else 0
+        quantization = active.config.quantization
+        new = (
+            planned_engine_bytes(config, active.config, dtype, max_len, packed, quantization, target)
+            if dtype
+            else 0
+        )
         return plan_swap(
             active_bytes=engine_bytes(active),
             standby_bytes=0,

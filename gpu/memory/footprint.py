@@ -14,26 +14,36 @@ import torch
 from gpu.block_allocator import blocks_for
 from gpu.engine_config import EngineConfig
 from gpu.loading.model_config import ModelConfig, load_hf_config
-from gpu.memory.plan import activation_reserve_bytes, dtype_bytes, kv_bytes_per_token
+from gpu.memory.plan import (
+    activation_reserve_bytes,
+    dtype_bytes,
+    kv_bytes_per_token,
+    weights_bytes,
+)
 
 
 def engine_bytes(engine: Any) -> int:
     """Weights, buffers and KV pool of a built engine (0 for engines without tensors)."""
     model = getattr(engine.model, "module", None)
-    total = 0
-    if model is not None:
-        tensors = [*model.parameters(), *model.buffers()]
-        seen: set[int] = set()  # tied weights count once
-        for t in tensors:
-            if t.is_mkldnn:  # a packed weight: its own opaque memory, never shared
-                total += t.numel() * t.element_size()
-            elif t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
+    total = 0 if model is None else module_bytes(model)
     kv = getattr(engine, "kv", None)
     if kv is not None:
         total += kv.cache.numel() * kv.cache.element_size()
         total += kv.work.numel() * kv.work.element_size()
+    return total
+
+
+def module_bytes(model: torch.nn.Module) -> int:
+    """A module's parameters and buffers: packed copies and quantized integers and scales
+    included, tied weights once."""
+    total = 0
+    seen: set[int] = set()  # tied weights count once
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.is_mkldnn:  # a packed weight: its own opaque memory, never shared
+            total += t.numel() * t.element_size()
+        elif t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
     return total
 
 
@@ -64,10 +74,15 @@ def planned_engine_bytes(
     dtype: torch.dtype,
     max_model_len: int,
     packed: bool = False,
+    quantization: str = "none",
+    path: Path | None = None,
 ) -> int:
     """What an engine for `config` would hold: weights, a full KV pool and its workspace,
     and the activation reserve of one step. `packed`: its linear weights will be held a
-    second time, packed for oneDNN (float32 on CPU; `gpu/models/packed_linear.py`)."""
+    second time, packed for oneDNN (float32 on CPU; `gpu/models/packed_linear.py`).
+    `quantization`: the engine's (`gpu.quant.scheme`); with `auto`, a GGUF at `path` counts
+    its blocks in the formats they load into. Packed copies are then not counted: the
+    quantized layers are not packed (what stays float is, a small share)."""
     name = str(dtype).removeprefix("torch.")
     per_token = kv_bytes_per_token(config, name)
     blocks = engine.max_num_seqs * blocks_for(max_model_len, engine.block_size)
@@ -82,6 +97,12 @@ def planned_engine_bytes(
         max_batch=engine.max_num_seqs,
         max_context_len=max_model_len,
     )
+    if quantization == "auto" and path is not None and path.suffix == ".gguf":
+        from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
+
+        return gguf_kept_weights_bytes(path, dtype_bytes(name)) + kv + workspace + reserve
+    if quantization not in ("none", "auto"):
+        return weights_bytes(config, name, quantization) + kv + workspace + reserve
     weights = config.num_parameters() * dtype_bytes(name)
     if packed:  # every linear: the parameters but the embedding table, unless it is the head
         untied_table = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size

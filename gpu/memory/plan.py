@@ -59,8 +59,18 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
 
 
-def weights_bytes(config: ModelConfig, dtype: str) -> int:
-    """All parameters held in `dtype`: `config.num_parameters()` × dtype bytes."""
+def weights_bytes(config: ModelConfig, dtype: str, quantization: str = "none") -> int:
+    """All parameters held in `dtype`: `config.num_parameters()` × dtype bytes; with
+    `quantization` int8 or int4[-gN] the linear layers held quantized instead
+    (`gpu.memory.quantized_sizes`). `none` and `auto` count floats: what `auto` keeps depends
+    on the file (`quantized_sizes.gguf_kept_weights_bytes`)."""
+    method, _, group = quantization.partition("-g")
+    if method in ("int8", "int4"):
+        from gpu.memory.quantized_sizes import quantized_weights_bytes
+
+        return quantized_weights_bytes(
+            config, dtype_bytes(dtype), method, int(group) if group else None
+        )
     return config.num_parameters() * dtype_bytes(dtype)
 
 
@@ -180,12 +190,16 @@ def plan_memory(
     budget_bytes: int,
     block_size: int = 16,
     max_batched_tokens: int | None = None,
+    quantization: str = "none",
+    weights_of: WeightsFn | None = None,
 ) -> MemoryPlan:
     """Plan `batch` sequences of `seq_len` tokens (prompt + output) against `budget_bytes`.
 
     KV is counted in whole blocks: ceil(seq_len / block_size) × block_size tokens per
     sequence. `max_batched_tokens` defaults to `default_max_batched_tokens(batch, seq_len)`;
     the activation reserve assumes a prefill chunk may attend to a context of `seq_len`.
+    `quantization` (int8, int4[-gN]) counts the linear layers quantized; `weights_of(dtype)`,
+    when given, is what the weights hold in a dtype (a GGUF kept quantized: `auto`).
     """
     for name, value in (("batch", batch), ("seq_len", seq_len), ("block_size", block_size)):
         if value <= 0:
@@ -195,9 +209,10 @@ def plan_memory(
     if max_batched_tokens is not None and max_batched_tokens <= 0:
         raise ValueError(f"max_batched_tokens must be positive, got {max_batched_tokens}")
     dtype = canonical_dtype(dtype)
-    total_at = _total_fn(config, dtype, block_size, max_batched_tokens)
+    weights_of = weights_of or (lambda d: weights_bytes(config, d, quantization))
+    total_at = _total_fn(config, dtype, block_size, max_batched_tokens, weights_of)
     weights, per_token, tokens_per_seq, step_tokens, activations = _parts(
-        config, dtype, batch, seq_len, block_size, max_batched_tokens
+        config, dtype, batch, seq_len, block_size, max_batched_tokens, weights_of
     )
     kv = batch * tokens_per_seq * per_token
     total = weights + kv + activations
@@ -235,6 +250,7 @@ def plan_memory(
             max_batched_tokens=max_batched_tokens,
             fits=fits,
             max_batch=max_batch,
+            weights_of=weights_of,
         ),
     )
 
@@ -256,14 +272,16 @@ def kv_budget_bytes(
     max_batched_tokens: int,
     max_batch: int,
     max_context_len: int | None = None,
+    weights: int | None = None,
 ) -> int:
     """Bytes left for the KV pool after the weights and the activation reserve.
 
     `max_context_len` is the engine's longest sequence (default: the model's
-    max_position_embeddings); see `activation_reserve_bytes`. Raises `MemoryPlanError` (with
-    the numbers) when nothing is left.
+    max_position_embeddings); see `activation_reserve_bytes`. `weights`: what the loaded
+    weights really hold (a quantized model), instead of the parameters in `dtype`. Raises
+    `MemoryPlanError` (with the numbers) when nothing is left.
     """
-    weights = weights_bytes(config, dtype)
+    weights = weights_bytes(config, dtype) if weights is None else weights
     reserve = activation_reserve_bytes(
         config, dtype, max_batched_tokens, max_batch, max_context_len=max_context_len
     )
@@ -282,6 +300,8 @@ def kv_budget_bytes(
 
 # total_at(batch, seq_len) -> total bytes; non-decreasing in both arguments.
 _TotalFn = Callable[[int, int], int]
+# weights_of(dtype) -> bytes the weights hold with the compute dtype `dtype`
+WeightsFn = Callable[[str], int]
 
 
 def _parts(
@@ -291,6 +311,7 @@ def _parts(
     seq_len: int,
     block_size: int,
     max_batched_tokens: int | None,
+    weights_of: WeightsFn,
 ) -> tuple[int, int, int, int, int]:
     """(weights, kv per token, kv tokens per sequence, step tokens, activation reserve)."""
     tokens_per_seq = math.ceil(seq_len / block_size) * block_size
@@ -303,7 +324,7 @@ def _parts(
         config, dtype, step_tokens, batch, max_context_len=seq_len
     )
     return (
-        weights_bytes(config, dtype),
+        weights_of(dtype),
         kv_bytes_per_token(config, dtype),
         tokens_per_seq,
         max(step_tokens, batch),
@@ -312,11 +333,15 @@ def _parts(
 
 
 def _total_fn(
-    config: ModelConfig, dtype: str, block_size: int, max_batched_tokens: int | None
+    config: ModelConfig,
+    dtype: str,
+    block_size: int,
+    max_batched_tokens: int | None,
+    weights_of: WeightsFn,
 ) -> _TotalFn:
     def total_at(batch: int, seq_len: int) -> int:
         weights, per_token, tokens_per_seq, _, activations = _parts(
-            config, dtype, batch, seq_len, block_size, max_batched_tokens
+            config, dtype, batch, seq_len, block_size, max_batched_tokens, weights_of
         )
         return weights + batch * tokens_per_seq * per_token + activations
 
@@ -362,10 +387,11 @@ def _advice(
     max_batched_tokens: int | None,
     fits: bool,
     max_batch: int,
+    weights_of: WeightsFn,
 ) -> str:
     if fits:
         return f"fits with batch ≤ {max_batch} at seq_len {seq_len}"
-    total_at = _total_fn(config, dtype, block_size, max_batched_tokens)
+    total_at = _total_fn(config, dtype, block_size, max_batched_tokens, weights_of)
     options: list[str] = []
     shortest = 0
     if max_batch >= 1:
@@ -375,7 +401,7 @@ def _advice(
         if shortest:
             options.append(f"cut seq_len to ≤ {shortest}")
     if dtype_bytes(dtype) > 2:
-        half_at = _total_fn(config, "bfloat16", block_size, max_batched_tokens)
+        half_at = _total_fn(config, "bfloat16", block_size, max_batched_tokens, weights_of)
         half_batch = _max_batch(half_at, seq_len, budget_bytes)
         if half_batch >= batch:
             options.append("use bf16")
@@ -388,7 +414,9 @@ def _advice(
     head = "does not fit" if max_batch >= 1 else "does not fit even at batch 1"
     if options:
         return f"{head}: {' or '.join(options)}"
-    weights, _, _, _, activations = _parts(config, dtype, 1, 1, block_size, max_batched_tokens)
+    weights, _, _, _, activations = _parts(
+        config, dtype, 1, 1, block_size, max_batched_tokens, weights_of
+    )
     fixed = weights + activations
     return (
         f"{head}: weights + activation reserve alone need about {format_bytes(fixed)} of "

@@ -14,8 +14,9 @@ from rich.table import Table
 from gpu.errors import EngineError
 from gpu.loading.model_config import ModelConfig, load_hf_config
 from gpu.memory.byte_sizes import format_bytes, parse_size
-from gpu.memory.plan import DTYPE_BYTES, MemoryPlan, plan_memory
+from gpu.memory.plan import DTYPE_BYTES, MemoryPlan, dtype_bytes, plan_memory, weights_bytes
 from ops.errors import OpsError
+from ops.models.engine_options import QUANTIZATION_CHOICES
 
 
 def _size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -71,6 +72,14 @@ def _size_option(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Tokens per engine step. "
     "Default: max(batch, min(batch×seq_len, max(seq_len, 2048), 8192)).",
 )
+@click.option(
+    "--quantization",
+    type=click.Choice(QUANTIZATION_CHOICES),
+    default="none",
+    show_default=True,
+    help="Linear weights held as int8 / int4 (quantized at load), or as a GGUF holds them "
+    "(auto); the table shows the saving against the dtype.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def plan(
     model: str,
@@ -80,6 +89,7 @@ def plan(
     device_memory: int | None,
     block_size: int,
     max_batched_tokens: int | None,
+    quantization: str,
     as_json: bool,
 ) -> None:
     """Plan memory before deploying: weights + KV cache + activation reserve vs the budget.
@@ -89,7 +99,13 @@ def plan(
     sequence length, and what to change when it does not fit (cut batch, cut sequence
     length, or use bf16). Exits 0 whether or not the plan fits; bad input exits non-zero.
     """
-    config = _load_config(model)
+    path, config = _load_config(model)
+    weights_of = None
+    if quantization == "auto" and path.suffix == ".gguf":
+        from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
+
+        def weights_of(d: str) -> int:
+            return gguf_kept_weights_bytes(path, dtype_bytes(d))
     if device_memory is None:
         budget, budget_source = _default_budget()
     else:
@@ -102,15 +118,24 @@ def plan(
         budget_bytes=budget,
         block_size=block_size,
         max_batched_tokens=max_batched_tokens,
+        quantization=quantization,
+        weights_of=weights_of,
     )
+    unquantized = weights_bytes(config, result.dtype)
     if as_json:
-        record = {"model": model, **dataclasses.asdict(result), "budget_source": budget_source}
+        record = {
+            "model": model,
+            **dataclasses.asdict(result),
+            "budget_source": budget_source,
+            "quantization": quantization,
+            "unquantized_weights_bytes": unquantized,
+        }
         click.echo(json.dumps(record))
     else:
-        Console().print(_table(model, config, result, budget_source))
+        Console().print(_table(model, config, result, budget_source, quantization, unquantized))
 
 
-def _load_config(model: str) -> ModelConfig:
+def _load_config(model: str) -> tuple[Path, ModelConfig]:
     path = Path(model).expanduser()
     if not path.exists():
         from ops.models.registry import resolve_model  # fetches an alias's file on first use
@@ -121,14 +146,14 @@ def _load_config(model: str) -> ModelConfig:
             raise click.BadParameter(str(exc), param_hint="'--model'") from None
     try:
         if path.is_dir():
-            return load_hf_config(path)
+            return path, load_hf_config(path)
         if path.suffix == ".gguf":
             from gpu.loading.gguf import read_gguf_config
 
             gguf_config: ModelConfig = read_gguf_config(path)
-            return gguf_config
+            return path, gguf_config
         if path.name == "config.json":
-            return load_hf_config(path.parent)
+            return path.parent, load_hf_config(path.parent)
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:  # a corrupt GGUF header
@@ -159,7 +184,14 @@ def _amount(n: int) -> str:
     return f"{format_bytes(n)} ({n:,} B)"
 
 
-def _table(model: str, config: ModelConfig, p: MemoryPlan, budget_source: str) -> Table:
+def _table(
+    model: str,
+    config: ModelConfig,
+    p: MemoryPlan,
+    budget_source: str,
+    quantization: str = "none",
+    unquantized: int = 0,
+) -> Table:
     kv_seq = f"{p.kv_tokens_per_sequence}"
     rounded = ""
     if p.kv_tokens_per_sequence != p.seq_len:
@@ -180,7 +212,18 @@ def _table(model: str, config: ModelConfig, p: MemoryPlan, budget_source: str) -
         f"{p.arch}: {config.num_layers} layers, hidden {config.hidden_size}, "
         f"{config.num_heads} heads / {config.num_kv_heads} kv heads, vocab {config.vocab_size}",
     )
-    table.add_row("weights", _amount(p.weights_bytes), f"{p.num_parameters:,} × {p.dtype_bytes} B")
+    if p.weights_bytes == unquantized or not unquantized:
+        table.add_row(
+            "weights", _amount(p.weights_bytes), f"{p.num_parameters:,} × {p.dtype_bytes} B"
+        )
+    else:
+        saved = 1 - p.weights_bytes / unquantized
+        table.add_row(
+            f"weights ({quantization})",
+            _amount(p.weights_bytes),
+            f"{saved:.0%} less than {format_bytes(unquantized)} in {p.dtype} "
+            f"({unquantized / p.weights_bytes:.1f}× smaller)",
+        )
     table.add_row("KV per token", _amount(p.kv_bytes_per_token), per_token)
     table.add_row("KV total", _amount(p.kv_bytes), kv_total + rounded)
     table.add_row(
