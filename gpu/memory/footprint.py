@@ -47,6 +47,22 @@ def module_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """A module's weights as loaded: parameters and persistent buffers (quantized integers,
+    scales and offsets), tied ones once; not the packed copies or tables such as RoPE's."""
+    total = 0
+    seen: set[int] = set()
+    tensors = list(model.parameters())
+    for owner in model.modules():
+        skip = owner._non_persistent_buffers_set
+        tensors += [b for name, b in owner.named_buffers(recurse=False) if name not in skip]
+    for t in tensors:
+        if not t.is_mkldnn and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
 def read_config(path: Path) -> ModelConfig:
     """A checkpoint's config without reading its weights (HF folder or .gguf).
 

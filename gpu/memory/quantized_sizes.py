@@ -32,6 +32,8 @@ def matrix_bytes(out: int, inputs: int, method: str, group: int | None) -> int:
         return out * inputs + 4 * out
     if method == "int4":
         g = group or 32
+        while g > 32 and inputs % g:  # as `Quantization.group_for`
+            g //= 2
         return out * inputs // 2 + 8 * out * (inputs // g)
     raise ValueError(f"{method!r} is not a quantization of weights")
 

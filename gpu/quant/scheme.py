@@ -6,7 +6,9 @@
   loads as it was written; float weights stay float;
 - `int8`: linear weights quantized at load, symmetric, one scale per output channel;
 - `int4`, `int4-g32`, `int4-g128`: asymmetric 4-bit in groups of 32 (the default) or 128 input
-  features. With `int8`/`int4` a GGUF's quantized tensors also stay as the file has them.
+  features.
+`int8` and `int4` quantize the float weights a checkpoint gives (a GGUF's dequantized blocks),
+so they mean the same on any source; only `auto` keeps a file's own quantization.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Quantization:
     @property
     def keeps_file_quantization(self) -> bool:
         """Whether a GGUF's quantized tensors (or a quantized checkpoint's) stay quantized."""
-        return self.method != "none"
+        return self.method == "auto"
 
     @property
     def quantizes_floats(self) -> bool:
@@ -56,15 +58,23 @@ class Quantization:
         if self.method == "int8":
             return quantize_int8(weight)
         if self.method == "int4":
-            return quantize_int4(weight, self.group or 32)
+            return quantize_int4(weight, self.group_for(weight.shape[1]))
         raise ValueError(f"quantization {self.name!r} does not quantize weights")
+
+    def group_for(self, in_features: int) -> int:
+        """int4's group for a layer: the scheme's, or where that does not divide the input
+        features (SmolLM2's 576 and g128), the largest power of two below it that does."""
+        group = self.group or 32
+        while group > 32 and in_features % group:
+            group //= 2
+        return group
 
     def fits(self, in_features: int) -> bool:
         """Whether a layer with `in_features` inputs can take this scheme (kernels need
-        multiples of 16, int4 whole groups)."""
+        multiples of 16, int4 whole groups of at least 32)."""
         if in_features % 16:
             return False
-        return self.method != "int4" or in_features % (self.group or 32) == 0
+        return self.method != "int4" or in_features % self.group_for(in_features) == 0
 
 
 def describe(module: nn.Module, dtype: torch.dtype) -> str:
