@@ -1,11 +1,12 @@
 """tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
 `cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `quant_gemv.c` and
-`quant_linear.c` (with `vector.h`, `weight.h`) into one library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`;
-`-O3 -march=native -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else
-`~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and
-the CPU's feature flags, so a cache shared by different hosts never hands one another's
-binary. The build takes about a second and happens once per host and source version.
+`quant_linear.c` (with `vector.h`, `weight.h`) into one library with the host's compiler
+(`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native -fopenmp`) into a cache folder
+(`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`), named by a digest of the
+source, the compiler, the flags and the CPU's feature flags, so a cache shared by different
+hosts never hands one another's binary. The build takes a few seconds and happens once per
+host and source version.
 
 Where there is no C compiler, or the build fails, `cpu_kernels()` logs one warning and
 returns None: models then run PyTorch's ops alone (oneDNN-packed linears, SDPA over gathered
@@ -103,11 +104,12 @@ class CpuKernels:
         self._silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
         self._silu_mul.restype = None
         self._qlinear = lib.tm_qlinear
-        self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, ctypes.POINTER(TmWeight), _ptr, _ptr]
+        weight_ptr = ctypes.POINTER(TmWeight)
+        self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, weight_ptr, _ptr, _ptr]
         self._qlinear.restype = None
         self.llama_decode = lib.tm_llama_decode  # called by gpu/models/llama_decode_step.py
-        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, ctypes.POINTER(TmWeight), _ptr]
-        self.llama_decode.argtypes += [ctypes.POINTER(TmWeight), ctypes.c_float, ctypes.c_float]
+        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
+        self.llama_decode.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float]
         self.llama_decode.argtypes += [_ptr] * 5 + [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
         self.llama_decode.restype = None
 
