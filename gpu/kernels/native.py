@@ -1,11 +1,12 @@
 """tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
-`cpu_kernels()` compiles `attention.c`, `elementwise.c` and `decode_step.c` (with `vector.h`)
-into one library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`;
-`-O3 -march=native -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else
-`~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and
-the CPU's feature flags, so a cache shared by different hosts never hands one another's
-binary. The build takes about a second and happens once per host and source version.
+`cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `quant_gemv.c` and
+`quant_linear.c` (with `vector.h`, `weight.h`) into one library with the host's compiler
+(`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native -fopenmp`) into a cache folder
+(`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`), named by a digest of the
+source, the compiler, the flags and the CPU's feature flags, so a cache shared by different
+hosts never hands one another's binary. The build takes a few seconds and happens once per
+host and source version.
 
 Where there is no C compiler, or the build fails, `cpu_kernels()` logs one warning and
 returns None: models then run PyTorch's ops alone (oneDNN-packed linears, SDPA over gathered
@@ -28,15 +29,59 @@ from pathlib import Path
 
 import torch
 
+from gpu.quant.weight import QuantizedWeight
+
 log = logging.getLogger("tokenmill.kernels")
 
 FOLDER = Path(__file__).parent
-SOURCES = ("attention.c", "elementwise.c", "decode_step.c")  # with vector.h: one library
+SOURCES = ("attention.c", "elementwise.c", "decode_step.c", "quant_gemv.c", "quant_linear.c")
+HEADERS = ("vector.h", "weight.h")  # SOURCES include them: one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ENABLE_VARIABLE = "TOKENMILL_NATIVE_KERNELS"
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
+INPUT_MULTIPLE = 16  # weight.h: input features and groups are multiples of 16
+
+
+class TmWeight(ctypes.Structure):
+    """weight.h's `tm_weight`: a weight matrix [out, in] as the kernels read it (bits 32: a
+    float32 matrix; 8, 4: gpu/quant/weight.py's layout). Raw addresses: whoever holds one keeps
+    the tensors it points into alive."""
+
+    _fields_ = (
+        ("bits", _i64),
+        ("group", _i64),
+        ("data", _ptr),
+        ("scales", _ptr),
+        ("offsets", _ptr),
+    )
+
+
+def tm_weight(weight: torch.Tensor | QuantizedWeight, first_row: int = 0) -> TmWeight:
+    """The descriptor of `weight` (float32 [out, in] or quantized, contiguous, on the CPU) from
+    row `first_row` on (gate_up's second half is its rows from `inter`)."""
+    if weight.device.type != "cpu":
+        raise ValueError(f"native kernels take CPU weights, not {weight.device}")
+    if isinstance(weight, torch.Tensor):
+        if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
+            raise ValueError("a float weight must be a contiguous float32 [out, in] matrix")
+        skip = first_row * weight.stride(0) * weight.element_size()
+        return TmWeight(32, weight.shape[1], weight.data_ptr() + skip, None, None)
+    if weight.in_features % INPUT_MULTIPLE or weight.group % INPUT_MULTIPLE:
+        raise ValueError(
+            f"{weight.scheme} with {weight.in_features} inputs: the kernels take inputs and "
+            f"groups in multiples of {INPUT_MULTIPLE}"
+        )
+    data, scales, offsets = weight.data, weight.scales, weight.offsets
+    row_bytes = scales.shape[1] * 4  # of a row's scales (and of its offsets)
+    return TmWeight(
+        weight.bits,
+        weight.group,
+        data.data_ptr() + first_row * data.stride(0) * data.element_size(),
+        scales.data_ptr() + first_row * row_bytes,
+        None if offsets is None else offsets.data_ptr() + first_row * row_bytes,
+    )
 
 
 class CpuKernels:
@@ -58,8 +103,13 @@ class CpuKernels:
         self._silu_mul = lib.tm_silu_mul
         self._silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
         self._silu_mul.restype = None
+        self._qlinear = lib.tm_qlinear
+        weight_ptr = ctypes.POINTER(TmWeight)
+        self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, weight_ptr, _ptr, _ptr]
+        self._qlinear.restype = None
         self.llama_decode = lib.tm_llama_decode  # called by gpu/models/llama_decode_step.py
-        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, _ptr, _ptr, ctypes.c_float, ctypes.c_float]
+        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
+        self.llama_decode.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float]
         self.llama_decode.argtypes += [_ptr] * 5 + [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
         self.llama_decode.restype = None
 
@@ -116,6 +166,40 @@ class CpuKernels:
         out = gate_up.new_empty(rows, width // 2)
         self._silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
         return out
+
+    def qlinear(
+        self,
+        x: torch.Tensor,  # [m, in] float32, elements contiguous
+        weight: torch.Tensor | QuantizedWeight,  # [out, in]: float32, or held quantized
+        bias: torch.Tensor | None = None,  # [out] float32
+    ) -> torch.Tensor:  # [m, out] float32
+        """x · Wᵀ + bias with W as it is held: int8/int4 dequantized in registers at few rows,
+        in small float32 tiles at many (`quant_linear.c`)."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError("qlinear takes a float32 CPU matrix whose rows are contiguous")
+        out, inputs = weight.shape
+        if x.shape[1] != inputs:
+            raise ValueError(f"x has {x.shape[1]} features, the weight {inputs}")
+        if inputs % INPUT_MULTIPLE:
+            raise ValueError(f"{inputs} input features: the kernels take multiples of 16")
+        if bias is not None:
+            _check(bias)
+            if tuple(bias.shape) != (out,):
+                raise ValueError(f"bias {tuple(bias.shape)} is not ({out},)")
+        descriptor = tm_weight(weight)
+        y = x.new_empty(x.shape[0], out)
+        if x.shape[0]:
+            self._qlinear(
+                x.shape[0],
+                inputs,
+                out,
+                x.data_ptr(),
+                x.stride(0),
+                ctypes.byref(descriptor),
+                None if bias is None else bias.data_ptr(),
+                y.data_ptr(),
+            )
+        return y
 
     def paged_decode_attention(
         self,
@@ -201,7 +285,7 @@ def build(
         )
         return None
     try:
-        source = b"".join((FOLDER / name).read_bytes() for name in (*SOURCES, "vector.h"))
+        source = b"".join((FOLDER / name).read_bytes() for name in (*SOURCES, *HEADERS))
         key = _build_key(compiler, source, extra_flags)
         target = cache / f"cpu_kernels-{key}.so"
         if not target.exists():

@@ -61,6 +61,14 @@ static inline float vsum(vec v) {
 }
 #endif
 
+/* Rows [begin, end) of the thread's share of `rows` (in blocks of 4). */
+static inline void share(int64_t rows, int64_t *begin, int64_t *end) {
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int64_t blocks = (rows + 3) / 4, per = (blocks + n - 1) / n;
+    *begin = t * per * 4 < rows ? t * per * 4 : rows;
+    *end = (t + 1) * per * 4 < rows ? (t + 1) * per * 4 : rows;
+}
+
 /* dot(a, b) over n floats (n a multiple of VEC where vectors are used) */
 static inline float dot(const float *a, const float *b, int64_t n) {
 #ifdef VEC

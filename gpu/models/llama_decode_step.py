@@ -9,6 +9,11 @@ token while it is in L1 (measured 2026-12-01 on SmolLM2-135M's 121 products at o
 float32 CPU models with the native kernels when a step is decodes only, at most
 `DECODE_STEP_ROWS` of them; every other step runs the layers as usual. Same arithmetic, so
 the same tokens.
+
+A linear layer is float (`.weight` float32 [out, in]: `nn.Linear`, `PackedLinear`) or held
+quantized (`.qweight`, a `QuantizedWeight`: int8/int4, which the kernels dequantize in
+registers); the call takes each as a `tm_weight` descriptor, so a quantized model's small
+decode steps are one call too.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from typing import Any, Protocol
 
 import torch
 
-from gpu.kernels.native import CpuKernels
+from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata
+from gpu.quant.weight import QuantizedWeight
 
 
 class LlamaWeights(Protocol):
@@ -38,7 +44,8 @@ class LlamaWeights(Protocol):
 
 
 DECODE_STEP_ROWS = 2  # the most decode tokens for the native path (measured: from 3 the layers win)
-WEIGHTS_PER_LAYER = 8  # the C side's layout of `layer_weights`
+VECTORS_PER_LAYER = 4  # the C side's layout of `layer_vectors`: norms and biases
+LINEARS_PER_LAYER = 5  # and of `layer_linears`: qkv, o, gate, up, down
 
 
 def implements(config: ModelConfig) -> bool:
@@ -66,24 +73,30 @@ class DecodeStep:
         self.model = model
         self.kernels = kernels
         c = model.config
-        held: list[torch.Tensor | None] = []
+        vectors: list[torch.Tensor | None] = []
+        matrices: list[tuple[torch.Tensor | QuantizedWeight, int]] = []  # (weight, first row)
         for layer in model.typed_layers():
             attn, mlp = layer.self_attn, layer.mlp
-            held += [
+            vectors += [
                 layer.input_layernorm.weight,
-                attn.qkv_proj.weight,
                 attn.qkv_proj.bias,
-                attn.o_proj.weight,
                 attn.o_proj.bias,
                 layer.post_attention_layernorm.weight,
-                mlp.gate_up_proj.weight,
-                mlp.down_proj.weight,
             ]
-        for t in [*held, model.norm.weight, model.lm_head.weight, model.rope_cos]:
+            gate_up = held_weight(mlp.gate_up_proj)
+            matrices += [(held_weight(attn.qkv_proj), 0), (held_weight(attn.o_proj), 0)]
+            matrices += [(gate_up, 0), (gate_up, c.intermediate_size)]
+            matrices += [(held_weight(mlp.down_proj), 0)]
+        for t in [*vectors, model.norm.weight, model.rope_cos, model.rope_sin]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
-                raise ValueError("the native decode step needs contiguous float32 weights")
-        pointers = [None if t is None else t.data_ptr() for t in held]
-        self.layer_weights = (ctypes.c_void_p * len(pointers))(*pointers)
+                raise ValueError("the native decode step needs contiguous float32 norms and biases")
+        pointers = [None if t is None else t.data_ptr() for t in vectors]
+        self.layer_vectors = (ctypes.c_void_p * len(pointers))(*pointers)
+        linears = [tm_weight(weight, first) for weight, first in matrices]
+        self.layer_linears = (TmWeight * len(linears))(*linears)
+        self.lm_head = tm_weight(held_weight(model.lm_head))
+        # The descriptors are raw addresses: hold what they point into.
+        self._held = [*vectors, *(weight for weight, _ in matrices), held_weight(model.lm_head)]
         self.layers = c.num_layers
         self.scale = c.head_dim**-0.5  # as LlamaAttention's
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
@@ -132,9 +145,10 @@ class DecodeStep:
             c.head_dim,
             c.intermediate_size,
             c.vocab_size,
-            self.layer_weights,
+            self.layer_vectors,
+            self.layer_linears,
             m.norm.weight.data_ptr(),
-            m.lm_head.weight.data_ptr(),
+            ctypes.byref(self.lm_head),
             c.norm_eps,
             self.scale,
             m.rope_cos.data_ptr(),
@@ -152,3 +166,13 @@ class DecodeStep:
             logits.data_ptr(),
         )
         return logits
+
+
+def held_weight(linear: Any) -> torch.Tensor | QuantizedWeight:
+    """A linear module's weight as held: its `QuantizedWeight` (`.qweight`, e.g.
+    `gpu.quant.linear.QuantizedLinear`) or its float32 `.weight` [out, in]."""
+    quantized = getattr(linear, "qweight", None)
+    if isinstance(quantized, QuantizedWeight):
+        return quantized
+    weight: torch.Tensor = linear.weight
+    return weight

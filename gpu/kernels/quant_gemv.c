@@ -1,0 +1,230 @@
+/* A thread's share of a linear layer's output rows at few input rows (decode), for every
+ * weight format of weight.h: float32 as it is; int8 and int4 dequantized in registers.
+ *
+ * At one or two rows a product is its weights streaming by once, so held quantized it reads a
+ * quarter (int8) or an eighth (int4, plus its scales) of float32's bytes. Each block of 4
+ * weight rows is converted to floats in registers (w = scale · q + offset, one FMA) and used
+ * for two x rows at a time while its bytes are in L1; no row is ever dequantized to memory. */
+#include "weight.h"
+
+/* y[r, o] = w[o] · x[r] (+ bias[o]) for r < m, o in [begin, end), x's rows `x_stride` apart:
+ * rows of w in blocks of 4, each block used for every x row while it is in L1, so the
+ * weights stream by once. */
+static inline void gemv_share(const float *w, const float *bias, const float *x,
+                              int64_t x_stride, int64_t m, int64_t in, int64_t out,
+                              int64_t begin, int64_t end, float *y) {
+    int64_t o = begin;
+#ifdef VEC
+    if (in % VEC == 0 && m == 1) /* one token: the plain stream */
+        for (; o + 4 <= end; o += 4) {
+            const float *w0 = w + o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+            vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+            for (int64_t i = 0; i < in; i += VEC) {
+                vec xv = vload(x + i);
+                a0 = vfma(vload(w0 + i), xv, a0);
+                a1 = vfma(vload(w1 + i), xv, a1);
+                a2 = vfma(vload(w2 + i), xv, a2);
+                a3 = vfma(vload(w3 + i), xv, a3);
+            }
+            y[o] = vsum(a0);
+            y[o + 1] = vsum(a1);
+            y[o + 2] = vsum(a2);
+            y[o + 3] = vsum(a3);
+        }
+    if (in % VEC == 0) /* two tokens at a time: each weight vector loaded once for both */
+        for (; o + 4 <= end; o += 4) {
+            const float *w0 = w + o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
+            for (int64_t r = 0; r < m; r += 2) {
+                const float *x0 = x + r * x_stride, *x1 = r + 1 < m ? x0 + x_stride : x0;
+                vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+                vec b0 = vzero(), b1 = vzero(), b2 = vzero(), b3 = vzero();
+                for (int64_t i = 0; i < in; i += VEC) {
+                    vec u = vload(x0 + i), t = vload(x1 + i);
+                    vec v0 = vload(w0 + i), v1 = vload(w1 + i), v2 = vload(w2 + i), v3 = vload(w3 + i);
+                    a0 = vfma(v0, u, a0);
+                    a1 = vfma(v1, u, a1);
+                    a2 = vfma(v2, u, a2);
+                    a3 = vfma(v3, u, a3);
+                    b0 = vfma(v0, t, b0);
+                    b1 = vfma(v1, t, b1);
+                    b2 = vfma(v2, t, b2);
+                    b3 = vfma(v3, t, b3);
+                }
+                float *y0 = y + r * out + o;
+                y0[0] = vsum(a0);
+                y0[1] = vsum(a1);
+                y0[2] = vsum(a2);
+                y0[3] = vsum(a3);
+                if (r + 1 < m) {
+                    float *y1 = y0 + out;
+                    y1[0] = vsum(b0);
+                    y1[1] = vsum(b1);
+                    y1[2] = vsum(b2);
+                    y1[3] = vsum(b3);
+                }
+            }
+        }
+#endif
+    for (; o < end; ++o)
+        for (int64_t r = 0; r < m; ++r) y[r * out + o] = dot(w + o * in, x + r * x_stride, in);
+    if (bias)
+        for (int64_t r = 0; r < m; ++r)
+            for (o = begin; o < end; ++o) y[r * out + o] += bias[o];
+}
+
+#ifdef VEC
+/* R rows of 8-bit W from row o times M (1 or 2) rows of x: y0[o + j] (and y1[o + j]) */
+static inline __attribute__((always_inline)) void rows8(const tm_weight *w, int64_t o, int64_t in,
+                                                        const float *x0, const float *x1,
+                                                        float *y0, float *y1, const int R,
+                                                        const int M) {
+    int64_t group = w->group, groups = in / group;
+    const int8_t *q = (const int8_t *)w->data + o * in;
+    const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
+    vec a[4][2], S[4], F[4];
+    for (int j = 0; j < R; ++j) a[j][0] = a[j][1] = vzero();
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int j = 0; j < R; ++j) {
+            S[j] = vset1(s[j * groups + g]);
+            F[j] = f ? vset1(f[j * groups + g]) : vzero();
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += VEC) {
+            vec u = vload(x0 + k), t = M > 1 ? vload(x1 + k) : u;
+            for (int j = 0; j < R; ++j) {
+                vec wv = vfma(widen8(q + j * in + k), S[j], F[j]);
+                a[j][0] = vfma(wv, u, a[j][0]);
+                if (M > 1) a[j][1] = vfma(wv, t, a[j][1]);
+            }
+        }
+    }
+    for (int j = 0; j < R; ++j) {
+        y0[o + j] = vsum(a[j][0]);
+        if (M > 1) y1[o + j] = vsum(a[j][1]);
+    }
+}
+
+/* The same for 4-bit W, x permuted (`permuted`). A block of BLOCK4 inputs is one group's, or
+ * (AVX-512, groups of 16 · odd) its halves are two groups': then the scales change per block. */
+static inline __attribute__((always_inline)) void rows4(const tm_weight *w, int64_t o, int64_t in,
+                                                        const float *x0, const float *x1,
+                                                        float *y0, float *y1, const int R,
+                                                        const int M) {
+    int64_t group = w->group, groups = in / group, row = in / 2, whole = in / BLOCK4 * BLOCK4;
+    int split = group % BLOCK4 != 0;
+    const uint8_t *q = (const uint8_t *)w->data + o * row;
+    const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
+    vec a[4][2], S[4], F[4];
+    for (int j = 0; j < R; ++j) a[j][0] = a[j][1] = vzero();
+    for (int64_t k = 0, next = 0; k < whole; k += BLOCK4) {
+        if (k >= next) { /* a group starts (split: every block) */
+            int64_t g = k / group, h = (k + BLOCK4 / 2) / group;
+            for (int j = 0; j < R; ++j) {
+                S[j] = halves(s[j * groups + g], s[j * groups + h]);
+                F[j] = f ? halves(f[j * groups + g], f[j * groups + h]) : vzero();
+            }
+            next = split ? k + BLOCK4 : k + group;
+        }
+        vec ul = vload(x0 + k), uh = vload(x0 + k + VEC);
+        vec tl = M > 1 ? vload(x1 + k) : ul, th = M > 1 ? vload(x1 + k + VEC) : uh;
+        for (int j = 0; j < R; ++j) {
+            vec lo, hi;
+            unpack4(q + j * row + k / 2, &lo, &hi);
+            lo = vfma(lo, S[j], F[j]);
+            hi = vfma(hi, S[j], F[j]);
+            a[j][0] = vfma(lo, ul, a[j][0]);
+            a[j][0] = vfma(hi, uh, a[j][0]);
+            if (M > 1) {
+                a[j][1] = vfma(lo, tl, a[j][1]);
+                a[j][1] = vfma(hi, th, a[j][1]);
+            }
+        }
+    }
+#if VEC == 16
+    if (whole < in) { /* the last 16 inputs, one group's */
+        int64_t g = whole / group;
+        vec u = vload(x0 + whole), t = M > 1 ? vload(x1 + whole) : u;
+        for (int j = 0; j < R; ++j) {
+            vec wv = vfma(unpack4_tail(q + j * row + whole / 2), vset1(s[j * groups + g]),
+                          f ? vset1(f[j * groups + g]) : vzero());
+            a[j][0] = vfma(wv, u, a[j][0]);
+            if (M > 1) a[j][1] = vfma(wv, t, a[j][1]);
+        }
+    }
+#endif
+    for (int j = 0; j < R; ++j) {
+        y0[o + j] = vsum(a[j][0]);
+        if (M > 1) y1[o + j] = vsum(a[j][1]);
+    }
+}
+
+static inline __attribute__((always_inline)) void rows(const tm_weight *w, int64_t o, int64_t in,
+                                                       const float *x0, const float *x1,
+                                                       float *y0, float *y1, const int R,
+                                                       const int M) {
+    if (w->bits == 8) rows8(w, o, in, x0, x1, y0, y1, R, M);
+    else rows4(w, o, in, x0, x1, y0, y1, R, M);
+}
+
+/* Rows [begin, end) for every x row: blocks of 4 weight rows, each for two x rows at a time */
+static void quantized_share(const tm_weight *w, const float *x, int64_t x_stride, int64_t m,
+                            int64_t in, int64_t y_stride, int64_t begin, int64_t end, float *y) {
+    for (int64_t o = begin; o < end; o += 4) {
+        int64_t n = end - o < 4 ? end - o : 4; /* the last block may be short: row by row */
+        for (int64_t r = 0; r < m; r += 2) {
+            const float *x0 = x + r * x_stride, *x1 = x0 + x_stride;
+            float *y0 = y + r * y_stride, *y1 = y0 + y_stride;
+            int two = r + 1 < m;
+            if (n == 4 && two) rows(w, o, in, x0, x1, y0, y1, 4, 2);
+            else if (n == 4) rows(w, o, in, x0, x1, y0, y1, 4, 1);
+            else
+                for (int64_t i = o; i < o + n; ++i)
+                    if (two) rows(w, i, in, x0, x1, y0, y1, 1, 2);
+                    else rows(w, i, in, x0, x1, y0, y1, 1, 1);
+        }
+    }
+}
+#else
+/* The plain loops: w = scale · q + offset, element by element, as the reference does. */
+static void quantized_share(const tm_weight *w, const float *x, int64_t x_stride, int64_t m,
+                            int64_t in, int64_t y_stride, int64_t begin, int64_t end, float *y) {
+    int64_t group = w->group, groups = in / group;
+    for (int64_t o = begin; o < end; ++o) {
+        const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
+        for (int64_t r = 0; r < m; ++r) {
+            const float *xr = x + r * x_stride;
+            float total = 0.f;
+            for (int64_t k = 0; k < in; ++k) {
+                int64_t g = k / group;
+                float q;
+                if (w->bits == 8) {
+                    q = (float)((const int8_t *)w->data)[o * in + k];
+                } else {
+                    uint8_t byte = ((const uint8_t *)w->data)[o * (in / 2) + k / 2];
+                    q = (float)(k & 1 ? byte >> 4 : byte & 15);
+                }
+                total += (s[g] * q + (f ? f[g] : 0.f)) * xr[k];
+            }
+            y[r * y_stride + o] = total;
+        }
+    }
+}
+#endif
+
+void tm_linear_share(const tm_weight *w, const float *bias, const float *x, int64_t x_stride,
+                     int64_t m, int64_t in, int64_t y_stride, int64_t begin, int64_t end,
+                     float *y, float *scratch) {
+    if (w->bits == 32) {
+        gemv_share((const float *)w->data, bias, x, x_stride, m, in, y_stride, begin, end, y);
+        return;
+    }
+    if (begin >= end) return;
+    if (w->bits == 4 && BLOCK4 && scratch) {
+        permute_rows(x, x_stride, m, in, scratch);
+        x = scratch;
+        x_stride = in;
+    }
+    quantized_share(w, x, x_stride, m, in, y_stride, begin, end, y);
+    if (bias)
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t o = begin; o < end; ++o) y[r * y_stride + o] += bias[o];
+}
