@@ -190,7 +190,11 @@ def stored_quantized(tensors: Mapping[str, torch.Tensor], name: str, path: Path)
     try:
         data = tensors[name + "_q"].contiguous()
         scales = tensors[name + "_scales"].float().contiguous()
-        offsets = tensors[name + "_offsets"].float().contiguous() if name + "_offsets" in tensors else None
+        offsets = (
+            tensors[name + "_offsets"].float().contiguous()
+            if name + "_offsets" in tensors
+            else None
+        )
         if data.dtype not in (torch.int8, torch.uint8) or scales.dim() != 2:
             raise ValueError(f"{data.dtype} integers with {scales.dim()}-D scales")
         bits = 8 if data.dtype == torch.int8 else 4
@@ -207,9 +211,7 @@ def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
         param.copy_(value)  # casts to the parameter's dtype and moves it to its device
 
 
-def fill_linear(
-    owner: nn.Module, attr: str, parts: list[torch.Tensor | QuantizedWeight]
-) -> None:
+def fill_linear(owner: nn.Module, attr: str, parts: list[torch.Tensor | QuantizedWeight]) -> None:
     """Fill `owner.<attr>` (an nn.Linear) with its weight's parts stacked along the rows (q, k,
     v; gate, up). All quantized (a checkpoint kept quantized): the layer becomes a
     QuantizedLinear over them, fused without changing a value; otherwise the float values

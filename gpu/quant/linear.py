@@ -49,7 +49,9 @@ class _HoldsQuantized(nn.Module):
             0 if offsets is None else offsets.data_ptr(),
         )
         if self._cached is None or self._cached[0] != key:
-            weight = QuantizedWeight(self.bits, self.group, self.weight_q, self.weight_scales, offsets)
+            weight = QuantizedWeight(
+                self.bits, self.group, self.weight_q, self.weight_scales, offsets
+            )
             self._cached = (key, weight)
         return self._cached[1]
 

@@ -105,7 +105,11 @@ class QuantizedWeight:
         an embedding's looked-up rows)."""
         offsets = None if self.offsets is None else self.offsets[index].contiguous()
         return QuantizedWeight(
-            self.bits, self.group, self.data[index].contiguous(), self.scales[index].contiguous(), offsets
+            self.bits,
+            self.group,
+            self.data[index].contiguous(),
+            self.scales[index].contiguous(),
+            offsets,
         )
 
     def widened(self, bits: int, group: int) -> QuantizedWeight:
@@ -138,9 +142,9 @@ def concatenated(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
         group = _common_group(parts)
     same = [p.widened(bits, group) for p in parts]
     if any(p.offsets is not None for p in same):
-        offsets = torch.cat([
-            p.offsets if p.offsets is not None else torch.zeros_like(p.scales) for p in same
-        ])
+        offsets = torch.cat(
+            [p.offsets if p.offsets is not None else torch.zeros_like(p.scales) for p in same]
+        )
     else:
         offsets = None
     return QuantizedWeight(

@@ -106,6 +106,7 @@ def plan(
 
         def weights_of(d: str) -> int:
             return gguf_kept_weights_bytes(path, dtype_bytes(d))
+
     if device_memory is None:
         budget, budget_source = _default_budget()
     else:
