@@ -52,7 +52,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
     scales and offsets), tied ones once; not the packed copies or tables such as RoPE's."""
     total = 0
     seen: set[int] = set()
-    tensors = list(model.parameters())
+    tensors: list[torch.Tensor] = list(model.parameters())
     for owner in model.modules():
         skip = owner._non_persistent_buffers_set
         tensors += [b for name, b in owner.named_buffers(recurse=False) if name not in skip]

@@ -147,24 +147,19 @@ class WeightSource:
 
     def take_linear(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
         """A [out, in] weight: quantized when the checkpoint holds it so and `keep_quantized`."""
+        weight: QuantizedWeight | None = None
         if name + "_q" in self.tensors:  # written by `tokenmill quantize`
             weight = stored_quantized(self.tensors, name, self.path)
-            if weight.shape != shape:
-                raise CheckpointError(
-                    self.path, f"tensor {name!r} has shape {weight.shape}, expected {shape}"
-                )
-            return weight if self.keep_quantized else weight.dequantize()
-        if self.keep_quantized:
-            quantized = getattr(self.tensors, "quantized", None)
-            if quantized is not None and name in self.tensors:
-                weight = quantized(name)
-                if weight is not None:
-                    if weight.shape != shape:
-                        raise CheckpointError(
-                            self.path, f"tensor {name!r} has shape {weight.shape}, expected {shape}"
-                        )
-                    return weight
-        return self.take(name, shape)
+        elif self.keep_quantized and name in self.tensors:
+            quantized = getattr(self.tensors, "quantized", None)  # a GGUF's blocks
+            weight = quantized(name) if quantized is not None else None
+        if weight is None:
+            return self.take(name, shape)
+        if weight.shape != shape:
+            raise CheckpointError(
+                self.path, f"tensor {name!r} has shape {weight.shape}, expected {shape}"
+            )
+        return weight if self.keep_quantized else weight.dequantize()
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
@@ -211,7 +206,7 @@ def copy_into(param: torch.Tensor, value: torch.Tensor) -> None:
         param.copy_(value)  # casts to the parameter's dtype and moves it to its device
 
 
-def fill_linear(owner: nn.Module, attr: str, parts: list[torch.Tensor | QuantizedWeight]) -> None:
+def fill_linear(owner: Any, attr: str, parts: list[torch.Tensor | QuantizedWeight]) -> None:
     """Fill `owner.<attr>` (an nn.Linear) with its weight's parts stacked along the rows (q, k,
     v; gate, up). All quantized (a checkpoint kept quantized): the layer becomes a
     QuantizedLinear over them, fused without changing a value; otherwise the float values

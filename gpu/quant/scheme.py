@@ -91,7 +91,7 @@ def describe(module: nn.Module, dtype: torch.dtype) -> str:
                 seen.add(w.data.data_ptr())
                 share[w.scheme] += w.out_features * w.in_features
         elif isinstance(m, nn.Linear) or hasattr(m, "packed"):
-            weight = m.weight
+            weight: torch.Tensor = m.weight  # type: ignore[assignment]  # nn.Linear or packed
             if weight.data_ptr() not in seen:
                 seen.add(weight.data_ptr())
                 share[str(dtype).removeprefix("torch.")] += weight.numel()
