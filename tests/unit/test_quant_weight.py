@@ -78,5 +78,7 @@ def test_scheme_names_and_choices() -> None:
     assert not Quantization.parse("auto").quantizes_floats
     with pytest.raises(ValueError, match="expected one of none, auto, int8"):
         Quantization.parse("int3")
-    assert not Quantization.parse("int4-g128").fits(96)
-    assert Quantization.parse("int8").fits(96)
+    g128 = Quantization.parse("int4-g128")
+    assert (g128.group_for(1536), g128.group_for(576), g128.group_for(96)) == (128, 64, 32)
+    assert g128.fits(96) and not g128.fits(48) and not g128.fits(40)
+    assert Quantization.parse("int8").fits(48) and not Quantization.parse("int8").fits(40)
