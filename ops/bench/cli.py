@@ -347,3 +347,92 @@ def swap_bench(**kwargs: Any) -> None:
     swap = report["swap"]
     if swap["outcome"] != "swapped":
         raise click.ClickException(f"the swap {swap['outcome']}: {swap['reason']}")
+
+
+@bench.command("quant")
+@click.option(
+    "--model",
+    "-m",
+    "models",
+    multiple=True,
+    help="Alias, HF folder or .gguf (repeatable) [smollm2-135m, and gemma3-270m when fetched].",
+)
+@click.option(
+    "--schemes",
+    default="fp32,bf16,int8,int4,gguf,mixed",
+    show_default=True,
+    help="Comma-separated rows: fp32, bf16 (no quantization), int8, int4 (quantized at load), "
+    "gguf (the file's own blocks kept quantized), mixed (a `quantize_checkpoint` checkpoint).",
+)
+@click.option(
+    "--decode-tokens",
+    type=click.IntRange(1, 128),
+    default=128,
+    show_default=True,
+    help="Batch 1: a prompt of this many tokens, then this many new ones.",
+)
+@_positive("--bf16-decode-tokens", 32, "Batch 1 for bf16 (slow on most CPUs): at most this many.")
+@_positive("--batch", 64, "Requests decoding together in the batched run.")
+@_positive("--batch-prompt-tokens", 32, "Tokens of each batched request's prompt.")
+@_positive("--batch-new-tokens", 32, "New tokens of each batched request.")
+@click.option(
+    "--heldout",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Text for perplexity and top-1 agreement [ops/samples/heldout.txt].",
+)
+@click.option(
+    "--mixed-from",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    multiple=True,
+    help="A `tokenmill quantize` checkpoint for the mixed row instead of quantizing into a "
+    "temporary folder; repeatable, one per --model, in the same order.",
+)
+@click.option("--device", default=None, help="cpu | cuda (default: cuda when present).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def quant_bench(**kwargs: Any) -> None:
+    """Each way of holding a model's weights, side by side, in one run.
+
+    For every model and scheme: the bytes its weights hold in memory, batch-1 decode tokens/s
+    (bench engine's batch 1), the tokens/s of --batch requests decoding together (bench
+    engine's engine run, prefill included), perplexity over the held-out text and greedy top-1
+    agreement with fp32 there (the text fed in; each position's most likely next token); each
+    also as a ratio to the fp32 row of the same run. Targets (int8 decode ≥ 1.6× fp32, int4 ≥
+    2.5×, int8 perplexity within 2%) are reported, never asserted. Rows run one after another
+    in this process; the mixed row first quantizes the model to int4 with
+    `quantize_checkpoint`'s default threshold, unless --mixed-from gives a checkpoint.
+    """
+    from gpu.device import parse_device
+    from gpu.errors import EngineError
+    from ops.bench.engine import dumps
+    from ops.bench.quant import QuantBenchOptions, default_models, parse_schemes, run_quant_bench
+    from ops.bench.quant_table import quant_table
+
+    models = kwargs["models"] or default_models()
+    mixed = kwargs["mixed_from"]
+    if mixed and len(mixed) != len(models):
+        raise click.UsageError(
+            f"{len(mixed)} --mixed-from for {len(models)} models: give one per --model"
+        )
+    try:
+        options = QuantBenchOptions(
+            models=tuple(models),
+            schemes=parse_schemes(kwargs["schemes"]),
+            decode_tokens=kwargs["decode_tokens"],
+            bf16_decode_tokens=kwargs["bf16_decode_tokens"],
+            batch=kwargs["batch"],
+            batch_prompt_tokens=kwargs["batch_prompt_tokens"],
+            batch_new_tokens=kwargs["batch_new_tokens"],
+            mixed_from=dict(zip(models, mixed, strict=True)) if mixed else {},
+            device=parse_device(kwargs["device"]) if kwargs["device"] else None,
+            seed=kwargs["seed"],
+            **({"heldout": kwargs["heldout"]} if kwargs["heldout"] else {}),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        report = run_quant_bench(options, progress=lambda line: click.echo(line, err=True))
+    except (ValueError, RuntimeError, OpsError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else quant_table(report))
