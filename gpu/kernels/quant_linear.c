@@ -13,7 +13,8 @@
 
 #define SMALL_ROWS 4   /* up to this many rows: the streaming kernels */
 #define TILE 6         /* output rows per dequantized tile (and per micro-kernel call) */
-#define CHUNK_ROWS 256 /* x rows per unit of work: a tile is dequantized once per chunk */
+#define BAND 48        /* output rows per unit of work (8 tiles) */
+#define CHUNK_ROWS 128 /* x rows per unit of work: a tile is dequantized once per chunk */
 
 /* Row o of W as floats into out[in], 4-bit inputs in the permuted order (weight.h). */
 static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
@@ -67,12 +68,13 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
 #ifdef VEC
 #define MV_MOST (VEC == 16 ? 4 : 2) /* vectors of x rows per micro-kernel call */
 
-/* t[j][v · VEC + i] = Σ_k xT[k, v · VEC + i] · wt[j, k] for v < MV, j < NR: MV vectors of x
- * rows (xT [in, m_pad], columns from the first row's) times NR rows of wt (`w_stride` apart) */
+/* t[j · t_stride + v · VEC + i] = Σ_k xT[k, v · VEC + i] · wt[j, k] for v < MV, j < NR: MV
+ * vectors of x rows (xT [in, m_pad], from the first row's column) times NR rows of wt
+ * (`w_stride` apart) */
 static inline __attribute__((always_inline)) void micro(const float *xT, int64_t m_pad,
                                                         const float *wt, int64_t w_stride,
-                                                        int64_t in, float *t, const int MV,
-                                                        const int NR) {
+                                                        int64_t in, float *t, int64_t t_stride,
+                                                        const int MV, const int NR) {
     vec a[MV_MOST][TILE];
     for (int v = 0; v < MV; ++v)
         for (int j = 0; j < NR; ++j) a[v][j] = vzero();
@@ -86,16 +88,16 @@ static inline __attribute__((always_inline)) void micro(const float *xT, int64_t
         }
     }
     for (int j = 0; j < NR; ++j)
-        for (int v = 0; v < MV; ++v) vstore(t + (j * MV + v) * VEC, a[v][j]);
+        for (int v = 0; v < MV; ++v) vstore(t + j * t_stride + v * VEC, a[v][j]);
 }
 
-/* micro for MV (1 .. MV_MOST) known only at run time */
+/* micro for MV (1 .. MV_MOST) known only at run time; NR TILE or 1 */
 static void micro_any(const float *xT, int64_t m_pad, const float *wt, int64_t w_stride,
-                      int64_t in, float *t, int mv, int nr) {
+                      int64_t in, float *t, int64_t t_stride, int mv, int nr) {
 #define CASE(MV)                                                                                 \
     if (mv == MV) {                                                                              \
-        if (nr == TILE) micro(xT, m_pad, wt, w_stride, in, t, MV, TILE);                        \
-        else micro(xT, m_pad, wt, w_stride, in, t, MV, 1);                                      \
+        if (nr == TILE) micro(xT, m_pad, wt, w_stride, in, t, t_stride, MV, TILE);              \
+        else micro(xT, m_pad, wt, w_stride, in, t, t_stride, MV, 1);                            \
         return;                                                                                  \
     }
     CASE(1)
@@ -107,33 +109,42 @@ static void micro_any(const float *xT, int64_t m_pad, const float *wt, int64_t w
 #undef CASE
 }
 
-/* y rows [r_begin, r_end) × tile rows [o, o + nr) from wt [nr, in] */
-static void tile_rows(const float *xT, int64_t m, int64_t m_pad, const float *wt,
-                      int64_t w_stride, int64_t in, int64_t out, int64_t o, int64_t nr,
-                      int64_t r_begin, int64_t r_end, const float *bias, float *y) {
-    float t[TILE * MV_MOST * VEC];
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += MV_MOST * VEC) {
-        int64_t rows = r_end - r0 < MV_MOST * VEC ? r_end - r0 : MV_MOST * VEC;
-        int mv = (int)((rows + VEC - 1) / VEC), width = mv * VEC;
-        if (nr == TILE) {
-            micro_any(xT + r0, m_pad, wt, w_stride, in, t, mv, TILE);
-        } else { /* the last, short tile: row by row */
-            for (int64_t j = 0; j < nr; ++j)
-                micro_any(xT + r0, m_pad, wt + j * w_stride, w_stride, in, t + j * width, mv, 1);
-        }
-        for (int64_t j = 0; j < nr; ++j) {
-            float b = bias ? bias[o + j] : 0.f;
-            for (int64_t r = r0; r < r0 + rows && r < m; ++r)
-                y[r * out + o + j] = t[j * width + r - r0] + b;
+/* One unit of work: y's columns [o, o + cols) of rows [c, c_end) (c_end padded to VEC), TILE
+ * weight rows dequantized at a time into wt [TILE, in]. The sums gather in `sums` [cols,
+ * c_end - c] and go to y row by row at the end: written straight from the micro-kernel, a
+ * tile's column of y would touch a line per row, rows 4 KiB apart (out a multiple of 1024),
+ * all in one cache set. */
+static void band(const tm_weight *w, const float *xT, int64_t m, int64_t m_pad, int64_t in,
+                 int64_t out, int64_t o, int64_t cols, int64_t c, int64_t c_end,
+                 const float *bias, float *wt, float *sums, float *y) {
+    int64_t span = c_end - c;
+    for (int64_t t0 = 0; t0 < cols; t0 += TILE) {
+        int64_t nr = cols - t0 < TILE ? cols - t0 : TILE;
+        const float *rows = wt;
+        if (w->bits == 32) rows = (const float *)w->data + (o + t0) * in;
+        else
+            for (int64_t j = 0; j < nr; ++j) dequant_row(w, o + t0 + j, in, wt + j * in);
+        for (int64_t r0 = c; r0 < c_end; r0 += MV_MOST * VEC) {
+            int mv = (int)((c_end - r0) / VEC < MV_MOST ? (c_end - r0) / VEC : MV_MOST);
+            float *at = sums + t0 * span + (r0 - c);
+            if (nr == TILE) {
+                micro_any(xT + r0, m_pad, rows, in, in, at, span, mv, TILE);
+            } else { /* the last, short tile: row by row */
+                for (int64_t j = 0; j < nr; ++j)
+                    micro_any(xT + r0, m_pad, rows + j * in, in, in, at + j * span, span, mv, 1);
+            }
         }
     }
+    for (int64_t r = c; r < c_end && r < m; ++r)
+        for (int64_t j = 0; j < cols; ++j)
+            y[r * out + o + j] = sums[j * span + r - c] + (bias ? bias[o + j] : 0.f);
 }
 
-/* The many-rows path: x transposed into [in, m_pad] once, then tiles × chunks of rows. */
+/* The many-rows path: x transposed into [in, m_pad] once, then bands × chunks of rows. */
 static void many_rows(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
                       const tm_weight *w, const float *bias, float *y) {
     int64_t m_pad = (m + VEC - 1) / VEC * VEC;
-    int64_t tiles = (out + TILE - 1) / TILE, chunks = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    int64_t bands = (out + BAND - 1) / BAND, chunks = (m_pad + CHUNK_ROWS - 1) / CHUNK_ROWS;
     float *xT = malloc((size_t)(in * m_pad) * sizeof(float));
     if (!xT) abort();
 #pragma omp parallel
@@ -145,18 +156,14 @@ static void many_rows(int64_t m, int64_t in, int64_t out, const float *x, int64_
                     int64_t at = w->bits == 4 ? permuted(k, in) : k;
                     xT[at * m_pad + r] = r < m ? x[r * x_stride + k] : 0.f;
                 }
-        float *wt = w->bits == 32 ? NULL : malloc((size_t)(TILE * in) * sizeof(float));
-        if (w->bits != 32 && !wt) abort();
+        float *wt = malloc((size_t)(TILE * in + BAND * CHUNK_ROWS) * sizeof(float));
+        if (!wt) abort();
 #pragma omp for schedule(static)
-        for (int64_t u = 0; u < tiles * chunks; ++u) {
-            int64_t o = u % tiles * TILE, c = u / tiles * CHUNK_ROWS;
-            int64_t nr = out - o < TILE ? out - o : TILE;
-            const float *rows = wt;
-            if (w->bits == 32) rows = (const float *)w->data + o * in;
-            else
-                for (int64_t j = 0; j < nr; ++j) dequant_row(w, o + j, in, wt + j * in);
+        for (int64_t u = 0; u < bands * chunks; ++u) {
+            int64_t o = u % bands * BAND, c = u / bands * CHUNK_ROWS;
+            int64_t cols = out - o < BAND ? out - o : BAND;
             int64_t c_end = c + CHUNK_ROWS < m_pad ? c + CHUNK_ROWS : m_pad;
-            tile_rows(xT, m, m_pad, rows, in, in, out, o, nr, c, c_end, bias, y);
+            band(w, xT, m, m_pad, in, out, o, cols, c, c_end, bias, wt, wt + TILE * in, y);
         }
         free(wt);
     }
