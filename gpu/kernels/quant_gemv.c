@@ -122,23 +122,26 @@ static inline __attribute__((always_inline)) void rows4(const tm_weight *w, int6
                                                         const float *x, int64_t xs, float *y,
                                                         int64_t ys, const int R, const int M) {
     int64_t group = w->group, groups = in / group, row = in / 2, whole = in / BLOCK4 * BLOCK4;
-    int split = group % BLOCK4 != 0;
     const uint8_t *q = (const uint8_t *)w->data + o * row;
     const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
     prefetch_bytes(q + AHEAD * R * row, R * row);
     if (groups > 1) prefetch_bytes(s + AHEAD * R * groups, R * groups * 4);
     if (f && groups > 1) prefetch_bytes(f + AHEAD * R * groups, R * groups * 4);
     vec a[4][M_MOST], S[4], F[4];
-    UNROLL for (int j = 0; j < R; ++j)
+    UNROLL for (int j = 0; j < R; ++j) {
+        S[j] = F[j] = vzero();
         UNROLL for (int r = 0; r < M; ++r) a[j][r] = vzero();
-    for (int64_t k = 0, next = 0; k < whole; k += BLOCK4) {
-        if (k >= next) { /* a group starts (split: every block) */
-            int64_t g = k / group, h = (k + BLOCK4 / 2) / group;
+    }
+    group_walk walk = {0, 0, group / 16};
+    for (int64_t k = 0, held = -1, g, h; k < whole; k += BLOCK4) {
+        next_block(&walk, &g, &h);
+        if (g != held || h != g) { /* a group starts, or the block is two groups' */
             UNROLL for (int j = 0; j < R; ++j) {
-                S[j] = halves(s[j * groups + g], s[j * groups + h]);
-                F[j] = f ? halves(f[j * groups + g], f[j * groups + h]) : vzero();
+                const float *sj = s + j * groups, *fj = f ? f + j * groups : NULL;
+                S[j] = g == h ? vset1(sj[g]) : halves(sj[g], sj[h]);
+                F[j] = !fj ? vzero() : g == h ? vset1(fj[g]) : halves(fj[g], fj[h]);
             }
-            next = split ? k + BLOCK4 : k + group;
+            held = g;
         }
         UNROLL for (int j = 0; j < R; ++j) {
             vec lo, hi;
@@ -152,8 +155,8 @@ static inline __attribute__((always_inline)) void rows4(const tm_weight *w, int6
         }
     }
 #if VEC == 16
-    if (whole < in) { /* the last 16 inputs, one group's */
-        int64_t g = whole / group;
+    if (whole < in) { /* the last 16 inputs, the last group's */
+        int64_t g = groups - 1;
         UNROLL for (int j = 0; j < R; ++j) {
             vec wv = vfma(unpack4_tail(q + j * row + whole / 2), vset1(s[j * groups + g]),
                           f ? vset1(f[j * groups + g]) : vzero());

@@ -11,7 +11,7 @@
  * one FMA, so an element may differ from the reference's two roundings in its last bit. */
 #include "weight.h"
 
-#define SMALL_ROWS 4   /* up to this many rows: the streaming kernels */
+#define SMALL_ROWS 16  /* up to this many rows: the streaming kernels */
 #define TILE 6         /* output rows per dequantized tile (and per micro-kernel call) */
 #define BAND 48        /* output rows per unit of work (8 tiles) */
 #define CHUNK_ROWS 128 /* x rows per unit of work: a tile is dequantized once per chunk */
@@ -35,15 +35,15 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
     }
     const uint8_t *q = (const uint8_t *)w->data + o * (in / 2);
 #ifdef VEC
-    int split = group % BLOCK4 != 0;
     int64_t whole = in / BLOCK4 * BLOCK4;
     vec S = vzero(), F = vzero();
-    for (int64_t k = 0, next = 0; k < whole; k += BLOCK4) {
-        if (k >= next) {
-            int64_t g = k / group, h = (k + BLOCK4 / 2) / group;
-            S = halves(s[g], s[h]);
-            F = f ? halves(f[g], f[h]) : vzero();
-            next = split ? k + BLOCK4 : k + group;
+    group_walk walk = {0, 0, group / 16};
+    for (int64_t k = 0, held = -1, g, h; k < whole; k += BLOCK4) {
+        next_block(&walk, &g, &h);
+        if (g != held || h != g) { /* a group starts, or the block is two groups' */
+            S = g == h ? vset1(s[g]) : halves(s[g], s[h]);
+            F = !f ? vzero() : g == h ? vset1(f[g]) : halves(f[g], f[h]);
+            held = g;
         }
         vec lo, hi;
         unpack4(q + k / 2, &lo, &hi);
@@ -51,8 +51,8 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
         vstore(out + k + VEC, vfma(hi, S, F));
     }
 #if VEC == 16
-    if (whole < in) { /* the last 16 inputs, one group's */
-        int64_t g = whole / group;
+    if (whole < in) { /* the last 16 inputs, the last group's */
+        int64_t g = groups - 1;
         vstore(out + whole, vfma(unpack4_tail(q + whole / 2), vset1(s[g]), vset1(f ? f[g] : 0.f)));
     }
 #endif
@@ -140,6 +140,44 @@ static void band(const tm_weight *w, const float *xT, int64_t m, int64_t m_pad, 
             y[r * out + o + j] = sums[j * span + r - c] + (bias ? bias[o + j] : 0.f);
 }
 
+/* xT[at(k), r] = x[r, k] for k in [k_begin, k_end) and r < m_pad (0 from m on), at(k) the
+ * 4-bit order (`permuted`) or k: a gather of VEC rows' k-th values per vector. */
+static void transpose(const float *x, int64_t x_stride, int64_t m, int64_t m_pad, int64_t in,
+                      int64_t k_begin, int64_t k_end, int permute, float *xT) {
+    int64_t r0 = 0;
+    if (x_stride * VEC < INT32_MAX) {
+#if VEC == 16
+        __m512i apart = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)x_stride));
+        for (; r0 < m_pad; r0 += VEC) {
+            __mmask16 valid = m - r0 >= 16 ? 0xFFFF : (__mmask16)((1u << (m - r0)) - 1);
+            for (int64_t k = k_begin; k < k_end; ++k) {
+                int64_t at = permute ? permuted(k, in) : k;
+                vec v = _mm512_mask_i32gather_ps(vzero(), valid, apart, x + r0 * x_stride + k, 4);
+                vstore(xT + at * m_pad + r0, v);
+            }
+        }
+#else
+        __m256i apart = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                           _mm256_set1_epi32((int)x_stride));
+        for (; r0 < m_pad; r0 += VEC) {
+            __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256 valid = _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(m - r0 < 8 ? m - r0 : 8)), lanes));
+            for (int64_t k = k_begin; k < k_end; ++k) {
+                int64_t at = permute ? permuted(k, in) : k;
+                vec v = _mm256_mask_i32gather_ps(vzero(), x + r0 * x_stride + k, apart, valid, 4);
+                vstore(xT + at * m_pad + r0, v);
+            }
+        }
+#endif
+    }
+    for (; r0 < m_pad; ++r0) /* x too far apart for 32-bit gather offsets */
+        for (int64_t k = k_begin; k < k_end; ++k)
+            xT[(permute ? permuted(k, in) : k) * m_pad + r0] = r0 < m ? x[r0 * x_stride + k] : 0.f;
+}
+
 /* The many-rows path: x transposed into [in, m_pad] once, then bands × chunks of rows. */
 static void many_rows(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
                       const tm_weight *w, const float *bias, float *y) {
@@ -151,11 +189,7 @@ static void many_rows(int64_t m, int64_t in, int64_t out, const float *x, int64_
     {
 #pragma omp for schedule(static)
         for (int64_t k0 = 0; k0 < in; k0 += 16)
-            for (int64_t r = 0; r < m_pad; ++r)
-                for (int64_t k = k0; k < k0 + 16; ++k) {
-                    int64_t at = w->bits == 4 ? permuted(k, in) : k;
-                    xT[at * m_pad + r] = r < m ? x[r * x_stride + k] : 0.f;
-                }
+            transpose(x, x_stride, m, m_pad, in, k0, k0 + 16, w->bits == 4, xT);
         float *wt = malloc((size_t)(TILE * in + BAND * CHUNK_ROWS) * sizeof(float));
         if (!wt) abort();
 #pragma omp for schedule(static)
