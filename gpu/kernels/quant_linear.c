@@ -11,7 +11,7 @@
  * one FMA, so an element may differ from the reference's two roundings in its last bit. */
 #include "weight.h"
 
-#define SMALL_ROWS 16  /* up to this many rows: the streaming kernels */
+#define SMALL_ROWS 12  /* up to this many rows: the streaming kernels (measured crossover) */
 #define TILE 6         /* output rows per dequantized tile (and per micro-kernel call) */
 #define BAND 48        /* output rows per unit of work (8 tiles) */
 #define CHUNK_ROWS 128 /* x rows per unit of work: a tile is dequantized once per chunk */
