@@ -4,7 +4,10 @@
  * At one or two rows a product is its weights streaming by once, so held quantized it reads a
  * quarter (int8) or an eighth (int4, plus its scales) of float32's bytes. Each block of 4
  * weight rows is converted to floats in registers (w = scale · q + offset, one FMA) and used
- * for two x rows at a time while its bytes are in L1; no row is ever dequantized to memory. */
+ * for up to M_MOST x rows a pass (4 AVX-512, 2 AVX2: the sums' registers) while its bytes are
+ * in L1; more rows take more passes over the block. No row is ever dequantized to memory.
+ * (Accumulating Σ q·x per group and scaling once per group saves the dequantizing FMA but
+ * needs a second set of sums, which AVX2's 16 registers do not hold for 4 rows × 2.) */
 #include "weight.h"
 
 /* y[r, o] = w[o] · x[r] (+ bias[o]) for r < m, o in [begin, end), x's rows `x_stride` apart:
@@ -221,19 +224,17 @@ static void quantized_share(const tm_weight *w, const float *x, int64_t x_stride
     int64_t group = w->group, groups = in / group;
     for (int64_t o = begin; o < end; ++o) {
         const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
+        const int8_t *q8 = (const int8_t *)w->data + o * in;
+        const uint8_t *q4 = (const uint8_t *)w->data + o * (in / 2);
         for (int64_t r = 0; r < m; ++r) {
             const float *xr = x + r * x_stride;
             float total = 0.f;
-            for (int64_t k = 0; k < in; ++k) {
-                int64_t g = k / group;
-                float q;
-                if (w->bits == 8) {
-                    q = (float)((const int8_t *)w->data)[o * in + k];
-                } else {
-                    uint8_t byte = ((const uint8_t *)w->data)[o * (in / 2) + k / 2];
-                    q = (float)(k & 1 ? byte >> 4 : byte & 15);
+            for (int64_t g = 0; g < groups; ++g) {
+                float sg = s[g], fg = f ? f[g] : 0.f;
+                for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                    int q = w->bits == 8 ? q8[k] : k & 1 ? q4[k / 2] >> 4 : q4[k / 2] & 15;
+                    total += (sg * (float)q + fg) * xr[k];
                 }
-                total += (s[g] * q + (f ? f[g] : 0.f)) * xr[k];
             }
             y[r * y_stride + o] = total;
         }

@@ -2,13 +2,15 @@
  *
  * Up to SMALL_ROWS rows the product is its weights streaming by once: each thread takes a
  * share of the output rows and dequantizes them in registers (quant_gemv.c). Past that, the
- * arithmetic is what counts: a thread dequantizes TILE rows of W at a time into a float32
- * tile of its own (TILE · in floats, in L1 or L2), which a register-blocked micro-kernel then
- * multiplies with every x row. The micro-kernel holds MV vectors of x rows × TILE output rows
- * of sums (24 AVX-512 or 12 AVX2 registers): per input it loads MV vectors of x, transposed
- * once per call into [in, rows] so a vector is VEC rows' value of one input, broadcasts TILE
- * weights and does MV · TILE FMAs. float32 arithmetic throughout; w = scale · q + offset is
- * one FMA, so an element may differ from the reference's two roundings in its last bit. */
+ * arithmetic is what counts. x is transposed once per call into xT [in, rows padded to VEC]
+ * (gathers), so that one vector holds VEC rows' value of one input. A unit of work is BAND
+ * output rows × CHUNK_ROWS x rows: TILE weight rows at a time are dequantized into a float32
+ * tile of the thread's own (TILE · in floats, L1), which the micro-kernel multiplies with
+ * every x row of the chunk. It holds MV vectors of x rows × TILE output rows of sums (24
+ * AVX-512 or 12 AVX2 registers); per input it loads MV vectors of xT, broadcasts TILE weights
+ * and does MV · TILE FMAs. float32 arithmetic throughout; w = scale · q + offset is one FMA,
+ * so an element may differ from the reference's two roundings in its last bit.
+ */
 #include "weight.h"
 
 #define SMALL_ROWS 12  /* up to this many rows: the streaming kernels (measured crossover) */
