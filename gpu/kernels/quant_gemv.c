@@ -4,7 +4,10 @@
  * At one or two rows a product is its weights streaming by once, so held quantized it reads a
  * quarter (int8) or an eighth (int4, plus its scales) of float32's bytes. Each block of 4
  * weight rows is converted to floats in registers (w = scale · q + offset, one FMA) and used
- * for two x rows at a time while its bytes are in L1; no row is ever dequantized to memory. */
+ * for up to M_MOST x rows a pass (4 AVX-512, 2 AVX2: the sums' registers) while its bytes are
+ * in L1; more rows take more passes over the block. No row is ever dequantized to memory.
+ * (Accumulating Σ q·x per group and scaling once per group saves the dequantizing FMA but
+ * needs a second set of sums, which AVX2's 16 registers do not hold for 4 rows × 2.) */
 #include "weight.h"
 
 /* y[r, o] = w[o] · x[r] (+ bias[o]) for r < m, o in [begin, end), x's rows `x_stride` apart:
@@ -72,114 +75,145 @@ static inline void gemv_share(const float *w, const float *bias, const float *x,
             for (o = begin; o < end; ++o) y[r * out + o] += bias[o];
 }
 
+/* Blocks ahead whose weights a block prefetches: the rows' hardware prefetch does not keep
+ * up with streams this short (a row of 576 int8 weights is 9 lines). */
+#define AHEAD 3
+
+/* Prefetch into L2 the `bytes` from `start` (a block's weights, scales or offsets). */
+static inline void prefetch_bytes(const void *start, int64_t bytes) {
+    const char *at = (const char *)start;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(at + b, 0, 2);
+}
+
 #ifdef VEC
-/* R rows of 8-bit W from row o times M (1 or 2) rows of x: y0[o + j] (and y1[o + j]) */
+#define M_MOST (VEC == 16 ? 4 : 2) /* x rows per pass over a block (registers: R · M sums) */
+/* Unrolled whole, the loops over rows leave every sum in a register of its own. */
+#define UNROLL _Pragma("GCC unroll 4")
+
+/* R rows of 8-bit W from row o times M rows of x (`xs` apart): y[r · ys + o + j] */
 static inline __attribute__((always_inline)) void rows8(const tm_weight *w, int64_t o, int64_t in,
-                                                        const float *x0, const float *x1,
-                                                        float *y0, float *y1, const int R,
-                                                        const int M) {
+                                                        const float *x, int64_t xs, float *y,
+                                                        int64_t ys, const int R, const int M) {
     int64_t group = w->group, groups = in / group;
     const int8_t *q = (const int8_t *)w->data + o * in;
     const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
-    vec a[4][2], S[4], F[4];
-    for (int j = 0; j < R; ++j) a[j][0] = a[j][1] = vzero();
+    prefetch_bytes(q + AHEAD * R * in, R * in);
+    if (groups > 1) prefetch_bytes(s + AHEAD * R * groups, R * groups * 4);
+    if (f && groups > 1) prefetch_bytes(f + AHEAD * R * groups, R * groups * 4);
+    vec a[4][M_MOST], S[4], F[4];
+    UNROLL for (int j = 0; j < R; ++j)
+        UNROLL for (int r = 0; r < M; ++r) a[j][r] = vzero();
     for (int64_t g = 0; g < groups; ++g) {
-        for (int j = 0; j < R; ++j) {
+        UNROLL for (int j = 0; j < R; ++j) {
             S[j] = vset1(s[j * groups + g]);
             F[j] = f ? vset1(f[j * groups + g]) : vzero();
         }
-        for (int64_t k = g * group; k < (g + 1) * group; k += VEC) {
-            vec u = vload(x0 + k), t = M > 1 ? vload(x1 + k) : u;
-            for (int j = 0; j < R; ++j) {
+        for (int64_t k = g * group; k < (g + 1) * group; k += VEC)
+            UNROLL for (int j = 0; j < R; ++j) {
                 vec wv = vfma(widen8(q + j * in + k), S[j], F[j]);
-                a[j][0] = vfma(wv, u, a[j][0]);
-                if (M > 1) a[j][1] = vfma(wv, t, a[j][1]);
+                UNROLL for (int r = 0; r < M; ++r)
+                    a[j][r] = vfma(wv, vload(x + r * xs + k), a[j][r]);
             }
-        }
     }
-    for (int j = 0; j < R; ++j) {
-        y0[o + j] = vsum(a[j][0]);
-        if (M > 1) y1[o + j] = vsum(a[j][1]);
-    }
+    UNROLL for (int j = 0; j < R; ++j)
+        UNROLL for (int r = 0; r < M; ++r) y[r * ys + o + j] = vsum(a[j][r]);
 }
 
 /* The same for 4-bit W, x permuted (`permuted`). A block of BLOCK4 inputs is one group's, or
  * (AVX-512, groups of 16 · odd) its halves are two groups': then the scales change per block. */
 static inline __attribute__((always_inline)) void rows4(const tm_weight *w, int64_t o, int64_t in,
-                                                        const float *x0, const float *x1,
-                                                        float *y0, float *y1, const int R,
-                                                        const int M) {
+                                                        const float *x, int64_t xs, float *y,
+                                                        int64_t ys, const int R, const int M) {
     int64_t group = w->group, groups = in / group, row = in / 2, whole = in / BLOCK4 * BLOCK4;
-    int split = group % BLOCK4 != 0;
     const uint8_t *q = (const uint8_t *)w->data + o * row;
     const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
-    vec a[4][2], S[4], F[4];
-    for (int j = 0; j < R; ++j) a[j][0] = a[j][1] = vzero();
-    for (int64_t k = 0, next = 0; k < whole; k += BLOCK4) {
-        if (k >= next) { /* a group starts (split: every block) */
-            int64_t g = k / group, h = (k + BLOCK4 / 2) / group;
-            for (int j = 0; j < R; ++j) {
-                S[j] = halves(s[j * groups + g], s[j * groups + h]);
-                F[j] = f ? halves(f[j * groups + g], f[j * groups + h]) : vzero();
+    prefetch_bytes(q + AHEAD * R * row, R * row);
+    if (groups > 1) prefetch_bytes(s + AHEAD * R * groups, R * groups * 4);
+    if (f && groups > 1) prefetch_bytes(f + AHEAD * R * groups, R * groups * 4);
+    vec a[4][M_MOST], S[4], F[4];
+    UNROLL for (int j = 0; j < R; ++j) {
+        S[j] = F[j] = vzero();
+        UNROLL for (int r = 0; r < M; ++r) a[j][r] = vzero();
+    }
+    group_walk walk = {0, 0, group / 16};
+    for (int64_t k = 0, held = -1, g, h; k < whole; k += BLOCK4) {
+        next_block(&walk, &g, &h);
+        if (g != held || h != g) { /* a group starts, or the block is two groups' */
+            UNROLL for (int j = 0; j < R; ++j) {
+                const float *sj = s + j * groups, *fj = f ? f + j * groups : NULL;
+                S[j] = g == h ? vset1(sj[g]) : halves(sj[g], sj[h]);
+                F[j] = !fj ? vzero() : g == h ? vset1(fj[g]) : halves(fj[g], fj[h]);
             }
-            next = split ? k + BLOCK4 : k + group;
+            held = g;
         }
-        vec ul = vload(x0 + k), uh = vload(x0 + k + VEC);
-        vec tl = M > 1 ? vload(x1 + k) : ul, th = M > 1 ? vload(x1 + k + VEC) : uh;
-        for (int j = 0; j < R; ++j) {
+        UNROLL for (int j = 0; j < R; ++j) {
             vec lo, hi;
             unpack4(q + j * row + k / 2, &lo, &hi);
             lo = vfma(lo, S[j], F[j]);
             hi = vfma(hi, S[j], F[j]);
-            a[j][0] = vfma(lo, ul, a[j][0]);
-            a[j][0] = vfma(hi, uh, a[j][0]);
-            if (M > 1) {
-                a[j][1] = vfma(lo, tl, a[j][1]);
-                a[j][1] = vfma(hi, th, a[j][1]);
+            UNROLL for (int r = 0; r < M; ++r) {
+                a[j][r] = vfma(lo, vload(x + r * xs + k), a[j][r]);
+                a[j][r] = vfma(hi, vload(x + r * xs + k + VEC), a[j][r]);
             }
         }
     }
 #if VEC == 16
-    if (whole < in) { /* the last 16 inputs, one group's */
-        int64_t g = whole / group;
-        vec u = vload(x0 + whole), t = M > 1 ? vload(x1 + whole) : u;
-        for (int j = 0; j < R; ++j) {
+    if (whole < in) { /* the last 16 inputs, the last group's */
+        int64_t g = groups - 1;
+        UNROLL for (int j = 0; j < R; ++j) {
             vec wv = vfma(unpack4_tail(q + j * row + whole / 2), vset1(s[j * groups + g]),
                           f ? vset1(f[j * groups + g]) : vzero());
-            a[j][0] = vfma(wv, u, a[j][0]);
-            if (M > 1) a[j][1] = vfma(wv, t, a[j][1]);
+            UNROLL for (int r = 0; r < M; ++r)
+                a[j][r] = vfma(wv, vload(x + r * xs + whole), a[j][r]);
         }
     }
 #endif
-    for (int j = 0; j < R; ++j) {
-        y0[o + j] = vsum(a[j][0]);
-        if (M > 1) y1[o + j] = vsum(a[j][1]);
-    }
+    UNROLL for (int j = 0; j < R; ++j)
+        UNROLL for (int r = 0; r < M; ++r) y[r * ys + o + j] = vsum(a[j][r]);
 }
 
 static inline __attribute__((always_inline)) void rows(const tm_weight *w, int64_t o, int64_t in,
-                                                       const float *x0, const float *x1,
-                                                       float *y0, float *y1, const int R,
-                                                       const int M) {
-    if (w->bits == 8) rows8(w, o, in, x0, x1, y0, y1, R, M);
-    else rows4(w, o, in, x0, x1, y0, y1, R, M);
+                                                       const float *x, int64_t xs, float *y,
+                                                       int64_t ys, const int R, const int M) {
+    if (w->bits == 8) rows8(w, o, in, x, xs, y, ys, R, M);
+    else rows4(w, o, in, x, xs, y, ys, R, M);
 }
 
-/* Rows [begin, end) for every x row: blocks of 4 weight rows, each for two x rows at a time */
+/* rows for R (4 or 1) and M (1 .. M_MOST) known only at run time */
+static void rows_any(const tm_weight *w, int64_t o, int64_t in, const float *x, int64_t xs,
+                     float *y, int64_t ys, int r_count, int m) {
+#define CASE(R, M)                                                                               \
+    if (r_count == R && m == M) {                                                                \
+        rows(w, o, in, x, xs, y, ys, R, M);                                                      \
+        return;                                                                                  \
+    }
+    CASE(4, 1)
+    CASE(4, 2)
+    CASE(1, 1)
+    CASE(1, 2)
+#if M_MOST > 2
+    CASE(4, 3)
+    CASE(4, 4)
+    CASE(1, 3)
+    CASE(1, 4)
+#endif
+#undef CASE
+}
+
+/* Rows [begin, end) for every x row: blocks of 4 weight rows, each for M_MOST x rows at a
+ * time while its bytes are in L1 */
 static void quantized_share(const tm_weight *w, const float *x, int64_t x_stride, int64_t m,
                             int64_t in, int64_t y_stride, int64_t begin, int64_t end, float *y) {
     for (int64_t o = begin; o < end; o += 4) {
         int64_t n = end - o < 4 ? end - o : 4; /* the last block may be short: row by row */
-        for (int64_t r = 0; r < m; r += 2) {
-            const float *x0 = x + r * x_stride, *x1 = x0 + x_stride;
-            float *y0 = y + r * y_stride, *y1 = y0 + y_stride;
-            int two = r + 1 < m;
-            if (n == 4 && two) rows(w, o, in, x0, x1, y0, y1, 4, 2);
-            else if (n == 4) rows(w, o, in, x0, x1, y0, y1, 4, 1);
+        for (int64_t r = 0; r < m; r += M_MOST) {
+            int count = (int)(m - r < M_MOST ? m - r : M_MOST);
+            const float *xr = x + r * x_stride;
+            float *yr = y + r * y_stride;
+            if (n == 4) rows_any(w, o, in, xr, x_stride, yr, y_stride, 4, count);
             else
                 for (int64_t i = o; i < o + n; ++i)
-                    if (two) rows(w, i, in, x0, x1, y0, y1, 1, 2);
-                    else rows(w, i, in, x0, x1, y0, y1, 1, 1);
+                    rows_any(w, i, in, xr, x_stride, yr, y_stride, 1, count);
         }
     }
 }
@@ -190,19 +224,17 @@ static void quantized_share(const tm_weight *w, const float *x, int64_t x_stride
     int64_t group = w->group, groups = in / group;
     for (int64_t o = begin; o < end; ++o) {
         const float *s = w->scales + o * groups, *f = w->offsets ? w->offsets + o * groups : NULL;
+        const int8_t *q8 = (const int8_t *)w->data + o * in;
+        const uint8_t *q4 = (const uint8_t *)w->data + o * (in / 2);
         for (int64_t r = 0; r < m; ++r) {
             const float *xr = x + r * x_stride;
             float total = 0.f;
-            for (int64_t k = 0; k < in; ++k) {
-                int64_t g = k / group;
-                float q;
-                if (w->bits == 8) {
-                    q = (float)((const int8_t *)w->data)[o * in + k];
-                } else {
-                    uint8_t byte = ((const uint8_t *)w->data)[o * (in / 2) + k / 2];
-                    q = (float)(k & 1 ? byte >> 4 : byte & 15);
+            for (int64_t g = 0; g < groups; ++g) {
+                float sg = s[g], fg = f ? f[g] : 0.f;
+                for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                    int q = w->bits == 8 ? q8[k] : k & 1 ? q4[k / 2] >> 4 : q4[k / 2] & 15;
+                    total += (sg * (float)q + fg) * xr[k];
                 }
-                total += (s[g] * q + (f ? f[g] : 0.f)) * xr[k];
             }
             y[r * y_stride + o] = total;
         }

@@ -2,18 +2,21 @@
  *
  * Up to SMALL_ROWS rows the product is its weights streaming by once: each thread takes a
  * share of the output rows and dequantizes them in registers (quant_gemv.c). Past that, the
- * arithmetic is what counts: a thread dequantizes TILE rows of W at a time into a float32
- * tile of its own (TILE · in floats, in L1 or L2), which a register-blocked micro-kernel then
- * multiplies with every x row. The micro-kernel holds MV vectors of x rows × TILE output rows
- * of sums (24 AVX-512 or 12 AVX2 registers): per input it loads MV vectors of x, transposed
- * once per call into [in, rows] so a vector is VEC rows' value of one input, broadcasts TILE
- * weights and does MV · TILE FMAs. float32 arithmetic throughout; w = scale · q + offset is
- * one FMA, so an element may differ from the reference's two roundings in its last bit. */
+ * arithmetic is what counts. x is transposed once per call into xT [in, rows padded to VEC]
+ * (gathers), so that one vector holds VEC rows' value of one input. A unit of work is BAND
+ * output rows × CHUNK_ROWS x rows: TILE weight rows at a time are dequantized into a float32
+ * tile of the thread's own (TILE · in floats, L1), which the micro-kernel multiplies with
+ * every x row of the chunk. It holds MV vectors of x rows × TILE output rows of sums (24
+ * AVX-512 or 12 AVX2 registers); per input it loads MV vectors of xT, broadcasts TILE weights
+ * and does MV · TILE FMAs. float32 arithmetic throughout; w = scale · q + offset is one FMA,
+ * so an element may differ from the reference's two roundings in its last bit.
+ */
 #include "weight.h"
 
-#define SMALL_ROWS 4   /* up to this many rows: the streaming kernels */
+#define SMALL_ROWS 12  /* up to this many rows: the streaming kernels (measured crossover) */
 #define TILE 6         /* output rows per dequantized tile (and per micro-kernel call) */
-#define CHUNK_ROWS 256 /* x rows per unit of work: a tile is dequantized once per chunk */
+#define BAND 48        /* output rows per unit of work (8 tiles) */
+#define CHUNK_ROWS 128 /* x rows per unit of work: a tile is dequantized once per chunk */
 
 /* Row o of W as floats into out[in], 4-bit inputs in the permuted order (weight.h). */
 static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
@@ -34,15 +37,15 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
     }
     const uint8_t *q = (const uint8_t *)w->data + o * (in / 2);
 #ifdef VEC
-    int split = group % BLOCK4 != 0;
     int64_t whole = in / BLOCK4 * BLOCK4;
     vec S = vzero(), F = vzero();
-    for (int64_t k = 0, next = 0; k < whole; k += BLOCK4) {
-        if (k >= next) {
-            int64_t g = k / group, h = (k + BLOCK4 / 2) / group;
-            S = halves(s[g], s[h]);
-            F = f ? halves(f[g], f[h]) : vzero();
-            next = split ? k + BLOCK4 : k + group;
+    group_walk walk = {0, 0, group / 16};
+    for (int64_t k = 0, held = -1, g, h; k < whole; k += BLOCK4) {
+        next_block(&walk, &g, &h);
+        if (g != held || h != g) { /* a group starts, or the block is two groups' */
+            S = g == h ? vset1(s[g]) : halves(s[g], s[h]);
+            F = !f ? vzero() : g == h ? vset1(f[g]) : halves(f[g], f[h]);
+            held = g;
         }
         vec lo, hi;
         unpack4(q + k / 2, &lo, &hi);
@@ -50,8 +53,8 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
         vstore(out + k + VEC, vfma(hi, S, F));
     }
 #if VEC == 16
-    if (whole < in) { /* the last 16 inputs, one group's */
-        int64_t g = whole / group;
+    if (whole < in) { /* the last 16 inputs, the last group's */
+        int64_t g = groups - 1;
         vstore(out + whole, vfma(unpack4_tail(q + whole / 2), vset1(s[g]), vset1(f ? f[g] : 0.f)));
     }
 #endif
@@ -67,12 +70,13 @@ static void dequant_row(const tm_weight *w, int64_t o, int64_t in, float *out) {
 #ifdef VEC
 #define MV_MOST (VEC == 16 ? 4 : 2) /* vectors of x rows per micro-kernel call */
 
-/* t[j][v · VEC + i] = Σ_k xT[k, v · VEC + i] · wt[j, k] for v < MV, j < NR: MV vectors of x
- * rows (xT [in, m_pad], columns from the first row's) times NR rows of wt (`w_stride` apart) */
+/* t[j · t_stride + v · VEC + i] = Σ_k xT[k, v · VEC + i] · wt[j, k] for v < MV, j < NR: MV
+ * vectors of x rows (xT [in, m_pad], from the first row's column) times NR rows of wt
+ * (`w_stride` apart) */
 static inline __attribute__((always_inline)) void micro(const float *xT, int64_t m_pad,
                                                         const float *wt, int64_t w_stride,
-                                                        int64_t in, float *t, const int MV,
-                                                        const int NR) {
+                                                        int64_t in, float *t, int64_t t_stride,
+                                                        const int MV, const int NR) {
     vec a[MV_MOST][TILE];
     for (int v = 0; v < MV; ++v)
         for (int j = 0; j < NR; ++j) a[v][j] = vzero();
@@ -86,16 +90,16 @@ static inline __attribute__((always_inline)) void micro(const float *xT, int64_t
         }
     }
     for (int j = 0; j < NR; ++j)
-        for (int v = 0; v < MV; ++v) vstore(t + (j * MV + v) * VEC, a[v][j]);
+        for (int v = 0; v < MV; ++v) vstore(t + j * t_stride + v * VEC, a[v][j]);
 }
 
-/* micro for MV (1 .. MV_MOST) known only at run time */
+/* micro for MV (1 .. MV_MOST) known only at run time; NR TILE or 1 */
 static void micro_any(const float *xT, int64_t m_pad, const float *wt, int64_t w_stride,
-                      int64_t in, float *t, int mv, int nr) {
+                      int64_t in, float *t, int64_t t_stride, int mv, int nr) {
 #define CASE(MV)                                                                                 \
     if (mv == MV) {                                                                              \
-        if (nr == TILE) micro(xT, m_pad, wt, w_stride, in, t, MV, TILE);                        \
-        else micro(xT, m_pad, wt, w_stride, in, t, MV, 1);                                      \
+        if (nr == TILE) micro(xT, m_pad, wt, w_stride, in, t, t_stride, MV, TILE);              \
+        else micro(xT, m_pad, wt, w_stride, in, t, t_stride, MV, 1);                            \
         return;                                                                                  \
     }
     CASE(1)
@@ -107,56 +111,95 @@ static void micro_any(const float *xT, int64_t m_pad, const float *wt, int64_t w
 #undef CASE
 }
 
-/* y rows [r_begin, r_end) × tile rows [o, o + nr) from wt [nr, in] */
-static void tile_rows(const float *xT, int64_t m, int64_t m_pad, const float *wt,
-                      int64_t w_stride, int64_t in, int64_t out, int64_t o, int64_t nr,
-                      int64_t r_begin, int64_t r_end, const float *bias, float *y) {
-    float t[TILE * MV_MOST * VEC];
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += MV_MOST * VEC) {
-        int64_t rows = r_end - r0 < MV_MOST * VEC ? r_end - r0 : MV_MOST * VEC;
-        int mv = (int)((rows + VEC - 1) / VEC), width = mv * VEC;
-        if (nr == TILE) {
-            micro_any(xT + r0, m_pad, wt, w_stride, in, t, mv, TILE);
-        } else { /* the last, short tile: row by row */
-            for (int64_t j = 0; j < nr; ++j)
-                micro_any(xT + r0, m_pad, wt + j * w_stride, w_stride, in, t + j * width, mv, 1);
-        }
-        for (int64_t j = 0; j < nr; ++j) {
-            float b = bias ? bias[o + j] : 0.f;
-            for (int64_t r = r0; r < r0 + rows && r < m; ++r)
-                y[r * out + o + j] = t[j * width + r - r0] + b;
+/* One unit of work: y's columns [o, o + cols) of rows [c, c_end) (c_end padded to VEC), TILE
+ * weight rows dequantized at a time into wt [TILE, in]. The sums gather in `sums` [cols,
+ * c_end - c] and go to y row by row at the end: written straight from the micro-kernel, a
+ * tile's column of y would touch a line per row, rows 4 KiB apart (out a multiple of 1024),
+ * all in one cache set. */
+static void band(const tm_weight *w, const float *xT, int64_t m, int64_t m_pad, int64_t in,
+                 int64_t out, int64_t o, int64_t cols, int64_t c, int64_t c_end,
+                 const float *bias, float *wt, float *sums, float *y) {
+    int64_t span = c_end - c;
+    for (int64_t t0 = 0; t0 < cols; t0 += TILE) {
+        int64_t nr = cols - t0 < TILE ? cols - t0 : TILE;
+        const float *rows = wt;
+        if (w->bits == 32) rows = (const float *)w->data + (o + t0) * in;
+        else
+            for (int64_t j = 0; j < nr; ++j) dequant_row(w, o + t0 + j, in, wt + j * in);
+        for (int64_t r0 = c; r0 < c_end; r0 += MV_MOST * VEC) {
+            int mv = (int)((c_end - r0) / VEC < MV_MOST ? (c_end - r0) / VEC : MV_MOST);
+            float *at = sums + t0 * span + (r0 - c);
+            if (nr == TILE) {
+                micro_any(xT + r0, m_pad, rows, in, in, at, span, mv, TILE);
+            } else { /* the last, short tile: row by row */
+                for (int64_t j = 0; j < nr; ++j)
+                    micro_any(xT + r0, m_pad, rows + j * in, in, in, at + j * span, span, mv, 1);
+            }
         }
     }
+    for (int64_t r = c; r < c_end && r < m; ++r)
+        for (int64_t j = 0; j < cols; ++j)
+            y[r * out + o + j] = sums[j * span + r - c] + (bias ? bias[o + j] : 0.f);
 }
 
-/* The many-rows path: x transposed into [in, m_pad] once, then tiles × chunks of rows. */
+/* xT[at(k), r] = x[r, k] for k in [k_begin, k_end) and r < m_pad (0 from m on), at(k) the
+ * 4-bit order (`permuted`) or k: a gather of VEC rows' k-th values per vector. */
+static void transpose(const float *x, int64_t x_stride, int64_t m, int64_t m_pad, int64_t in,
+                      int64_t k_begin, int64_t k_end, int permute, float *xT) {
+    int64_t r0 = 0;
+    if (x_stride * VEC < INT32_MAX) {
+#if VEC == 16
+        __m512i apart = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)x_stride));
+        for (; r0 < m_pad; r0 += VEC) {
+            __mmask16 valid = m - r0 >= 16 ? 0xFFFF : (__mmask16)((1u << (m - r0)) - 1);
+            for (int64_t k = k_begin; k < k_end; ++k) {
+                int64_t at = permute ? permuted(k, in) : k;
+                vec v = _mm512_mask_i32gather_ps(vzero(), valid, apart, x + r0 * x_stride + k, 4);
+                vstore(xT + at * m_pad + r0, v);
+            }
+        }
+#else
+        __m256i apart = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                           _mm256_set1_epi32((int)x_stride));
+        for (; r0 < m_pad; r0 += VEC) {
+            __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256 valid = _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(m - r0 < 8 ? m - r0 : 8)), lanes));
+            for (int64_t k = k_begin; k < k_end; ++k) {
+                int64_t at = permute ? permuted(k, in) : k;
+                vec v = _mm256_mask_i32gather_ps(vzero(), x + r0 * x_stride + k, apart, valid, 4);
+                vstore(xT + at * m_pad + r0, v);
+            }
+        }
+#endif
+    }
+    for (; r0 < m_pad; ++r0) /* x too far apart for 32-bit gather offsets */
+        for (int64_t k = k_begin; k < k_end; ++k)
+            xT[(permute ? permuted(k, in) : k) * m_pad + r0] = r0 < m ? x[r0 * x_stride + k] : 0.f;
+}
+
+/* The many-rows path: x transposed into [in, m_pad] once, then bands × chunks of rows. */
 static void many_rows(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
                       const tm_weight *w, const float *bias, float *y) {
     int64_t m_pad = (m + VEC - 1) / VEC * VEC;
-    int64_t tiles = (out + TILE - 1) / TILE, chunks = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    int64_t bands = (out + BAND - 1) / BAND, chunks = (m_pad + CHUNK_ROWS - 1) / CHUNK_ROWS;
     float *xT = malloc((size_t)(in * m_pad) * sizeof(float));
     if (!xT) abort();
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int64_t k0 = 0; k0 < in; k0 += 16)
-            for (int64_t r = 0; r < m_pad; ++r)
-                for (int64_t k = k0; k < k0 + 16; ++k) {
-                    int64_t at = w->bits == 4 ? permuted(k, in) : k;
-                    xT[at * m_pad + r] = r < m ? x[r * x_stride + k] : 0.f;
-                }
-        float *wt = w->bits == 32 ? NULL : malloc((size_t)(TILE * in) * sizeof(float));
-        if (w->bits != 32 && !wt) abort();
+            transpose(x, x_stride, m, m_pad, in, k0, k0 + 16, w->bits == 4, xT);
+        float *wt = malloc((size_t)(TILE * in + BAND * CHUNK_ROWS) * sizeof(float));
+        if (!wt) abort();
 #pragma omp for schedule(static)
-        for (int64_t u = 0; u < tiles * chunks; ++u) {
-            int64_t o = u % tiles * TILE, c = u / tiles * CHUNK_ROWS;
-            int64_t nr = out - o < TILE ? out - o : TILE;
-            const float *rows = wt;
-            if (w->bits == 32) rows = (const float *)w->data + o * in;
-            else
-                for (int64_t j = 0; j < nr; ++j) dequant_row(w, o + j, in, wt + j * in);
+        for (int64_t u = 0; u < bands * chunks; ++u) {
+            int64_t o = u % bands * BAND, c = u / bands * CHUNK_ROWS;
+            int64_t cols = out - o < BAND ? out - o : BAND;
             int64_t c_end = c + CHUNK_ROWS < m_pad ? c + CHUNK_ROWS : m_pad;
-            tile_rows(xT, m, m_pad, rows, in, in, out, o, nr, c, c_end, bias, y);
+            band(w, xT, m, m_pad, in, out, o, cols, c, c_end, bias, wt, wt + TILE * in, y);
         }
         free(wt);
     }

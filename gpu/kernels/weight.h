@@ -36,8 +36,12 @@ typedef struct {
  * (low nibbles), then its odd ones. A row of 16 · odd inputs ends (AVX-512) in a block of 16. */
 static inline int64_t permuted(int64_t k, int64_t in) {
 #if BLOCK4
-    int64_t block = k < in / BLOCK4 * BLOCK4 ? BLOCK4 : 16, at = k % block;
-    return k - at + (at & 1) * (block / 2) + at / 2;
+    if (k < in / BLOCK4 * BLOCK4) {
+        int64_t at = k % BLOCK4;
+        return k - at + (at & 1) * (BLOCK4 / 2) + at / 2;
+    }
+    int64_t at = k % 16;
+    return k - at + (at & 1) * 8 + at / 2;
 #else
     (void)in;
     return k;
@@ -75,6 +79,30 @@ static inline void unpack4(const uint8_t *p, vec *lo, vec *hi) {
 }
 static inline vec halves(float a, float b) { return (void)b, vset1(a); } /* a block is one group */
 #endif
+
+/* The groups of a 4-bit row's blocks in turn, without a division per block: `first` of the
+ * block's first 16 inputs, `second` of its last 16 (the same but for AVX-512 blocks of two
+ * groups of 16 · odd). */
+typedef struct {
+    int64_t group, used, per16; /* the current group, its 16s gone by, 16s per group */
+} group_walk;
+
+static inline void walk_16(group_walk *walk) {
+    if (++walk->used == walk->per16) {
+        walk->used = 0;
+        ++walk->group;
+    }
+}
+
+static inline void next_block(group_walk *walk, int64_t *first, int64_t *second) {
+    *first = walk->group;
+    walk_16(walk);
+    *second = *first;
+    if (BLOCK4 == 32) {
+        *second = walk->group;
+        walk_16(walk);
+    }
+}
 
 /* x's m rows (`stride` apart) in the order 4-bit rows are multiplied in, into out [m, in] */
 static inline void permute_rows(const float *x, int64_t stride, int64_t m, int64_t in, float *out) {

@@ -1,0 +1,180 @@
+"""Time the native quantized linear kernels against oneDNN's float32 product (a script, not a
+test): SmolLM2-135M's shapes at 1, 2, 16 and 64 rows, and a whole batch-1 decode step.
+
+    python -m ops.bench.qlinear_timing [--threads 2] [--trials 15] [--step] [--cpu-time]
+        [--no-avx512]
+
+Each figure is the median over `trials` of the mean time of a call in a trial; the variants of
+one shape alternate trial by trial, so a noisy neighbour hits them all alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import cast
+
+import torch
+from torch import nn
+
+from gpu.kernels.native import CpuKernels, build, cache_dir, cpu_kernels, find_compiler
+from gpu.models.packed_linear import PackedLinear
+from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+
+SHAPES = {  # name: (in, out)
+    "qkv": (576, 960),
+    "o": (576, 576),
+    "gate_up": (576, 3072),
+    "down": (1536, 576),
+    "lm_head": (576, 49152),
+}
+ROWS = (1, 2, 16, 64)
+SMOLLM2 = "~/.cache/tokenmill/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class Held(nn.Module):
+    """What DecodeStep reads of a linear held quantized (gpu.quant.linear.QuantizedLinear's
+    `.qweight` and `.bias`), for timing: no forward."""
+
+    def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.qweight = qweight
+        self.bias = bias
+
+
+def median_ms(
+    calls: dict[str, Callable[[], object]], trials: int, clock: Callable[[], float]
+) -> dict[str, float]:
+    """Median per-call milliseconds of each callable, trials interleaved."""
+    runs: dict[str, int] = {}
+    for name, call in calls.items():
+        call()
+        start = clock()
+        call()
+        once = clock() - start
+        runs[name] = max(1, int(0.01 / max(once, 1e-7)))  # ~10 ms a trial
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(trials):
+        for name, call in calls.items():
+            start = clock()
+            for _ in range(runs[name]):
+                call()
+            samples[name].append((clock() - start) / runs[name] * 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def int4_large_group(inputs: int) -> int:
+    """128, or where it does not divide the inputs (576 = 4.5 · 128) the largest that does."""
+    return next(g for g in (128, 64, 32) if inputs % g == 0)
+
+
+def linear_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -> None:
+    print("shape      rows  fp32 oneDNN  int8 (ch)  int4 g32  int4 g128  (ms)")
+    for name, (inputs, out) in SHAPES.items():
+        w = torch.randn(out, inputs) * 0.05
+        linear = nn.Linear(inputs, out, bias=False).requires_grad_(False)
+        linear.weight.copy_(w)
+        packed = PackedLinear(linear)
+        large = int4_large_group(inputs)
+        formats = {
+            "int8": quantize_int8(w),
+            "int4-g32": quantize_int4(w, 32),
+            f"int4-g{large}": quantize_int4(w, large),
+        }
+        for m in ROWS:
+            x = torch.randn(m, inputs)
+            calls: dict[str, Callable[[], object]] = {"fp32": partial(packed, x)}
+            for label, q in formats.items():
+                calls[label] = partial(kernels.qlinear, x, q)
+            with torch.inference_mode():
+                ms = median_ms(calls, trials, clock)
+            figures = "  ".join(f"{ms[label]:9.3f}" for label in calls)
+            note = "" if large == 128 else f"  (g{large}: 128 ∤ {inputs})"
+            print(f"{name:9s} {m:4d}  {figures}{note}")
+
+
+def decode_step_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -> None:
+    """SmolLM2-135M's batch-1 decode step as one native call (DecodeStep), its linears float32
+    or held quantized (every linear, the tied LM head too)."""
+    from gpu.engine import Engine
+    from gpu.engine_config import EngineConfig
+    from gpu.loading.loader import load_model
+    from gpu.models.llama import LlamaForCausalLM
+    from gpu.models.llama_decode_step import DecodeStep
+    from gpu.scheduler import ScheduledChunk
+    from gpu.sequence import SamplingParams, Sequence
+
+    model = load_model(Path(SMOLLM2).expanduser(), device="cpu")
+    module = cast(LlamaForCausalLM, model.module)
+    linears = [
+        (parent, name, child)
+        for parent in list(module.modules())
+        for name, child in list(parent.named_children())
+        if isinstance(child, (nn.Linear, PackedLinear))
+    ]
+    schemes: dict[str, Callable[[torch.Tensor], QuantizedWeight] | None] = {
+        "fp32": None,
+        "int8": quantize_int8,
+        "int4-g32": partial(quantize_int4, group=32),
+        "int4-g64": partial(quantize_int4, group=64),
+    }
+    steps = {}
+    for scheme, quantize in schemes.items():
+        for parent, name, child in linears:
+            held = child if quantize is None else Held(quantize(child.weight), child.bias)
+            setattr(parent, name, held)
+        steps[scheme] = DecodeStep(module, kernels)  # holds the weights it was built on
+    for parent, name, child in linears:  # float again, for the context's prefill
+        setattr(parent, name, child)
+    engine = Engine(model, EngineConfig())
+    seq = Sequence("s", list(range(1, 65)), SamplingParams(), arrival_time=0.0)
+    engine.scheduler._allocate(seq, engine.scheduler.blocks_needed(seq, 64))
+    with torch.inference_mode():
+        ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 0, 63)])
+        module(ids, positions, engine.kv, meta, torch.arange(1))
+        ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 63, 1)])
+        x = module.embed_tokens(ids)  # [1, hidden] (becomes the step's residual stream)
+        calls: dict[str, Callable[[], object]] = {
+            scheme: partial(step, x, positions, engine.kv, meta) for scheme, step in steps.items()
+        }
+        ms = median_ms(calls, trials, clock)
+    print("batch-1 decode step, one native call (SmolLM2-135M, context 64), ms:")
+    for scheme, figure in ms.items():
+        print(f"  {scheme:9s} {figure:7.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=15)
+    parser.add_argument("--step", action="store_true", help="also a whole decode step")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by this thread's CPU time (one thread only): steady on a busy machine",
+    )
+    parser.add_argument(
+        "--no-avx512", action="store_true", help="time the AVX2 build (-mno-avx512f)"
+    )
+    args = parser.parse_args()
+    if args.cpu_time and args.threads != 1:
+        raise SystemExit("--cpu-time counts the calling thread alone: use --threads 1")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    torch.set_num_threads(args.threads)
+    if args.no_avx512:
+        kernels = build(find_compiler(), cache_dir() / "avx2", ("-mno-avx512f",))
+    else:
+        kernels = cpu_kernels()
+    if kernels is None:
+        raise SystemExit("the native kernels did not build")
+    linear_table(kernels, args.trials, clock)
+    if args.step:
+        decode_step_table(kernels, args.trials, clock)
+
+
+if __name__ == "__main__":
+    main()
