@@ -18,7 +18,7 @@ import gc
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,7 +230,9 @@ def mixed_checkpoint(
 
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-mixed-") as tmp:
         say(f"  quantize_checkpoint({source.name}, to={MIXED_TO}) into {tmp}")
-        made = quantize_checkpoint(source, MIXED_TO, Path(tmp), device=device)
+        made = quantize_checkpoint(
+            source, MIXED_TO, Path(tmp), device=device, progress=_every_tenth(say)
+        )
         yield (
             Path(tmp),
             {
@@ -244,6 +246,16 @@ def mixed_checkpoint(
                 "quantize_s": round(made.timings.get("total_s", 0.0), 1),
             },
         )
+
+
+def _every_tenth(say: Narrate) -> Callable[[int, int, str], None]:
+    """quantize_checkpoint's per-layer progress, told at every tenth of the layers."""
+
+    def progress(done: int, total: int, layer: str) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            say(f"    sensitivity: {done} of {total} layers ({layer})")
+
+    return progress
 
 
 # -- the whole benchmark -------------------------------------------------------------------
