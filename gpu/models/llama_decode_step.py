@@ -90,6 +90,8 @@ class DecodeStep:
         for t in [*vectors, model.norm.weight, model.rope_cos, model.rope_sin]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
                 raise ValueError("the native decode step needs contiguous float32 norms and biases")
+        assert len(vectors) == VECTORS_PER_LAYER * c.num_layers
+        assert len(matrices) == LINEARS_PER_LAYER * c.num_layers
         pointers = [None if t is None else t.data_ptr() for t in vectors]
         self.layer_vectors = (ctypes.c_void_p * len(pointers))(*pointers)
         linears = [tm_weight(weight, first) for weight, first in matrices]

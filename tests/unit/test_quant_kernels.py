@@ -157,25 +157,33 @@ FORMATS = {
 }
 
 
-def hold_quantized(module: nn.Module) -> int:
-    """Swap the model's linears (by name, FORMATS) for quantized stand-ins."""
+def hold_quantized(module: nn.Module, names: set[str]) -> int:
+    """Swap the model's linears named in `names` for quantized stand-ins (FORMATS)."""
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             weight = getattr(child, "weight", None)
-            if name in FORMATS and isinstance(weight, torch.Tensor):
+            if name in names and isinstance(weight, torch.Tensor):
                 bias: torch.Tensor | None = getattr(child, "bias", None)
                 setattr(parent, name, HeldQuantized(FORMATS[name](weight.detach()), bias))
                 swapped += 1
     return swapped
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_scaled", "llama_tied"])  # scaled: biases
+@pytest.mark.parametrize(
+    ("arch", "names"),
+    [
+        ("llama", set(FORMATS)),
+        ("llama_scaled", set(FORMATS)),  # q/k/v and o biases
+        ("llama_tied", set(FORMATS) - {"lm_head"}),  # the head float, the rest quantized
+    ],
+)
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
     kernels: CpuKernels,
     tiny_checkpoints: dict[str, Path],
     monkeypatch: pytest.MonkeyPatch,
     arch: str,
+    names: set[str],
 ) -> None:
     """One and two decode tokens: the native step's logits against the layers' path run on
     the same quantized weights (dequantized, through F.linear)."""
@@ -189,7 +197,10 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
 
     monkeypatch.setattr(gpu.engine, "cpu_kernels", lambda: kernels)
     model = load_model(tiny_checkpoints[arch], device="cpu")
-    assert hold_quantized(model.module) == 4 * model.config.num_layers + 1
+    per_layer = len(names - {"lm_head"})
+    assert hold_quantized(model.module, names) == per_layer * model.config.num_layers + (
+        "lm_head" in names
+    )
     engine = Engine(model, CHUNKY)
     prompts = random_prompts(model.config.vocab_size, 2, seed=7, low=20, high=90)
     seqs = [Sequence(str(i), p, SamplingParams(), arrival_time=0.0) for i, p in enumerate(prompts)]
