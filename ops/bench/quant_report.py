@@ -68,6 +68,7 @@ def busy_host(report: dict[str, Any]) -> list[str]:
         return [
             f"the host's 1-minute load average passed its {cpus} CPUs (up to "
             f"{max(x for x in loads if x is not None)}): other work competed for them, so the "
-            "rates and their ratios are noisy"
+            "rates and their ratios are noisy; with fewer free cores than threads, OpenMP's "
+            "spinning threads slow steps many-fold (OMP_NUM_THREADS=1 is steadier there)"
         ]
     return []
