@@ -221,7 +221,9 @@ class Swapper:
         packed = getattr(active.model, "packed_bytes", 0) > 0  # the new one will be too
         quantization = active.config.quantization
         new = (
-            planned_engine_bytes(config, active.config, dtype, max_len, packed, quantization, target)
+            planned_engine_bytes(
+                config, active.config, dtype, max_len, packed, quantization, target
+            )
             if dtype
             else 0
         )
