@@ -14,6 +14,7 @@ from ops.control.cli import drain, rollback, status, swap
 from ops.models.cli import models
 from ops.models.generate_cli import generate
 from ops.models.plan_cli import plan
+from ops.quant.cli import quantize
 from ops.services.cli import down, up
 from ops.services.topics_cli import topics
 from ops.submit.cli import submit
@@ -30,6 +31,7 @@ def cli() -> None:
 cli.add_command(generate)
 cli.add_command(models)
 cli.add_command(plan)
+cli.add_command(quantize)
 cli.add_command(bench)
 cli.add_command(up)
 cli.add_command(down)

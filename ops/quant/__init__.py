@@ -1,0 +1,1 @@
+"""`tokenmill quantize`: post-training quantization with a sensitivity report."""
