@@ -48,7 +48,7 @@ _SCALES = {
 GGUF_QUANTIZES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)  # gguf-py has no K-quant quantizer
 
 
-def _random_blocks(qtype: GGMLQuantizationType, blocks: int, seed: int) -> np.ndarray:
+def random_blocks(qtype: GGMLQuantizationType, blocks: int, seed: int) -> np.ndarray:
     """Random bytes for every field, with finite float16 scales (random bits could be NaN)."""
     rng = np.random.default_rng(seed)
     _, type_size = GGML_QUANT_SIZES[qtype]
@@ -79,7 +79,7 @@ def test_the_mapped_types() -> None:
 def test_random_blocks_map_without_loss(qtype: GGMLQuantizationType, seed: int) -> None:
     block_size, _ = GGML_QUANT_SIZES[qtype]
     rows, per_row = 16, 4
-    raw = _random_blocks(qtype, rows * per_row, seed)
+    raw = random_blocks(qtype, rows * per_row, seed)
     shape = (rows, per_row * block_size)
     weight = to_quantized(raw.reshape(rows, -1), qtype, shape)
     assert weight is not None
@@ -112,7 +112,7 @@ def test_chunks_cover_the_tensor(
 ) -> None:
     # 3 blocks a slice over 10: slices end mid-row, and the last is short.
     block_size, _ = GGML_QUANT_SIZES[qtype]
-    raw = _random_blocks(qtype, 10, seed=7)
+    raw = random_blocks(qtype, 10, seed=7)
     shape = (2, 5 * block_size)
     whole = to_quantized(raw, qtype, shape)
     monkeypatch.setattr(gpu.loading.gguf_quants, "_CHUNK_ELEMENTS", 3 * block_size)
@@ -130,16 +130,16 @@ def test_other_types_are_not_mapped(qtype: GGMLQuantizationType) -> None:
 
 
 def test_only_matrices_of_whole_blocks_are_mapped() -> None:
-    raw = _random_blocks(Q.Q8_0, 8, seed=0)
+    raw = random_blocks(Q.Q8_0, 8, seed=0)
     assert to_quantized(raw, Q.Q8_0, (256,)) is None
     assert to_quantized(raw, Q.Q8_0, (2, 4, 32)) is None
     assert to_quantized(raw, Q.Q8_0, (4, 64)) is not None
-    k_blocks = _random_blocks(Q.Q4_K, 2, seed=0)
+    k_blocks = random_blocks(Q.Q4_K, 2, seed=0)
     assert to_quantized(k_blocks, Q.Q4_K, (16, 32)) is None  # rows of 32: part of a block each
 
 
 def test_data_that_does_not_hold_the_shape() -> None:
-    raw = _random_blocks(Q.Q8_0, 2, seed=0)
+    raw = random_blocks(Q.Q8_0, 2, seed=0)
     with pytest.raises(ValueError, match="do not hold 96 elements"):
         to_quantized(raw, Q.Q8_0, (3, 32))
     with pytest.raises(ValueError, match="do not hold"):
@@ -180,7 +180,7 @@ def tiny(tmp_path: Path) -> GGUFTensors:
             packed = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
         else:
             block_size, _ = GGML_QUANT_SIZES[qtype]
-            packed = _random_blocks(qtype, rows * cols // block_size, seed=i).reshape(rows, -1)
+            packed = random_blocks(qtype, rows * cols // block_size, seed=i).reshape(rows, -1)
         writer.add_tensor(name, packed, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -11,21 +11,9 @@ from gguf.quants import quantize
 
 import gpu.loading.gguf_quants
 from gpu.loading.gguf_quants import TORCH_TYPES, dequantize
+from tests.unit.test_gguf_quantized import random_blocks
 
 Q = GGMLQuantizationType
-# Where each type keeps its float16 scales (byte offsets in a block); the rest is random bits.
-_SCALES = {Q.Q8_0: (0,), Q.Q5_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
-
-
-def _random_blocks(qtype: GGMLQuantizationType, blocks: int, seed: int) -> np.ndarray:
-    """Random bytes for every field, with finite float16 scales (random bits could be NaN)."""
-    rng = np.random.default_rng(seed)
-    _, type_size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(blocks, type_size), dtype=np.uint8)
-    for offset in _SCALES[qtype]:
-        scales = rng.uniform(-2.0, 2.0, size=blocks).astype(np.float16)
-        raw[:, offset : offset + 2] = scales.view(np.uint8).reshape(blocks, 2)
-    return raw
 
 
 def _ref(raw: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
@@ -39,7 +27,7 @@ def test_the_q4_k_m_types_run_in_torch() -> None:
 @pytest.mark.parametrize("qtype", TORCH_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_matches_gguf_reference_bit_for_bit(qtype: GGMLQuantizationType, seed: int) -> None:
-    raw = _random_blocks(qtype, 64, seed)
+    raw = random_blocks(qtype, 64, seed)
     block_size, _ = GGML_QUANT_SIZES[qtype]
     got = dequantize(raw, qtype, (64 * block_size,), torch.float32)
     want = _ref(raw, qtype)
@@ -53,7 +41,7 @@ def test_chunks_cover_the_tensor(
     # 3 blocks a slice over 10 blocks: the last slice is short.
     block_size, _ = GGML_QUANT_SIZES[qtype]
     monkeypatch.setattr(gpu.loading.gguf_quants, "_CHUNK_ELEMENTS", 3 * block_size)
-    raw = _random_blocks(qtype, 10, seed=7)
+    raw = random_blocks(qtype, 10, seed=7)
     shape = (2, 5 * block_size)  # rows of 5 blocks, as GGUFReader hands them: [rows, bytes]
     got = dequantize(raw.reshape(2, -1), qtype, shape, torch.float32)
     assert torch.equal(got, _ref(raw, qtype).reshape(shape))
@@ -61,7 +49,7 @@ def test_chunks_cover_the_tensor(
 
 @pytest.mark.parametrize("qtype", TORCH_TYPES, ids=lambda t: t.name)
 def test_straight_to_bfloat16(qtype: GGMLQuantizationType) -> None:
-    raw = _random_blocks(qtype, 16, seed=3)
+    raw = random_blocks(qtype, 16, seed=3)
     block_size, _ = GGML_QUANT_SIZES[qtype]
     got = dequantize(raw, qtype, (16 * block_size,), torch.bfloat16)
     assert got.dtype == torch.bfloat16
@@ -93,7 +81,7 @@ def test_float_tensors(dtype: type) -> None:
 
 
 def test_data_that_does_not_hold_the_shape() -> None:
-    raw = _random_blocks(Q.Q8_0, 2, seed=0)
+    raw = random_blocks(Q.Q8_0, 2, seed=0)
     with pytest.raises(ValueError, match="do not hold 96 elements"):
         dequantize(raw, Q.Q8_0, (96,), torch.float32)
     with pytest.raises(ValueError, match="values for"):
