@@ -99,10 +99,12 @@ def generate(**kwargs: Any) -> None:
                 f"{len(completion.token_ids)} tokens]\n"
             )
     wall = max(run.wall_s, 1e-9)
+    quantization = getattr(engine.model, "quantization", "none")
+    held = "" if quantization == "none" else f", {quantization}"
     click.echo(
         f"{len(prompts)} prompts · {run.prompt_tokens} prompt tokens · {run.output_tokens} "
         f"generated in {wall:.2f} s · {run.output_tokens / wall:.1f} generated tok/s · "
         f"{(run.prompt_tokens + run.output_tokens) / wall:.1f} total tok/s · model "
-        f"{engine.model.name} ({engine.model.digest[:19]})",
+        f"{engine.model.name} ({engine.model.digest[:19]}{held})",
         err=True,
     )
