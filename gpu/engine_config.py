@@ -128,7 +128,7 @@ def _kv_budget_from_device(
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     held = None
     if getattr(model, "quantization", "none") != "none":  # as loaded, not the dtype's
-        from gpu.memory.footprint import module_bytes
+        from gpu.memory.held_bytes import module_bytes
 
         held = module_bytes(model.module) - model.packed_bytes
     return kv_budget_bytes(

@@ -14,6 +14,7 @@ import torch
 from gpu.block_allocator import blocks_for
 from gpu.engine_config import EngineConfig
 from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.memory.held_bytes import module_bytes
 from gpu.memory.plan import (
     activation_reserve_bytes,
     dtype_bytes,
@@ -30,36 +31,6 @@ def engine_bytes(engine: Any) -> int:
     if kv is not None:
         total += kv.cache.numel() * kv.cache.element_size()
         total += kv.work.numel() * kv.work.element_size()
-    return total
-
-
-def module_bytes(model: torch.nn.Module) -> int:
-    """A module's parameters and buffers: packed copies and quantized integers and scales
-    included, tied weights once."""
-    total = 0
-    seen: set[int] = set()  # tied weights count once
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.is_mkldnn:  # a packed weight: its own opaque memory, never shared
-            total += t.numel() * t.element_size()
-        elif t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """A module's weights as loaded: parameters and persistent buffers (quantized integers,
-    scales and offsets), tied ones once; not the packed copies or tables such as RoPE's."""
-    total = 0
-    seen: set[int] = set()
-    tensors: list[torch.Tensor] = list(model.parameters())
-    for owner in model.modules():
-        skip = owner._non_persistent_buffers_set
-        tensors += [b for name, b in owner.named_buffers(recurse=False) if name not in skip]
-    for t in tensors:
-        if not t.is_mkldnn and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
     return total
 
 

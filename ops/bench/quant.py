@@ -30,7 +30,7 @@ from gpu.device import default_device
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.memory.footprint import module_bytes, weight_bytes
+from gpu.memory.held_bytes import module_bytes, weight_bytes
 from ops.bench.engine import bench_engine
 from ops.bench.flops import FlopModel
 from ops.bench.narrate import Narrate

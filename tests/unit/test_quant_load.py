@@ -14,7 +14,7 @@ from torch import nn
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
-from gpu.memory.footprint import weight_bytes
+from gpu.memory.held_bytes import weight_bytes
 from gpu.memory.plan import weights_bytes
 from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
 from gpu.offline import run_all
