@@ -192,8 +192,10 @@ class GemmaForCausalLM(nn.Module):
     def load_weights(self, src: WeightSource) -> None:
         c = self.config
         h = c.hidden_size
-        table = src.take_linear("model.embed_tokens.weight", (c.vocab_size, h))
-        fill_embedding(self, "embed_tokens", table)
+        # not held in a local: the source copy of a large table is freed as soon as it is in
+        fill_embedding(
+            self, "embed_tokens", src.take_linear("model.embed_tokens.weight", (c.vocab_size, h))
+        )
         for n, layer in enumerate(self.typed_layers()):
             p = f"model.layers.{n}."
             load_attention(layer.self_attn, src, p + "self_attn.", c)
