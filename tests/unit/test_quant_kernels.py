@@ -14,7 +14,6 @@ depend on the thread count).
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
@@ -22,26 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu.kernels.native import CpuKernels, build, find_compiler
+from gpu.kernels.native import CpuKernels
 from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
-from tests.unit.test_kernels_native import ISA_FLAGS
+from tests.unit import test_kernels_native
 
+kernels = test_kernels_native.kernels  # the fixture: these kernels on every build
 ATOL_UNIT = 2.0**-20
 ROWS = (1, 2, 3, 5, 17, 64, 130)  # decode, the streaming kernels' edge, tiles and their tails
-
-
-@pytest.fixture(scope="module", params=list(ISA_FLAGS))
-def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
-    compiler = find_compiler()
-    if compiler is None:
-        pytest.skip("no C compiler on this host")
-    if request.param != "native" and platform.machine() != "x86_64":
-        pytest.skip("the x86 vector paths")
-    built = build(
-        compiler, tmp_path_factory.mktemp(f"quant-{request.param}"), ISA_FLAGS[request.param]
-    )
-    assert built is not None
-    return built
 
 
 def random_weight(
