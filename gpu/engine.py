@@ -22,6 +22,7 @@ from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
 from gpu.loading.model_config import GEMMA_FAMILY
 from gpu.models.layers import long_rope_rows
+from gpu.prefix_hash import root_key
 from gpu.runner import ModelRunner
 from gpu.scheduler import Scheduler
 from gpu.sequence import SamplingParams
@@ -55,6 +56,7 @@ class Completion:
     finish_time: float
     num_preemptions: int
     num_kv_blocks: int = 0  # KV-cache blocks it held when it finished (its peak)
+    cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache served
 
     @property
     def ttft_ms(self) -> float | None:
@@ -86,6 +88,9 @@ class StepStats:
     num_running: int
     kv_blocks_used: int
     kv_blocks_total: int
+    kv_blocks_cached: int = 0  # unreferenced blocks kept for their prefix
+    prompt_tokens: int = 0  # of requests admitted this step for the first time
+    cached_prompt_tokens: int = 0  # of those, served by the prefix cache
 
 
 @dataclass(frozen=True)
@@ -130,11 +135,17 @@ class Engine:
         scheduling = config.scheduler_config()
         if local_only:
             scheduling = replace(scheduling, window=model.config.sliding_window)
-        self.scheduler = Scheduler(scheduling, self.allocator, clock)
+        self.long_rope = long_rope_rows(model.config)
+        # Prefix caching needs a block's K/V to depend on its tokens and the model alone: not
+        # with blocks released behind a window, nor LongRoPE (a long sequence re-rotates all).
+        self.prefix_caching = config.prefix_caching and not local_only and self.long_rope is None
+        prefix_key = None
+        if self.prefix_caching:
+            prefix_key = root_key(model.digest, model.quantization, str(model.dtype))
+        self.scheduler = Scheduler(scheduling, self.allocator, clock, prefix_key=prefix_key)
         kernels = None
         if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
             kernels = cpu_kernels()
-        self.long_rope = long_rope_rows(model.config)
         self.runner = ModelRunner(
             model.module,
             self.kv,
@@ -231,6 +242,9 @@ class Engine:
             num_running=len(self.scheduler.running),
             kv_blocks_used=self.blocks_used,
             kv_blocks_total=self.num_blocks,
+            kv_blocks_cached=self.allocator.num_cached,
+            prompt_tokens=batch.prompt_tokens,
+            cached_prompt_tokens=batch.cached_tokens,
         )
         return StepOutput(new_tokens, finished, stats)
 
@@ -280,6 +294,7 @@ class Engine:
             finish_time=seq.finish_time,
             num_preemptions=seq.num_preemptions,
             num_kv_blocks=kv_blocks,
+            cached_tokens=seq.num_cached_tokens,
         )
 
 

@@ -34,6 +34,7 @@ class EngineConfig:
     seed: int = 0  # for unseeded sampling
     native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
     quantization: str = "none"  # how weights are held: `gpu.quant.scheme` (none, auto, int8, int4)
+    prefix_caching: bool = True  # reuse the K/V of full blocks a prompt shares with earlier ones
 
     def __post_init__(self) -> None:
         from gpu.quant.scheme import Quantization

@@ -17,6 +17,13 @@ Policy, in order, each step:
 Effective priority = `priority` + seconds since arrival / `aging_seconds`: a request that has
 waited long enough outranks any newcomer, so constant arrivals cannot starve anyone.
 
+With a `prefix_key` (prefix caching on), every full block a step computes is registered in the
+allocator under its chained content hash (`gpu.prefix_hash`), and a sequence admitted with
+nothing computed first maps the longest run of cached blocks that starts its tokens into its
+block table (shared, read-only) and prefills only the rest; at least its last token is always
+computed, since sampling needs its logits. Admission counts a cached block as taken only if
+nothing else holds it (reviving it uses up a free block).
+
 With `window` set (every layer of the model attends through a sliding window of that many
 positions), blocks no future query can see are released as soon as a step computes past
 them: their table entries become `RELEASED_BLOCK` (the pool's zeroed padding block), so a
@@ -29,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpu.block_allocator import BlockAllocator, blocks_for
+from gpu.prefix_hash import extend_hashes
 from gpu.sequence import Sequence, SequenceStatus
 
 RELEASED_BLOCK = 0  # gpu.kv_pool.PAD_BLOCK: never handed out, so never a sequence's own
@@ -86,6 +94,10 @@ class ScheduledChunk:
 class ScheduledBatch:
     chunks: tuple[ScheduledChunk, ...]
     preempted: tuple[Sequence, ...] = ()
+    # Sequences admitted for the first time this step: their prompt tokens, and how many of
+    # those the prefix cache served (the KV hit rate is the ratio over many steps).
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -111,6 +123,12 @@ class Scheduler:
     clock: Callable[[], float]
     waiting: list[Sequence] = field(default_factory=list)
     running: list[Sequence] = field(default_factory=list)
+    prefix_key: bytes | None = None  # root of the block hash chain; None: no prefix caching
+
+    def __post_init__(self) -> None:
+        if self.prefix_key is not None and self.config.window is not None:
+            # Released blocks would leave holes in the chain; all-local models do without.
+            raise ValueError("prefix caching and block release behind a window do not mix")
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -158,11 +176,15 @@ class Scheduler:
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
 
+        prompt = cached = 0
         if not preempted:
-            self._admit(now, budget, chunks)
-        return ScheduledBatch(tuple(chunks), tuple(preempted))
+            prompt, cached = self._admit(now, budget, chunks)
+        return ScheduledBatch(tuple(chunks), tuple(preempted), prompt, cached)
 
-    def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> None:
+    def _admit(self, now: float, budget: int, chunks: list[ScheduledChunk]) -> tuple[int, int]:
+        """Admit waiting sequences into `chunks`; returns (prompt tokens, cached tokens) of
+        those admitted for the first time."""
+        prompt_tokens = cached_tokens = 0
         watermark = int(self.allocator.num_blocks * self.config.admission_watermark)
         for seq in self._order(self.waiting, now):
             # Keep a little room for running sequences to grow; with none running, a request
@@ -170,11 +192,23 @@ class Scheduler:
             reserve = watermark if self.running else 0
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            n = min(seq.num_uncomputed_tokens, budget)
+            hits = self._cached_prefix(seq)
+            # A cached block nothing holds counts as free until this sequence revives it.
+            revived = sum(1 for b in hits if self.allocator.is_cached(b))
             # Admit only when the whole prompt (or recompute) fits: admitting on the first
             # chunk alone lets a long sequence join, then be preempted again at its next chunk.
-            if self.blocks_needed(seq, seq.num_tokens) > self.allocator.num_free - reserve:
+            new_blocks = self.blocks_needed(seq, seq.num_tokens) - len(hits)
+            if new_blocks + revived > self.allocator.num_free - reserve:
                 break  # the most urgent waiting request goes first; nothing jumps it
+            if hits:
+                seq.block_table = [self.allocator.acquire(b) for b in hits]
+                seq.num_computed_tokens = seq.num_registered_blocks = len(hits)
+                seq.num_computed_tokens *= self.config.block_size
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+                prompt_tokens += seq.num_prompt_tokens
+                cached_tokens += seq.num_cached_tokens
+            n = min(seq.num_uncomputed_tokens, budget)
             need = self.blocks_needed(seq, seq.num_computed_tokens + n)
             self.waiting.remove(seq)
             self.running.append(seq)
@@ -182,6 +216,38 @@ class Scheduler:
             self._allocate(seq, need)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
+        return prompt_tokens, cached_tokens
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks that start `seq`'s tokens, in order (none without caching, or
+        when `seq` already holds blocks). Its last token is left to compute."""
+        if self.prefix_key is None or seq.block_table or seq.num_computed_tokens:
+            return []
+        full = (seq.num_tokens - 1) // self.config.block_size
+        hashes = self._hashes(seq, full)
+        hits: list[int] = []
+        for content in hashes[:full]:
+            block = self.allocator.lookup(content)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        assert self.prefix_key is not None
+        return extend_hashes(
+            seq.block_hashes, self.prefix_key, num_blocks, self.config.block_size, seq.token_slice
+        )
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Offer the cache every block of `seq` that is now full and not yet offered."""
+        full = min(seq.num_computed_tokens // self.config.block_size, len(seq.block_table))
+        if full <= seq.num_registered_blocks:
+            return
+        hashes = self._hashes(seq, full)
+        for index in range(seq.num_registered_blocks, full):
+            self.allocator.register(seq.block_table[index], hashes[index])
+        seq.num_registered_blocks = full
 
     def _allocate(self, seq: Sequence, count: int) -> None:
         for _ in range(count):
@@ -193,7 +259,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it waits and is recomputed from its tokens."""
         self._free_table(seq)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_registered_blocks = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.running.remove(seq)
@@ -203,6 +269,8 @@ class Scheduler:
         """Record that the batch's chunks were computed (their K/V are now in the pool)."""
         for chunk in batch.chunks:
             chunk.seq.num_computed_tokens = chunk.end
+            if self.prefix_key is not None:
+                self._register_full_blocks(chunk.seq)
             if self.config.window is not None:
                 self._release_behind_window(chunk.seq, self.config.window)
 

@@ -58,6 +58,12 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
+    # Prefix caching (gpu.prefix_hash): the chained hashes of its full blocks so far, how many
+    # entries of its block table the cache knows, and how many prompt tokens its first
+    # admission found cached.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
