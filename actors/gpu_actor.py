@@ -343,6 +343,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
                     prompt_tokens=completion.prompt_tokens,
                     preemptions=completion.num_preemptions,
                     kv_blocks=completion.num_kv_blocks,
+                    cached_tokens=completion.cached_tokens,
                 )
             )
 

@@ -214,12 +214,14 @@ def engine_outcome(
     prompt_tokens: int | None = None,
     preemptions: int = 0,
     kv_blocks: int = 0,
+    cached_tokens: int = 0,
 ) -> Outcome:
     """The outcome of a request that reached the engine (finished, aborted or refused there).
 
     `prompt_tokens`: as the engine counted them (a request tokenized again for a swapped-in
     model has another count than the ingest's); `preemptions`: times it was preempted;
-    `kv_blocks`: the KV-cache blocks it held at its end.
+    `kv_blocks`: the KV-cache blocks it held at its end; `cached_tokens`: prompt tokens the
+    prefix cache served.
     """
     if prompt_tokens is None:
         prompt_tokens = len(item.prompt_token_ids)
@@ -232,6 +234,7 @@ def engine_outcome(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(token_ids),
             total_tokens=prompt_tokens + len(token_ids),
+            cached_tokens=cached_tokens,
         ),
         model=model,
         timings=Timings(

@@ -102,10 +102,15 @@ class ErrorBody(msgspec.Struct, kw_only=True):
     error: ErrorObject
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
 class TokenUsage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):

@@ -38,6 +38,7 @@ from messages.openai_batch import (
     ErrorBody,
     ErrorObject,
     LineError,
+    PromptTokensDetails,
     TokenUsage,
 )
 from messages.request import ChatMessage, GenerateRequest
@@ -284,6 +285,7 @@ def _body(url: str, result: GenerateResult, created: int) -> Any:
         prompt_tokens=result.usage.prompt_tokens,
         completion_tokens=result.usage.completion_tokens,
         total_tokens=result.usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=result.usage.cached_tokens),
     )
     finish = str(result.finish_reason)
     if url == CHAT_COMPLETIONS_URL:

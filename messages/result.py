@@ -19,9 +19,13 @@ class FinishReason(enum.StrEnum):
 
 
 class Usage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Token counts. `cached_tokens`: of the prompt tokens, those whose K/V the prefix cache
+    served (they were not computed again)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):

@@ -11,6 +11,7 @@ collector.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from typing import TYPE_CHECKING, Literal, get_args
 
 from prometheus_client import (
@@ -48,6 +49,7 @@ STEP_BUCKETS = (
 )  # fmt: skip
 SWAP_PAUSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+HIT_RATIO_WINDOW = 256  # engine steps that admitted requests, for tokenmill_kv_prefix_hit_ratio
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -88,6 +90,28 @@ class WorkerMetrics:
         self.kv_blocks_total = Gauge(
             "tokenmill_kv_blocks_total", "KV blocks in the pool.", registry=r
         )
+        self.kv_blocks_cached = Gauge(
+            "tokenmill_kv_blocks_cached",
+            "KV blocks nothing holds that keep a cached prefix (reused or evicted on demand).",
+            registry=r,
+        )
+        self.kv_prefix_hit_tokens = Counter(
+            "tokenmill_kv_prefix_hit_tokens",
+            "Prompt tokens whose K/V the prefix cache served.",
+            registry=r,
+        )
+        self.kv_prefix_miss_tokens = Counter(
+            "tokenmill_kv_prefix_miss_tokens",
+            "Prompt tokens computed (not found in the prefix cache).",
+            registry=r,
+        )
+        self.kv_prefix_hit_ratio = Gauge(
+            "tokenmill_kv_prefix_hit_ratio",
+            f"Prompt tokens served from the prefix cache / prompt tokens, over the last "
+            f"{HIT_RATIO_WINDOW} engine steps that admitted requests (0-1).",
+            registry=r,
+        )
+        self._hit_window: deque[tuple[int, int]] = deque(maxlen=HIT_RATIO_WINDOW)
         self.ttft = Histogram(
             "tokenmill_ttft_seconds",
             "Time to first token, from the request's arrival.",
@@ -245,7 +269,7 @@ class WorkerMetrics:
         self.bucket_flushes.labels(reason).inc()
 
     def observe_step(self, stats: StepStats) -> None:
-        """One engine step: its duration, the KV pool's occupancy, preemptions."""
+        """One engine step: its duration, the KV pool's occupancy, preemptions, prefix hits."""
         self.step_duration.observe(max(0, stats.end_ns - stats.start_ns) / 1e9)
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
@@ -253,6 +277,13 @@ class WorkerMetrics:
         self.kv_usage_ratio.set(stats.kv_blocks_used / total if total > 0 else 0.0)
         if stats.num_preempted > 0:
             self.preemptions.inc(stats.num_preempted)
+        self.kv_blocks_cached.set(stats.kv_blocks_cached)
+        if stats.prompt_tokens > 0:
+            self.kv_prefix_hit_tokens.inc(stats.cached_prompt_tokens)
+            self.kv_prefix_miss_tokens.inc(stats.prompt_tokens - stats.cached_prompt_tokens)
+            self._hit_window.append((stats.prompt_tokens, stats.cached_prompt_tokens))
+            prompt = sum(p for p, _ in self._hit_window)
+            self.kv_prefix_hit_ratio.set(sum(c for _, c in self._hit_window) / prompt)
 
     def set_queue_depth(self, n: int) -> None:
         self.queue_depth.set(n)

@@ -246,6 +246,7 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
     if outcome.admitted:
         attributes["tokenmill.preemptions"] = outcome.preemptions
         attributes["tokenmill.kv_blocks"] = outcome.kv_blocks
+        attributes["tokenmill.cached_tokens"] = result.usage.cached_tokens
     if result.error is not None:
         attributes["error.type"] = str(result.error.code)
     return attributes

@@ -26,40 +26,63 @@ class EngineChoice:
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option(
-            "--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."
-        ),
-        click.option(
+    """The engine's options (model, limits, quantization, prefix caching) for `command`."""
+    return _with_options(command, _engine_options(envvars=False))
+
+
+def worker_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The same options, each also read from its TOKENMILL_* env var (`--max-num-seqs`:
+    TOKENMILL_MAX_NUM_SEQS), as every worker setting is."""
+    return _with_options(command, _engine_options(envvars=True))
+
+
+def _with_options(
+    command: Callable[..., Any], options: list[Callable[[Callable[..., Any]], Callable[..., Any]]]
+) -> Callable[..., Any]:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _engine_options(envvars: bool) -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    def option(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        if envvars:
+            name = decls[0].split("/")[0].lstrip("-").replace("-", "_").upper()
+            kwargs.update(envvar="TOKENMILL_" + name, show_envvar=True)
+        return click.option(*decls, **kwargs)
+
+    return [
+        option("--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."),
+        option(
             "--dtype",
             default=None,
             help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU).",
         ),
-        click.option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
-        click.option(
+        option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
+        option(
             "--max-model-len",
             type=int,
             default=None,
             help="Context limit (default: model's, capped at 2048).",
         ),
-        click.option(
+        option(
             "--max-new-tokens-limit",
             type=int,
             default=4096,
             show_default=True,
             help="The most new tokens a request may ask for (bounds a result's size).",
         ),
-        click.option(
+        option(
             "--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."
         ),
-        click.option(
+        option(
             "--max-batched-tokens",
             type=int,
             default=1024,
             show_default=True,
             help="Token budget per step.",
         ),
-        click.option(
+        option(
             "--quantization",
             type=click.Choice(QUANTIZATION_CHOICES),
             default="none",
@@ -68,16 +91,20 @@ def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "int4-g128), quantized at load; auto keeps a GGUF's (or a `tokenmill quantize` "
             "checkpoint's) quantized tensors as they are; none dequantizes everything.",
         ),
-        click.option(
+        option(
             "--num-kv-blocks",
             type=int,
             default=None,
             help="KV pool size in blocks (default: memory plan).",
         ),
+        option(
+            "--prefix-caching/--no-prefix-caching",
+            default=True,
+            show_default=True,
+            help="Reuse the K/V of full blocks a prompt shares with earlier ones (a system "
+            "prompt, a few-shot header); outputs are the same either way.",
+        ),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
 
 
 def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
@@ -92,6 +119,7 @@ def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
             max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
             num_kv_blocks=kwargs.pop("num_kv_blocks"),
             quantization=kwargs.pop("quantization"),
+            prefix_caching=kwargs.pop("prefix_caching"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

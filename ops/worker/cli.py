@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 import click
 import structlog
 
-from ops.models.engine_options import EngineChoice, build_engine, engine_choice, engine_options
+from ops.models.engine_options import (
+    EngineChoice,
+    build_engine,
+    engine_choice,
+    worker_engine_options,
+)
 from ops.worker.settings import worker_config, worker_options
 
 if TYPE_CHECKING:
@@ -20,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@engine_options
+@worker_engine_options
 @click.option(
     "--engine",
     "engine_kind",

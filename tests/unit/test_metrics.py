@@ -175,6 +175,23 @@ def test_steps_set_the_kv_gauges_and_count_preemptions() -> None:
     assert value(s, "tokenmill_step_duration_seconds_bucket", le="0.025") == 3
 
 
+def test_prefix_cache_hits_are_counted_and_their_ratio_is_over_a_window_of_steps() -> None:
+    from actors.telemetry.metrics import HIT_RATIO_WINDOW
+
+    metrics = WorkerMetrics()
+    metrics.observe_step(step(prompt_tokens=600, cached_prompt_tokens=0, kv_blocks_cached=3))
+    metrics.observe_step(step())  # admitted nothing: the ratio does not move
+    metrics.observe_step(step(prompt_tokens=600, cached_prompt_tokens=512, kv_blocks_cached=5))
+    s = scrape(metrics)
+    assert value(s, "tokenmill_kv_prefix_hit_tokens_total") == 512
+    assert value(s, "tokenmill_kv_prefix_miss_tokens_total") == 688
+    assert value(s, "tokenmill_kv_prefix_hit_ratio") == pytest.approx(512 / 1200)
+    assert value(s, "tokenmill_kv_blocks_cached") == 5
+    for _ in range(HIT_RATIO_WINDOW):  # the early misses leave the window
+        metrics.observe_step(step(prompt_tokens=100, cached_prompt_tokens=75))
+    assert value(scrape(metrics), "tokenmill_kv_prefix_hit_ratio") == pytest.approx(0.75)
+
+
 def test_an_empty_kv_pool_reads_as_zero_usage() -> None:
     metrics = WorkerMetrics()
     metrics.observe_step(step(kv_blocks_used=0, kv_blocks_total=0))

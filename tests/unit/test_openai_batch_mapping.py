@@ -83,7 +83,7 @@ def ok_result(**fields: Any) -> GenerateResult:
         "text": "Hello there",
         "token_ids": [1, 2],
         "finish_reason": FinishReason.LENGTH,
-        "usage": Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+        "usage": Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5, cached_tokens=2),
         "model": MODEL,
         **fields,
     }
@@ -413,7 +413,12 @@ def test_a_completion_result_answers_with_a_text_completion() -> None:
         "choices": [
             {"index": 0, "text": "Hello there", "logprobs": None, "finish_reason": "length"}
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 2},
+        },
     }
 
 
@@ -435,7 +440,12 @@ def test_a_chat_result_answers_with_a_chat_completion() -> None:
                 "finish_reason": "stop",
             }
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 2},
+        },
     }
 
 

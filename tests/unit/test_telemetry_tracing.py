@@ -143,6 +143,13 @@ def test_the_process_span_counts_the_kv_blocks_the_request_held() -> None:
     assert spans["process reqs"].attributes["tokenmill.kv_blocks"] == 3
 
 
+def test_the_process_span_says_how_many_prompt_tokens_the_prefix_cache_served() -> None:
+    item = outcome()
+    item.result.usage.cached_tokens = 2
+    spans, _ = recorded(item)
+    assert spans["process reqs"].attributes["tokenmill.cached_tokens"] == 2
+
+
 def test_a_send_that_fails_ends_process_and_send_with_its_error() -> None:
     capture = SpanCapture()
     spans = start_request_spans(outcome(), group="workers", now_ns=NOW, recorder=capture.recorder)
