@@ -137,6 +137,16 @@ class BlockAllocator:
         self._ref_counts[block] += 1
         return block
 
+    def drop_cached(self) -> int:
+        """Forget every cached prefix nothing holds (their blocks become empty); returns how
+        many. Blocks in use keep theirs."""
+        count = len(self._cached)
+        for block in self._cached:
+            del self._by_hash[self._hash_of.pop(block)]
+            self._free.append(block)
+        self._cached.clear()
+        return count
+
     def is_cached(self, block: int) -> bool:
         """Whether `block` is unreferenced but kept for its prefix (reviving uses a free one)."""
         return block in self._cached

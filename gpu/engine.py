@@ -193,6 +193,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix no running request holds (a benchmark's cold start);
+        returns how many blocks were freed."""
+        return self.allocator.drop_cached()
+
     @property
     def blocks_used(self) -> int:
         """KV blocks held by sequences (the padding block is not counted)."""

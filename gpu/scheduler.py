@@ -22,7 +22,9 @@ allocator under its chained content hash (`gpu.prefix_hash`), and a sequence adm
 nothing computed first maps the longest run of cached blocks that starts its tokens into its
 block table (shared, read-only) and prefills only the rest; at least its last token is always
 computed, since sampling needs its logits. Admission counts a cached block as taken only if
-nothing else holds it (reviving it uses up a free block).
+nothing else holds it (reviving it uses up a free block). A waiting sequence whose next
+uncached block another sequence is computing right now waits for it rather than compute it
+again: requests that arrive together with one system prompt compute it once.
 
 With `window` set (every layer of the model attends through a sliding window of that many
 positions), blocks no future query can see are released as soon as a step computes past
@@ -186,6 +188,7 @@ class Scheduler:
         those admitted for the first time."""
         prompt_tokens = cached_tokens = 0
         watermark = int(self.allocator.num_blocks * self.config.admission_watermark)
+        in_flight = self._blocks_in_flight()
         for seq in self._order(self.waiting, now):
             # Keep a little room for running sequences to grow; with none running, a request
             # that needs the whole pool must still get in.
@@ -193,6 +196,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             hits = self._cached_prefix(seq)
+            if len(seq.block_hashes) > len(hits) and seq.block_hashes[len(hits)] in in_flight:
+                continue  # its next block is being computed: it will be a hit next step
             # A cached block nothing holds counts as free until this sequence revives it.
             revived = sum(1 for b in hits if self.allocator.is_cached(b))
             # Admit only when the whole prompt (or recompute) fits: admitting on the first
@@ -216,7 +221,21 @@ class Scheduler:
             self._allocate(seq, need)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
+            if self.prefix_key is not None:
+                in_flight.update(seq.block_hashes[len(hits) :])
         return prompt_tokens, cached_tokens
+
+    def _blocks_in_flight(self) -> set[bytes]:
+        """The hashes of full blocks running sequences are prefilling and have not yet
+        offered the cache (empty without prefix caching)."""
+        if self.prefix_key is None:
+            return set()
+        pending: set[bytes] = set()
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1:
+                full = (seq.num_tokens - 1) // self.config.block_size
+                pending.update(self._hashes(seq, full)[seq.num_registered_blocks : full])
+        return pending
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks that start `seq`'s tokens, in order (none without caching, or

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from actors.kafka.connection import KafkaConnection
-from ops.bench.summaries import pipeline_summary, summary, swap_summary
+from ops.bench.summaries import pipeline_summary, shared_prefix_summary, summary, swap_summary
 from ops.connection.options import kafka_connection, kafka_options
 from ops.errors import OpsError
 from ops.models.engine_options import build_engine, engine_choice, engine_options
@@ -77,6 +77,16 @@ def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="After the timed runs, profile engine steps; Chrome traces (Perfetto) go here.",
 )
 @_positive("--profile-decode-steps", 8, "Decode steps in the decode trace.")
+@click.option(
+    "--workload",
+    type=click.Choice(["mixed", "shared-prefix"]),
+    default="mixed",
+    show_default=True,
+    help="mixed: the seeded workload against transformers; shared-prefix: --requests "
+    "requests sharing one --prefix-tokens system prompt, run with prefix caching on and off.",
+)
+@_positive("--prefix-tokens", 512, "shared-prefix: tokens of the shared system prompt.")
+@_positive("--repeats", 1, "shared-prefix: runs of each setting (alternating; best kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def engine(**kwargs: Any) -> None:
     """Throughput of the engine against Hugging Face transformers on one seeded workload.
@@ -109,6 +119,9 @@ def engine(**kwargs: Any) -> None:
     )
     click.echo(f"loading {choice.model}", err=True)
     eng = build_engine(choice)
+    if kwargs["workload"] == "shared-prefix":
+        _shared_prefix(eng, options, kwargs)
+        return
     try:
         report = run_bench(eng, options, progress=lambda line: click.echo(line, err=True))
     except ValueError as exc:
@@ -120,6 +133,23 @@ def engine(**kwargs: Any) -> None:
     if report["profile"]:
         for phase in report["profile"].values():
             click.echo(f"trace: {phase['trace']}", err=True)
+
+
+def _shared_prefix(eng: Any, options: Any, kwargs: dict[str, Any]) -> None:
+    from ops.bench.engine import dumps
+    from ops.bench.shared_prefix import run_shared_prefix
+
+    try:
+        report = run_shared_prefix(
+            eng,
+            options,
+            prefix_tokens=kwargs["prefix_tokens"],
+            repeats=kwargs["repeats"],
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(dumps(report) if kwargs["as_json"] else shared_prefix_summary(report))
 
 
 @bench.command("pipeline")

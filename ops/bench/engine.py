@@ -79,7 +79,7 @@ class StepRecorder:
         return out
 
 
-def _percentiles(values: Sequence[float | None]) -> dict[str, float | None]:
+def percentiles(values: Sequence[float | None]) -> dict[str, float | None]:
     present = [v for v in values if v is not None]
     if not present:
         return {"p50": None, "p90": None, "p99": None}
@@ -122,8 +122,8 @@ def bench_engine(
         "steps": len(run.steps),
         "decode_only_steps": steady["steps"],
         "preemptions": sum(s.num_preempted for s in run.steps),
-        "ttft_ms": _percentiles([c.ttft_ms for c in run.completions]),
-        "tpot_ms": _percentiles([c.tpot_ms for c in run.completions]),
+        "ttft_ms": percentiles([c.ttft_ms for c in run.completions]),
+        "tpot_ms": percentiles([c.tpot_ms for c in run.completions]),
         "host_load_1m": [load_before, host_load()],
         "step_time": breakdown,
     }

@@ -149,3 +149,26 @@ def step_parts(breakdown: dict[str, Any]) -> str:
     """'79.1 ms = dense 52.0 · attention 14.1 · …' from a `StepClock` breakdown."""
     parts = " · ".join(f"{k} {v:.1f}" for k, v in breakdown["ms_per_step"].items())
     return f"{breakdown['step_ms']:.1f} ms = {parts}"
+
+
+def shared_prefix_summary(report: dict[str, Any]) -> str:
+    """A few lines for a person; the JSON holds everything."""
+    w, r, t = report["workload"], report["ratios"], report["targets"]
+    lines = [
+        f"{report['model']['name']} · {w['requests']} requests sharing a "
+        f"{w['shared_prefix_tokens']}-token prefix · {w['output_tokens_each']} new tokens each"
+    ]
+    for name in ("caching_on", "caching_off"):
+        run = report[name]
+        ttft = run["ttft_ms"]
+        lines.append(
+            f"  {name.replace('_', ' '):<11} TTFT p50 {ttft['p50']} / p99 {ttft['p99']} ms · "
+            f"{run['output_tokens_per_s']} tok/s · {run['prefill_tokens_computed']} prefill "
+            f"tokens · hit ratio {run['prefix_hit_ratio']}"
+        )
+    lines.append(
+        f"  TTFT p50 {r['ttft_p50_off_over_on']}× lower (target {t['ttft_p50']['target']}×) · "
+        f"throughput {r['throughput_on_over_off']}× (target {t['throughput']['target']}×) · "
+        f"outputs identical: {report['outputs_identical']}"
+    )
+    return "\n".join(lines)

@@ -50,13 +50,7 @@ def make_workload(engine: Engine, options: BenchOptions) -> list[BenchRequest]:
         )
     if o.requests < 1:
         raise ValueError("--requests must be at least 1")
-    model = engine.model
-    inner = model.tokenizer.inner
-    special = {*inner.get_added_tokens_decoder(), *model.eos_token_ids}
-    if model.config.bos_token_id is not None:
-        special.add(model.config.bos_token_id)
-    vocab = min(model.config.vocab_size, model.tokenizer.vocab_size)
-    allowed = [t for t in range(vocab) if t not in special]
+    allowed = allowed_token_ids(engine)
     rng = random.Random(o.seed)
     return [
         BenchRequest(
@@ -65,6 +59,17 @@ def make_workload(engine: Engine, options: BenchOptions) -> list[BenchRequest]:
         )
         for _ in range(o.requests)
     ]
+
+
+def allowed_token_ids(engine: Engine) -> list[int]:
+    """The token ids a random prompt may use: every id but special, EOS and BOS ones."""
+    model = engine.model
+    inner = model.tokenizer.inner
+    special = {*inner.get_added_tokens_decoder(), *model.eos_token_ids}
+    if model.config.bos_token_id is not None:
+        special.add(model.config.bos_token_id)
+    vocab = min(model.config.vocab_size, model.tokenizer.vocab_size)
+    return [t for t in range(vocab) if t not in special]
 
 
 def host_load() -> float | None:

@@ -65,6 +65,17 @@ def test_the_same_content_registered_twice_keeps_the_first_block() -> None:
         a.register(first, b"different")
 
 
+def test_dropping_the_cache_empties_cached_blocks_and_keeps_used_ones() -> None:
+    a = BlockAllocator(3)
+    kept, dropped = a.allocate(), a.allocate()
+    a.register(kept, b"kept")
+    a.register(dropped, b"dropped")
+    a.free(dropped)
+    assert a.drop_cached() == 1
+    assert (a.num_empty, a.num_cached, a.num_used) == (2, 0, 1)
+    assert a.lookup(b"dropped") is None and a.lookup(b"kept") == kept
+
+
 def test_a_free_block_cannot_be_registered() -> None:
     a = BlockAllocator(1)
     with pytest.raises(ValueError, match="only a block in use"):

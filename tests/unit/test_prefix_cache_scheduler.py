@@ -222,3 +222,14 @@ def test_a_full_pool_evicts_cached_prefixes_least_recently_released_first() -> N
     first_again = pool.add("first", [40 + j for j in range(9)], new=1)
     pool.run()
     assert first_again.num_cached_tokens == 0  # the oldest was evicted
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once() -> None:
+    pool = CachedPool(num_blocks=32, budget=64)
+    seqs = [pool.add(f"r{i}", [*SYSTEM, 20 + i], new=2) for i in range(4)]
+    first = pool.step()
+    assert [c.seq for c in first.chunks] == seqs[:1]  # the others wait one step for it
+    second = pool.step()
+    assert second.cached_tokens == 3 * 8
+    assert all(s.num_cached_tokens == 8 for s in seqs[1:])
+    pool.run()
