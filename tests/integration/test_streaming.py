@@ -31,7 +31,7 @@ from gpu.loading.loader import load_model
 from gpu.sequence import SamplingParams
 from messages import headers as h
 from messages.chunk import GenerateChunk
-from messages.codec import Codec
+from messages.codec import JSON, MSGPACK, Codec, normalize_content_type
 from messages.request import GenerateRequest
 from messages.result import FinishReason, GenerateResult
 from tests.integration.pipeline import (
@@ -39,6 +39,7 @@ from tests.integration.pipeline import (
     Lane,
     new_lane,
     produce,
+    request_codec,
     running_worker,
     wait_committed_to_end,
 )
@@ -90,10 +91,14 @@ async def replies(
             for record in (r for batch in fetched.values() for r in batch):
                 records.append(record)
                 if h.header(record.headers, h.SCHEMA) == h.RESULT_SCHEMA.encode():
-                    answered.add(result_codec.decode(record.value or b"").id)
+                    answered.add(result_codec.decode(record.value or b"", ctype(record)).id)
     finally:
         await consumer.stop()
     return records
+
+
+def ctype(record: ConsumerRecord[bytes, bytes]) -> str:
+    return normalize_content_type(h.header(record.headers, h.CONTENT_TYPE))
 
 
 async def test_streamed_and_ordinary_requests_interleaved(
@@ -133,9 +138,20 @@ async def test_streamed_and_ordinary_requests_interleaved(
             id="plain-stop", prompt_token_ids=france, max_new_tokens=MAX_NEW, stop=[stop]
         )
     )
-    ids = {r.id for r in requests}
+    packed = GenerateRequest(
+        id="s-msgpack", prompt=PROMPTS[0], max_new_tokens=MAX_NEW, stream=True,
+        stream_interval_tokens=2,
+    )  # fmt: skip
+    ids = {r.id for r in [*requests, packed]}
     lane = await new_lane(kafka_bootstrap, 3)
     await produce(lane.bootstrap, lane.requests, requests)
+    await produce(
+        lane.bootstrap,
+        lane.requests,
+        [request_codec.encode(packed, MSGPACK)],
+        keys=[packed.id.encode()],
+        headers=[(h.CONTENT_TYPE, MSGPACK.encode())],
+    )
     config = lane.worker_config(streaming=StreamPolicy(min_interval_ms=0))
     async with running_worker(config, engine):
         records = await replies(lane, ids)
@@ -147,13 +163,12 @@ async def test_streamed_and_ordinary_requests_interleaved(
     chunks: dict[str, list[tuple[ConsumerRecord[bytes, bytes], GenerateChunk]]] = defaultdict(list)
     for record in records:
         schema = h.header(record.headers, h.SCHEMA)
-        assert h.header(record.headers, h.CONTENT_TYPE) == b"application/json"
         if schema == h.RESULT_SCHEMA.encode():
-            result = result_codec.decode(record.value or b"")
+            result = result_codec.decode(record.value or b"", ctype(record))
             results[result.id].append((record, result))
         else:
             assert schema == h.CHUNK_SCHEMA.encode()
-            chunk = chunk_codec.decode(record.value or b"")
+            chunk = chunk_codec.decode(record.value or b"", ctype(record))
             assert record.key == chunk.id.encode()
             chunks[chunk.id].append((record, chunk))
 
@@ -166,11 +181,14 @@ async def test_streamed_and_ordinary_requests_interleaved(
         for name in streamed:
             assert final[f"{name}-{i}"].token_ids == final[f"plain-{i}"].token_ids
             assert final[f"{name}-{i}"].text == final[f"plain-{i}"].text
+    assert final["s-msgpack"].token_ids == final["plain-0"].token_ids
     assert final["s-stop"].finish_reason == FinishReason.STOP
     assert final["s-stop"].text == final["plain-stop"].text == probe[: len(probe) // 2]
 
     for request_id, own in chunks.items():
         ((result_record, result),) = results[request_id]
+        wire = MSGPACK if request_id == "s-msgpack" else JSON  # the request's content type
+        assert {ctype(r) for r, _ in own} == {ctype(result_record)} == {wire}
         assert {r.partition for r, _ in own} == {result_record.partition}
         assert max(r.offset for r, _ in own) < result_record.offset  # the result comes last
         assert len({c.run for _, c in own}) == 1
