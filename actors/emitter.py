@@ -283,6 +283,8 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
         """Queue the outcome's records in the producer."""
         p = _Pending(outcome, spans, [], [], key=id(outcome))
         p.chunks = list(self._chunks.get(outcome.result.id, ()))
+        if p.chunks and p.spans.records:  # on its `process` span
+            p.spans.records[0].attributes["tokenmill.stream_chunks"] = len(p.chunks)
         self._plan(p)
         p.acks = [await self._send(producer, record) for record in p.records]
         return p
