@@ -15,7 +15,10 @@ from actors.streaming.token_stream import TokenStream, held_back, shown_text
 from gpu.loading.gguf import read_gguf_header
 from gpu.loading.tokenizer import Tokenizer
 from messages.chunk import GenerateChunk
+from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
 from messages.request import GenerateRequest
+from messages.validation import check_request
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +179,19 @@ def test_the_policy_gives_the_request_its_own_intervals_or_the_workers() -> None
     assert policy.intervals(own) == (2, 0.0, 0.02)
     with pytest.raises(ValueError, match="interval_tokens"):
         StreamPolicy(interval_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"stream_interval_tokens": 0},
+        {"stream_interval_ms": -1.0},
+        {"stream_interval_ms": float("nan")},
+    ],
+)
+def test_intervals_a_request_may_not_ask_for(fields: dict[str, float]) -> None:
+    request = GenerateRequest(id="a", prompt="hi", stream=True, **fields)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest) as refused:
+        check_request(request)
+    assert refused.value.code == ErrorCode.INVALID_REQUEST
+    check_request(GenerateRequest(id="b", prompt="hi", stream=True, stream_interval_ms=0))
