@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from actors.ingest.backpressure import Watermarks
 from actors.ingest.buckets import BucketConfig, default_boundaries
 from actors.kafka.connection import KafkaConnection
+from actors.streaming.policy import StreamPolicy
 
 DEFAULT_REQUESTS_TOPIC = "tokenmill.requests"
 DEFAULT_RESULTS_TOPIC = "tokenmill.results"
@@ -92,6 +93,8 @@ class WorkerConfig:
     restart_window_s: float = 60.0
     # A record in flight when this many workers died in a row is quarantined (crash_guard).
     max_record_crashes: int = 3
+    # Streamed requests: default chunk intervals, and the floor between two chunks.
+    streaming: StreamPolicy = field(default_factory=StreamPolicy)
 
     @property
     def producer_max_bytes(self) -> int:

@@ -15,13 +15,21 @@ No record and no failed send crashes it (see `actors.send_errors`):
 Only a producer that is itself broken crashes the actor; the restarted `run()` first produces
 again what was never acknowledged (its offsets are uncommitted, so nothing is lost either way).
 
-Mailbox: `Outcome`s from the ingest and the GPU actor. Sends: `Delivered` to the ingest.
+Streamed requests' `StreamChunk`s are produced as they come, on the result's topic and key
+(so they precede it on its partition), with the schema header `GenerateChunk/1`. They mark
+no offset done: an outcome is reported delivered only once its chunks are acknowledged too
+(a chunk the broker refuses for good is dropped, logged; its result still says everything).
+Chunks not acknowledged when the producer is replaced are sent again, before the backlog.
+
+Mailbox: `Outcome`s from the ingest and the GPU actor, `StreamChunk`s from the GPU actor.
+Sends: `Delivered` to the ingest.
 `stop()`: produce what is queued, wait for every acknowledgement, close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 import structlog
@@ -31,7 +39,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from actors.config import WorkerConfig
 from actors.kafka.broker_wait import started
-from actors.mail import Delivered, Outcome
+from actors.mail import Delivered, Outcome, StreamChunk
 from actors.results import undeliverable
 from actors.runtime import Actor, Address, Mailbox
 from actors.send_errors import (
@@ -46,6 +54,7 @@ from actors.telemetry.metrics import WorkerMetrics
 from actors.telemetry.request_log import log_outcome
 from actors.telemetry.tracing import RequestSpans, start_request_spans
 from messages import headers as h
+from messages.chunk import GenerateChunk
 from messages.codec import Codec
 from messages.error_codes import ErrorCode
 from messages.headers import Headers
@@ -55,7 +64,8 @@ from messages.result import GenerateResult
 
 log = structlog.get_logger("tokenmill.emitter")
 
-_RESULT_SCHEMA = b"GenerateResult/1"
+_RESULT_SCHEMA = h.RESULT_SCHEMA.encode()
+_CHUNK_SCHEMA = h.CHUNK_SCHEMA.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,15 @@ class _Record:
 
 
 @dataclass(slots=True)
+class _SentChunk:
+    """A chunk handed to the producer, kept until its request's outcome is delivered."""
+
+    record: _Record
+    ack: asyncio.Future[object] | None = None  # None: not sent yet (by this producer)
+    confirmed: bool = False  # acknowledged (and counted)
+
+
+@dataclass(slots=True)
 class _Pending:
     """One outcome on its way: its records and their acknowledgements, in the same order."""
 
@@ -84,15 +103,16 @@ class _Pending:
     acks: list[asyncio.Future[object]]
     answered: ErrorCode | None = None  # set when its result was replaced by an error result
     key: int = 0  # its key among the unconfirmed: the outcome as received (`outcome` may change)
+    chunks: list[_SentChunk] = dataclasses.field(default_factory=list)  # its request's
 
 
-class EmitterActor(Actor[Outcome]):
+class EmitterActor(Actor[Outcome | StreamChunk]):
     MAILBOX_SIZE = 1024
 
     def __init__(
         self,
         config: WorkerConfig,
-        mailbox: Mailbox[Outcome] | None = None,
+        mailbox: Mailbox[Outcome | StreamChunk] | None = None,
         *,
         delivered: Address[Delivered] | None = None,
         metrics: WorkerMetrics | None = None,
@@ -103,9 +123,14 @@ class EmitterActor(Actor[Outcome]):
         self.delivered = delivered
         self.codec = Codec(GenerateResult)
         self.request_codec = Codec(GenerateRequest)
+        self.chunk_codec = Codec(GenerateChunk)
         self.results_sent = 0
         self.dead_letters_sent = 0
         self.answered_instead = 0  # results that could not be delivered, answered with an error
+        self.chunks_sent = 0  # streamed requests' chunks, acknowledged
+        # Chunks by request id, from their production until their request's outcome is
+        # delivered (its offset may then be committed): sent again by a replaced producer.
+        self._chunks: dict[str, list[_SentChunk]] = {}
         self._window = asyncio.Semaphore(config.emit_max_in_flight)
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
@@ -138,16 +163,28 @@ class EmitterActor(Actor[Outcome]):
             return  # stopped before the broker came back: the backlog's offsets stay open
         self._unconfirmed.clear()
         try:
+            for sent in [c for chunks in self._chunks.values() for c in chunks]:
+                if not sent.confirmed and (sent.ack is None or not _acknowledged(sent.ack)):
+                    sent.ack = await self._send(producer, sent.record)
             async with asyncio.TaskGroup() as confirms:
                 while True:
+                    messages: list[Outcome | StreamChunk]
                     if backlog:
-                        group, backlog = backlog, []
+                        messages, backlog = list(backlog), []
                     elif (first := await self.receive()) is not None:
-                        group = [first, *self.drain_mailbox()]
+                        messages = [first, *self.drain_mailbox()]
                     else:
                         break
-                    for outcome in group:  # before any await: a crash resends all of them
-                        self._unconfirmed[id(outcome)] = outcome
+                    group: list[Outcome] = []
+                    chunks: list[_SentChunk] = []
+                    for message in messages:  # before any await: a crash resends all of them
+                        if isinstance(message, StreamChunk):
+                            chunks.append(self._chunk_record(message))
+                        else:
+                            self._unconfirmed[id(message)] = message
+                            group.append(message)
+                    for sent in chunks:  # before any outcome: a request's precede its result
+                        sent.ack = await self._send(producer, sent.record)
                     pending = []
                     for outcome in group:
                         await self._window.acquire()
@@ -162,6 +199,21 @@ class EmitterActor(Actor[Outcome]):
                 dlq=self.dead_letters_sent,
                 answered_instead=self.answered_instead,
             )
+
+    def _chunk_record(self, message: StreamChunk) -> _SentChunk:
+        """`message` as a record on its result's topic and key, kept until its outcome is in."""
+        chunk = message.chunk
+        key = chunk.id.encode()
+        headers = [
+            *h.trace_headers(message.trace),
+            (h.CONTENT_TYPE, message.content_type.encode()),
+            (h.SCHEMA, _CHUNK_SCHEMA),
+        ]
+        value = self.chunk_codec.encode(chunk, message.content_type)
+        record = _Record(message.reply_topic, value, key, headers, is_result=False)
+        sent = _SentChunk(record)
+        self._chunks.setdefault(chunk.id, []).append(sent)
+        return sent
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -230,6 +282,9 @@ class EmitterActor(Actor[Outcome]):
     ) -> _Pending:
         """Queue the outcome's records in the producer."""
         p = _Pending(outcome, spans, [], [], key=id(outcome))
+        p.chunks = list(self._chunks.get(outcome.result.id, ()))
+        if p.chunks and p.spans.records:  # on its `process` span
+            p.spans.records[0].attributes["tokenmill.stream_chunks"] = len(p.chunks)
         self._plan(p)
         p.acks = [await self._send(producer, record) for record in p.records]
         return p
@@ -257,6 +312,7 @@ class EmitterActor(Actor[Outcome]):
                     p.spans.end(exc)
                     raise
                 self._delivered(p)
+                self._chunks.pop(p.outcome.result.id, None)
                 if self.delivered is not None:
                     await self.delivered.send(
                         Delivered(
@@ -271,7 +327,10 @@ class EmitterActor(Actor[Outcome]):
                 self._window.release()
 
     async def _settle(self, producer: AIOKafkaProducer, p: _Pending) -> None:
-        """Return once every record of `p` is acknowledged, or answered instead."""
+        """Return once every record of `p` (and every chunk before it) is acknowledged, or
+        answered instead."""
+        for sent in p.chunks:
+            await self._settle_chunk(producer, sent)
         i, attempt = 0, 0
         while i < len(p.records):
             record = p.records[i]
@@ -314,6 +373,37 @@ class EmitterActor(Actor[Outcome]):
             await asyncio.sleep(delay)
             p.acks[i] = await self._send(producer, record)
 
+    async def _settle_chunk(self, producer: AIOKafkaProducer, sent: _SentChunk) -> None:
+        """Return once `sent` is acknowledged, or refused for good (then it is dropped)."""
+        attempt = 0
+        while True:
+            if sent.confirmed:
+                return
+            if sent.ack is None:
+                sent.ack = await self._send(producer, sent.record)
+            try:
+                await sent.ack
+                sent.confirmed = True
+                self.chunks_sent += 1
+                if self.metrics is not None:
+                    self.metrics.chunk_sent()
+                return
+            except KafkaError as exc:
+                failure = exc
+            judged = verdict(failure)
+            if judged is Verdict.BROKEN:
+                raise ProducerBroken(repr(failure)) from failure
+            if judged is Verdict.REFUSED:
+                log.warning("chunk_refused", topic=sent.record.topic, error=repr(failure))
+                sent.confirmed = True  # nothing more to do for it
+                return
+            delay = backoff_s(attempt)
+            attempt += 1
+            self._count("retried")
+            log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
+            await asyncio.sleep(delay)
+            sent.ack = await self._send(producer, sent.record)
+
     def _count(self, action: str) -> None:
         if self.metrics is not None:
             self.metrics.send_failed(action)
@@ -331,6 +421,10 @@ class EmitterActor(Actor[Outcome]):
         if self.metrics is not None:
             self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
         self.dead_letters_sent += len(p.records) - 1
+
+
+def _acknowledged(future: asyncio.Future[object]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _retrieve(future: asyncio.Future[object]) -> None:

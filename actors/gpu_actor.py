@@ -11,7 +11,8 @@ tokenizer the ingest used for it; if that model is gone (a drain-mode swap unloa
 is tokenized again for the active model. Each running request has one `InFlight` record.
 
 Mailbox: `Batch`es from the ingest and `SwapOrder`s from the supervisor. Sends: `Outcome`s to
-the emitter, `UseModel` to the ingest after a flip, swap events to the events publisher.
+the emitter (and, for a request with `stream`, its `StreamChunk`s first, see
+`actors.streaming`), `UseModel` to the ingest after a flip, swap events to the events publisher.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
 A step that raises fails the requests it held with `engine_error`; the actor goes on.
 A request whose id is already running waits for that run and gets its result too.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,14 +35,17 @@ from actors.engine_thread import engine_thread
 from actors.faults import Faults
 from actors.in_flight import EngineLike, InFlight, engine_request
 from actors.ingest.model_front import ModelFront
-from actors.mail import Admitted, Batch, Outcome, SwapOrder, UseModel
+from actors.mail import Admitted, Batch, Outcome, StreamChunk, SwapOrder, UseModel
 from actors.results import engine_outcome
 from actors.runtime import Actor, Address, Mailbox
+from actors.streaming.policy import StreamPolicy
+from actors.streaming.token_stream import TokenStream
 from actors.swap.model_slots import ModelSlots
 from actors.swap.swapper import Swapper
 from actors.telemetry.tracing import record_batch_span
 from gpu.engine import Completion, StepOutput
 from gpu.errors import RequestRejected
+from messages.chunk import GenerateChunk
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.events import Event
@@ -58,7 +63,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
     def __init__(
         self,
         engine: EngineLike,
-        outcomes: Address[Outcome],
+        outcomes: Address[Outcome | StreamChunk],
         worker_id: str,
         thread: ThreadPoolExecutor | None = None,
         *,
@@ -69,12 +74,14 @@ class GpuActor(Actor[Batch | SwapOrder]):
         swapper: Swapper | None = None,
         faults: Faults | None = None,
         on_step: StepObserver | None = None,
+        streaming: StreamPolicy | None = None,
     ) -> None:
         """`outcomes`: the emitter's mailbox. `thread`: the single-thread executor the engine
         was built on (see engine_thread); by default a new one, owned and shut down by this
         actor. `front`: the engine's `ModelFront` when the caller has it already. `flips`:
         the ingest's mailbox, told of each new active model; `events`: the events publisher;
-        `swapper`: what carries out `SwapOrder`s (None: they are refused)."""
+        `swapper`: what carries out `SwapOrder`s (None: they are refused); `streaming`: the
+        worker's chunk intervals for streamed requests."""
         super().__init__("gpu", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.thread = thread
         self.outcomes = outcomes
@@ -91,6 +98,8 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.swapper = swapper
         self.faults = faults or Faults()
         self.on_step = on_step
+        self.streaming = streaming or StreamPolicy()
+        self.chunks_sent = 0
         self.in_flight: dict[str, InFlight] = {}  # request id → what an engine runs for it
         self.held: list[Batch] = []  # batches received while not admitting
         self.steps = 0
@@ -191,8 +200,13 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.steps += 1
         if self.on_step is not None:
             self.on_step(out)
+        for request_id, token in out.new_tokens:
+            entry = self.in_flight.get(request_id)
+            if entry is not None and entry.stream is not None:
+                entry.stream.add(token)
         for completion in out.finished:
             await self._finished(completion)
+        await self._send_due_chunks()
         self.faults.after_gpu_step(self.steps)  # test-only; raises when a test asked for it
 
     async def fail_queued(self) -> None:
@@ -277,7 +291,36 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 model=self.slots.front_of(engine).ref,
                 admitted_at=now,
                 requeued=batch.reason == "requeued",
+                stream=self._stream_for(item, engine, now) if request.stream else None,
             )
+
+    def _stream_for(self, item: Admitted, engine: Any, now: float) -> TokenStream:
+        """The chunk state of a streamed request's run (a run again gets a new one)."""
+        tokens, interval_s, floor_s = self.streaming.intervals(item.request)
+        return TokenStream(
+            item.request.id,
+            uuid.uuid4().hex[:16],
+            engine.model.tokenizer.decode,
+            stop=item.request.stop,
+            interval_tokens=tokens,
+            interval_s=interval_s,
+            min_interval_s=floor_s,
+            started=now,
+        )
+
+    async def _send_due_chunks(self) -> None:
+        now = time.monotonic()
+        for entry in list(self.in_flight.values()):
+            if entry.stream is not None and entry.stream.due(now):
+                chunk = entry.stream.take(now)
+                if chunk is not None:
+                    await self._send_chunk(entry.item, chunk)
+
+    async def _send_chunk(self, item: Admitted, chunk: GenerateChunk) -> None:
+        self.chunks_sent += 1
+        await self.outcomes.send(
+            StreamChunk(chunk, item.reply_topic, item.content_type, trace=item.trace)
+        )
 
     def _engine_for(self, item: Admitted) -> tuple[Any, Any]:
         """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).
@@ -325,6 +368,12 @@ class GpuActor(Actor[Batch | SwapOrder]):
         entry = self.in_flight.pop(completion.request_id, None)
         if entry is None:
             return
+        if entry.stream is not None:  # its last chunk goes before its result
+            last = entry.stream.finish(completion.text, completion.token_ids, time.monotonic())
+            if entry.stream.diverged:
+                log.warning("stream_diverged", request_id=completion.request_id)
+            if last is not None:
+                await self._send_chunk(entry.item, last)
         for copy in entry.everyone:
             if error is _SHUTDOWN:
                 self.failed_on_shutdown += 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actors.mail import Admitted
+from actors.streaming.token_stream import TokenStream
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.sequence import SamplingParams
 from messages.result import ModelRef
@@ -38,6 +39,7 @@ class InFlight:
     admitted_at: float  # monotonic seconds
     requeued: bool = False  # queued again after a crash: a second crash fails it
     copies: list[Admitted] = field(default_factory=list)
+    stream: TokenStream | None = None  # when the request asked for chunks (`item`'s only)
 
     @property
     def everyone(self) -> list[Admitted]:

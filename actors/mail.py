@@ -1,6 +1,7 @@
 """The typed messages actors send each other (in-process only; never on the wire).
 
     IngestActor ──Batch──► GpuActor ──Outcome──► EmitterActor ──Delivered──► IngestActor
+         │                          └─StreamChunk─┘ (streamed requests, before their Outcome)
          └──────────────── Outcome (rejected at the door) ──────┘
 
 A record's `RecordRef` travels with it end to end, so the ingest can mark its offset done
@@ -22,6 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from actors.ingest.model_front import ModelFront
 from actors.telemetry.span_link import SpanLink
+from messages.chunk import GenerateChunk
 from messages.control import Command
 from messages.headers import Headers
 from messages.request import GenerateRequest
@@ -108,6 +110,20 @@ class Outcome:
     preemptions: int = 0  # times the engine preempted it (KV blocks ran out)
     kv_blocks: int = 0  # KV-cache blocks it held when it finished
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """A streamed request's partial result, for its reply topic (GPU actor → emitter).
+
+    Not an outcome: it marks no offset done. The request's `Outcome` follows its chunks in
+    the same mailbox, and the emitter reports it delivered only once its chunks are too.
+    """
+
+    chunk: GenerateChunk
+    reply_topic: str
+    content_type: str
+    trace: Headers = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from actors.in_flight import EngineLike
 from actors.ingest.actor import IngestActor
 from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.kafka.broker_watch import BrokerWatch
-from actors.mail import Batch, Outcome, SwapOrder, VerifiedCommand
+from actors.mail import Batch, Outcome, StreamChunk, SwapOrder, VerifiedCommand
 from actors.runtime import Mailbox
 from actors.supervisor import Supervisor
 from actors.swap.model_paths import AliasResolver
@@ -74,7 +74,7 @@ class Worker:
         # The mailboxes first: the actors send to each other in circles (see the diagram).
         ingest_mail = IngestActor.new_mailbox(config)
         gpu_mail: Mailbox[Batch | SwapOrder] = Mailbox(GpuActor.MAILBOX_SIZE)
-        emitter_mail: Mailbox[Outcome] = Mailbox(EmitterActor.MAILBOX_SIZE)
+        emitter_mail: Mailbox[Outcome | StreamChunk] = Mailbox(EmitterActor.MAILBOX_SIZE)
         supervisor_mail: Mailbox[VerifiedCommand] = Mailbox(Supervisor.MAILBOX_SIZE)
         self.control = (
             ControlActor(config, supervisor_mail) if config.control_topic is not None else None
@@ -100,6 +100,7 @@ class Worker:
             ),
             faults=faults,
             on_step=(lambda out: metrics.observe_step(out.stats)) if metrics else None,
+            streaming=config.streaming,
         )
         self.ingest = IngestActor(
             config, front, ingest_mail, batches=gpu_mail, outcomes=emitter_mail, metrics=metrics

@@ -11,6 +11,8 @@ TRACEPARENT = "traceparent"  # W3C trace context
 TRACESTATE = "tracestate"
 CONTENT_TYPE = "content-type"
 SCHEMA = "tokenmill-schema"  # message type and version, e.g. "GenerateResult/1"
+RESULT_SCHEMA = "GenerateResult/1"  # a final result
+CHUNK_SCHEMA = "GenerateChunk/1"  # a streamed request's partial result (messages.chunk)
 
 # On dead-lettered records: why, and where the original was read.
 DLQ_ERROR_CODE = "tokenmill-error-code"

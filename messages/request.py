@@ -52,3 +52,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     timeout_ms: int | None = None
     reply_to: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    # Streaming (see messages.chunk): partial results on the reply topic before the result,
+    # every `stream_interval_tokens` tokens or `stream_interval_ms`, whichever comes first
+    # (None: the worker's defaults).
+    stream: bool = False
+    stream_interval_tokens: int | None = None
+    stream_interval_ms: float | None = None

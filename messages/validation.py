@@ -56,6 +56,16 @@ def check_request(request: GenerateRequest) -> None:
         raise InvalidRequest(
             ErrorCode.INVALID_REQUEST, f"timeout_ms must be positive, got {request.timeout_ms}"
         )
+    if request.stream_interval_tokens is not None and request.stream_interval_tokens < 1:
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST,
+            f"stream_interval_tokens must be at least 1, got {request.stream_interval_tokens}",
+        )
+    if request.stream_interval_ms is not None and not request.stream_interval_ms >= 0:
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST,
+            f"stream_interval_ms must be ≥ 0, got {request.stream_interval_ms}",
+        )
     metadata_chars = sum(len(k) + len(v) for k, v in request.metadata.items())
     if len(request.metadata) > MAX_METADATA_ENTRIES or metadata_chars > MAX_METADATA_CHARS:
         raise InvalidRequest(

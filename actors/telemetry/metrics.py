@@ -202,6 +202,11 @@ class WorkerMetrics:
             registry=r,
         )
         self._trace_spans_seen = {"handed_on": 0, "dropped": 0}
+        self.stream_chunks = Counter(
+            "tokenmill_stream_chunks",
+            "GenerateChunk records of streamed requests acknowledged by the broker.",
+            registry=r,
+        )
         self.swap_pause = Histogram(
             "tokenmill_swap_pause_seconds",
             "How long admission was paused for a model swap's flip.",
@@ -332,6 +337,10 @@ class WorkerMetrics:
 
     def child_restarted(self, child: str) -> None:
         self.child_restarts.labels(child).inc()
+
+    def chunk_sent(self) -> None:
+        """A streamed request's chunk was acknowledged."""
+        self.stream_chunks.inc()
 
     def send_failed(self, action: str) -> None:
         """A send failed and the emitter `action`: retried, answered, replaced_producer."""

@@ -36,6 +36,11 @@ from ops.connection.options import kafka_connection, kafka_options
 @click.option("--model", default=None, help="For PROMPT: the model name it must run on.")
 @click.option("--wait", is_flag=True, help="Wait for every result and print it (JSON lines).")
 @click.option(
+    "--stream",
+    is_flag=True,
+    help="Ask for streamed chunks and print the text as it arrives (implies --wait).",
+)
+@click.option(
     "--timeout",
     type=float,
     default=120.0,
@@ -47,6 +52,10 @@ def submit(**kwargs: Any) -> None:
 
     Prints the id of each request sent; with --wait, prints each result as a JSON line as it
     arrives and exits 1 if any is missing at --timeout or came back with an error.
+
+    With --stream, every request is sent with `stream: true` and its text is printed as its
+    chunks arrive (several requests: each chunk on a line of its own, after `[id] `), then a
+    summary line per result on stderr; same exit status as --wait.
     """
     from ops.errors import SubmitError
     from ops.submit.client import SubmitClient, read_jobs
@@ -61,11 +70,17 @@ def submit(**kwargs: Any) -> None:
             raise click.ClickException(str(exc)) from exc
     else:
         requests = [_prompt_request(kwargs)]
+    if kwargs["stream"]:
+        for request in requests:
+            request.stream = True
     client = SubmitClient(kafka_connection(kwargs), kwargs["topic"], kwargs["results_topic"])
     try:
         tracing = setup_tracing("tokenmill-cli")
         try:
-            ok = asyncio.run(_submit(client, requests, kwargs["wait"], kwargs["timeout"]))
+            if kwargs["stream"]:
+                ok = asyncio.run(_stream(client, requests, kwargs["timeout"]))
+            else:
+                ok = asyncio.run(_submit(client, requests, kwargs["wait"], kwargs["timeout"]))
         finally:
             shutdown_tracing(tracing)
     except SubmitError as exc:
@@ -112,3 +127,57 @@ async def _submit(client: Any, requests: list[Any], wait: bool, within_s: float)
                 err=True,
             )
         return ok and not missing
+
+
+async def _stream(client: Any, requests: list[Any], within_s: float) -> bool:
+    from messages.result import GenerateResult
+    from ops.submit.assembly import StreamedText
+
+    one = len(requests) == 1
+    texts = {r.id: StreamedText() for r in requests}
+    async with client:
+        await client.send(requests)
+        click.echo(f"sent {len(requests)} request(s) to {client.topic}", err=True)
+        ok = True
+        started = time.monotonic()
+        async for reply in client.replies(set(texts), within_s):
+            text = texts[reply.id]
+            if not isinstance(reply, GenerateResult):
+                restarted = text.restarted
+                added = text.add(reply)
+                if text.restarted and not restarted:
+                    click.echo(f"\n[{reply.id}] (run again: the text starts over)", err=True)
+                if added:
+                    _show(reply.id, added, one)
+                continue
+            ok &= reply.error is None
+            rest = text.finish(reply)
+            if rest is None:  # what was shown is not how the result begins: show it whole
+                click.echo(f"\n[{reply.id}] the result's text:", err=True)
+                rest = reply.text
+            if rest:
+                _show(reply.id, rest, one)
+            if one:
+                click.echo("")
+            error = f", error {reply.error.code}" if reply.error is not None else ""
+            click.echo(
+                f"[{reply.id}] {reply.finish_reason}: {reply.usage.completion_tokens} tokens"
+                f"{error}",
+                err=True,
+            )
+        missing = client.missing
+        if missing:
+            click.echo(
+                f"{len(missing)} result(s) missing after {time.monotonic() - started:.0f} s: "
+                + ", ".join(sorted(missing)[:10]),
+                err=True,
+            )
+        return ok and not missing
+
+
+def _show(request_id: str, text: str, one: bool) -> None:
+    if one:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+    else:
+        click.echo(f"[{request_id}] {text}")

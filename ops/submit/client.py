@@ -23,6 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
+from messages.chunk import GenerateChunk
 from messages.codec import JSON, Codec, normalize_content_type
 from messages.errors import MessageError
 from messages.request import GenerateRequest
@@ -34,6 +35,7 @@ _tracer = trace.get_tracer("tokenmill.client")
 _propagator = TraceContextTextMapPropagator()
 _request_codec = Codec(GenerateRequest)
 _result_codec = Codec(GenerateResult)
+_chunk_codec = Codec(GenerateChunk)
 
 
 def read_jobs(path: Path) -> list[GenerateRequest]:
@@ -149,16 +151,29 @@ class SubmitClient:
 
     async def poll(self, timeout_s: float) -> list[GenerateResult]:
         """The results that arrived within `timeout_s` (anyone's: filter by id)."""
+        return [r for r in await self.poll_replies(timeout_s) if isinstance(r, GenerateResult)]
+
+    async def poll_replies(self, timeout_s: float) -> list[GenerateResult | GenerateChunk]:
+        """The results and streamed chunks that arrived within `timeout_s` (anyone's), told
+        apart by their `tokenmill-schema` header (none: a result, as from older workers)."""
         assert self._consumer is not None, "send() first"
         fetched = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
-        results = []
+        replies: list[GenerateResult | GenerateChunk] = []
         for records in fetched.values():
             for record in records:
+                schema = h.header(record.headers, h.SCHEMA)
+                codec: Codec[GenerateResult] | Codec[GenerateChunk]
+                if schema is None or schema == h.RESULT_SCHEMA.encode():
+                    codec = _result_codec
+                elif schema == h.CHUNK_SCHEMA.encode():
+                    codec = _chunk_codec
+                else:
+                    continue  # a record of a kind this client does not know
                 try:
-                    results.append(_result_codec.decode(record.value or b"", _ctype(record)))
+                    replies.append(codec.decode(record.value or b"", _ctype(record)))
                 except (msgspec.DecodeError, MessageError, RecursionError):
-                    continue  # not a result we could have asked for
-        return results
+                    continue  # not a reply we could have asked for
+        return replies
 
     async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:
         """Yield the result for each id in `ids` as it arrives (first one wins), until all are
@@ -171,6 +186,21 @@ class SubmitClient:
                 if result.id in self.missing:
                     self.missing.discard(result.id)
                     yield result
+
+    async def replies(
+        self, ids: set[str], within_s: float
+    ) -> AsyncIterator[GenerateResult | GenerateChunk]:
+        """Like `results`, but also yield each streamed chunk of those ids before their result
+        (every chunk that arrives: rebuild the text with `ops.submit.assembly`)."""
+        assert self._consumer is not None, "send() first"
+        self.missing = set(ids)
+        deadline = time.monotonic() + within_s
+        while self.missing and (left := deadline - time.monotonic()) > 0:
+            for reply in await self.poll_replies(min(left, 1.0)):
+                if reply.id in self.missing:
+                    if isinstance(reply, GenerateResult):
+                        self.missing.discard(reply.id)
+                    yield reply
 
 
 def _ctype(record: object) -> str:

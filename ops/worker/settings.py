@@ -25,6 +25,7 @@ from actors.config import (
     default_worker_id,
 )
 from actors.ingest.backpressure import Watermarks
+from actors.streaming.policy import StreamPolicy
 from ops.connection.options import kafka_connection, kafka_options
 
 
@@ -169,6 +170,24 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "quarantined (answered `quarantined`, sent to the DLQ, never run again).",
         ),
         _opt(
+            "--stream-interval-tokens",
+            type=click.IntRange(min=1),
+            default=16,
+            help="Streamed requests naming none: a chunk after this many new tokens...",
+        ),
+        _opt(
+            "--stream-interval-ms",
+            type=click.FloatRange(min=0),
+            default=200.0,
+            help="...or this long after the previous chunk, whichever comes first.",
+        ),
+        _opt(
+            "--stream-min-interval-ms",
+            type=click.FloatRange(min=0),
+            default=20.0,
+            help="No two chunks of one request closer than this, whatever it asks.",
+        ),
+        _opt(
             "--log-payloads",
             is_flag=True,
             default=False,
@@ -230,6 +249,11 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             max_restarts=kwargs.pop("max_restarts"),
             restart_window_s=kwargs.pop("restart_window"),
             max_record_crashes=kwargs.pop("max_record_crashes"),
+            streaming=StreamPolicy(
+                interval_tokens=kwargs.pop("stream_interval_tokens"),
+                interval_ms=kwargs.pop("stream_interval_ms"),
+                min_interval_ms=kwargs.pop("stream_min_interval_ms"),
+            ),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from messages.chunk import GenerateChunk
 from messages.codec import JSON, MSGPACK, Codec
 from messages.control import Command, Drain, Rollback, SignedCommand, Status, SwapModel
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
@@ -28,6 +29,7 @@ from messages.validation import check_request
 SAMPLES = Path(__file__).parent.parent / "samples" / "messages" / "v1"
 
 SAMPLE_FILES = {
+    "chunk_stream.json",
     "control_drain.json",
     "control_rollback.json",
     "control_status.json",
@@ -45,6 +47,7 @@ SAMPLE_FILES = {
     "request_full.json",
     "request_full.msgpack",
     "request_minimal.json",
+    "request_stream.json",
     "request_token_ids.json",
     "result_deadline.json",
     "result_error.json",
@@ -109,6 +112,7 @@ COMMAND_TYPES = {"swap_model", "rollback", "drain", "status"}
 CODECS: dict[str, Codec[Any]] = {
     "request": Codec(GenerateRequest),
     "result": Codec(GenerateResult),
+    "chunk": Codec(GenerateChunk),
     "control": Codec(SignedCommand),
     "event": Codec(Event),  # type: ignore[arg-type]
 }
