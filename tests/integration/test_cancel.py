@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,16 +33,27 @@ from gpu.sequence import SamplingParams
 from messages.cancel import CancelRequest, cancel_codec
 from messages.request import GenerateRequest
 from messages.result import FinishReason, GenerateResult
+from ops.batch.cancel import cancel_marker
 from ops.cancel.client import CancelSender
 from ops.services.topics import create_topics
 from tests.integration.pipeline import (
+    REPO,
     Lane,
+    WorkerProcess,
     decode_results,
     new_lane,
     produce,
     read_all,
     results_by_id,
     wait_committed_to_end,
+)
+from tests.integration.test_batch import (
+    MODEL,
+    batch_argv,
+    completion,
+    output_lines,
+    start,
+    write_jsonl,
 )
 
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # SmolLM2 counts on for a long while: no early EOS
@@ -176,8 +190,8 @@ async def test_cancels_among_ordinary_requests_on_two_workers(
     expected = {r.id: reference(smollm2, r) for r in ordinary}
     mixed = [r for pair in zip(ordinary, doomed, strict=False) for r in pair] + ordinary[4:]
     async with (
-        running(lane, topic, smollm2) as first,
-        running(lane, topic, smollm2) as second,
+        running(lane, topic, smollm2, worker_id=f"first-{tag}") as first,
+        running(lane, topic, smollm2, worker_id=f"second-{tag}") as second,
     ):
         workers = (first, second)
         await until(
@@ -218,3 +232,63 @@ async def test_cancels_among_ordinary_requests_on_two_workers(
 def test_a_cancel_record_encodes_as_documented() -> None:
     cancel = CancelRequest(id="job-17")
     assert cancel_codec.encode(cancel) == b'{"v":1,"id":"job-17","reason":""}'
+
+
+async def test_batch_cancel_stops_a_run_and_a_rerun_finishes_it(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """`tokenmill batch cancel` against a real `batch run` and worker, as subprocesses."""
+    lane, topic = await cancel_lane(kafka_bootstrap)
+    short = [completion(f"short-{i}", f"{i} + {i} =", max_tokens=2) for i in range(2)]
+    long = [completion(f"long-{i}", COUNTING, max_tokens=120) for i in range(6)]
+    source = write_jsonl(tmp_path / "in.jsonl", [*short, *long])
+    out = tmp_path / "out.jsonl"
+    run_argv = [*batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4",
+                            "--json"), "--cancel-topic", topic, "--cancel-wait", "30"]  # fmt: skip
+    process = WorkerProcess(lane, MODEL, tmp_path / "worker.log", extra=["--cancel-topic", topic])
+    process.start()
+    try:
+        await process.wait_for_log("cancel_ready")
+        running = start(run_argv)
+        deadline = time.monotonic() + 120
+        while not (out.exists() and len(out.read_text().splitlines()) >= 2):  # the short two
+            assert running.poll() is None and time.monotonic() < deadline, "no short answers"
+            await asyncio.sleep(0.1)
+        asked = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "ops", "batch", "cancel", str(out)],
+            cwd=REPO, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert asked.returncode == 0, asked.stderr[-2000:]
+        stdout, stderr = await asyncio.to_thread(running.communicate, timeout=60)
+        assert running.returncode == 1, stderr.decode()[-2000:]  # stopped before the end
+        summary = json.loads(stdout)
+        assert summary["cancel_requested"] and not summary["complete"]
+        cancelled = [line for line in output_lines(out) if finish(line) == "cancelled"]
+        assert len(cancelled) == summary["cancelled"] >= 1
+        assert all(line["custom_id"].startswith("long-") for line in cancelled)
+        assert not cancel_marker(out).exists()
+
+        nothing = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "ops", "batch", "cancel", str(out)],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert nothing.returncode == 1 and "no `tokenmill batch run`" in nothing.stderr
+
+        rerun = await asyncio.to_thread(
+            subprocess.run, run_argv, cwd=REPO, capture_output=True, text=True, timeout=600
+        )
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert process.terminate() == 0
+    finally:
+        process.close()
+    lines = output_lines(out)
+    ids = [line["custom_id"] for line in lines]
+    assert sorted(ids) == sorted(line["custom_id"] for line in [*short, *long]), "each once"
+    by_id = {line["custom_id"]: line for line in lines}
+    assert all(finish(by_id[line["custom_id"]]) == "length" for line in short)
+    assert sum(finish(by_id[line["custom_id"]]) == "cancelled" for line in long) == len(cancelled)
+
+
+def finish(line: dict[str, Any]) -> str:
+    return str(line["response"]["body"]["choices"][0]["finish_reason"])
