@@ -4,20 +4,38 @@ a cancel that comes after the request's own finish, an id held nowhere."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from actors.gpu_actor import GpuActor
 from actors.mail import Batch, Cancel, CancelledIn, RecordRef
-from gpu.engine import Engine
+from gpu.engine import Engine, StepOutput
 from messages.result import FinishReason
 from tests.unit.test_gpu_actor import Collector, engine, item
 
 __all__ = ["engine"]  # the fixture
 
 
-def actor_on(engine: Engine) -> tuple[GpuActor, Collector, list[CancelledIn | None]]:
-    collector = Collector()
-    found: list[CancelledIn | None] = []
-    return GpuActor(engine, collector, "w1", on_cancel=found.append), collector, found
+class Found(list[CancelledIn | None]):
+    """What each cancel found, as the GPU actor reports it; `wait(n)` for the n-th."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def __call__(self, where: CancelledIn | None) -> None:
+        self.append(where)
+        self.changed.set()
+
+    async def wait(self, n: int) -> None:
+        async with asyncio.timeout(30):
+            while len(self) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def actor_on(engine: Engine, **kwargs: Any) -> tuple[GpuActor, Collector, Found]:
+    collector, found = Collector(), Found()
+    return GpuActor(engine, collector, "w1", on_cancel=found, **kwargs), collector, found
 
 
 async def test_a_cancel_behind_its_batch_answers_it_unrun(engine: Engine) -> None:
@@ -38,14 +56,20 @@ async def test_a_cancel_behind_its_batch_answers_it_unrun(engine: Engine) -> Non
 
 
 async def test_a_running_request_and_its_copy_get_the_tokens_made_so_far(engine: Engine) -> None:
-    actor, collector, found = actor_on(engine)
+    three_tokens = asyncio.Event()
+
+    def stepped(out: StepOutput) -> None:
+        if sum(request_id == "long" for request_id, _ in out.new_tokens) and (
+            len(engine.sequences["long"].output_token_ids) >= 3
+        ):
+            three_tokens.set()
+
+    actor, collector, found = actor_on(engine, on_step=stepped)
     first, copy = item("long", 400), item("long", 400)
     copy.record = RecordRef("requests", 1, 9, 0)
     task = asyncio.create_task(actor.run())
     await actor.send(Batch(bucket=32, items=[first, copy], tokens=6, reason="size"))
-    async with asyncio.timeout(60):
-        while not (seq := engine.sequences.get("long")) or len(seq.output_token_ids) < 3:
-            await asyncio.sleep(0.005)
+    await asyncio.wait_for(three_tokens.wait(), 60)
     await actor.send(Cancel("long", "user"))
     outcomes = await collector.outcomes(2)
     actor.stop()
@@ -65,9 +89,7 @@ async def test_a_cancel_after_the_finish_answers_nothing_again(engine: Engine) -
     (done,) = await collector.outcomes(1)
     await actor.send(Cancel("quick"))
     await actor.send(Cancel("never-seen"))
-    async with asyncio.timeout(30):
-        while len(found) < 2:
-            await asyncio.sleep(0.005)
+    await found.wait(2)
     actor.stop()
     await task
     assert done.result.finish_reason is FinishReason.LENGTH
