@@ -117,7 +117,22 @@ class CancelActor(Actor[None]):
             return
         self.received += 1
         log.debug("cancel_received", request_id=cancel.id, reason=cancel.reason)
-        await self.cancels.send(Cancel(cancel.id, cancel.reason))
+        await self._hand_on(Cancel(cancel.id, cancel.reason))
+
+    async def _hand_on(self, cancel: Cancel) -> None:
+        """To the ingest; waits while its mailbox is full, but never past `stop()` (an ingest
+        that has stopped reads no more cancels, and a drain must not hang on one)."""
+        if self.cancels.try_send(cancel):
+            return
+        sending = asyncio.create_task(self.cancels.send(cancel))
+        stopping = asyncio.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait({sending, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not sending.done():
+                sending.cancel()
+                log.warning("cancel_dropped", request_id=cancel.request_id, reason="stopping")
 
     async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
         """Set `ready` whenever a new assignment has every position resolved."""

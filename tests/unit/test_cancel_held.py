@@ -1,5 +1,5 @@
-"""Taking cancelled requests out of what is held: length buckets, queued batches, and the
-cancel record's decoding. Pure logic, no Kafka."""
+"""Taking cancelled requests out of what is held: length buckets, queued batches; the cancel
+record's decoding; where a cancel found its request, on the request's span. Pure logic."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 from actors.cancel.actor import decode_cancel
 from actors.cancel.held import take_from_batches
 from actors.ingest.buckets import BucketConfig, LengthBuckets
-from actors.mail import Admitted, Batch, RecordRef
+from actors.mail import Admitted, Batch, Outcome, RecordRef
+from actors.telemetry.tracing import start_request_spans
 from messages.cancel import CancelRequest, cancel_codec
 from messages.codec import MSGPACK
 from messages.request import GenerateRequest
+from messages.result import FinishReason
+from tests.unit.span_capture import SpanCapture
+from tests.unit.test_telemetry_tracing import NOW, outcome
 
 
 class FakeClock:
@@ -102,3 +106,19 @@ def test_a_bad_cancel_record_says_why() -> None:
     for value, ctype in [(b"not json", None), (None, None), (b'{"id": ""}', None),
                          (b'{"id": 7}', None), (b'{"id": "x"}', b"text/csv")]:  # fmt: skip
         assert isinstance(decode_cancel(value, ctype), str), value
+
+
+def test_the_process_span_says_where_a_cancel_found_the_request() -> None:
+    def attributes(item: Outcome) -> dict[str, object]:
+        capture = SpanCapture()
+        start_request_spans(item, group="g", now_ns=NOW, recorder=capture.recorder).end()
+        return dict(capture.by_name()["process reqs"].attributes)
+
+    assert "tokenmill.cancelled_in" not in attributes(outcome())
+    stopped = outcome()
+    stopped.result.finish_reason = FinishReason.CANCELLED
+    assert attributes(stopped)["tokenmill.cancelled_in"] == "engine"
+    stopped.cancelled_in = "bucket"
+    spans = attributes(stopped)
+    assert spans["tokenmill.cancelled_in"] == "bucket"
+    assert spans["gen_ai.response.finish_reasons"] == ["cancelled"]
