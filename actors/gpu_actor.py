@@ -332,6 +332,8 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
             if completion is not None:
                 await self._finished(completion)
         where: CancelledIn | None = "engine" if entry is not None else "queue" if queued else None
+        if where is None and cancel.answered:
+            return  # the ingest found it in a bucket (and said so); no copy was here
         if where is None:
             log.debug("cancel_not_held", request_id=request_id, reason=cancel.reason)
         else:

@@ -125,6 +125,7 @@ class Cancel:
 
     request_id: str
     reason: str = ""
+    answered: bool = False  # the ingest answered it from a bucket (a copy may still run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -402,11 +403,12 @@ class IngestActor(Actor[Delivered | UseModel]):
                 await self._cancel(cancel)
 
     async def _cancel(self, cancel: Cancel) -> None:
-        """Answer a cancelled request held in a bucket, or pass the cancel on."""
+        """Answer a cancelled request held in a bucket, and pass the cancel on (the GPU actor
+        may hold it, or a copy of it: a redelivery)."""
         request_id = cancel.request_id
         taken = self.buckets.remove(lambda item: item.request.id == request_id)
+        await self.batches.send(replace(cancel, answered=True) if taken else cancel)
         if not taken:
-            await self.batches.send(cancel)
             return
         log.info("request_cancelled", request_id=request_id, where="bucket", reason=cancel.reason)
         if self.metrics is not None:
