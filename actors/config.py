@@ -19,6 +19,7 @@ DEFAULT_RESULTS_TOPIC = "tokenmill.results"
 DEFAULT_DLQ_TOPIC = "tokenmill.dlq"
 DEFAULT_CONTROL_TOPIC = "tokenmill.control"
 DEFAULT_EVENTS_TOPIC = "tokenmill.events"
+DEFAULT_CANCEL_TOPIC = "tokenmill.cancel"
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 # Beyond a dead letter's value (at most max_request_bytes): its key (messages.limits), the
 # original headers it keeps (DEAD_LETTER_HEADER_BYTES) and the headers saying why.
@@ -80,6 +81,9 @@ class WorkerConfig:
     models_dir: str | None = (
         None  # None: the model cache (`ops.models.registry.cache_dir()/models`)
     )
+    # Cancellation: `CancelRequest`s on this topic stop requests wherever this worker holds
+    # them (every worker reads it, in a group of its own). None: no cancel reader.
+    cancel_topic: str | None = None  # the CLI defaults it on
     # Swaps: None lets the device's free memory decide whether both models fit; a number of
     # bytes caps what all loaded models plus their KV pools may hold (below it: drain mode).
     swap_memory_budget_bytes: int | None = None

@@ -10,12 +10,16 @@ from it; a swap reaches them only through `ModelSlots`. Each request runs on the
 tokenizer the ingest used for it; if that model is gone (a drain-mode swap unloaded it), it
 is tokenized again for the active model. Each running request has one `InFlight` record.
 
-Mailbox: `Batch`es from the ingest and `SwapOrder`s from the supervisor. Sends: `Outcome`s to
-the emitter (and, for a request with `stream`, its `StreamChunk`s first, see
-`actors.streaming`), `UseModel` to the ingest after a flip, swap events to the events publisher.
+Mailbox: `Batch`es and `Cancel`s from the ingest, `SwapOrder`s from the supervisor. Sends:
+`Outcome`s to the emitter (and, for a request with `stream`, its `StreamChunk`s first, see
+`actors.streaming`), `UseModel` to the ingest after a flip, swap events to the events
+publisher.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
 A step that raises fails the requests it held with `engine_error`; the actor goes on.
 A request whose id is already running waits for that run and gets its result too.
+A `Cancel` is applied between steps, in mailbox order (so after the batch that brought its
+request): a queued request is answered cancelled with no tokens, a running one is aborted
+and answered with what it made; an id held nowhere here is left alone (a debug event).
 If `run()` itself crashes, the supervisor calls `recover()` (each held request is queued
 again once, or failed) and runs it again.
 """
@@ -23,6 +27,7 @@ again once, or failed) and runs it again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -31,12 +36,22 @@ from typing import Any
 
 import structlog
 
+from actors.cancel.held import take_from_batches
 from actors.engine_thread import engine_thread
 from actors.faults import Faults
 from actors.in_flight import EngineLike, InFlight, engine_request
 from actors.ingest.model_front import ModelFront
-from actors.mail import Admitted, Batch, Outcome, StreamChunk, SwapOrder, UseModel
-from actors.results import engine_outcome
+from actors.mail import (
+    Admitted,
+    Batch,
+    Cancel,
+    CancelledIn,
+    Outcome,
+    StreamChunk,
+    SwapOrder,
+    UseModel,
+)
+from actors.results import cancelled_before_engine, engine_outcome
 from actors.runtime import Actor, Address, Mailbox
 from actors.streaming.policy import StreamPolicy
 from actors.streaming.token_stream import TokenStream
@@ -55,9 +70,10 @@ log = structlog.get_logger("tokenmill.gpu")
 
 
 StepObserver = Callable[[StepOutput], None]
+CancelObserver = Callable[[CancelledIn | None], None]  # where a cancel found it (None: nowhere)
 
 
-class GpuActor(Actor[Batch | SwapOrder]):
+class GpuActor(Actor[Batch | SwapOrder | Cancel]):
     MAILBOX_SIZE = 64
 
     def __init__(
@@ -67,7 +83,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
         worker_id: str,
         thread: ThreadPoolExecutor | None = None,
         *,
-        mailbox: Mailbox[Batch | SwapOrder] | None = None,
+        mailbox: Mailbox[Batch | SwapOrder | Cancel] | None = None,
         front: ModelFront | None = None,
         flips: Address[UseModel] | None = None,
         events: Address[Event] | None = None,
@@ -75,6 +91,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
         faults: Faults | None = None,
         on_step: StepObserver | None = None,
         streaming: StreamPolicy | None = None,
+        on_cancel: CancelObserver | None = None,
     ) -> None:
         """`outcomes`: the emitter's mailbox. `thread`: the single-thread executor the engine
         was built on (see engine_thread); by default a new one, owned and shut down by this
@@ -100,6 +117,7 @@ class GpuActor(Actor[Batch | SwapOrder]):
         self.on_step = on_step
         self.streaming = streaming or StreamPolicy()
         self.chunks_sent = 0
+        self.on_cancel = on_cancel
         self.in_flight: dict[str, InFlight] = {}  # request id → what an engine runs for it
         self.held: list[Batch] = []  # batches received while not admitting
         self.steps = 0
@@ -159,6 +177,8 @@ class GpuActor(Actor[Batch | SwapOrder]):
                         task = asyncio.create_task(self._swap(message), name="swap")
                         swaps.add(task)
                         task.add_done_callback(swaps.discard)
+                    elif isinstance(message, Cancel):
+                        await self._cancel(message)
                     else:
                         self.held.append(message)
                 while self.slots.admitting and self.held:
@@ -344,6 +364,34 @@ class GpuActor(Actor[Batch | SwapOrder]):
                 completion = entry.engine.abort(entry.item.request.id, "deadline")
                 if completion is not None:
                     await self._finished(completion, _DEADLINE)
+
+    async def _cancel(self, cancel: Cancel) -> None:
+        """Answer request `cancel.request_id` (and its copies) as cancelled wherever it is held
+        here: queued (no tokens) or in an engine (aborted on the engine thread, between steps:
+        the tokens made so far)."""
+        request_id = cancel.request_id
+        self.held, queued = take_from_batches(self.held, request_id)
+        for item in queued:
+            outcome = cancelled_before_engine(
+                item, model=self.front.ref, worker=self.worker_id, where="queue"
+            )
+            await self.outcomes.send(outcome)
+        entry = self.in_flight.get(request_id)
+        if entry is not None:
+            abort = functools.partial(entry.engine.abort, request_id, "cancelled")
+            thread = self.slots.engine_thread
+            completion = await asyncio.get_running_loop().run_in_executor(thread, abort)
+            if completion is not None:
+                await self._finished(completion)
+        where: CancelledIn | None = "engine" if entry is not None else "queue" if queued else None
+        if where is None and cancel.answered:
+            return  # the ingest found it in a bucket (and said so); no copy was here
+        if where is None:
+            log.debug("cancel_not_held", request_id=request_id, reason=cancel.reason)
+        else:
+            log.info("request_cancelled", request_id=request_id, where=where, reason=cancel.reason)
+        if self.on_cancel is not None:
+            self.on_cancel(where)
 
     async def _abort_all(
         self, reason: str, error: ErrorInfo, only: EngineLike | None = None

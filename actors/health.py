@@ -44,16 +44,20 @@ class Health:
         gpu: _Serving,
         control: _Listening | None,
         kafka: _Reachable | None = None,
+        *,
+        cancel: _Listening | None = None,
     ) -> None:
-        """`kafka`: the `BrokerWatch`; None leaves the broker out of readiness."""
+        """`kafka`: the `BrokerWatch`; None leaves the broker out of readiness. `cancel`: the
+        cancel topic's reader, if the worker has one."""
         self._ingest, self._gpu, self._control, self._kafka = ingest, gpu, control, kafka
+        self._cancel = cancel
         self.draining = False
         self.down: set[str] = set()  # children between a crash and their restart
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
-        """Ready: consuming, a model loaded, not draining, every child up, control listening,
-        the broker reachable. `kafka` is "reachable", "unreachable since <ISO-8601 UTC>", or
-        "not probed yet" (not ready either)."""
+        """Ready: consuming, a model loaded, not draining, every child up, control and cancel
+        listening, the broker reachable. `kafka` is "reachable", "unreachable since <ISO-8601
+        UTC>", or "not probed yet" (not ready either)."""
         details: dict[str, object] = {
             "consuming": self._ingest.joined,
             "model_loaded": self._gpu.model_loaded,
@@ -63,6 +67,8 @@ class Health:
         }
         if self._control is not None:
             details["control"] = self._control.listening
+        if self._cancel is not None:
+            details["cancel"] = self._cancel.listening
         if self._kafka is not None:
             details["kafka"] = _kafka_reason(self._kafka)
         ready = (
@@ -71,6 +77,7 @@ class Health:
             and not self.draining
             and not self.down
             and details.get("control", True) is True
+            and details.get("cancel", True) is True
             and details.get("kafka", "reachable") == "reachable"
         )
         return ready, details

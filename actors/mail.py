@@ -35,6 +35,11 @@ from messages.result import GenerateResult, SourceRef
 FlushReason = Literal["tokens", "size", "wait", "idle", "drain", "requeued", "isolated"]
 
 
+# Where a cancel record found the request it stopped: in a length bucket (ingest), queued for
+# the engine (GPU actor), or in the engine (waiting, prefilling or decoding).
+CancelledIn = Literal["bucket", "queue", "engine"]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordRef:
     """Where a request record came from."""
@@ -110,6 +115,19 @@ class Outcome:
     preemptions: int = 0  # times the engine preempted it (KV blocks ran out)
     kv_blocks: int = 0  # KV-cache blocks it held when it finished
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
+    cancelled_in: CancelledIn | None = None  # where a cancel record found it
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel actor → ingest → GPU actor: stop request `request_id` wherever it is held.
+
+    It passes the ingest first, then travels in the same mailbox as the batches, so it always
+    comes after a batch that took the request out of its bucket."""
+
+    request_id: str
+    reason: str = ""
+    answered: bool = False  # the ingest answered it from a bucket (a copy may still run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
-from actors.mail import Admitted, DeadLetter, Outcome, RecordRef
+from actors.mail import Admitted, CancelledIn, DeadLetter, Outcome, RecordRef
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.headers import Headers
@@ -261,3 +261,23 @@ def engine_outcome(
         preemptions=preemptions,
         kv_blocks=kv_blocks,
     )
+
+
+def cancelled_before_engine(
+    item: Admitted, *, model: ModelRef, worker: str, where: CancelledIn
+) -> Outcome:
+    """The outcome of a request cancelled before the engine had it (in a bucket or queued):
+    `finish_reason` cancelled, no tokens, no error."""
+    outcome = engine_outcome(
+        item,
+        text="",
+        token_ids=[],
+        reason="cancelled",
+        model=model,
+        worker=worker,
+        queued_ms=(time.monotonic() - item.consumed_at) * 1000,
+        ttft_ms=None,
+        tpot_ms=None,
+    )
+    outcome.cancelled_in = where
+    return outcome

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import structlog
 
+from actors.cancel.actor import CancelActor
 from actors.config import WorkerConfig
 from actors.control import ControlActor
 from actors.emitter import EmitterActor
@@ -77,6 +78,7 @@ class Supervisor(Actor[VerifiedCommand]):
         mailbox: Mailbox[VerifiedCommand] | None = None,
         *,
         control: ControlActor | None = None,
+        cancel: CancelActor | None = None,
         http: HttpServer | None = None,
         broker_watch: BrokerWatch | None = None,
         health: Health | None = None,
@@ -85,15 +87,16 @@ class Supervisor(Actor[VerifiedCommand]):
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
         """`mailbox`: where the control actor sends verified commands. `control`: the
-        `ControlActor` (commands in, events out), `http`: the health and metrics server,
-        `broker_watch`: whether the cluster answers; all optional. `health`: what the readiness
-        probe reads (the supervisor marks it).
+        `ControlActor` (commands in, events out), `cancel`: the cancel topic's reader, `http`:
+        the health and metrics server, `broker_watch`: whether the cluster answers; all
+        optional. `health`: what the readiness probe reads (the supervisor marks it).
         `models_dir`/`aliases`: where swaps may load from."""
         super().__init__("supervisor", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
         self.ingest, self.gpu, self.emitter = ingest, gpu, emitter
         self.control, self.http, self.broker_watch = control, http, broker_watch
-        self.health = health or Health(ingest, gpu, control, broker_watch)
+        self.cancel = cancel
+        self.health = health or Health(ingest, gpu, control, broker_watch, cancel=cancel)
         self.models_dir = models_dir
         self.aliases = aliases
         self.on_restart = on_restart
@@ -128,6 +131,8 @@ class Supervisor(Actor[VerifiedCommand]):
         children: list[Child] = [self.emitter, self.gpu, self.ingest]
         if self.control is not None:
             children.append(self.control)
+        if self.cancel is not None:
+            children.append(self.cancel)
         if self.http is not None:
             children.append(self.http)
         if self.broker_watch is not None:
@@ -176,8 +181,8 @@ class Supervisor(Actor[VerifiedCommand]):
         )
 
     async def _stop_children(self, tasks: dict[str, asyncio.Task[None]]) -> None:
-        """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, HTTP,
-        broker watch."""
+        """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, cancel,
+        HTTP, broker watch."""
         ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
         self.ingest.stop()
         if self.given_up & {"ingest", "gpu", "emitter"}:
@@ -203,7 +208,7 @@ class Supervisor(Actor[VerifiedCommand]):
                 failed_on_shutdown=self.gpu.failed_on_shutdown,
             )
         )
-        for child in (self.control, self.http, self.broker_watch):
+        for child in (self.control, self.cancel, self.http, self.broker_watch):
             if child is not None:
                 child.stop()
                 await tasks[child.name]

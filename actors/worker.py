@@ -4,6 +4,7 @@
        ▲               │ UseModel (after a model flip)
        └───────────────┘
     control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu;  events ◄── every actor
+    cancel ──Cancel──► ingest ──Cancel──► gpu   (a request cancelled wherever it is held)
     broker watch ──reachable──► health ◄── /readyz
 
 The mailboxes are made first; each actor gets its own and the addresses it sends to through
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from actors.cancel.actor import CancelActor
 from actors.config import WorkerConfig
 from actors.control import ControlActor
 from actors.emitter import EmitterActor
@@ -34,7 +36,7 @@ from actors.in_flight import EngineLike
 from actors.ingest.actor import IngestActor
 from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.kafka.broker_watch import BrokerWatch
-from actors.mail import Batch, Outcome, StreamChunk, SwapOrder, VerifiedCommand
+from actors.mail import Batch, Cancel, Outcome, StreamChunk, SwapOrder, VerifiedCommand
 from actors.runtime import Mailbox
 from actors.supervisor import Supervisor
 from actors.swap.model_paths import AliasResolver
@@ -73,7 +75,7 @@ class Worker:
         self._gpu_utilization = GpuUtilizationSampler()  # NVML is loaded on the first sample
         # The mailboxes first: the actors send to each other in circles (see the diagram).
         ingest_mail = IngestActor.new_mailbox(config)
-        gpu_mail: Mailbox[Batch | SwapOrder] = Mailbox(GpuActor.MAILBOX_SIZE)
+        gpu_mail: Mailbox[Batch | SwapOrder | Cancel] = Mailbox(GpuActor.MAILBOX_SIZE)
         emitter_mail: Mailbox[Outcome | StreamChunk] = Mailbox(EmitterActor.MAILBOX_SIZE)
         supervisor_mail: Mailbox[VerifiedCommand] = Mailbox(Supervisor.MAILBOX_SIZE)
         self.control = (
@@ -101,12 +103,16 @@ class Worker:
             faults=faults,
             on_step=(lambda out: metrics.observe_step(out.stats)) if metrics else None,
             streaming=config.streaming,
+            on_cancel=metrics.observe_cancel if metrics else None,
         )
         self.ingest = IngestActor(
             config, front, ingest_mail, batches=gpu_mail, outcomes=emitter_mail, metrics=metrics
         )
+        self.cancel = (
+            CancelActor(config, self.ingest.cancels) if config.cancel_topic is not None else None
+        )
         self.broker_watch = BrokerWatch(config.kafka)  # readiness says when the broker is away
-        health = Health(self.ingest, self.gpu, self.control, self.broker_watch)
+        health = Health(self.ingest, self.gpu, self.control, self.broker_watch, cancel=self.cancel)
         http = (
             HttpServer(config.http_host, config.http_port, health.readiness, self.scrape)
             if config.http_port is not None
@@ -119,6 +125,7 @@ class Worker:
             self.emitter,
             supervisor_mail,
             control=self.control,
+            cancel=self.cancel,
             http=http,
             broker_watch=self.broker_watch,
             health=health,

@@ -10,6 +10,7 @@ import click
 
 from ops.batch.cli import batch
 from ops.bench.cli import bench
+from ops.cancel.cli import cancel
 from ops.control.cli import drain, rollback, status, swap
 from ops.models.cli import models
 from ops.models.generate_cli import generate
@@ -38,6 +39,7 @@ cli.add_command(down)
 cli.add_command(topics)
 cli.add_command(worker)
 cli.add_command(submit)
+cli.add_command(cancel)
 cli.add_command(batch)
 cli.add_command(trace)
 cli.add_command(swap)

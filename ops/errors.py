@@ -50,6 +50,10 @@ class SubmitError(OpsError):
     """`tokenmill submit` cannot reach its topics."""
 
 
+class CancelError(OpsError):
+    """Cancel records could not be sent: no broker, or no cancel topic."""
+
+
 class BatchOutputBusy(OpsError):
     """Another `tokenmill batch run` holds the output file."""
 

@@ -5,6 +5,9 @@ in exactly one `Outcome` (a result or an error result, plus a dead letter when u
 its offset is committed only after the emitter reports that outcome delivered.
 
 Mailbox: `Delivered` notices from the emitter; `UseModel` from the GPU actor after a model flip.
+`cancels`, a second mailbox: `Cancel`s from the cancel actor. A cancelled request still in a
+length bucket is answered here (cancelled, no tokens); any other cancel is passed on to the
+GPU actor behind the batches already handed over, so it finds the request if it is there.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -30,7 +34,8 @@ from actors.ingest.offsets import OffsetTracker
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
 from actors.kafka.broker_wait import started
-from actors.mail import Admitted, Batch, Delivered, Outcome, RecordRef, UseModel
+from actors.mail import Admitted, Batch, Cancel, Delivered, Outcome, RecordRef, UseModel
+from actors.results import cancelled_before_engine
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
 from messages import headers as h
@@ -52,7 +57,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         front: ModelFront,
         mailbox: Mailbox[Delivered | UseModel] | None = None,
         *,
-        batches: Address[Batch],
+        batches: Address[Batch | Cancel],
         outcomes: Address[Outcome],
         metrics: WorkerMetrics | None = None,
     ) -> None:
@@ -71,7 +76,13 @@ class IngestActor(Actor[Delivered | UseModel]):
             config.bucket_config(front.max_model_len)
         )
         self.consumer: AIOKafkaConsumer | None = None
-        own = (config.requests_topic, config.dlq_topic, config.control_topic, config.events_topic)
+        own = (
+            config.requests_topic,
+            config.dlq_topic,
+            config.control_topic,
+            config.events_topic,
+            config.cancel_topic,
+        )
         policy = ReplyPolicy.of(
             results_topic=config.results_topic, own_topics=own, allowed=config.allowed_reply_to
         )
@@ -97,6 +108,13 @@ class IngestActor(Actor[Delivered | UseModel]):
         # that one commit.
         self._stall_s = config.session_timeout_ms / 3000
         self._fenced: int | None = None  # a generation the group fenced: its fetches are dropped
+        # Cancellation: the cancel actor's mailbox; the ids read and not yet in a bucket (a
+        # cancel for one waits until it is); batches are handed over, and cancels passed on,
+        # one at a time, so a cancel never overtakes the batch that holds its request.
+        self.cancels: Mailbox[Cancel] = Mailbox(256)
+        self._arriving: set[str] = set()
+        self._bucketed = asyncio.Event()
+        self._handover = asyncio.Lock()
 
     @property
     def outstanding(self) -> int:
@@ -128,6 +146,7 @@ class IngestActor(Actor[Delivered | UseModel]):
                 fetching = tg.create_task(self._fetch_loop(consumer))
                 flushing = tg.create_task(self._flush_loop())
                 mail = tg.create_task(self._mail_loop())
+                cancelling = tg.create_task(self._cancel_loop())
                 committing = tg.create_task(self._commit_loop(consumer))
                 await fetching
                 self._bucket_added.set()  # wakes the flush loop, which sees `stopping`
@@ -136,6 +155,7 @@ class IngestActor(Actor[Delivered | UseModel]):
                 await self._flush(self.buckets.drain())
                 await self._wait_quiet()
                 mail.cancel()
+                cancelling.cancel()
                 committing.cancel()
             await self.committer.commit(
                 consumer, consumer.assignment(), self.fetched_to, release=True
@@ -299,6 +319,17 @@ class IngestActor(Actor[Delivered | UseModel]):
                 continue
             ctype = normalize_content_type(raw_ctype)
             accepted.append((ref, request, ctype, headers, deadline))
+            self._arriving.add(request.id)
+        try:
+            await self._bucket(accepted)
+        finally:
+            self._arriving.clear()
+            self._bucketed.set()
+
+    async def _bucket(
+        self, accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]]
+    ) -> None:
+        """Tokenize the accepted requests and place them in their buckets."""
         if not accepted:
             return
         # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
@@ -328,6 +359,10 @@ class IngestActor(Actor[Delivered | UseModel]):
     # -- batching ------------------------------------------------------------------------
 
     async def _flush(self, flushed: Iterable[Flushed[Admitted]]) -> None:
+        async with self._handover:  # taken before yielding: no cancel passes these batches
+            await self._hand_over(flushed)
+
+    async def _hand_over(self, flushed: Iterable[Flushed[Admitted]]) -> None:
         for f in flushed:
             if self.metrics is not None:
                 self.metrics.observe_batch(len(f.items), f.tokens, f.reason)
@@ -355,6 +390,34 @@ class IngestActor(Actor[Delivered | UseModel]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._bucket_added.wait(), delay)
             await self._flush(self.buckets.due())
+
+    # -- cancellation --------------------------------------------------------------------
+
+    async def _cancel_loop(self) -> None:
+        while True:
+            cancel = await self.cancels.get()
+            while cancel.request_id in self._arriving:  # read, not yet in a bucket
+                self._bucketed.clear()
+                await self._bucketed.wait()
+            async with self._handover:
+                await self._cancel(cancel)
+
+    async def _cancel(self, cancel: Cancel) -> None:
+        """Answer a cancelled request held in a bucket, and pass the cancel on (the GPU actor
+        may hold it, or a copy of it: a redelivery)."""
+        request_id = cancel.request_id
+        taken = self.buckets.remove(lambda item: item.request.id == request_id)
+        await self.batches.send(replace(cancel, answered=True) if taken else cancel)
+        if not taken:
+            return
+        log.info("request_cancelled", request_id=request_id, where="bucket", reason=cancel.reason)
+        if self.metrics is not None:
+            self.metrics.observe_cancel("bucket")
+        for item in taken:
+            outcome = cancelled_before_engine(
+                item, model=self.front.ref, worker=self.config.worker_id, where="bucket"
+            )
+            await self.outcomes.send(outcome)
 
     # -- deliveries, backpressure, commits -----------------------------------------------
 

@@ -68,6 +68,7 @@ class Flushed(Generic[T]):
 class _Bucket(Generic[T]):
     bound: int
     items: list[T] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # each item's tokens, in step with items
     tokens: int = 0
     since: float = 0.0  # arrival of the oldest item; meaningful only while items is non-empty
 
@@ -108,6 +109,7 @@ class LengthBuckets(Generic[T]):
         if not bucket.items:
             bucket.since = now
         bucket.items.append(item)
+        bucket.sizes.append(num_tokens)
         bucket.tokens += num_tokens
         self._count += 1
         self._tokens += num_tokens
@@ -116,6 +118,26 @@ class LengthBuckets(Generic[T]):
         elif len(bucket.items) >= self.config.max_batch_size:
             flushed.append(self._flush(bucket, "size", now))
         return flushed
+
+    def remove(self, match: Callable[[T], bool]) -> list[T]:
+        """Take out every held item `match` accepts (a cancelled request); returns them.
+
+        A bucket that keeps items keeps its `since` too: it is flushed no later than before."""
+        removed: list[T] = []
+        for bucket in self._buckets:
+            items: list[T] = []
+            sizes: list[int] = []
+            for item, num_tokens in zip(bucket.items, bucket.sizes, strict=True):
+                if match(item):
+                    removed.append(item)
+                    self._count -= 1
+                    self._tokens -= num_tokens
+                    bucket.tokens -= num_tokens
+                else:
+                    items.append(item)
+                    sizes.append(num_tokens)
+            bucket.items, bucket.sizes = items, sizes
+        return removed
 
     def due(self) -> list[Flushed[T]]:
         """Buckets whose oldest item has waited `max_wait_s`, oldest first."""
@@ -141,5 +163,6 @@ class LengthBuckets(Generic[T]):
         self._count -= len(bucket.items)
         self._tokens -= bucket.tokens
         bucket.items = []
+        bucket.sizes = []
         bucket.tokens = 0
         return batch

@@ -23,7 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from actors.mail import FlushReason
+from actors.mail import CancelledIn, FlushReason
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -207,6 +207,14 @@ class WorkerMetrics:
             "GenerateChunk records of streamed requests acknowledged by the broker.",
             registry=r,
         )
+        self.cancels = Counter(
+            "tokenmill_cancels",
+            "Cancel records by where this worker found the request: bucket, queue, engine, "
+            "or none (not held here: unknown, finished, or on another worker). Cancelled "
+            'results are also in tokenmill_requests{outcome="cancelled"}.',
+            ["found"],
+            registry=r,
+        )
         self.swap_pause = Histogram(
             "tokenmill_swap_pause_seconds",
             "How long admission was paused for a model swap's flip.",
@@ -247,6 +255,8 @@ class WorkerMetrics:
             self.model_swaps.labels(outcome)
         for outcome in self._trace_spans_seen:
             self.trace_spans.labels(outcome)
+        for found in (*get_args(CancelledIn), "none"):
+            self.cancels.labels(found)
 
     def observe_outcome(self, result: GenerateResult, *, admitted: bool) -> None:
         """A finished request. Latencies count only for requests that reached the engine.
@@ -266,6 +276,10 @@ class WorkerMetrics:
         if timings.tpot_ms is not None:
             self.tpot.observe(timings.tpot_ms / 1e3)
         self.request_duration.observe(timings.total_ms / 1e3)
+
+    def observe_cancel(self, found: CancelledIn | None) -> None:
+        """A cancel record handled: where it found its request (None: not held here)."""
+        self.cancels.labels(found or "none").inc()
 
     def observe_batch(self, size: int, tokens: int, reason: str) -> None:
         """A batch flushed from a length bucket: `size` requests, `tokens` prompt tokens."""

@@ -39,6 +39,7 @@ from actors.telemetry.span_records import SpanRecord, new_span_id, new_trace_id
 from actors.telemetry.trace_context import Parent, incoming_parent, outgoing_headers
 from messages.headers import Headers
 from messages.request import GenerateRequest
+from messages.result import FinishReason
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
 
@@ -249,6 +250,8 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
         attributes["tokenmill.cached_tokens"] = result.usage.cached_tokens
     if result.error is not None:
         attributes["error.type"] = str(result.error.code)
+    if result.finish_reason is FinishReason.CANCELLED:  # aborted in the engine unless it says
+        attributes["tokenmill.cancelled_in"] = outcome.cancelled_in or "engine"
     return attributes
 
 

@@ -1,4 +1,4 @@
-"""`tokenmill batch run|status`: OpenAI Batch JSONL files through Kafka, resumable."""
+"""`tokenmill batch run|status|show|cancel`: OpenAI Batch JSONL files through Kafka, resumable."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from actors.config import DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
+from actors.config import DEFAULT_CANCEL_TOPIC, DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
 from ops.connection.options import kafka_connection, kafka_options
 
 
@@ -40,6 +40,21 @@ def batch() -> None:
 )
 @click.option("--topic", default=DEFAULT_REQUESTS_TOPIC, show_default=True)
 @click.option("--results-topic", default=DEFAULT_RESULTS_TOPIC, show_default=True)
+@click.option(
+    "--cancel-topic",
+    default=DEFAULT_CANCEL_TOPIC,
+    show_default=True,
+    help="Where `batch cancel` sends the cancels of the requests in flight.",
+)
+@click.option(
+    "--cancel-wait",
+    type=click.FloatRange(min=0),
+    callback=lambda _ctx, _param, value: _finite(value),
+    default=30.0,
+    show_default=True,
+    help="After `batch cancel`: seconds to wait for the workers' cancelled answers; what is "
+    "still unanswered then is written as cancelled (no tokens).",
+)
 @click.option(
     "--stall-timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -83,6 +98,8 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
         model=kwargs["model"],
         default_max_tokens=kwargs["default_max_tokens"],
         stall_timeout_s=kwargs["stall_timeout"],
+        cancel_topic=kwargs["cancel_topic"],
+        cancel_wait_s=kwargs["cancel_wait"],
     )
     try:
         tracing = setup_tracing("tokenmill-cli")
@@ -101,6 +118,12 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
         click.echo(json.dumps(summary.as_json(), indent=2))
     else:
         _print_summary(summary.as_json())
+    if summary.cancel_requested:
+        click.echo(
+            f"cancelled: {summary.cancelled} in-flight lines written as cancelled; rerun the "
+            "same command to run the lines not sent yet",
+            err=True,
+        )
     if summary.stalled:
         click.echo(
             f"stopped: nothing answered for {options.stall_timeout_s:.0f} s "
@@ -160,6 +183,35 @@ def show(output: Path, limit: int) -> None:
     from ops.batch.table import print_table
 
     print_table(output, limit)
+
+
+@batch.command("cancel")
+@click.argument("output", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the run to write its cancelled lines and exit.",
+)
+def cancel(output: Path, wait_s: float) -> None:
+    """Cancel the running `batch run` that writes OUTPUT.
+
+    The run stops reading its input, cancels every request it has in flight (each worker
+    holding one stops it), writes their lines with finish_reason `cancelled` and the tokens
+    made so far, and exits. Lines it had not sent stay unanswered: rerun the same
+    `batch run` command to run them. Exit 1 when no run writes OUTPUT.
+    """
+    from ops.batch.cancel import request_cancel
+
+    try:
+        stopped = request_cancel(output, wait_s)
+    except TimeoutError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not stopped:
+        raise click.ClickException(f"no `tokenmill batch run` is writing {output}")
+    click.echo(f"{output}: the run stopped; its in-flight lines are written as cancelled")
 
 
 def _finite(value: float) -> float:

@@ -6,6 +6,7 @@ request that could not be sent. `ops/batch/runner.py` performs them (Kafka, the 
     plan.track(in_flight)         after taking a window slot, before sending
     plan.settle(result)           -> BatchOutputLine | InFlight to send again | None (not ours)
     plan.unsendable(id, reason)   -> BatchOutputLine for a request Kafka would not take
+    plan.abandoned(id)            -> BatchOutputLine (cancelled) for one its cancel left unanswered
 
 The window (`max_inflight` slots) bounds what is in flight: `track` follows taking a slot;
 `settle` and `unsendable` give it back, except when a request is sent again in its place.
@@ -30,7 +31,7 @@ from messages.openai_batch_mapping import (
     to_request,
 )
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
+from messages.result import FinishReason, GenerateResult
 from ops.batch.ids import Fingerprints
 from ops.batch.output import Answered
 from ops.batch.progress import Progress
@@ -75,6 +76,7 @@ class BatchPlan:
         self.pending: dict[str, InFlight] = {}  # request id → what it answers
         self.window = asyncio.Semaphore(max_inflight)
         self.tag = uuid.uuid4().hex[:8]  # request ids differ between runs of the same file
+        self.cancelling = False  # `batch cancel`: nothing more is sent, nor sent again
 
     def plan(self, number: int, raw: bytes) -> InFlight | BatchOutputLine | None:
         """What to do with input line `number`: a request to send, an error line, or skip."""
@@ -119,7 +121,8 @@ class BatchPlan:
         done = self.pending.pop(result.id, None)
         if done is None:
             return None  # someone else's, or a second answer to the same request
-        if result.error is not None and self._retries(done, result.error.code):
+        retry = result.error is not None and self._retries(done, result.error.code)
+        if retry and not self.cancelling:
             again = replace(
                 done,
                 request=structs.replace(done.request, id=f"{done.request.id}-r{done.attempt}"),
@@ -134,6 +137,8 @@ class BatchPlan:
         else:
             summary.refused += 1
             summary.errors_by_code[str(result.error.code)] += 1
+        if result.finish_reason is FinishReason.CANCELLED:
+            summary.cancelled += 1
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += result.usage.completion_tokens
         self.progress.answered(result.error is None, result.usage.completion_tokens)
@@ -141,6 +146,14 @@ class BatchPlan:
 
     def _retries(self, done: InFlight, code: ErrorCode) -> bool:
         return code in RETRIED_CODES and done.attempt < MAX_ATTEMPTS
+
+    def abandoned(self, request_id: str) -> BatchOutputLine:
+        """The line for a request still unanswered well after its cancel (it never reached a
+        worker, or its worker is gone): cancelled, with no tokens. A late result is ignored."""
+        line = self.settle(GenerateResult(id=request_id, finish_reason=FinishReason.CANCELLED))
+        if not isinstance(line, BatchOutputLine):
+            raise KeyError(f"{request_id} is not in flight")
+        return line
 
     def unsendable(self, request_id: str, reason: BaseException) -> BatchOutputLine:
         """The error line for a request Kafka refused to take (larger than it allows)."""

@@ -8,6 +8,7 @@ output as soon as it arrives. What the output file already answers is skipped, s
 resumes an interrupted run; a kill loses only what was in flight. Every line gets exactly one
 output line: a response, or an error line for a line that never became a request. The
 decisions are `BatchPlan`'s (`ops/batch/plan.py`); this module does the I/O.
+`tokenmill batch cancel` stops a run: see `ops/batch/cancel.py`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from pathlib import Path
 
 from aiokafka.errors import MessageSizeTooLargeError
 
-from actors.config import DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
+from actors.config import DEFAULT_CANCEL_TOPIC, DEFAULT_REQUESTS_TOPIC, DEFAULT_RESULTS_TOPIC
 from actors.kafka.connection import KafkaConnection
 from messages.openai_batch import BatchOutputLine
+from ops.batch.cancel import cancel_marker
 from ops.batch.output import OutputWriter, read_answered
 from ops.batch.plan import BatchPlan, InFlight
 from ops.batch.progress import Progress
 from ops.batch.summary import BatchSummary, count_lines, peak_rss_mb
-from ops.errors import SubmitError
+from ops.cancel.client import CancelSender
+from ops.errors import CancelError, SubmitError
 from ops.submit.client import SubmitClient
 
 _SYNC_EVERY_S = 5.0  # fsync the output this often: a power loss, too, loses only seconds
@@ -45,6 +48,8 @@ class BatchOptions:
     model: str | None = None  # overrides every body's `model`
     default_max_tokens: int | None = None  # for bodies without max_tokens
     stall_timeout_s: float = 300.0  # give up when nothing is answered for this long
+    cancel_topic: str = DEFAULT_CANCEL_TOPIC
+    cancel_wait_s: float = 30.0  # after `batch cancel`: then what is unanswered is written
 
 
 async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
@@ -57,6 +62,7 @@ async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
     started = time.monotonic()
     summary = BatchSummary(input=str(options.input), output=str(options.output))
     writer = OutputWriter(options.output)  # first: it locks the file and mends its end
+    cancel_marker(options.output).unlink(missing_ok=True)  # left by an earlier run's cancel
     try:
         answered = read_answered(options.output)
         summary.total = count_lines(options.input)
@@ -94,6 +100,8 @@ class _Run:
     # (request id, why): records the broker refused as too large, to answer with error lines
     too_large: list[tuple[str, BaseException]] = field(default_factory=list)
     send_error: BaseException | None = None
+    feeding: asyncio.Task[None] | None = None
+    cancel_deadline: float | None = None  # cancelling: when the unanswered are written
 
     async def send(self, sending: InFlight) -> None:
         self.plan.track(sending)
@@ -117,9 +125,9 @@ class _Run:
 async def _feed_and_collect(run: _Run) -> None:
     try:
         async with asyncio.TaskGroup() as tasks:
-            feeding = tasks.create_task(_feed(run))
+            run.feeding = tasks.create_task(_feed(run))
             await _collect(run)
-            feeding.cancel()  # only still running when collecting stalled
+            run.feeding.cancel()  # only still running when collecting stalled
     except ExceptionGroup as group:
         raise _first_error(group) from None  # one plain error for the CLI to explain
 
@@ -152,6 +160,10 @@ async def _collect(run: _Run) -> None:
             raise SubmitError(f"a request could not be sent: {run.send_error}")
         lines = [plan.unsendable(request_id, why) for request_id, why in run.too_large]
         run.too_large.clear()
+        if run.cancel_deadline is None and cancel_marker(run.options.output).exists():
+            await _cancel(run)
+        elif run.cancel_deadline is not None and time.monotonic() > run.cancel_deadline:
+            lines += [plan.abandoned(request_id) for request_id in list(plan.pending)]
         for result in await run.client.poll(0.2):
             settled = plan.settle(result)
             if isinstance(settled, InFlight):
@@ -170,6 +182,20 @@ async def _collect(run: _Run) -> None:
         elif now - last_answer > run.options.stall_timeout_s:
             plan.summary.stalled = True
             return
+
+
+async def _cancel(run: _Run) -> None:
+    """`batch cancel` asked: stop feeding, cancel every request in flight."""
+    plan = run.plan
+    plan.cancelling = plan.summary.cancel_requested = True
+    if run.feeding is not None:
+        run.feeding.cancel()
+    run.cancel_deadline = time.monotonic() + run.options.cancel_wait_s
+    try:
+        async with CancelSender(run.options.kafka, run.options.cancel_topic) as sender:
+            await sender.cancel(list(plan.pending), reason="batch cancel")
+    except CancelError as exc:
+        raise SubmitError(f"cannot cancel the requests in flight: {exc}") from exc
 
 
 def _input_lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -20,6 +20,8 @@ class BatchSummary:
     refused: int = 0  # the worker answered with an error (non-200 response)
     line_errors: int = 0  # lines that never became requests
     retried: int = 0  # requests sent again after a worker's shutting_down / engine_error
+    cancelled: int = 0  # lines answered with finish_reason cancelled (`batch cancel`)
+    cancel_requested: bool = False  # `tokenmill batch cancel` stopped the run
     errors_by_code: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -49,6 +51,8 @@ class BatchSummary:
             "refused": self.refused,
             "line_errors": self.line_errors,
             "retried": self.retried,
+            "cancelled": self.cancelled,
+            "cancel_requested": self.cancel_requested,
             "errors_by_code": dict(sorted(self.errors_by_code.items())),
             "in_flight_at_end": self.in_flight,
             "stalled": self.stalled,

@@ -3,7 +3,8 @@
     await create_topics("127.0.0.1:9092")   -> the names it created (existing ones are kept)
     await describe_topics("127.0.0.1:9092") -> {"tokenmill.requests": 6, ...}
 
-Topics are known by role (requests, results, dlq, control, events); a deployment may rename any.
+Topics are known by role (requests, results, dlq, control, events, cancel); a deployment may
+rename any.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEFAULT_TOPICS: Mapping[str, str] = MappingProxyType(
         "dlq": "tokenmill.dlq",
         "control": "tokenmill.control",
         "events": "tokenmill.events",
+        "cancel": "tokenmill.cancel",
     }
 )
 # Workers scale out over requests partitions; results get as many so a result can keep the

@@ -16,7 +16,7 @@ from ops.services.topics import DEFAULT_TOPICS, create_topics, describe_topics
 
 @click.group()
 def topics() -> None:
-    """tokenmill's Kafka topics: requests, results, dlq, control, events."""
+    """tokenmill's Kafka topics: requests, results, dlq, control, events, cancel."""
 
 
 @topics.command("create")

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from actors.config import (
+    DEFAULT_CANCEL_TOPIC,
     DEFAULT_CONTROL_TOPIC,
     DEFAULT_DLQ_TOPIC,
     DEFAULT_EVENTS_TOPIC,
@@ -139,6 +140,7 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt("--http-host", default="0.0.0.0", help="Address the HTTP server binds."),
         _opt("--control-topic", default=DEFAULT_CONTROL_TOPIC, help="Signed commands; '': off."),
         _opt("--events-topic", default=DEFAULT_EVENTS_TOPIC, help="Lifecycle and swap events."),
+        _opt("--cancel-topic", default=DEFAULT_CANCEL_TOPIC, help="Cancel records; '': off."),
         _opt(
             "--control-secret",
             default=None,
@@ -243,6 +245,7 @@ def worker_config(kwargs: dict[str, Any]) -> WorkerConfig:
             control_topic=kwargs.pop("control_topic") or None,
             events_topic=kwargs.pop("events_topic"),
             control_secret=kwargs.pop("control_secret") or None,
+            cancel_topic=kwargs.pop("cancel_topic") or None,
             models_dir=kwargs.pop("models_dir") or str(default_models_dir()),
             swap_memory_budget_bytes=kwargs.pop("swap_memory_budget"),
             keep_previous_model=kwargs.pop("keep_previous_model"),

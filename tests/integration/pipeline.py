@@ -72,6 +72,7 @@ class Lane:
             "--commit-interval", "0.2",
             "--http-port", "-1",  # tests that need HTTP or the control plane turn them on
             "--control-topic", "",
+            "--cancel-topic", "",  # tests of cancellation turn it on
         ]  # fmt: skip
 
 

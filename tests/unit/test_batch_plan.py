@@ -344,6 +344,8 @@ def test_as_json_reports_every_count() -> None:
         "refused": 1,
         "line_errors": 2,
         "retried": 0,
+        "cancelled": 0,
+        "cancel_requested": False,
         "errors_by_code": {"engine_error": 1, "invalid_json": 1, "unsupported_url": 1},
         "in_flight_at_end": 1,
         "stalled": True,

@@ -60,13 +60,16 @@ def test_defaults() -> None:
         kafka=KafkaConnection(),
         worker_id="w1",
         watermarks=Watermarks(high_requests=512, high_tokens=262144),
-        # The CLI turns on what a library user opts into: control plane, HTTP, models dir.
+        # The CLI turns on what a library user opts into: control plane, HTTP, models dir,
+        # the cancel reader.
         control_topic="tokenmill.control",
+        cancel_topic="tokenmill.cancel",
         http_port=9464,
         models_dir=str(default_models_dir()),
         allowed_reply_to=("*.results",),
     )
     assert config.control_secret is None, "no secret: every command is refused"
+    assert config_of("--cancel-topic", "").cancel_topic is None, "'' turns cancels off"
     assert config.group == "tokenmill"
     assert config.bucket_boundaries is None
     assert config.max_request_bytes == 1 << 20

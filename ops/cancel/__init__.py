@@ -1,0 +1,1 @@
+"""`tokenmill cancel`: cancel records on the cancel topic (see `messages.cancel`)."""
