@@ -37,7 +37,7 @@ FlushReason = Literal["tokens", "size", "wait", "idle", "drain", "requeued", "is
 
 # Where a cancel record found the request it stopped: in a length bucket (ingest), queued for
 # the engine (GPU actor), or in the engine (waiting, prefilling or decoding).
-CancelledIn = Literal["bucket", "queue", "engine"]
+CancelledIn = Literal["arrival", "bucket", "queue", "engine"]  # arrival: cancelled before it
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ Mailbox: `Delivered` notices from the emitter; `UseModel` from the GPU actor aft
 `cancels`, a second mailbox: `Cancel`s from the cancel actor. A cancelled request still in a
 length bucket is answered here (cancelled, no tokens); any other cancel is passed on to the
 GPU actor behind the batches already handed over, so it finds the request if it is there.
+Every cancel's id is also remembered a while (`RecentCancels`): a request that arrives after
+its cancel is answered cancelled at once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from actors.cancel.remembered import RecentCancels
 from actors.config import WorkerConfig
 from actors.ingest.backpressure import Backpressure, Decision
 from actors.ingest.buckets import Flushed, LengthBuckets
@@ -112,6 +115,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         # cancel for one waits until it is); batches are handed over, and cancels passed on,
         # one at a time, so a cancel never overtakes the batch that holds its request.
         self.cancels: Mailbox[Cancel] = Mailbox(256)
+        self.recent_cancels = RecentCancels()  # for requests that arrive after their cancel
         self._arriving: set[str] = set()
         self._bucketed = asyncio.Event()
         self._handover = asyncio.Lock()
@@ -353,6 +357,9 @@ class IngestActor(Actor[Delivered | UseModel]):
                 model_digest=front.digest,
             )
             self._account(self.backpressure.admit(1, item.cost_tokens))
+            if request.id in self.recent_cancels:  # its cancel came before it
+                await self._cancelled_on_arrival(item)
+                continue
             await self._flush(self.buckets.add(item, len(ids)))
             self._bucket_added.set()
 
@@ -406,6 +413,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         """Answer a cancelled request held in a bucket, and pass the cancel on (the GPU actor
         may hold it, or a copy of it: a redelivery)."""
         request_id = cancel.request_id
+        self.recent_cancels.add(request_id)
         taken = self.buckets.remove(lambda item: item.request.id == request_id)
         await self.batches.send(replace(cancel, answered=True) if taken else cancel)
         if not taken:
@@ -418,6 +426,16 @@ class IngestActor(Actor[Delivered | UseModel]):
                 item, model=self.front.ref, worker=self.config.worker_id, where="bucket"
             )
             await self.outcomes.send(outcome)
+
+    async def _cancelled_on_arrival(self, item: Admitted) -> None:
+        log.info("request_cancelled", request_id=item.request.id, where="arrival")
+        if self.metrics is not None:
+            self.metrics.observe_cancel("arrival")
+        await self.outcomes.send(
+            cancelled_before_engine(
+                item, model=self.front.ref, worker=self.config.worker_id, where="arrival"
+            )
+        )
 
     # -- deliveries, backpressure, commits -----------------------------------------------
 

@@ -210,7 +210,8 @@ class WorkerMetrics:
         self.cancels = Counter(
             "tokenmill_cancels",
             "Cancel records by where this worker found the request: bucket, queue, engine, "
-            "or none (not held here: unknown, finished, or on another worker). Cancelled "
+            "none (not held here: unknown, finished, or on another worker), or arrival (it "
+            "came after its cancel and was answered at once). Cancelled "
             'results are also in tokenmill_requests{outcome="cancelled"}.',
             ["found"],
             registry=r,

@@ -166,6 +166,13 @@ async def test_a_cancel_stops_a_request_in_a_bucket_and_one_decoding(
         # Finished ids: a cancel changes nothing, and answers nothing again.
         await send_cancel(lane, topic, long.id, held.id, f"unknown-{tag}")
         await until(lambda: run.cancels("none") == 3, "the late cancels are no-ops")
+        # A cancel ahead of its request: the request is answered cancelled when it arrives.
+        early = GenerateRequest(id=f"early-{tag}", prompt=COUNTING, max_new_tokens=40)
+        await send_cancel(lane, topic, early.id)
+        await until(lambda: run.cancels("none") == 4, "the early cancel is read")
+        await produce(lane.bootstrap, lane.requests, [early])
+        arrived = once(await results_by_id(lane, [early.id]))[early.id]
+        await wait_committed_to_end(lane)
 
     bucketed, stopped = found[held.id], found[long.id]
     assert bucketed.finish_reason is FinishReason.CANCELLED and bucketed.error is None
@@ -176,8 +183,10 @@ async def test_a_cancel_stops_a_request_in_a_bucket_and_one_decoding(
     assert stopped.token_ids == reference(smollm2, made), "what it made is what it would have"
     assert stopped.usage.completion_tokens == len(stopped.token_ids)
     assert (run.cancels("engine"), run.cancels("bucket")) == (1, 1)
-    everything = decode_results(await read_all(lane.bootstrap, lane.results, until=2))
-    assert sorted(r.id for r in everything) == sorted([long.id, held.id]), "answered once each"
+    assert arrived.finish_reason is FinishReason.CANCELLED and arrived.token_ids == []
+    assert run.cancels("arrival") == 1
+    everything = decode_results(await read_all(lane.bootstrap, lane.results, until=3))
+    assert sorted(r.id for r in everything) == sorted([long.id, held.id, early.id]), "once each"
 
 
 async def test_cancels_among_ordinary_requests_on_two_workers(
