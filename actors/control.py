@@ -23,10 +23,10 @@ from collections.abc import Callable
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.config import WorkerConfig
+from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor, Address, Mailbox
@@ -184,17 +184,12 @@ class ControlActor(Actor[Event]):
 
     async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
         """Set `ready` whenever a new assignment has every position resolved."""
-        while True:
-            await self._assigned.wait()
-            self._assigned.clear()
-            try:
-                for tp in consumer.assignment():
-                    await consumer.position(tp)
-            except IllegalStateError:  # revoked meanwhile: the next assignment sets it
-                continue
-            if not self._assigned.is_set():
-                self.ready.set()
-                log.info("control_ready", partitions=len(consumer.assignment()))
+        await ready_on_each_assignment(
+            consumer,
+            self._assigned,
+            self.ready,
+            lambda partitions: log.info("control_ready", partitions=partitions),
+        )
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._assigned.set()

@@ -18,10 +18,10 @@ import asyncio
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.config import WorkerConfig
+from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
 from actors.mail import Cancel
 from actors.runtime import Actor, Address
@@ -136,17 +136,12 @@ class CancelActor(Actor[None]):
 
     async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
         """Set `ready` whenever a new assignment has every position resolved."""
-        while True:
-            await self._assigned.wait()
-            self._assigned.clear()
-            try:
-                for tp in consumer.assignment():
-                    await consumer.position(tp)
-            except IllegalStateError:  # revoked meanwhile: the next assignment sets it
-                continue
-            if not self._assigned.is_set():
-                self.ready.set()
-                log.info("cancel_ready", partitions=len(consumer.assignment()))
+        await ready_on_each_assignment(
+            consumer,
+            self._assigned,
+            self.ready,
+            lambda partitions: log.info("cancel_ready", partitions=partitions),
+        )
 
 
 class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -21,7 +21,7 @@ from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.cancel import CANCEL_SCHEMA, CancelRequest, cancel_codec
 from messages.codec import JSON
-from ops.connection.check import ensure_reachable
+from ops.connection.check import started_producer
 from ops.errors import CancelError
 
 _HEADERS = [(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, CANCEL_SCHEMA.encode())]
@@ -34,18 +34,7 @@ class CancelSender:
         self._producer: AIOKafkaProducer | None = None
 
     async def __aenter__(self) -> CancelSender:
-        await ensure_reachable(self.kafka, CancelError)
-        producer = AIOKafkaProducer(
-            **self.kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=5
-        )
-        try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
-            raise CancelError(
-                f"cannot reach Kafka at {self.kafka.bootstrap_servers} ({exc})"
-            ) from exc
-        self._producer = producer
+        self._producer = await started_producer(self.kafka, CancelError)
         return self
 
     async def __aexit__(

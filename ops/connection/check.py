@@ -3,6 +3,9 @@ that cannot work, so the command fails at once with one line naming the cause.""
 
 from __future__ import annotations
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
 from actors.kafka.connection import KafkaConnection
 from actors.kafka.preflight import preflight
 from ops.errors import OpsError
@@ -15,3 +18,18 @@ async def ensure_reachable(kafka: KafkaConnection, error: type[OpsError]) -> Non
         raise error(f"kafka: {reach.reason}")
     if not reach.reachable:
         raise error(f"cannot reach Kafka at {kafka.bootstrap_servers} ({reach.reason})")
+
+
+async def started_producer(kafka: KafkaConnection, error: type[OpsError]) -> AIOKafkaProducer:
+    """A started idempotent producer (acks=all) for a command, once the broker answers;
+    `error` (with the address) when it cannot be reached."""
+    await ensure_reachable(kafka, error)
+    producer = AIOKafkaProducer(
+        **kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=5
+    )
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise error(f"cannot reach Kafka at {kafka.bootstrap_servers} ({exc})") from exc
+    return producer

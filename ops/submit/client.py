@@ -28,7 +28,7 @@ from messages.codec import JSON, Codec, normalize_content_type
 from messages.errors import MessageError
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from ops.connection.check import ensure_reachable
+from ops.connection.check import started_producer
 from ops.errors import SubmitError
 
 _tracer = trace.get_tracer("tokenmill.client")
@@ -64,18 +64,7 @@ class SubmitClient:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> SubmitClient:
-        await ensure_reachable(self.kafka, SubmitError)
-        producer = AIOKafkaProducer(
-            **self.kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=5
-        )
-        try:
-            await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
-            raise SubmitError(
-                f"cannot reach Kafka at {self.kafka.bootstrap_servers} ({exc})"
-            ) from exc
-        self._producer = producer
+        self._producer = await started_producer(self.kafka, SubmitError)
         return self
 
     async def __aexit__(
