@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from actors.mail import Admitted
 from gpu.engine import Completion, EngineRequest, StepOutput
-from gpu.sequence import SamplingParams
+from gpu.sequence import JsonConstraint, SamplingParams
 from messages.result import ModelRef
 
 
@@ -48,6 +48,7 @@ class InFlight:
 def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     """What an engine runs for `item`, with `prompt` tokenized for that engine's model."""
     request = item.request
+    schema = request.response_format.schema_text() if request.response_format else None
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens,
         temperature=request.temperature,
@@ -56,6 +57,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         seed=request.seed,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
+        json=None if schema is None else JsonConstraint(schema, request.response_format.strict),
     )
     return EngineRequest(
         request_id=request.id,

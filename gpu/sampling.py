@@ -5,7 +5,8 @@ seeded) its own generator, never on what else shares the batch. (The logits them
 differ in the last bits with the batch's shape on some devices and dtypes; on CPU in float32
 they do not, which the tests check.) Sampling uses the exponential-race form of the Gumbel
 trick (argmax of probs / Exp(1) noise): one noise draw per row, no multinomial call. The
-token ids come back to the host once per step, at the end.
+token ids come back to the host once per step, at the end. Structured output's masks
+(`allowed`) are applied to every row at once, before any selection.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def sample(
     params: Sequence[SamplingParams],
     positions: Sequence[int],  # position of the token being sampled, per row
     generator: torch.Generator | None = None,  # for unseeded rows
+    allowed: torch.Tensor | None = None,  # [rows, vocab] bool: the tokens each row may take
 ) -> list[int]:
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     greedy = logits.argmax(dim=-1)  # [rows]
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled_rows:

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import msgspec
 
+from messages.response_format import ResponseFormat
+
 SCHEMA_VERSION = 1
 
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -32,6 +34,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
       earlier one wins; a request past it is answered with `deadline_exceeded`.
     - `reply_to`: topic for the result (default: the worker's results topic).
     - `metadata`: echoed back unchanged in the result.
+    - `response_format`: constrain the output to JSON (`messages.response_format`).
     """
 
     v: int = SCHEMA_VERSION
@@ -52,3 +55,4 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     timeout_ms: int | None = None
     reply_to: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    response_format: ResponseFormat | None = None
