@@ -29,7 +29,9 @@ TYPES = (TEXT, JSON_OBJECT, JSON_SCHEMA)
 MAX_SCHEMA_CHARS = 64 * 1024  # a schema's canonical JSON text; compiled per distinct schema
 
 
-class JsonSchemaFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class JsonSchemaFormat(
+    msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True
+):
     """OpenAI's `json_schema` object. `strict`: every keyword must be enforced (a schema with
     one the grammar library cannot enforce is refused); otherwise such keywords are ignored."""
 
@@ -39,7 +41,7 @@ class JsonSchemaFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=False
     strict: bool | None = None
 
 
-class ResponseFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class ResponseFormat(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
     """`type` is one of "text", "json_object", "json_schema" (which needs `json_schema`)."""
 
     type: str = TEXT
