@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
-
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -188,7 +187,6 @@ def test_tracestate_travels_on_to_the_result_and_the_spans() -> None:
     spans, headers = recorded(item)
     assert ("tracestate", b"vendor=abc") in headers
     assert spans["send res"].context.trace_state.to_header() == "vendor=abc"
-
 
 
 def test_a_constrained_request_names_its_response_format() -> None:
