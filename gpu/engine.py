@@ -170,6 +170,13 @@ class Engine:
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.sequences
         )
 
+    def prepare(self, request: EngineRequest) -> None:
+        """`add`'s slow part, ahead of it and on any thread: compile the request's grammar
+        (the first one also builds the library's view of the vocabulary) into the cache `add`
+        reads. Raises `RequestRejected` as `add` would for a schema that cannot compile."""
+        if request.params.json is not None:
+            self.grammars.prepare(request.params.json)
+
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
         constraint = request.params.json

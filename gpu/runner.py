@@ -260,16 +260,16 @@ class ModelRunner:
             lap = timing.lap("forward", lap)
         if not sampling:
             return []
-        allowed = None
+        mask = None
         if matchers and masks is not None:
             rows_matchers = [matchers.get(c.seq.request_id) for c in sampling]
-            allowed = masks.build(rows_matchers, logits.shape[-1])
+            mask = masks.build(rows_matchers, logits.shape[-1])
         tokens = sample(
             logits,
             [c.seq.params for c in sampling],
             [c.end for c in sampling],
             self.generator,
-            allowed,
+            mask,
         )
         if timing is not None:
             timing.lap("sample", lap)

@@ -1,4 +1,4 @@
-"""`tokenmill bench json` on a tiny random-weight Llama: report shape and token counts, no timing."""
+"""`tokenmill bench json` on a tiny random-weight Llama: report shape, token counts, no timing."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_both_runs_generate_every_token_at_each_batch(tiny_checkpoints: dict[str
 
 def test_the_cli_prints_json(tiny_checkpoints: dict[str, Path]) -> None:
     args = ["json", "--model", str(tiny_checkpoints["llama"]), "--batch-sizes", "2",
-            "--prompt-tokens", "4", "--new-tokens", "3", "--num-kv-blocks", "32", "--json"]  # fmt: skip
+            "--prompt-tokens", "4", "--new-tokens", "3", "--num-kv-blocks", "32",
+            "--json"]  # fmt: skip
     out = CliRunner().invoke(bench, args)
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)

@@ -19,7 +19,7 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
-from gpu.grammar.mask import TokenMasks, expand
+from gpu.grammar.mask import StepMask, TokenMasks, banned_bits_table, expand_banned
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.offline import run_all
 from gpu.sampling import sample
@@ -165,37 +165,38 @@ def test_a_schema_the_library_cannot_compile_is_invalid_response_format(
 
 def test_expand_maps_bit_t_to_column_t() -> None:
     bitmask = torch.tensor([[0b101, -(2**31)], [-1, 0]], dtype=torch.int32)  # [2 rows, 2 words]
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = expand(bitmask, bits, 70)  # a padded vocabulary: columns 64.. are off
+    table = banned_bits_table(torch.device("cpu"))
+    allowed = ~expand_banned(bitmask, table, 70)  # a padded vocabulary: columns 64.. banned
     assert allowed[0].nonzero().flatten().tolist() == [0, 2, 63]
     assert allowed[1].nonzero().flatten().tolist() == list(range(32))
-    assert expand(bitmask, bits, 40).shape == (2, 40)
+    assert expand_banned(bitmask, table, 40).shape == (2, 40)
 
 
-def test_masks_constrain_only_their_rows(
+def test_masks_cover_only_the_constrained_rows(
     tiny_llama: LoadedModel, compiler: GrammarCompiler
 ) -> None:
     matcher = compiler.matcher(constraint(SCHEMAS["number"]))
     matcher.advance(encode(tiny_llama, '{"n":'))
     masks = TokenMasks(compiler.mask_words, torch.device("cpu"), threads=1)
     vocab = tiny_llama.config.vocab_size
-    allowed = masks.build([None, matcher, None], vocab)
-    assert allowed is not None and allowed.shape == (3, vocab)
-    assert bool(allowed[0].all()) and bool(allowed[2].all())
-    ids = allowed[1].nonzero().flatten().tolist()
+    mask = masks.build([None, matcher, None], vocab)
+    assert mask is not None and mask.rows.tolist() == [1]
+    assert mask.banned.shape == (1, vocab)
+    ids = (~mask.banned[0]).nonzero().flatten().tolist()
     assert ids and all(matcher.allowed(t) for t in ids)
+    assert not any(matcher.allowed(t) for t in set(range(vocab)) - set(ids))
     assert masks.build([None, None], vocab) is None
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_sampler_picks_only_allowed_tokens(temperature: float) -> None:
     logits = torch.randn(4, 50)
-    allowed = torch.zeros(4, 50, dtype=torch.bool)
-    allowed[:, 7] = True
-    allowed[1, 3] = True
-    allowed[3] = True  # an unconstrained row
+    banned = torch.ones(3, 50, dtype=torch.bool)
+    banned[:, 7] = False
+    banned[1, 3] = False
+    mask = StepMask(torch.tensor([0, 1, 2]), banned)  # row 3 is unconstrained
     params = [SamplingParams(temperature=temperature, seed=i) for i in range(4)]
-    tokens = sample(logits, params, [5] * 4, allowed=allowed)
+    tokens = sample(logits, params, [5] * 4, mask=mask)
     assert tokens[0] == 7 and tokens[1] in (3, 7) and tokens[2] == 7
     assert tokens[3] == sample(logits[3:], params[3:], [5])[0]
 
