@@ -6,7 +6,9 @@ generate`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,6 +22,7 @@ from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import JsonSchemaFormat, ResponseFormat
 from messages.result import FinishReason
 from tests.integration.pipeline import new_lane, produce, results_by_id, running_worker
+from tests.integration.test_batch import batch_run, chat, output_lines, worker, write_jsonl
 from tests.integration.test_roundtrip import MAX_NEW, expected_tokens
 
 pytestmark = pytest.mark.slow
@@ -118,3 +121,31 @@ async def test_schemas_among_ordinary_requests(kafka_bootstrap, smollm2_path, tm
     expected = expected_tokens(smollm2_path, PLAIN, chat=False, tmp=tmp_path)
     for i, tokens in enumerate(expected):
         assert result[f"plain-{i}"].token_ids == tokens
+
+
+async def test_openai_batch_lines_with_response_format(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    schema = SCHEMAS["city"]
+    shaped = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    source = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            chat("city", "A city, as JSON.", max_tokens=40, response_format=shaped),
+            chat("plain", "Name a color.", max_tokens=4),
+            chat("bad", "Hi", response_format={"type": "json_schema"}),
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    lane = await new_lane(kafka_bootstrap)
+    async with worker(lane, tmp_path / "worker.log") as process:
+        done = await asyncio.to_thread(batch_run, lane, str(source), "-o", str(out), "--json")
+        assert process.terminate() == 0
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line["custom_id"]: line for line in output_lines(out)}
+    assert set(lines) == {"city", "plain", "bad"}
+    (choice,) = lines["city"]["response"]["body"]["choices"]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+    assert lines["plain"]["error"] is None
+    assert lines["bad"]["error"]["code"] == "invalid_response_format"
