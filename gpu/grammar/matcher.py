@@ -55,7 +55,11 @@ def fill_bitmasks(
 ) -> None:
     """Write each matcher's next-token bitmask into row `index` of the int32 [num_rows,
     row_bytes / 4] host buffer at `pointer` (bit t of a row set: token t allowed), in parallel
-    on the executor's threads."""
+    on the executor's threads; a single row on this thread (waking a pool costs more)."""
+    if len(matchers) == 1:
+        ((matcher, row),) = matchers
+        matcher.inner.unsafe_compute_mask_ptr(pointer + row * row_bytes, row_bytes)
+        return
     executor.unsafe_compute_mask_ptr(
         [(m.inner, row) for m, row in matchers], pointer, row_bytes, num_rows
     )
