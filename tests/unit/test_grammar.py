@@ -278,3 +278,14 @@ def test_the_engine_rejects_a_schema_it_cannot_compile(tiny_llama: LoadedModel) 
         engine.add(EngineRequest("bad", [1, 2, 3], bad))
     assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
     assert not engine.has_work() and not engine.matchers
+
+
+def test_prepare_compiles_ahead_and_add_finds_it(tiny_llama: LoadedModel) -> None:
+    engine = Engine(tiny_llama, CHUNKY)
+    request = EngineRequest("ahead", [1, 2, 3], constrained(SCHEMAS["required"]))
+    engine.prepare(request)
+    compiled = dict(engine.grammars._compiled)
+    engine.add(request)
+    assert engine.grammars._compiled == compiled and "ahead" in engine.matchers
+    engine.abort("ahead")
+    assert not engine.matchers
