@@ -296,7 +296,12 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
                 await self._send_error(item, prompt)
                 continue
             try:
-                engine.add(engine_request(item, prompt))
+                runs = engine_request(item, prompt)
+                if runs.params.json is not None:
+                    # Compiling a grammar can take a while (the first builds the library's view
+                    # of the vocabulary: seconds for a large one), so not on the event loop.
+                    await asyncio.to_thread(engine.prepare, runs)
+                engine.add(runs)
             except RequestRejected as exc:
                 await self._send_error(item, ErrorInfo(code=exc.code, message=str(exc)))
                 continue

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from actors.mail import Admitted
 from actors.streaming.token_stream import TokenStream
 from gpu.engine import Completion, EngineRequest, StepOutput
-from gpu.sequence import SamplingParams
+from gpu.sequence import JsonConstraint, SamplingParams
 from messages.result import ModelRef
 
 
@@ -25,6 +25,7 @@ class EngineLike(Protocol):
     model: Any  # .name, .digest, .path, .tokenizer, .config
     config: Any  # its EngineConfig
 
+    def prepare(self, request: EngineRequest) -> None: ...  # thread-safe; slow part of add
     def add(self, request: EngineRequest) -> None: ...
     def step(self) -> StepOutput: ...
     def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None: ...
@@ -50,6 +51,9 @@ class InFlight:
 def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     """What an engine runs for `item`, with `prompt` tokenized for that engine's model."""
     request = item.request
+    shape = request.response_format
+    schema = shape.schema_text() if shape is not None else None
+    json = None if shape is None or schema is None else JsonConstraint(schema, shape.strict)
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens,
         temperature=request.temperature,
@@ -58,6 +62,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         seed=request.seed,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
+        json=json,
     )
     return EngineRequest(
         request_id=request.id,

@@ -107,6 +107,9 @@ class EchoEngine:
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.waiting
         )
 
+    def prepare(self, request: EngineRequest) -> None:
+        """Nothing to do: the echo engine ignores JSON constraints (it echoes the prompt)."""
+
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
         arrival = request.arrival_time if request.arrival_time is not None else self.clock()

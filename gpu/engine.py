@@ -4,6 +4,8 @@ Synchronous and single-threaded: one step = schedule → run the model once → 
 It does no I/O and no logging; each step returns its statistics for the caller to log, trace
 and export. Everything a request needs is checked in `add`, which raises `RequestRejected`
 with the code of the `messages.admission` rule it broke; nothing is ever truncated silently.
+A request with a JSON constraint gets its grammar there too (`gpu.grammar`): a schema that
+cannot be compiled is rejected with `invalid_response_format`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import torch
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import RequestRejected
+from gpu.grammar.compiler import GrammarCompiler
+from gpu.grammar.mask import TokenMasks
+from gpu.grammar.matcher import JsonMatcher
 from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
@@ -161,6 +166,11 @@ class Engine:
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
         self.peak_blocks_used = 0
+        self.grammars = GrammarCompiler(
+            model.tokenizer, model.config.vocab_size, model.eos_token_ids
+        )
+        self.matchers: dict[str, JsonMatcher] = {}  # constrained requests' grammar state
+        self._masks: TokenMasks | None = None  # built with the first constrained request
         self.timing: StepClock | None = None  # set by a benchmark: time each step's phases
 
     # -- admission ---------------------------------------------------------------------
@@ -171,8 +181,17 @@ class Engine:
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.sequences
         )
 
+    def prepare(self, request: EngineRequest) -> None:
+        """`add`'s slow part, ahead of it and on any thread: compile the request's grammar
+        (the first one also builds the library's view of the vocabulary) into the cache `add`
+        reads. Raises `RequestRejected` as `add` would for a schema that cannot compile."""
+        if request.params.json is not None:
+            self.grammars.prepare(request.params.json)
+
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
+        constraint = request.params.json
+        matcher = self.grammars.matcher(constraint) if constraint is not None else None
         seq = Seq(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -181,6 +200,10 @@ class Engine:
             priority=request.priority,
         )
         self.sequences[seq.request_id] = seq
+        if matcher is not None:
+            if self._masks is None:
+                self._masks = TokenMasks(self.grammars.mask_words, self.model.device)
+            self.matchers[seq.request_id] = matcher
         self.scheduler.add(seq)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None:
@@ -212,7 +235,9 @@ class Engine:
         batch = self.scheduler.schedule()
         if timing is not None:
             timing.lap("schedule", began)
-        sampled = self.runner.run(batch, timing) if not batch.is_empty else []
+        sampled = []
+        if not batch.is_empty:
+            sampled = self.runner.run(batch, timing, self.matchers, self._masks)
         collecting = timing.now() if timing is not None else 0.0
         self.scheduler.advance(batch)
         self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
@@ -255,6 +280,15 @@ class Engine:
 
     def _stop_reason(self, seq: Seq, token: int) -> str | None:
         p = seq.params
+        matcher = self.matchers.get(seq.request_id)
+        if matcher is not None:
+            # Keyed on the accepted output tokens: a recomputed (preempted) sequence's
+            # matcher is where its output left it.
+            matcher.advance(seq.output_token_ids)
+            if matcher.failed is not None:
+                return "error"
+            if matcher.is_terminated:
+                return "stop"  # the JSON is complete; only EOS could follow
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
         if p.stop and self._stop_string_at(seq, tail_only=True) is not None:
@@ -281,6 +315,7 @@ class Engine:
         kv_blocks = len(seq.block_table)  # before the scheduler frees them
         self.scheduler.finish(seq, reason)
         del self.sequences[seq.request_id]
+        self.matchers.pop(seq.request_id, None)
         seq.finish_time = self.clock()
         shown = seq.output_token_ids
         if reason == "stop" and shown and shown[-1] in seq.params.stop_token_ids:

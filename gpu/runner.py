@@ -6,12 +6,15 @@ tables, lengths), copied to the device in one go, and expanded to per-token slot
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
 import torch
 
 from gpu.block_allocator import blocks_for
+from gpu.grammar.mask import TokenMasks
+from gpu.grammar.matcher import JsonMatcher
 from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.models.attention import AttentionMetadata, DecodeGroup, PrefillSpan
@@ -231,10 +234,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, batch: ScheduledBatch, timing: StepClock | None = None
+        self,
+        batch: ScheduledBatch,
+        timing: StepClock | None = None,
+        matchers: Mapping[str, JsonMatcher] | None = None,
+        masks: TokenMasks | None = None,
     ) -> list[tuple[ScheduledChunk, int]]:
         """Compute the batch; return the sampled next token of each chunk that samples.
-        `timing`: where to add the time of prepare, forward (and attention) and sample."""
+        `timing`: where to add the time of prepare, forward (and attention) and sample.
+        `matchers`: the grammar of each constrained request, by id, whose masks `masks`
+        builds (after the forward is launched, so on CUDA the two overlap)."""
         lap = timing.now() if timing is not None else 0.0
         # Decodes first, shortest context first (so length groups are contiguous), then prefills.
         chunks = sorted(batch.chunks, key=lambda c: (not c.is_decode, c.end if c.is_decode else 0))
@@ -251,11 +260,16 @@ class ModelRunner:
             lap = timing.lap("forward", lap)
         if not sampling:
             return []
+        mask = None
+        if matchers and masks is not None:
+            rows_matchers = [matchers.get(c.seq.request_id) for c in sampling]
+            mask = masks.build(rows_matchers, logits.shape[-1])
         tokens = sample(
             logits,
             [c.seq.params for c in sampling],
             [c.end for c in sampling],
             self.generator,
+            mask,
         )
         if timing is not None:
             timing.lap("sample", lap)

@@ -5,7 +5,8 @@ seeded) its own generator, never on what else shares the batch. (The logits them
 differ in the last bits with the batch's shape on some devices and dtypes; on CPU in float32
 they do not, which the tests check.) Sampling uses the exponential-race form of the Gumbel
 trick (argmax of probs / Exp(1) noise): one noise draw per row, no multinomial call. The
-token ids come back to the host once per step, at the end.
+token ids come back to the host once per step, at the end. Structured output's masks
+(`mask`) are applied to all constrained rows at once, before any selection.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gpu.grammar.mask import StepMask
 from gpu.sequence import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) pairs
@@ -50,7 +52,13 @@ def sample(
     params: Sequence[SamplingParams],
     positions: Sequence[int],  # position of the token being sampled, per row
     generator: torch.Generator | None = None,  # for unseeded rows
+    mask: StepMask | None = None,  # the constrained rows and the tokens each may not take
 ) -> list[int]:
+    if mask is not None and mask.banned.shape[0] == logits.shape[0]:  # every row, in order
+        logits = logits.masked_fill(mask.banned, float("-inf"))
+    elif mask is not None:
+        banned_logits = logits[mask.rows].masked_fill(mask.banned, float("-inf"))
+        logits = logits.index_put((mask.rows,), banned_logits)
     greedy = logits.argmax(dim=-1)  # [rows]
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled_rows:

@@ -12,12 +12,23 @@ GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 
 
 @dataclass(frozen=True)
+class JsonConstraint:
+    """The output must be JSON matching `schema` (JSON Schema as compact text, which is what
+    the engine's grammar cache is keyed by). `strict`: refuse a schema keyword the grammar
+    cannot enforce rather than ignore it."""
+
+    schema: str
+    strict: bool = False
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token. The default is greedy: temperature 0.
 
     `top_k=0` and `top_p=1.0` disable those filters. A `seed` makes sampling reproducible
     whatever else shares the batch: each sampled position draws from its own generator,
     seeded from (seed, position), so a preempted and recomputed sequence samples the same.
+    `json`: decode under a grammar, so the output is JSON matching that schema.
     """
 
     max_new_tokens: int = 16
@@ -28,6 +39,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    json: JsonConstraint | None = None
 
     @property
     def greedy(self) -> bool:

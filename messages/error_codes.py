@@ -40,6 +40,8 @@ class ErrorCode(enum.StrEnum):
     REPLY_TO_REFUSED = "reply_to_refused"  # the broker refused it (no such topic, no access)
     RESULT_TOO_LARGE = "result_too_large"  # larger than the reply topic or producer accepts
     QUARANTINED = "quarantined"  # the record was in flight when workers crashed, too often
+    # Structured output: a malformed response_format, or a schema the grammar cannot compile.
+    INVALID_RESPONSE_FORMAT = "invalid_response_format"
 
 
 # Codes whose record cannot be read as a request: the raw bytes go to the dead-letter topic.

@@ -42,6 +42,7 @@ from messages.openai_batch import (
     TokenUsage,
 )
 from messages.request import ChatMessage, GenerateRequest
+from messages.response_format import ResponseFormat
 from messages.result import GenerateResult
 from messages.validation import check_request
 
@@ -166,14 +167,26 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     _refuse_unsupported(chat)
     _refuse_if(bool(chat.logprobs), "logprobs")
     _refuse_if(bool(chat.tools), "tools")
-    _refuse_if((chat.response_format or {}).get("type", "text") != "text", "response_format")
     if not chat.messages:
         raise BatchLineRefused(LineCode.INVALID_BODY, "`messages` is empty", param="messages")
     max_tokens = (
         chat.max_tokens if chat.max_completion_tokens is None else chat.max_completion_tokens
     )
     messages = [ChatMessage(role=m.role, content=_text_of(m)) for m in chat.messages]
-    return {**_sampling(chat, max_tokens), "messages": messages}
+    fields = {**_sampling(chat, max_tokens), "messages": messages}
+    if chat.response_format is not None:
+        fields["response_format"] = _response_format(chat.response_format)
+    return fields
+
+
+def _response_format(body: dict[str, Any]) -> ResponseFormat:
+    """OpenAI's `response_format` as tokenmill's; its rules are checked with the request's."""
+    try:
+        return msgspec.convert(body, ResponseFormat)
+    except msgspec.ValidationError as exc:
+        raise BatchLineRefused(
+            ErrorCode.INVALID_RESPONSE_FORMAT, f"response_format: {exc}", param="response_format"
+        ) from None
 
 
 def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:

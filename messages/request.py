@@ -12,6 +12,8 @@ from typing import Annotated
 
 import msgspec
 
+from messages.response_format import ResponseFormat
+
 SCHEMA_VERSION = 1
 
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -32,6 +34,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
       earlier one wins; a request past it is answered with `deadline_exceeded`.
     - `reply_to`: topic for the result (default: the worker's results topic).
     - `metadata`: echoed back unchanged in the result.
+    - `response_format`: constrain the output to JSON (`messages.response_format`).
     """
 
     v: int = SCHEMA_VERSION
@@ -58,3 +61,4 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     stream: bool = False
     stream_interval_tokens: int | None = None
     stream_interval_ms: float | None = None
+    response_format: ResponseFormat | None = None

@@ -16,6 +16,7 @@ from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import MAX_METADATA_CHARS, MAX_METADATA_ENTRIES
 from messages.request import GenerateRequest
+from messages.response_format import check_response_format
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -73,3 +74,4 @@ def check_request(request: GenerateRequest) -> None:
             f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_CHARS} "
             f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
+    check_response_format(request.response_format)

@@ -242,6 +242,8 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
         attributes["gen_ai.request.top_p"] = request.top_p
         if request.model is not None:
             attributes["gen_ai.request.model"] = request.model
+        if request.response_format is not None and request.response_format.constrained:
+            attributes["tokenmill.response_format"] = request.response_format.type
     if result.timings.ttft_ms is not None:
         attributes["tokenmill.ttft_ms"] = round(result.timings.ttft_ms, 3)
     if outcome.admitted:

@@ -466,3 +466,44 @@ def quant_bench(**kwargs: Any) -> None:
     except (ValueError, RuntimeError, OpsError, EngineError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(dumps(report) if kwargs["as_json"] else quant_table(report))
+
+
+@bench.command("json")
+@engine_options
+@click.option(
+    "--batch-sizes",
+    default="1,64",
+    show_default=True,
+    help="Comma-separated batch sizes; each runs free and constrained.",
+)
+@_positive("--prompt-tokens", 32, "Random-token prompt length of every request.")
+@_positive("--new-tokens", 32, "Tokens every request generates (both runs hit this length).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
+def json_bench(**kwargs: Any) -> None:
+    """The per-step cost of JSON-schema constraints: tokens/s with and without at each batch.
+
+    The same seeded prompts run free and then constrained by a schema whose JSON cannot close
+    within `--new-tokens`, so both runs generate the same number of tokens; the difference is
+    the masks: the grammar library filling one bitmask per constrained row on the host, and
+    their application on the device.
+    """
+    from ops.bench.engine import dumps
+    from ops.bench.structured import JsonBenchOptions, json_summary, run_json_bench
+
+    try:
+        sizes = tuple(int(s) for s in kwargs["batch_sizes"].split(","))
+    except ValueError:
+        raise click.UsageError("--batch-sizes: comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise click.UsageError("--batch-sizes: each at least 1")
+    choice = engine_choice(kwargs)
+    options = JsonBenchOptions(
+        batch_sizes=sizes,
+        prompt_tokens=kwargs["prompt_tokens"],
+        new_tokens=kwargs["new_tokens"],
+        seed=kwargs["seed"],
+    )
+    click.echo(f"loading {choice.model}", err=True)
+    report = run_json_bench(build_engine(choice), options)
+    click.echo(dumps(report) if kwargs["as_json"] else json_summary(report))

@@ -17,7 +17,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("actors", "gpu", "messages", "ops")
 # `gpu/` runs on accelerator machines that have none of the service's libraries.
-GPU_MAY_USE = {"torch", "safetensors", "tokenizers", "numpy", "gguf", "jinja2", "triton"}
+GPU_MAY_USE = {
+    "torch",
+    "safetensors",
+    "tokenizers",
+    "numpy",
+    "gguf",
+    "jinja2",
+    "triton",
+    "llguidance",  # structured output's grammars (gpu/grammar/)
+}
 PURE = ("gpu.scheduler", "gpu.block_allocator", "gpu.sequence")  # no torch, no I/O
 
 

@@ -46,6 +46,7 @@ SAMPLE_FILES = {
     "request_chat.json",
     "request_full.json",
     "request_full.msgpack",
+    "request_json_schema.json",
     "request_minimal.json",
     "request_stream.json",
     "request_token_ids.json",
@@ -82,6 +83,7 @@ ERROR_CODES = [
     "reply_to_refused",
     "result_too_large",
     "quarantined",
+    "invalid_response_format",
 ]
 DEAD_LETTERED = {
     "invalid_encoding",
@@ -206,6 +208,14 @@ def test_chat_sample() -> None:
     request = load("request_chat.json")
     assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
     assert request.prompt is None and request.prompt_token_ids is None
+
+
+def test_json_schema_sample() -> None:
+    request = load("request_json_schema.json")
+    assert request.response_format is not None
+    assert request.response_format.type == "json_schema" and request.response_format.strict
+    schema = msgspec.json.decode(request.response_format.schema_text() or "")
+    assert schema["required"] == ["name", "population", "continent"]
 
 
 def test_result_samples() -> None:

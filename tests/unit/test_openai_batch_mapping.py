@@ -326,7 +326,6 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
         (completion_line, {"suffix": "!"}, "suffix"),
         (chat_line, {"logprobs": True}, "logprobs"),
         (chat_line, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        (chat_line, {"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_fields_that_would_change_the_answer_are_refused(
@@ -557,3 +556,35 @@ def test_a_missing_required_field_is_named_as_the_param() -> None:
     line = BatchInputLine(custom_id="q1", url=COMPLETIONS_URL, body={"max_tokens": 3})
     refused = request_refused(line)
     assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "prompt")
+
+
+def test_a_json_schema_response_format_becomes_the_requests() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    made = request(chat_line(response_format=body))
+    assert made.response_format is not None
+    assert made.response_format.type == "json_schema" and made.response_format.strict
+    assert (
+        made.response_format.schema_text()
+        == '{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}'
+    )
+
+
+def test_a_json_object_response_format_is_any_object() -> None:
+    made = request(chat_line(response_format={"type": "json_object"}))
+    assert made.response_format is not None
+    assert made.response_format.schema_text() == '{"type":"object"}'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "xml"},
+        {"type": "json_schema"},  # no json_schema
+        {"type": "json_schema", "json_schema": {"schema": "not an object"}},
+        {"type": 5},
+    ],
+)
+def test_a_malformed_response_format_is_invalid_response_format(body: dict[str, Any]) -> None:
+    refused = request_refused(chat_line(response_format=body))
+    assert refused.code == ErrorCode.INVALID_RESPONSE_FORMAT

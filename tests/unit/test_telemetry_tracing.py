@@ -4,6 +4,9 @@ kinds, times, attributes, links and the result's headers."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -11,6 +14,7 @@ from actors.mail import Outcome, RecordRef
 from actors.telemetry.tracing import start_request_spans
 from messages.error_codes import ErrorCode
 from messages.request import ChatMessage, GenerateRequest
+from messages.response_format import ResponseFormat
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
 from tests.unit.span_capture import SpanCapture
 
@@ -190,3 +194,14 @@ def test_tracestate_travels_on_to_the_result_and_the_spans() -> None:
     spans, headers = recorded(item)
     assert ("tracestate", b"vendor=abc") in headers
     assert spans["send res"].context.trace_state.to_header() == "vendor=abc"
+
+
+def test_a_constrained_request_names_its_response_format() -> None:
+    plain, _ = recorded(outcome())
+    assert "tokenmill.response_format" not in plain["process reqs"].attributes
+    base = outcome()
+    assert base.request is not None
+    json_object = ResponseFormat(type="json_object")
+    request = msgspec.structs.replace(base.request, response_format=json_object)
+    spans, _ = recorded(dataclasses.replace(base, request=request))
+    assert spans["process reqs"].attributes["tokenmill.response_format"] == "json_object"

@@ -11,6 +11,7 @@ import pytest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.request import ChatMessage, GenerateRequest
+from messages.response_format import JsonSchemaFormat, ResponseFormat
 from messages.validation import check_request
 
 HI = [ChatMessage(role="user", content="hi")]
@@ -180,3 +181,35 @@ def test_metadata_is_capped_because_it_is_echoed_back() -> None:
         ErrorCode.INVALID_REQUEST
     )
     assert broken(request(metadata={"k": "v" * 20000})).code is ErrorCode.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        ResponseFormat(type="xml"),
+        ResponseFormat(type="json_schema"),  # json_schema missing
+        ResponseFormat(
+            type="json_schema",
+            json_schema=JsonSchemaFormat(schema={"enum": ["x" * 1000] * 100}),  # too large
+        ),
+    ],
+)
+def test_a_malformed_response_format_is_invalid_response_format(
+    response_format: ResponseFormat,
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        check_request(GenerateRequest(id="r", prompt="p", response_format=response_format))
+    assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        None,
+        ResponseFormat(),
+        ResponseFormat(type="json_object"),
+        ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(schema={"type": "array"})),
+    ],
+)
+def test_well_formed_response_formats_pass(response_format: ResponseFormat | None) -> None:
+    check_request(GenerateRequest(id="r", prompt="p", response_format=response_format))

@@ -1,0 +1,101 @@
+"""Compile a `JsonConstraint` against one model's vocabulary, once per distinct schema."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import llguidance
+
+from gpu.errors import RequestRejected
+from gpu.grammar.matcher import JsonMatcher
+from gpu.loading.tokenizer import Tokenizer
+from gpu.sequence import JsonConstraint
+from messages.error_codes import ErrorCode
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+CACHE_SIZE = 64  # distinct schemas kept compiled
+
+# Compact JSON: no whitespace between tokens. With flexible whitespace a small model can
+# emit newlines forever inside an object and never close it.
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+class GrammarCompiler:
+    """Builds `JsonMatcher`s for one model. The library's view of the vocabulary (each token
+    id's bytes, read from the tokenizer's own serialisation) is built on first use: an engine
+    that never sees a constrained request never pays for it. That and compiling take a lock,
+    so `prepare` may run on another thread than the engine's (ahead of `matcher`)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        """`vocab_size`: the width of the model's logits (at least the tokenizer's)."""
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self._compiled: OrderedDict[tuple[str, bool], llguidance.LLMatcher] = OrderedDict()
+        self._library_tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def library_tokenizer(self) -> llguidance.LLTokenizer:
+        """Seconds to build for a large vocabulary (Gemma 3's 262,144 tokens), once."""
+        with self._lock:
+            if self._library_tokenizer is None:
+                self._library_tokenizer = llguidance.LLTokenizer(
+                    self.tokenizer.inner.to_str(),
+                    n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
+                    eos_token=self.eos_token_ids or None,
+                )
+            return self._library_tokenizer
+
+    @property
+    def mask_words(self) -> int:
+        """int32 words in one row's bitmask."""
+        return (self.library_tokenizer.vocab_size + 31) // 32
+
+    def matcher(self, constraint: JsonConstraint) -> JsonMatcher:
+        """A fresh matcher at the start of `constraint`'s grammar, or `RequestRejected` with
+        `INVALID_RESPONSE_FORMAT` if the library cannot compile the schema."""
+        return JsonMatcher(self.prepare(constraint).deep_copy())  # shares the compiled grammar
+
+    def prepare(self, constraint: JsonConstraint) -> llguidance.LLMatcher:
+        """Compile `constraint` into the cache unless it is there (`matcher` then finds it);
+        its template matcher, which is never advanced."""
+        tokenizer = self.library_tokenizer
+        key = (constraint.schema, constraint.strict)
+        with self._lock:
+            template = self._compiled.get(key)
+            if template is not None:
+                self._compiled.move_to_end(key)
+                return template
+            template = self._compile(constraint, tokenizer)
+            self._compiled[key] = template
+            if len(self._compiled) > CACHE_SIZE:
+                self._compiled.popitem(last=False)
+            return template
+
+    def _compile(
+        self, constraint: JsonConstraint, tokenizer: llguidance.LLTokenizer
+    ) -> llguidance.LLMatcher:
+        options: JsonCompileOptions = {**_JSON_OPTIONS, "lenient": not constraint.strict}
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                constraint.schema, overrides=options
+            )
+        except ValueError as exc:
+            raise _rejected(str(exc)) from None
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise _rejected(template.get_error())
+        return template
+
+
+def _rejected(problem: str) -> RequestRejected:
+    first = problem.strip().splitlines()[0] if problem.strip() else "unknown error"
+    return RequestRejected(
+        ErrorCode.INVALID_RESPONSE_FORMAT, f"the JSON schema cannot be compiled: {first}"
+    )
