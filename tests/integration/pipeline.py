@@ -28,7 +28,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from actors.config import WorkerConfig
 from actors.kafka.connection import KafkaConnection
 from messages.codec import Codec, normalize_content_type
-from messages.headers import CONTENT_TYPE, header
+from messages.headers import CHUNK_SCHEMA, CONTENT_TYPE, SCHEMA, header
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.services.topics import create_topics
@@ -146,9 +146,11 @@ async def read_all(
 
 
 def decode_results(records: Iterable[ConsumerRecord[bytes, bytes]]) -> list[GenerateResult]:
+    """The results among `records`; streamed requests' chunks are skipped (by their schema)."""
     return [
         result_codec.decode(r.value or b"", normalize_content_type(header(r.headers, CONTENT_TYPE)))
         for r in records
+        if header(r.headers, SCHEMA) != CHUNK_SCHEMA.encode()
     ]
 
 
