@@ -143,7 +143,7 @@ async def test_a_cancel_stops_a_request_in_a_bucket_and_one_decoding(
 ) -> None:
     lane, topic = await cancel_lane(kafka_bootstrap)
     tag = uuid.uuid4().hex[:6]
-    long = GenerateRequest(id=f"long-{tag}", prompt=COUNTING, max_new_tokens=200)
+    long = GenerateRequest(id=f"long-{tag}", prompt=COUNTING, max_new_tokens=1000)
     held = GenerateRequest(id=f"held-{tag}", prompt=COUNTING, max_new_tokens=40)
     # A bucket waits 10 minutes: what arrives while `long` runs stays there until cancelled.
     async with running(lane, topic, smollm2, max_wait_ms=600_000) as run:
@@ -200,7 +200,7 @@ async def test_cancels_among_ordinary_requests_on_two_workers(
         for i in range(6)
     ]
     doomed = [
-        GenerateRequest(id=f"doomed-{tag}-{i}", prompt=COUNTING, max_new_tokens=60)
+        GenerateRequest(id=f"doomed-{tag}-{i}", prompt=COUNTING, max_new_tokens=1000)
         for i in range(4)
     ]
     expected = {r.id: reference(smollm2, r) for r in ordinary}
@@ -276,7 +276,7 @@ async def test_batch_cancel_stops_a_run_and_a_rerun_finishes_it(
             cwd=REPO, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert asked.returncode == 0, asked.stderr[-2000:]
-        stdout, stderr = await asyncio.to_thread(running.communicate, timeout=60)
+        stdout, stderr = await asyncio.to_thread(running.communicate, timeout=300)
         assert running.returncode == 1, stderr.decode()[-2000:]  # stopped before the end
         summary = json.loads(stdout)
         assert summary["cancel_requested"] and not summary["complete"]

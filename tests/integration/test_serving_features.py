@@ -56,7 +56,7 @@ async def test_all_serving_features_interleaved_with_ordinary_requests(
     smollm2: Any,  # noqa: F811
 ) -> None:
     tag = uuid.uuid4().hex[:6]
-    long = GenerateRequest(id=f"long-{tag}", prompt=COUNTING, max_new_tokens=200)
+    long = GenerateRequest(id=f"long-{tag}", prompt=COUNTING, max_new_tokens=1000)
     first = shared(f"shared-0-{tag}", "When do you open on Sunday?")
     wave = [
         GenerateRequest(id=f"plain-0-{tag}", prompt="The capital of France is", max_new_tokens=8),
