@@ -1,9 +1,11 @@
 """CancelActor: `CancelRequest`s in from the cancel topic, `Cancel`s out to the ingest.
 
 Reads the cancel topic in a consumer group of its own (`<group>.cancel.<worker id>`), so every
-worker sees every cancel, whichever worker holds the request; a new group starts at the
-topic's end and never commits (a restarted worker has nothing of before to cancel). A record
-that does not decode is counted and logged (`cancel_malformed`), never a crash.
+worker sees every cancel, whichever worker holds the request. It never commits: on each
+assignment it starts from the cancels of the last `REMEMBER_S` seconds (the offsets for that
+time), the window the ingest remembers cancelled ids for, so a worker started (or restarted)
+after a cancel still answers its request cancelled when it arrives. A record that does not
+decode is counted and logged (`cancel_malformed`), never a crash.
 
 Mailbox: none used (it only reads). Sends: `Cancel` to `cancels` (the ingest, which takes the
 request out of its buckets or passes the cancel on to the GPU actor). `ready` is set once the
@@ -14,12 +16,14 @@ reading, close. `run()` may be called again after it raised; it makes a fresh co
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from actors.cancel.remembered import REMEMBER_S
 from actors.config import WorkerConfig
 from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
@@ -59,6 +63,7 @@ class CancelActor(Actor[None]):
         self.received = 0
         self.malformed = 0
         self._assigned = asyncio.Event()  # set by the rebalance listener
+        self.clock = time.time
 
     @property
     def listening(self) -> bool:
@@ -70,11 +75,24 @@ class CancelActor(Actor[None]):
             **self.config.kafka.client_kwargs(),
             group_id=f"{self.config.group}.cancel.{self.config.worker_id}",
             client_id=f"tokenmill-{self.config.worker_id}-cancel",
-            auto_offset_reset="latest",  # never committed: every start reads from the end
+            auto_offset_reset="latest",  # never committed: positions come from `_rewind`
             enable_auto_commit=False,
         )
-        consumer.subscribe([self.topic], listener=_Assigned(self))
+        consumer.subscribe([self.topic], listener=_Assigned(self, consumer))
         return consumer
+
+    async def _rewind(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+        """Start each assigned partition at its first cancel of the last REMEMBER_S seconds
+        (at its end when it has none that recent)."""
+        if not assigned:
+            return
+        since_ms = int((self.clock() - REMEMBER_S) * 1000)
+        found = await consumer.offsets_for_times({tp: since_ms for tp in assigned})
+        recent = {tp: at.offset for tp, at in found.items() if at is not None}
+        for tp, offset in recent.items():
+            consumer.seek(tp, offset)
+        if stale := [tp for tp in assigned if tp not in recent]:
+            await consumer.seek_to_end(*stale)
 
     async def run(self) -> None:
         self.ready.clear()
@@ -145,11 +163,13 @@ class CancelActor(Actor[None]):
 
 
 class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, actor: CancelActor) -> None:
+    def __init__(self, actor: CancelActor, consumer: AIOKafkaConsumer) -> None:
         self.actor = actor
+        self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.actor.ready.clear()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.actor._rewind(self.consumer, assigned)
         self.actor._assigned.set()

@@ -13,12 +13,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+REMEMBER_S = 600.0  # how long a cancel holds for a request not seen yet
+
 
 class RecentCancels:
     def __init__(
         self,
         capacity: int = 65_536,
-        ttl_s: float = 600.0,
+        ttl_s: float = REMEMBER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity <= 0 or ttl_s <= 0:

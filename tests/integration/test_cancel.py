@@ -245,6 +245,26 @@ async def test_cancels_among_ordinary_requests_on_two_workers(
     assert len(everything) == len(mixed), "every request answered exactly once"
 
 
+async def test_a_cancel_sent_before_the_worker_started_still_holds(
+    kafka_bootstrap: str, smollm2: Any
+) -> None:
+    """The cancel reader starts at the cancels of the last 10 minutes: a worker started after
+    a cancel answers its request cancelled when it arrives, and runs the others."""
+    lane, topic = await cancel_lane(kafka_bootstrap)
+    tag = uuid.uuid4().hex[:6]
+    doomed = GenerateRequest(id=f"before-{tag}", prompt=COUNTING, max_new_tokens=40)
+    spared = GenerateRequest(id=f"spared-{tag}", prompt="1 + 1 =", max_new_tokens=4)
+    await send_cancel(lane, topic, doomed.id)
+    async with running(lane, topic, smollm2) as run:
+        await until(lambda: run.cancels("none") == 1, "the earlier cancel is read at start")
+        await produce(lane.bootstrap, lane.requests, [doomed, spared])
+        found = once(await results_by_id(lane, [doomed.id, spared.id]))
+        await wait_committed_to_end(lane)
+    assert found[doomed.id].finish_reason is FinishReason.CANCELLED
+    assert found[doomed.id].token_ids == [] and run.cancels("arrival") == 1
+    assert found[spared.id].token_ids == reference(smollm2, spared)
+
+
 def test_a_cancel_record_encodes_as_documented() -> None:
     cancel = CancelRequest(id="job-17")
     assert cancel_codec.encode(cancel) == b'{"v":1,"id":"job-17","reason":""}'
