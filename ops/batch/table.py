@@ -15,7 +15,8 @@ _decoder = msgspec.json.Decoder()
 
 
 def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
-    """(text or error, finish reason, prompt+completion tokens) of one output line."""
+    """(text or error, finish reason, prompt+completion tokens, with the prompt tokens the
+    prefix cache served) of one output line."""
     if line.get("error"):
         error = line["error"]
         return (
@@ -33,6 +34,9 @@ def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
     text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
     usage = body.get("usage") or {}
     tokens = f"{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)}"
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    if cached:
+        tokens += f" ({cached} cached)"
     return str(text or "").strip(), str(choice.get("finish_reason", "")), tokens
 
 
