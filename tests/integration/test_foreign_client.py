@@ -55,7 +55,12 @@ async def test_a_librdkafka_client_round_trips(kafka_bootstrap, tiny_checkpoints
     assert result["id"] == "foreign-1"
     assert result["error"] is None
     assert len(result["token_ids"]) == 4 and result["finish_reason"] == "length"
-    assert result["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert result["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+        "cached_tokens": 0,  # prompt tokens the prefix cache served (none: the first request)
+    }
     assert result["metadata"] == {"team": "search"}
     assert result["model"]["name"] == "tiny"
     assert headers["content-type"] == "application/json"
