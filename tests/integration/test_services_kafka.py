@@ -67,6 +67,7 @@ async def test_create_topics_is_idempotent(kafka_bootstrap: str) -> None:
         names["dlq"]: 1,
         names["control"]: 1,
         names["events"]: 1,
+        names["cancel"]: 1,
     }
 
 
