@@ -119,14 +119,7 @@ async def _submit(client: Any, requests: list[Any], wait: bool, within_s: float)
         async for result in client.results({r.id for r in requests}, within_s):
             ok &= result.error is None
             click.echo(encoder.encode(result).decode())
-        missing = client.missing
-        if missing:
-            click.echo(
-                f"{len(missing)} result(s) missing after {time.monotonic() - started:.0f} s: "
-                + ", ".join(sorted(missing)[:10]),
-                err=True,
-            )
-        return ok and not missing
+        return ok and _all_answered(client.missing, started)
 
 
 async def _stream(client: Any, requests: list[Any], within_s: float) -> bool:
@@ -165,14 +158,7 @@ async def _stream(client: Any, requests: list[Any], within_s: float) -> bool:
                 f"{error}",
                 err=True,
             )
-        missing = client.missing
-        if missing:
-            click.echo(
-                f"{len(missing)} result(s) missing after {time.monotonic() - started:.0f} s: "
-                + ", ".join(sorted(missing)[:10]),
-                err=True,
-            )
-        return ok and not missing
+        return ok and _all_answered(client.missing, started)
 
 
 def _show(request_id: str, text: str, one: bool) -> None:
@@ -181,3 +167,14 @@ def _show(request_id: str, text: str, one: bool) -> None:
         sys.stdout.flush()
     else:
         click.echo(f"[{request_id}] {text}")
+
+
+def _all_answered(missing: set[str], started: float) -> bool:
+    """Say on stderr which results never came (the first ten ids); True when none is missing."""
+    if missing:
+        click.echo(
+            f"{len(missing)} result(s) missing after {time.monotonic() - started:.0f} s: "
+            + ", ".join(sorted(missing)[:10]),
+            err=True,
+        )
+    return not missing

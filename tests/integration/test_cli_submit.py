@@ -14,7 +14,8 @@ from gpu.loading.loader import load_model
 from tests.integration.pipeline import REPO, new_lane, running_worker
 
 
-def submit(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
+def submit(*args: str, bootstrap: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`tokenmill submit ARGS` as a subprocess; `timeout` only bounds a hang."""
     env = {**os.environ, "TOKENMILL_BOOTSTRAP_SERVERS": bootstrap}
     return subprocess.run(
         [sys.executable, "-m", "ops", "submit", *args],
@@ -22,7 +23,7 @@ def submit(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
 
 

@@ -11,9 +11,6 @@ the ordinary requests' outputs are those of their streamed twins.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,7 +32,6 @@ from messages.codec import JSON, MSGPACK, Codec, normalize_content_type
 from messages.request import GenerateRequest
 from messages.result import FinishReason, GenerateResult
 from tests.integration.pipeline import (
-    REPO,
     Lane,
     new_lane,
     produce,
@@ -43,6 +39,7 @@ from tests.integration.pipeline import (
     running_worker,
     wait_committed_to_end,
 )
+from tests.integration.test_cli_submit import submit
 
 pytestmark = pytest.mark.slow
 
@@ -207,18 +204,6 @@ async def test_streamed_and_ordinary_requests_interleaved(
     assert any("\u3040" <= ch <= "\u30ff" for ch in final["s-every-token-0"].text)  # kana
 
 
-def submit(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TOKENMILL_BOOTSTRAP_SERVERS": bootstrap}
-    return subprocess.run(
-        [sys.executable, "-m", "ops", "submit", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 async def test_submit_stream_prints_the_text(engine: Engine, kafka_bootstrap: str) -> None:
     prompt = PROMPTS[1]
     expected = greedy_text(engine, engine.model.tokenizer.encode(prompt), MAX_NEW)
@@ -228,7 +213,7 @@ async def test_submit_stream_prints_the_text(engine: Engine, kafka_bootstrap: st
             submit,
             prompt, "--stream", "--max-new-tokens", str(MAX_NEW), "--timeout", "200",
             "--topic", lane.requests, "--results-topic", lane.results,
-            bootstrap=lane.bootstrap,
+            bootstrap=lane.bootstrap, timeout=240,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == expected + "\n"
