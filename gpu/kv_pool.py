@@ -50,14 +50,13 @@ class KVPool:
         # step starts and leaves partly written (`zero`), and block 0, the padding of ragged
         # block tables, is zeroed here and never handed out (`PAD_BLOCK`).
         self.cache = torch.empty(config.num_layers, 2, *shape, dtype=dtype, device=device)
-        self.zero([PAD_BLOCK])
+        self.zero(torch.tensor([PAD_BLOCK], device=device))
         # work: [2, workspace_blocks, block_size, kv_heads, head_dim], shared by all layers
         self.work = torch.empty(2, workspace_blocks, *shape[1:], dtype=dtype, device=device)
 
-    def zero(self, blocks: list[int]) -> None:
-        if blocks:
-            index = torch.tensor(blocks, device=self.cache.device)
-            self.cache.index_fill_(2, index, 0)
+    def zero(self, blocks: torch.Tensor) -> None:
+        """Zero these blocks ([n] int64, on the pool's device) in every layer, K and V."""
+        self.cache.index_fill_(2, blocks, 0)
 
     def layer(self, index: int) -> LayerKV:
         kv = self.cache[index]

@@ -3,8 +3,10 @@
 Two libraries implement it: `CpuKernels` (`gpu/kernels/native.py`, C built on the host, float32
 CPU tensors) and `TritonKernels` (`gpu/kernels/triton/kernels.py`, CUDA, or the CPU through
 Triton's interpreter in tests). The models and the attention code hold a `StepKernels` and never
-ask which one it is, except for the few things only one of them has (the CPU's one-call decode
-step, the GPU's fused rotary + K/V write), which they test for with `isinstance`.
+ask which one it is, except for the few things only one of them has: the CPU's one-call decode
+step (`isinstance(kernels, CpuKernels)`), and Triton's fused rotary + K/V write
+(`rope_and_cache_`) and prefill attention over the pool (`paged_prefill_attention`), which
+the callers look up by name, taking the torch path where a library lacks them.
 
 Every method takes and returns device tensors and never reads one back to the host, so a step
 made of them can be captured in a CUDA graph.

@@ -21,12 +21,15 @@ those models attend over the same gathered blocks with the scores computed in to
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from gpu.kernels.native import CpuKernels
+from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import LayerKV
 from gpu.step_clock import StepClock
 
@@ -40,7 +43,8 @@ class PrefillSpan:
     context: int  # start + n: how many positions the chunk attends to
     blocks: torch.Tensor | None  # [ceil(context / block_size)] the block table's head; None
     # when the chunk is the whole context (start == 0): it attends to its own K/V directly.
-    mask: torch.Tensor | None  # [n, context] bool, True = may attend; None = plain causal
+    mask: torch.Tensor | None  # [n, context] bool, True = may attend; None = causal, from
+    # the lower right: query i, at position context - n + i, sees keys 0 .. context - n + i
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class AttentionMetadata:
     decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSpan, ...]
     timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
-    kernels: CpuKernels | None = None  # native decode attention (CPU, float32), if built
+    kernels: StepKernels | None = None  # decode attention that reads the pool in place
     rope_rows: torch.Tensor | None = None  # [tokens] int64 rows of the rope tables, where
     # they are not the positions (LongRoPE: `gpu.models.layers.long_rope_rows`)
     window: int | None = None  # the sliding window these groups and spans see; None: all
@@ -101,12 +105,31 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,  # scores = softcap · tanh(scores / softcap) before softmax
+    *,
+    kv_written: bool = False,  # k and v are already in the pool (a fused rotary + write)
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
     began = meta.timing.now() if meta.timing is not None else 0.0
-    kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
-    kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
+    if not kv_written:
+        kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
+        kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
     out = q.new_empty(q.shape)  # contiguous, whatever q's strides
-    kv_heads, head_dim = k.shape[1:]
+    with _pinned_sdpa(q.device):
+        _decode_groups(q, kv, meta, scale, softcap, out)
+        _prefill_spans(q, k, v, kv, meta, scale, softcap, out)
+    if meta.timing is not None:
+        meta.timing.lap("attention", began)
+    return out
+
+
+def _decode_groups(
+    q: torch.Tensor,  # [tokens, heads, head_dim]
+    kv: LayerKV,
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float | None,
+    out: torch.Tensor,  # [tokens, heads, head_dim], the decodes' rows written
+) -> None:
+    kv_heads, head_dim = kv.k.shape[2:]
     per_kv_head = q.shape[1] // kv_heads
     for group in meta.decodes:
         d = group.end - group.begin
@@ -133,12 +156,42 @@ def paged_attention(
         if softcap is None:
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=group.mask, scale=scale)
         else:  # one query a sequence: [d, kv_heads, per_kv_head, 1, head_dim]
-            mask = None if group.mask is None else group.mask.unsqueeze(1)  # [d, 1, 1, 1, ctx]
+            mask = group.mask.unsqueeze(1)  # [d, 1, 1, 1, ctx]
             od = softcapped_attention(
                 qd.unsqueeze(-2), kd.unsqueeze(2), vd.unsqueeze(2), mask, scale, softcap
             )
         out[group.begin : group.end] = od.reshape(d, -1, head_dim)  # [d, heads, head_dim]
+
+
+def _prefill_spans(
+    q: torch.Tensor,  # [tokens, heads, head_dim]
+    k: torch.Tensor,  # [tokens, kv_heads, head_dim]
+    v: torch.Tensor,
+    kv: LayerKV,
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float | None,
+    out: torch.Tensor,  # [tokens, heads, head_dim], the prefills' rows written
+) -> None:
+    kv_heads, head_dim = kv.k.shape[2:]
+    per_kv_head = q.shape[1] // kv_heads
+    prefill_kernel = getattr(meta.kernels, "paged_prefill_attention", None)
     for span in meta.prefills:
+        n = span.end - span.begin
+        if span.blocks is not None and prefill_kernel is not None:
+            # A chunk over cached context, read where it lies in the pool (Triton on CUDA).
+            prefill_kernel(
+                q[span.begin : span.end].contiguous(),
+                kv.k,
+                kv.v,
+                span.blocks,
+                span.context,
+                scale,
+                out[span.begin : span.end],
+                window=meta.window,
+                softcap=softcap,
+            )
+            continue
         # 4-D [1, heads, n, head_dim]: the layout fused SDPA kernels (flash, memory-efficient)
         # take on CUDA; 3-D inputs would fall back to the unfused math kernel.
         qp = q[span.begin : span.end].transpose(0, 1).unsqueeze(0)
@@ -149,27 +202,42 @@ def paged_attention(
             kp = gather_blocks(kv.k, kv.k_work, span.blocks)[: span.context].transpose(0, 1)
             vp = gather_blocks(kv.v, kv.v_work, span.blocks)[: span.context].transpose(0, 1)
         if softcap is not None:
-            n = span.end - span.begin
-            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            mask = span.mask if span.mask is not None else causal
+            mask = span.mask if span.mask is not None else _causal(n, span.context, q.device)
             # [kv_heads, per_kv_head, n, head_dim] against [kv_heads, 1, context, head_dim]
             qg = qp[0].view(kv_heads, per_kv_head, n, head_dim)
             og = softcapped_attention(qg, kp.unsqueeze(1), vp.unsqueeze(1), mask, scale, softcap)
             out[span.begin : span.end] = og.reshape(-1, n, head_dim).transpose(0, 1)
             continue
+        bias: torch.Tensor | CausalBias | None = span.mask
+        if bias is None and span.blocks is not None:
+            bias = causal_lower_right(n, span.context)  # no [n, context] tensor is built
         op = F.scaled_dot_product_attention(
             qp,
             kp.unsqueeze(0),
             vp.unsqueeze(0),
-            attn_mask=span.mask,
-            is_causal=span.mask is None,
+            attn_mask=bias,
+            is_causal=bias is None,
             scale=scale,
             enable_gqa=True,
         )  # [1, heads, n, head_dim]
         out[span.begin : span.end] = op[0].transpose(0, 1)
-    if meta.timing is not None:
-        meta.timing.lap("attention", began)
-    return out
+
+
+def _causal(n: int, context: int, device: torch.device) -> torch.Tensor:  # [n, context] bool
+    """The lower-right causal mask as a tensor, for attention computed outside SDPA."""
+    query_pos = torch.arange(context - n, context, device=device).unsqueeze(1)
+    return torch.arange(context, device=device).unsqueeze(0) <= query_pos
+
+
+# On CUDA, SDPA may pick cuDNN's attention, which plans anew for every shape (hundreds of ms):
+# prefill shapes change with every chunk. These backends plan nothing.
+_CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _pinned_sdpa(device: torch.device) -> AbstractContextManager[None]:
+    if device.type == "cuda":
+        return sdpa_kernel(_CUDA_SDPA_BACKENDS)
+    return nullcontext()
 
 
 def softcapped_attention(

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.kernels.native import CpuKernels
+from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
@@ -69,9 +70,13 @@ class LlamaAttention(nn.Module):
         rope_rows: torch.Tensor,  # [tokens] int64 rows of the rope tables
         cos: torch.Tensor,  # [rows, rotary_dim] float32
         sin: torch.Tensor,
-        kernels: CpuKernels,
-    ) -> None:
-        """q/k norms (in torch) and RoPE (native over whole heads) on the fused qkv rows."""
+        kernels: StepKernels,
+        kv: LayerKV | None = None,
+        meta: AttentionMetadata | None = None,
+    ) -> bool:
+        """q/k norms (in torch) and RoPE (the kernel's, over whole heads) on the fused qkv
+        rows. With `kv` and `meta`, a library that can (`rope_and_cache_`) also writes k and v
+        into the pool at the step's slots: returns whether it did."""
         c = self.config
         tokens = qkv.shape[0]
         q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
@@ -80,11 +85,17 @@ class LlamaAttention(nn.Module):
             q.copy_(self.q_norm(q))
             k.copy_(self.k_norm(k))
         if c.rotary_dim == c.head_dim:
+            rope_and_cache_ = getattr(kernels, "rope_and_cache_", None)
+            if rope_and_cache_ is not None and kv is not None and meta is not None:
+                heads = (c.num_heads, c.num_kv_heads, c.head_dim)
+                rope_and_cache_(qkv, *heads, rope_rows, cos, sin, kv.k, kv.v, meta.slot_mapping)
+                return True
             kernels.rope_(qkv, c.num_heads + c.num_kv_heads, c.head_dim, rope_rows, cos, sin)
-            return
+            return False
         cos_t, sin_t = cos[rope_rows].unsqueeze(1), sin[rope_rows].unsqueeze(1)
-        q.copy_(apply_rope(q, cos_t, sin_t))  # partial rotary: the native rope_ takes whole heads
+        q.copy_(apply_rope(q, cos_t, sin_t))  # partial rotary: the kernels' rope_ takes whole heads
         k.copy_(apply_rope(k, cos_t, sin_t))
+        return False
 
     def attend(
         self,
@@ -93,12 +104,14 @@ class LlamaAttention(nn.Module):
         v: torch.Tensor,
         kv: LayerKV,
         meta: AttentionMetadata,
+        *,
+        kv_written: bool = False,  # k and v are in the pool already (`rotate_` wrote them)
     ) -> torch.Tensor:  # [tokens, hidden]
         c = self.config
         q = q.view(-1, c.num_heads, c.head_dim)
         k = k.view(-1, c.num_kv_heads, c.head_dim)
         v = v.view(-1, c.num_kv_heads, c.head_dim)
-        out = paged_attention(q, k, v, kv, meta, self.scale)
+        out = paged_attention(q, k, v, kv, meta, self.scale, kv_written=kv_written)
         hidden: torch.Tensor = self.o_proj(out.flatten(1))  # [tokens, hidden]
         return hidden
 
@@ -153,12 +166,15 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [rows, vocab] float32
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
         rope_rows = positions if meta.rope_rows is None else meta.rope_rows  # [tokens]
-        if meta.kernels is not None and x.dtype == torch.float32:
-            if small_decode_step(meta, x.shape[0]) and implements(self.config):
-                if self.decode_step is None or self.decode_step.kernels is not meta.kernels:
-                    self.decode_step = DecodeStep(self, meta.kernels)
+        kernels = meta.kernels
+        native = isinstance(kernels, CpuKernels)
+        if kernels is not None and (x.dtype == torch.float32 or not native):
+            if native and small_decode_step(meta, x.shape[0]) and implements(self.config):
+                assert isinstance(kernels, CpuKernels)
+                if self.decode_step is None or self.decode_step.kernels is not kernels:
+                    self.decode_step = DecodeStep(self, kernels)
                 return self.decode_step(x, rope_rows, kv, meta)[logits_rows]
-            x = self._layers_fused(x, rope_rows, kv, meta, meta.kernels)
+            x = self._layers_fused(x, rope_rows, kv, meta, kernels)
             logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows]))
             return logits.float()
         cos = self.rope_cos[rope_rows].unsqueeze(1).to(x.dtype)  # [tokens, 1, rotary_dim]
@@ -177,11 +193,13 @@ class LlamaForCausalLM(nn.Module):
         rope_rows: torch.Tensor,  # [tokens] int64 rows of the rope tables (the positions)
         kv: KVPool,
         meta: AttentionMetadata,
-        kernels: CpuKernels,
+        kernels: StepKernels,
     ) -> torch.Tensor:  # [tokens, hidden] the last layer's residual stream
         """The layers with the native kernels' fused elementwise ops: each residual add and
         the norm after it in one pass, rotary embedding in place on the fused qkv rows, and
-        SwiGLU's activation in one op. Same arithmetic as the unfused path, far fewer ops."""
+        SwiGLU's activation in one op. Same arithmetic as the unfused path, far fewer ops.
+        Where the library also writes K/V as it rotates (Triton's `rope_and_cache_`), the
+        rotation and the pool write are one kernel."""
         c = self.config
         layers = self.typed_layers()
         residual = x
@@ -189,9 +207,12 @@ class LlamaForCausalLM(nn.Module):
         for index, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = attn.qkv_proj(normed)  # [tokens, q_size + 2 * kv_size]
-            attn.rotate_(qkv, rope_rows, self.rope_cos, self.rope_sin, kernels)
+            layer_kv = kv.layer(index)
+            written = attn.rotate_(
+                qkv, rope_rows, self.rope_cos, self.rope_sin, kernels, layer_kv, meta
+            )
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            hidden = attn.attend(q, k, v, kv.layer(index), meta)
+            hidden = attn.attend(q, k, v, layer_kv, meta, kv_written=written)
             post = layer.post_attention_layernorm.weight
             normed = kernels.rms_norm(hidden, post, c.norm_eps, residual=residual)
             if isinstance(mlp, SparseMoE):
