@@ -17,15 +17,17 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from gpu.block_allocator import BlockAllocator, blocks_for
+from gpu.decode_graphs import DecodeGraphs
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import JsonMatcher
 from gpu.kernels.native import cpu_kernels
+from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
-from gpu.loading.model_config import GEMMA_FAMILY
+from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.models.layers import long_rope_rows
 from gpu.prefix_hash import root_key
 from gpu.runner import ModelRunner
@@ -148,20 +150,38 @@ class Engine:
         if self.prefix_caching:
             prefix_key = root_key(model.digest, model.quantization, str(model.dtype))
         self.scheduler = Scheduler(scheduling, self.allocator, clock, prefix_key=prefix_key)
-        kernels = None
-        if config.native_kernels and model.device.type == "cpu" and model.dtype == torch.float32:
-            kernels = cpu_kernels()
+        kernels = step_kernels(model, config)
+        window = max((w for w in windows if w is not None), default=None)
+        graphs = None
+        if kernels is not None and _static_decodes(config, model.device, model.config):
+            graphs = DecodeGraphs(
+                model.module,
+                self.kv,
+                model.device,
+                max_seqs=config.max_num_seqs,
+                max_blocks=blocks_for(self.max_model_len, config.block_size),
+                kernels=kernels,
+                window=window,
+                long_rope=self.long_rope is not None,
+            )
+            if model.device.type == "cuda":
+                with torch.inference_mode():
+                    graphs.capture()  # at start, on the thread that steps the engine
+        self.graphs = graphs
         self.runner = ModelRunner(
             model.module,
             self.kv,
             model.device,
             seed=config.seed,
             kernels=kernels,
-            window=max((w for w in windows if w is not None), default=None),
+            window=window,
             long_rope=self.long_rope,
+            graphs=graphs,
         )
-        # What decode attention runs on: the native kernel reads the pool in place.
-        self.attention_kernel = "native-paged" if kernels is not None else "sdpa-gather"
+        # What decode attention runs on: the kernels read the pool in place.
+        self.attention_kernel = "sdpa-gather"
+        if kernels is not None:
+            self.attention_kernel = "native-paged" if model.device.type == "cpu" else "triton-paged"
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
@@ -336,6 +356,27 @@ class Engine:
             num_kv_blocks=kv_blocks,
             cached_tokens=seq.num_cached_tokens,
         )
+
+
+def step_kernels(model: LoadedModel, config: EngineConfig) -> StepKernels | None:
+    """The kernel library the model's steps use: tokenmill's native kernels on float32 CPU
+    models (where a C compiler builds them), Triton's on CUDA (where Triton imports); None:
+    PyTorch's ops, with attention over gathered blocks."""
+    if not config.native_kernels:
+        return None
+    if model.device.type == "cpu":
+        return cpu_kernels() if model.dtype == torch.float32 else None
+    from gpu.kernels.triton.kernels import triton_kernels
+
+    return triton_kernels()
+
+
+def _static_decodes(config: EngineConfig, device: torch.device, model: ModelConfig) -> bool:
+    """Whether decode-only steps take the static path (`EngineConfig.decode_graphs`). Not
+    captured for sparse-MoE models: their routing reads expert counts back each layer."""
+    if config.decode_graphs == "auto":
+        return device.type == "cuda" and not model.num_experts
+    return config.decode_graphs == "eager"
 
 
 def check_admission(

@@ -12,10 +12,16 @@ from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
 from gpu.loading.loader import LoadedModel
 from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
-from gpu.memory.plan import activation_reserve_bytes, kv_budget_bytes, num_kv_blocks
+from gpu.memory.plan import (
+    activation_reserve_bytes,
+    decode_graph_reserve_bytes,
+    kv_budget_bytes,
+    num_kv_blocks,
+)
 from gpu.scheduler import SchedulerConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048
+DECODE_GRAPH_MODES = ("auto", "eager", "off")
 
 
 @dataclass(frozen=True)
@@ -35,11 +41,20 @@ class EngineConfig:
     native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
     quantization: str = "none"  # how weights are held: `gpu.quant.scheme` (none, auto, int8, int4)
     prefix_caching: bool = True  # reuse the K/V of full blocks a prompt shares with earlier ones
+    # Decode-only steps through static buffers padded to a few batch sizes (`gpu.decode_graphs`):
+    # "auto": on CUDA, as CUDA graphs captured at engine start; elsewhere off. "eager": the
+    # static path without capture, on any device with kernels (the tests' check). "off".
+    decode_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         from gpu.quant.scheme import Quantization
 
         Quantization.parse(self.quantization)  # ValueError naming the choices
+        if self.decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(
+                f"decode_graphs must be one of {', '.join(DECODE_GRAPH_MODES)}, "
+                f"got {self.decode_graphs!r}"
+            )
         positive = {
             "max_model_len": self.max_model_len,
             "max_prompt_tokens": self.max_prompt_tokens,
@@ -125,6 +140,8 @@ def _kv_budget_from_device(
             max_batch=config.max_num_seqs,
             max_context_len=max_model_len,
         )
+        if config.decode_graphs == "auto":  # the graphs' memory pool, held for good
+            reserve += decode_graph_reserve_bytes(model.config, dtype, config.max_num_seqs)
         return max(int(free - (1 - config.memory_utilization) * total - reserve), 0)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     held = None

@@ -133,6 +133,22 @@ def activation_reserve_bytes(
     return per_token + logits + scores + gathered
 
 
+def decode_graph_reserve_bytes(config: ModelConfig, dtype: str, max_batch: int) -> int:
+    """The memory CUDA graphs of decode steps hold for good (`gpu.decode_graphs`): one pool
+    shared by all captured sizes, as large as the largest size's forward needs, B = max_batch
+    tokens: its per-token intermediates and its logits (the terms of
+    `activation_reserve_bytes` for a step of B decodes, without attention's, which reads the
+    pool in place), plus their input buffers (a block table row per sequence)."""
+    b = dtype_bytes(dtype)
+    h, q, kv, i = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    if config.num_experts:
+        i = max(i, config.num_experts_per_tok * (config.moe_intermediate_size or i))
+    per_token = max_batch * (4 * h + 3 * q + 3 * kv + 3 * i) * b
+    logits = max_batch * config.vocab_size * (b + 4)
+    inputs = max_batch * (8 + config.max_position_embeddings // 16) * 8
+    return per_token + logits + inputs
+
+
 def default_max_batched_tokens(batch: int, seq_len: int) -> int:
     """Tokens per step when none is given.
 

@@ -10,6 +10,7 @@ Gemma 3 normalises each head of q and k and gives its sliding layers their own R
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +174,7 @@ class GemmaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)  # [tokens, hidden]
         # The scale rounded to the model's dtype first, as transformers does (bf16: 55.5, not
         # sqrt(3072) = 55.43), so the embeddings match its bits.
-        x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        x = x * _embedding_scale(self.config.hidden_size, x.dtype)
         full = (self.rope_cos[positions], self.rope_sin[positions])
         local = (self.local_rope_cos[positions], self.local_rope_sin[positions])
         ropes = [tuple(t.unsqueeze(1).to(x.dtype) for t in pair) for pair in (full, local)]
@@ -211,3 +212,9 @@ class GemmaForCausalLM(nn.Module):
         copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
         if not c.tie_word_embeddings:
             fill_linear(self, "lm_head", [src.take_linear("lm_head.weight", (c.vocab_size, h))])
+
+
+@functools.cache
+def _embedding_scale(hidden: int, dtype: torch.dtype) -> float:
+    """sqrt(hidden) rounded to `dtype`, as a Python number: no tensor is made per step."""
+    return float(torch.tensor(hidden**0.5, dtype=dtype))
