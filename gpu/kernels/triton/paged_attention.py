@@ -17,7 +17,7 @@ products are `tl.dot`s. On CUDA half-precision operands go to the dot as they ar
 weights rounded to that dtype, as FlashAttention does); in float32, or under the interpreter
 (whose bfloat16 dot multiplies raw bits), the operands are float32.
 
-Positions come in tiles of `KEYS` (the block size when it is a power of two of at least 16):
+Positions come in tiles of `KEYS` (the block size when it is a power of two in 16..128):
 the block of each position is read from the table (`table[pos // block_size]`), so any block
 size works and a tile of one block reads one table entry. Triton is imported only on first use,
 as in `gpu.quant.triton_linear`; `TRITON_INTERPRET=1` set before that import runs the kernels on
@@ -265,8 +265,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _keys_per_tile(block_size: int) -> int:
-    """Positions per tile: the block size if a power of two of 16..128 (one table entry per
-    tile), else the power of two nearest it in 16..128 (tl.dot's N is at least 16)."""
+    """Positions per tile: the block size if a power of two in 16..128 (one table entry per
+    tile), else the next power of two, clipped to 16..128 (tl.dot's N is at least 16)."""
     return min(128, max(16, _pow2(block_size)))
 
 
