@@ -39,6 +39,10 @@ FILL_PROGRAMS = 264
 MIN_SPLIT_POSITIONS = 256
 MAX_SPLITS = 16
 PREFILL_ROWS = 64  # (query, query head) rows per prefill program
+# Warps: sm_90 builds (ptxas via Triton 3.9) spill registers with 4 warps from a decode tile of
+# 4096 (query heads × positions × head_dim) and in prefill at head_dim 128, or float32 at 32.
+DECODE_WIDE_TILE = 4096
+PREFILL_WARPS = 8
 
 # triton.language, bound by `_decode_kernels` / `_prefill_kernel`: a module global because
 # Triton's interpreter patches the `tl` it finds among a kernel's globals.
@@ -105,6 +109,7 @@ def paged_decode_attention(
     group = heads // kv_heads
     keys = _keys_per_tile(block_size)
     splits, tiles_per_split = _decode_splits(seqs, kv_heads, width * block_size, keys)
+    tile = _pow2(group) * keys * _pow2(head_dim)
     # partials: [seqs, heads, splits] max and sum, [seqs, heads, splits, head_dim] weighted V
     # sums, all float32; unused (never read) with one split.
     shape = (seqs, heads, splits) if splits > 1 else (1, 1, 1)
@@ -141,6 +146,7 @@ def paged_decode_attention(
         HAS_STARTS=starts is not None,
         HAS_SOFTCAP=softcap is not None,
         ONE_SPLIT=splits == 1,
+        num_warps=8 if tile >= DECODE_WIDE_TILE else 4,
         enable_fp_fusion=True,  # Triton's default, said outright (unset, 3.9 warns at compile)
     )
     if splits > 1:
@@ -217,6 +223,7 @@ def paged_prefill_attention(
         HAS_SOFTCAP=softcap is not None,
         DOT_F32=dot_f32,
         PRECISION="tf32" if tf32 else "ieee",
+        num_warps=PREFILL_WARPS,
         enable_fp_fusion=True,
     )
 
