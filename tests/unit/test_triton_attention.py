@@ -323,3 +323,53 @@ def test_rejects_mismatched_inputs() -> None:
         paged_decode_attention(
             d["q"], d["k"], d["v"], d["tables"], d["lengths"][:2], 1.0, torch.empty_like(d["q"])
         )
+
+
+# What the interpreter does not check: the kernels as Triton builds them for CUDA (sm_90 here,
+# as on an H100/H200), types and all, down to a cubin. No GPU needed: Triton bundles ptxas.
+HALF = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+PARTIALS = {name: "*fp32" for name in ("max_ptr", "sum_ptr", "acc_ptr")}
+BUILDS = {
+    "decode_split": (
+        {**HALF, **PARTIALS, "table_ptr": "*i32", "length_ptr": "*i64", "start_ptr": "*i64"},
+        {"BLOCK_SIZE": 16, "KEYS": 16, "HEADS": 6, "GROUP": 3, "GROUP_PAD": 4, "HEAD_DIM": 80}
+        | {"DIM_PAD": 128, "HAS_STARTS": True, "HAS_SOFTCAP": True, "ONE_SPLIT": False},
+        8,
+    ),
+    "decode_reduce": (
+        {**PARTIALS, "out_ptr": "*bf16"},
+        {"HEAD_DIM": 80, "DIM_PAD": 128, "SPLITS_PAD": 4},
+        4,
+    ),
+    "prefill": (
+        {**HALF, "table_ptr": "*i64"},
+        {"BLOCK_SIZE": 32, "KEYS": 32, "HEADS": 8, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 16}
+        | {"HEAD_DIM": 128, "DIM_PAD": 128, "HAS_WINDOW": True, "HAS_SOFTCAP": True}
+        | {"DOT_F32": False, "PRECISION": "ieee"},
+        8,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_builds_for_cuda_without_a_gpu(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gpu.kernels.triton import paged_attention
+
+    split, reduce = paged_attention._decode_kernels(False)
+    kernel = {"decode_split": split, "decode_reduce": reduce}.get(name)
+    kernel = kernel or paged_attention._prefill_kernel(False)
+    pointers, constants, warps = BUILDS[name]
+    names = kernel.arg_names
+    # Scalars: ints as i32, the two floats as fp32.
+    signature = {n: pointers.get(n, "fp32" if n in ("scale", "softcap") else "i32") for n in names}
+    signature |= {n: "constexpr" for n in constants}
+    source = ASTSource(kernel, signature, {(names.index(n),): v for n, v in constants.items()})
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    options = {"num_warps": warps, "enable_fp_fusion": True}
+    built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    assert built.asm["cubin"]
