@@ -329,7 +329,7 @@ def test_rejects_mismatched_inputs() -> None:
 # as on an H100/H200), types and all, down to a cubin. No GPU needed: Triton bundles ptxas.
 HALF = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
 PARTIALS = {name: "*fp32" for name in ("max_ptr", "sum_ptr", "acc_ptr")}
-BUILDS = {
+BUILDS: dict[str, tuple[dict[str, str], dict[str, Any], int]] = {
     "decode_split": (
         {**HALF, **PARTIALS, "table_ptr": "*i32", "length_ptr": "*i64", "start_ptr": "*i64"},
         {"BLOCK_SIZE": 16, "KEYS": 16, "HEADS": 6, "GROUP": 3, "GROUP_PAD": 4, "HEAD_DIM": 80}
