@@ -1,0 +1,1 @@
+"""tokenmill's Triton kernels: CUDA, or the CPU through Triton's interpreter (tests)."""
