@@ -206,14 +206,16 @@ def _kernel(interpret: bool) -> Any:
         tl.store(first + HALF, o2, mask=mask & turned)
 
         if CACHE:
-            slot = tl.load(slot_ptr + row)  # int64; < 0: padding, not written
+            # The row's slot in every lane ([BLOCK_HALF]): the interpreter takes no scalar
+            # in a store's mask. < 0: padding, not written.
+            slot = tl.load(slot_ptr + row + j * 0)
             at = tl.maximum(slot, 0)
-            is_k = (heads >= Q_HEADS) & (heads < ROTATED)
-            is_v = (heads >= ROTATED) & (heads < TOTAL)
-            kv_head = tl.where(is_k, heads - Q_HEADS, heads - ROTATED)  # [BLOCK_HEADS]
             place = (at // block_size) * stride_block + (at % block_size) * stride_slot
-            into = place + kv_head[:, None] * stride_head + j[None, :]  # [BLOCK_HEADS, BLOCK_HALF]
-            write = mask & (slot >= 0)
+            is_k = (heads >= Q_HEADS) & (heads < ROTATED)  # [BLOCK_HEADS]
+            is_v = (heads >= ROTATED) & (heads < TOTAL)
+            kv_head = tl.where(is_k, heads - Q_HEADS, heads - ROTATED)
+            into = kv_head[:, None] * stride_head + (place + j)[None, :]  # [BLOCK_HEADS, BLOCK_HALF]
+            write = mask & (slot >= 0)[None, :]
             k_out = k_ptr.dtype.element_ty  # the pool's dtype: x's, or narrower
             v_out = v_ptr.dtype.element_ty
             k1, k2 = round_to(o1.to(tl.float32), k_out), round_to(o2.to(tl.float32), k_out)
