@@ -214,7 +214,7 @@ def _kernel(interpret: bool) -> Any:
             is_k = (heads >= Q_HEADS) & (heads < ROTATED)  # [BLOCK_HEADS]
             is_v = (heads >= ROTATED) & (heads < TOTAL)
             kv_head = tl.where(is_k, heads - Q_HEADS, heads - ROTATED)
-            into = kv_head[:, None] * stride_head + (place + j)[None, :]  # [BLOCK_HEADS, BLOCK_HALF]
+            into = kv_head[:, None] * stride_head + (place + j)[None, :]  # [heads, half]
             write = mask & (slot >= 0)[None, :]
             k_out = k_ptr.dtype.element_ty  # the pool's dtype: x's, or narrower
             v_out = v_ptr.dtype.element_ty
