@@ -92,14 +92,17 @@ def _qkv(rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(rows, width + 8).to(dtype)  # 8 columns past the width: untouched
 
 
-def _rope_case(rows: int, head_dim: int, dtype: torch.dtype) -> dict[str, Any]:
+def _rope_case(
+    rows: int, head_dim: int, dtype: torch.dtype, heads: int = HEADS, kv_heads: int = KV_HEADS
+) -> dict[str, Any]:
     cos, sin = _tables(head_dim)
-    width = (HEADS + 2 * KV_HEADS) * head_dim
+    width = (heads + 2 * kv_heads) * head_dim
     return {
         "kind": "rope",
         "x": _qkv(rows, width, dtype),
         "width": width,
-        "heads": HEADS + KV_HEADS,  # q and k, as LlamaAttention.rotate_ asks
+        "heads": heads + kv_heads,  # q and k, as LlamaAttention.rotate_ asks
+        "kv_heads": kv_heads,
         "head_dim": head_dim,
         "positions": torch.randint(0, MAX_POSITIONS, (rows,)),
         "cos": cos,
@@ -108,18 +111,23 @@ def _rope_case(rows: int, head_dim: int, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def _cache_case(
-    rows: int, head_dim: int, block_size: int, dtype: torch.dtype, padded: bool
+    rows: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    padded: bool,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
 ) -> dict[str, Any]:
     blocks = 4
     slots = torch.randperm(blocks * block_size)[:rows]
     if padded:
         slots[rows // 2] = -1
-    pool_shape = (blocks, block_size, KV_HEADS, head_dim)
-    case = _rope_case(rows, head_dim, dtype)
+    pool_shape = (blocks, block_size, kv_heads, head_dim)
+    case = _rope_case(rows, head_dim, dtype, heads, kv_heads)
     case.update(
         kind="cache",
-        kv_heads=KV_HEADS,
-        heads=HEADS,
+        heads=heads,
         k_pool=torch.randn(pool_shape).to(dtype),
         v_pool=torch.randn(pool_shape).to(dtype),
         slots=slots,
@@ -128,7 +136,11 @@ def _cache_case(
 
 
 def _silu_case(rows: int, size: int, dtype: torch.dtype) -> dict[str, Any]:
-    return {"kind": "silu", "gate_up": (3 * torch.randn(rows, 2 * size + 8)).to(dtype), "width": 2 * size}
+    return {
+        "kind": "silu",
+        "gate_up": (3 * torch.randn(rows, 2 * size + 8)).to(dtype),
+        "width": 2 * size,
+    }
 
 
 def _cases() -> dict[str, dict[str, Any]]:
@@ -142,9 +154,15 @@ def _cases() -> dict[str, dict[str, Any]]:
     for dtype, rows, head_dim in itertools.product(DTYPES, ROWS, (16, 32, 64)):
         cases[f"rope-{dtype}-{rows}-d{head_dim}"] = _rope_case(rows, head_dim, dtype)
     cases["rope-float16-3-d64"] = _rope_case(3, 64, torch.float16)
-    combos = itertools.product(DTYPES, ROWS, (16, 32, 64), (16, 32))
-    for i, (dtype, rows, head_dim, block_size) in enumerate(combos):
-        padded = rows > 1 and i % 2 == 0
+    # 24 + 8 heads of 128: a row's heads span programs (16 heads of 128 to a program).
+    cases["rope-bfloat16-3-d128-h24"] = _rope_case(3, 128, torch.bfloat16, 24, 8)
+    cases["cache-bfloat16-3-d128-h24-b16-padded"] = _cache_case(
+        3, 128, 16, torch.bfloat16, True, 24, 8
+    )
+    combos = itertools.product(DTYPES, (16, 32, 64), (16, 32))
+    for i, (dtype, head_dim, block_size) in enumerate(combos):
+        rows = ROWS[i % len(ROWS)]  # every row count, spread over the shapes
+        padded = rows > 1 and i % 4 < 2
         name = f"cache-{dtype}-{rows}-d{head_dim}-b{block_size}{'-padded' if padded else ''}"
         cases[name] = _cache_case(rows, head_dim, block_size, dtype, padded)
     for dtype, rows, size in itertools.product((*DTYPES, torch.float16), ROWS, (64, 96)):
@@ -212,7 +230,7 @@ def test_rms_norm_matches_rmsnorm_after_the_residual_add(
 
 def _rope_reference(c: dict[str, Any], heads: int) -> torch.Tensor:
     """apply_rope over the first `heads` heads of the rows, as LlamaModel.forward turns q, k."""
-    x = c["x"].clone()
+    x: torch.Tensor = c["x"].clone()  # [rows, width + 8]
     dtype, head_dim = x.dtype, c["head_dim"]
     cos = c["cos"][c["positions"]].unsqueeze(1).to(dtype)  # [rows, 1, head_dim]
     sin = c["sin"][c["positions"]].unsqueeze(1).to(dtype)
@@ -238,14 +256,15 @@ def test_rope_and_cache_turns_and_writes_k_and_v_at_their_slots(
     c, got = CASES[name], outputs[name]
     want = _rope_reference(c, c["heads"] + c["kv_heads"])
     assert torch.equal(got["x"], want)
-    head_dim, q_size, kv_size = c["head_dim"], c["heads"] * c["head_dim"], KV_HEADS * c["head_dim"]
-    k = want[:, q_size : q_size + kv_size].reshape(-1, KV_HEADS, head_dim)
-    v = want[:, q_size + kv_size : q_size + 2 * kv_size].reshape(-1, KV_HEADS, head_dim)
+    head_dim, kv_heads = c["head_dim"], c["kv_heads"]
+    q_size, kv_size = c["heads"] * head_dim, kv_heads * head_dim
+    k = want[:, q_size : q_size + kv_size].reshape(-1, kv_heads, head_dim)
+    v = want[:, q_size + kv_size : q_size + 2 * kv_size].reshape(-1, kv_heads, head_dim)
     slots = c["slots"]
     written = slots >= 0  # a padded row (slot -1) writes nothing
     for pool, values, key in ((c["k_pool"], k, "k_pool"), (c["v_pool"], v, "v_pool")):
         expected = pool.clone()
-        expected.view(-1, KV_HEADS, head_dim)[slots[written]] = values[written]
+        expected.view(-1, kv_heads, head_dim)[slots[written]] = values[written]
         assert torch.equal(got[key], expected), key
 
 

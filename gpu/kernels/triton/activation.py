@@ -18,6 +18,7 @@ MAX_BLOCK = 1024  # elements of a row one program covers
 
 # triton.language and the rounding cast, bound by `_kernel`: module globals because Triton's
 # interpreter runs a kernel among its module's globals (a closure variable fails under it).
+# One mode per process (CUDA, or the interpreter): building the other rebinds `round_to`.
 tl: Any = None
 round_to: Any = None
 

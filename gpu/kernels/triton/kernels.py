@@ -92,18 +92,19 @@ class TritonKernels:
 
     def paged_prefill_attention(
         self,
-        q: torch.Tensor,  # [tokens, heads, head_dim] one sequence's new tokens
+        q: torch.Tensor,  # [n, heads, head_dim] a chunk at positions context - n .. context - 1
         k: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim] a layer's pool
         v: torch.Tensor,
-        table: torch.Tensor,  # [width] int64 the sequence's block table
-        context: Any,  # as `paged_attention.paged_prefill_attention` takes it
+        table: torch.Tensor,  # [≥ ceil(context / block_size)] the sequence's block table
+        context: int,  # positions attended in total (the chunk's start + n)
         scale: float,
-        out: torch.Tensor,  # [tokens, heads, head_dim], written
+        out: torch.Tensor,  # [n, heads, head_dim], written
         *,
-        window: int | None = None,  # sliding window: positions attended before each query
+        window: int | None = None,  # the query at p sees keys in (p - window, p]
         softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
     ) -> None:
-        """Causal attention of a prefill's queries over the pool (`paged_attention.py`)."""
+        """Causal attention of one prefill chunk over its sequence's cached context and
+        itself, read through the block table (`paged_attention.py`)."""
         from gpu.kernels.triton.paged_attention import paged_prefill_attention
 
         paged_prefill_attention(q, k, v, table, context, scale, out, window=window, softcap=softcap)

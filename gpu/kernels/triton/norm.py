@@ -23,6 +23,7 @@ MAX_HIDDEN = 65536  # the whole row lives in one program's registers
 
 # triton.language and the rounding cast, bound by `_kernel`: module globals because Triton's
 # interpreter runs a kernel among its module's globals (a closure variable fails under it).
+# One mode per process (CUDA, or the interpreter): building the other rebinds `round_to`.
 tl: Any = None
 round_to: Any = None
 

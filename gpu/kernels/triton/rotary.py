@@ -21,6 +21,7 @@ TILE = 1024  # elements of a program's tile of half heads: [heads_per_program, h
 
 # triton.language and the rounding cast, bound by `_kernel`: module globals because Triton's
 # interpreter runs a kernel among its module's globals (a closure variable fails under it).
+# One mode per process (CUDA, or the interpreter): building the other rebinds `round_to`.
 tl: Any = None
 round_to: Any = None
 
@@ -116,6 +117,8 @@ def _launch(
     block_half = 1 << (half - 1).bit_length()
     block_heads = min(1 << (total - 1).bit_length(), max(1, TILE // block_half))
     k_pool, v_pool, slots = pools if pools is not None else (x, x, positions)  # unread if None
+    block_stride, slot_stride, head_stride = k_pool.stride()[:3] if pools else (0, 0, 0)
+    block_size = k_pool.shape[1] if pools else 1
     grid = (rows, (total + block_heads - 1) // block_heads)
     _kernel(x.device.type != "cuda")[grid](
         x,
@@ -126,10 +129,10 @@ def _launch(
         v_pool,
         slots,
         x.stride(0),
-        k_pool.stride(0) if pools is not None else 0,
-        k_pool.stride(1) if pools is not None else 0,
-        k_pool.stride(2) if pools is not None else 0,
-        k_pool.shape[1] if pools is not None else 1,
+        block_stride,
+        slot_stride,
+        head_stride,
+        block_size,
         TOTAL=total,
         ROTATED=rotated,
         Q_HEADS=num_heads,
