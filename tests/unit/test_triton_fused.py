@@ -316,3 +316,69 @@ def test_without_triton_there_are_no_triton_kernels(
         assert "not importable" in caplog.records[0].getMessage()
     finally:
         triton_kernels.cache_clear()
+
+
+def test_the_kernels_build_for_cuda() -> None:
+    """The CUDA path, which the interpreter never takes: each kernel (bfloat16, its fullest
+    variant) lowers to an sm_90 binary, no FMA in it. A build, not a run: no GPU needed."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from gpu.kernels.triton import activation, norm, rotary
+
+    pointers = "*bf16"
+    builds = {
+        "norm": (
+            norm._kernel(False),
+            {n: pointers for n in ("x_ptr", "r_ptr", "w_ptr", "o_ptr")}
+            | {"hidden": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32"},
+            {"HAS_RESIDUAL": True, "BLOCK": 8192},
+        ),
+        "rotary": (
+            rotary._kernel(False),
+            {n: pointers for n in ("x_ptr", "k_ptr", "v_ptr")}
+            | {n: "*i64" for n in ("pos_ptr", "slot_ptr")}
+            | {n: "*fp32" for n in ("cos_ptr", "sin_ptr")}
+            | {n: "i32" for n in ("stride_x", "stride_block", "stride_slot", "stride_head")}
+            | {"block_size": "i32"},
+            {"TOTAL": 48, "ROTATED": 40, "Q_HEADS": 32, "HEAD_DIM": 128, "CACHE": True}
+            | {"BLOCK_HEADS": 16, "BLOCK_HALF": 64},
+        ),
+        "activation": (
+            activation._kernel(False),
+            {"gu_ptr": pointers, "o_ptr": pointers, "size": "i32", "stride_gu": "i32"},
+            {"BLOCK": 1024},
+        ),
+    }
+    for name, (kernel, signature, constants) in builds.items():
+        source = ASTSource(
+            kernel, signature | dict.fromkeys(constants, "constexpr"), constexprs=constants
+        )
+        options = {"num_warps": 4, "enable_fp_fusion": False}
+        built = compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        assert built.asm["cubin"], name
+        assert "fma.rn" not in built.asm["ptx"], f"{name}: a product fused past its rounding"
+
+
+def test_mismatched_inputs_are_refused_before_any_launch() -> None:
+    kernels = TritonKernels()  # the checks run before a kernel is built: no triton needed
+    x, cos = torch.randn(3, 64), torch.randn(16, 16)
+    with pytest.raises(ValueError, match="one dtype"):
+        kernels.rms_norm(x, torch.ones(64), 1e-5, residual=torch.zeros(3, 64).bfloat16())
+    with pytest.raises(ValueError, match="weight"):
+        kernels.rms_norm(x, torch.ones(32), 1e-5)
+    positions = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="do not fit"):
+        kernels.rope_(x, 5, 16, positions, cos, cos)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.rope_(x, 4, 16, positions, cos.double(), cos)
+    with pytest.raises(ValueError, match="positions"):
+        kernels.rope_(x, 4, 16, positions.int(), cos, cos)
+    qkv, pool = torch.randn(3, 4 * 16), torch.zeros(2, 16, 1, 16)
+    slots = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="pool"):
+        kernels.rope_and_cache_(qkv, 2, 1, 16, positions, cos, cos, pool[..., :8], pool, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        kernels.rope_and_cache_(qkv, 2, 1, 16, positions, cos, cos, pool, pool, slots.int())
+    with pytest.raises(ValueError, match="2 \\* size"):
+        kernels.silu_mul(torch.randn(3, 7))
