@@ -1,1 +1,2 @@
-"""Triton kernels for CUDA, or the CPU under Triton's interpreter; triton loads on first use."""
+"""tokenmill's Triton kernels: CUDA, or the CPU through Triton's interpreter (tests); triton
+itself is imported on first use."""
