@@ -23,7 +23,7 @@ from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import JsonMatcher
-from gpu.kernels.native import cpu_kernels
+from gpu.kernels.native import CpuKernels, cpu_kernels
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
@@ -181,7 +181,8 @@ class Engine:
         # What decode attention runs on: the kernels read the pool in place.
         self.attention_kernel = "sdpa-gather"
         if kernels is not None:
-            self.attention_kernel = "native-paged" if model.device.type == "cpu" else "triton-paged"
+            native = isinstance(kernels, CpuKernels)
+            self.attention_kernel = "native-paged" if native else "triton-paged"
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
