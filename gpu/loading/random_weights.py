@@ -13,8 +13,8 @@ import hashlib
 import json
 from pathlib import Path
 
-import torch
 import tokenizers
+import torch
 from torch import nn
 
 from gpu.device import default_device, default_dtype, dtype_name
@@ -29,6 +29,7 @@ from gpu.quant.apply import quantize_linears, tie_quantized
 from gpu.quant.scheme import Quantization, describe
 
 DEFAULT_STD = 0.02  # transformers' initializer_range default, when the config has none
+DIGEST_PREFIX = "random:"  # a random model's digest: never a checkpoint's "sha256:..."
 
 
 def read_random_config(path: Path) -> tuple[ModelConfig, float]:
@@ -82,7 +83,7 @@ def load_random_model(
     return LoadedModel(
         name=name or f"{config_path.stem} (random weights)",
         # not a checkpoint's digest: the config's bytes and the draw
-        digest=f"random:seed{seed}:{dtype_name(dtype)}:sha256:{digest}",
+        digest=f"{DIGEST_PREFIX}seed{seed}:{dtype_name(dtype)}:sha256:{digest}",
         path=config_path,
         config=config,
         tokenizer=id_tokenizer(config),
@@ -92,6 +93,10 @@ def load_random_model(
         packed_bytes=packed_bytes(module),
         quantization=describe(module, dtype),
     )
+
+
+def has_random_weights(model: LoadedModel) -> bool:
+    return model.digest.startswith(DIGEST_PREFIX)
 
 
 def fill_random(module: nn.Module, std: float, seed: int) -> None:
