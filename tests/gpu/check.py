@@ -264,19 +264,10 @@ def llama3_8b(device: torch.device, dtype: torch.dtype, dry_run: Path | None) ->
 def shrunk_configs(folder: Path) -> Path:
     """The two benchmark configs at a tiny size, for a dry run on CPU (same architecture
     and rope settings, small shapes)."""
+    from tests.tiny_models import tiny_config
+
     for name in ("smollm2-135m", "llama3-8b"):
-        raw = json.loads((HERE / "configs" / f"{name}.json").read_text())
-        raw.update(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=512,
-            bos_token_id=0,
-            eos_token_id=1,
-        )
-        (folder / f"{name}.json").write_text(json.dumps(raw))
+        tiny_config(HERE / "configs" / f"{name}.json", folder / f"{name}.json")
     return folder
 
 
