@@ -11,6 +11,7 @@ On CUDA every interval is timed with CUDA events and `torch.cuda.synchronize()` 
 after a timed loop; elsewhere (`run_decode_roofline` on a CPU engine, for tests and
 `bench engine --decode-roofline`) `time.perf_counter` and a host memcpy stand in. The
 engine's `step()` brings its sampled ids to the host, so each step ends synchronised anyway.
+Each batch size first runs a few untimed steps of its own shapes.
 
 Imports nothing from `ops/`: `tests/gpu/check.py` loads this file by path on GPU machines
 that have torch but not the CLI's dependencies.
@@ -186,6 +187,14 @@ def _check_fits(engine: Engine, batch: int, tokens: int) -> str | None:
     return None
 
 
+def _warm_up(engine: Engine, batch: int, prompt_tokens: int, seed: int) -> None:
+    """A few untimed steps of this batch's shapes (prefill, then every sequence decoding):
+    one-time costs (kernel selection, autotuning, allocator growth) stay out of the timing."""
+    prompts = _prompts(engine, batch, prompt_tokens, seed - 1 - batch)
+    with torch.inference_mode():
+        run_all(engine, _requests(prompts, 4, f"warm{batch}"))
+
+
 def run_decode_roofline(engine: Engine, options: DecodeOptions | None = None) -> dict[str, Any]:
     """The report's `decode_roofline` section (see the module docstring); JSON-ready."""
     o = options or DecodeOptions()
@@ -194,9 +203,7 @@ def run_decode_roofline(engine: Engine, options: DecodeOptions | None = None) ->
     problem = _check_fits(engine, 1, total)
     if problem is not None:
         raise ValueError(f"decode roofline: {problem}")
-    # warm-up: kernels, allocator and caches see both a prefill and decode steps first
-    with torch.inference_mode():
-        run_all(engine, _requests(_prompts(engine, 1, o.prompt_tokens, o.seed + 1), 4, "warm"))
+    _warm_up(engine, 1, o.prompt_tokens, o.seed)
     bandwidth = copy_bandwidth(device, o.copy_bytes, o.copy_repeats)
     one = decode_run(engine, _prompts(engine, 1, o.prompt_tokens, o.seed), o.new_tokens)
     weights = read_weight_bytes(engine.model.module)
@@ -212,6 +219,7 @@ def run_decode_roofline(engine: Engine, options: DecodeOptions | None = None) ->
         if problem is not None:
             batches[str(size)] = {"skipped": problem}
             continue
+        _warm_up(engine, size, o.prompt_tokens, o.seed)
         prompts = _prompts(engine, size, o.prompt_tokens, o.seed + size)
         batches[str(size)] = decode_run(engine, prompts, o.new_tokens)
     return {
