@@ -7,10 +7,7 @@ Phases, each recorded in the one JSON file it writes (rewritten after every phas
 killed run still leaves what it did) and each failing alone, the rest still running:
 
 1. `correctness`: every tiny random model of `tests/tiny_models.py`, greedy, one prompt at a
-   time: on the device in float32 the tokens must equal the CPU float32 reference's; in
-   bfloat16 the logits must be close (max |diff| within `BF16_TOLERANCE` of the reference's
-   largest logit, over the steps before the greedy tokens first part) and the greedy
-   agreement (the share of tokens before they part) is reported.
+   time, against the CPU float32 reference (`tests/gpu/correctness.py`).
 2. `bench_smollm2_135m`: SmolLM2-135M in bfloat16, its GGUF when the tokenmill model cache
    holds it, else random weights of `configs/smollm2-135m.json`; 3. `bench_llama3_8b`: the
    Llama-3-8B-shaped random model (`configs/llama3-8b.json`) in bfloat16. Each: batch-1 decode
@@ -54,14 +51,12 @@ sys.path += [str(w) for w in sorted((HERE / "wheels").glob("*.whl"))]  # after s
 
 import torch  # noqa: E402  (the repo root goes on sys.path first)
 
-from gpu.engine import Engine, EngineRequest  # noqa: E402
+from gpu.engine import Engine  # noqa: E402
 from gpu.engine_config import EngineConfig  # noqa: E402
 from gpu.loading.loader import LoadedModel, load_model  # noqa: E402
 from gpu.loading.random_weights import load_random_model  # noqa: E402
-from gpu.sequence import SamplingParams  # noqa: E402
+from tests.gpu.correctness import PhaseTimeout, correctness  # noqa: E402
 
-BF16_TOLERANCE = 0.05  # of the reference's largest |logit|
-CORRECTNESS_NEW_TOKENS = 16
 TARGETS = {  # name: (phase, path into its report, comparison, target)
     "smollm2_135m_batch1_step_ms": ("bench_smollm2_135m", ("batch1", "step_ms"), "<=", 1.0),
     "llama3_8b_bf16_batch1_roofline_fraction": (
@@ -80,10 +75,6 @@ TARGETS = {  # name: (phase, path into its report, comparison, target)
 SMOLLM2_GGUF = "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class PhaseTimeout(Exception):
-    """A phase ran past what was left of the budget."""
-
-
 def gpu_decode() -> ModuleType:
     """`ops/bench/gpu_decode.py` by its path: the `ops` package (the CLI's dependencies) is
     never imported."""
@@ -95,122 +86,6 @@ def gpu_decode() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
-
-
-# -- phase 1: correctness ------------------------------------------------------------------
-
-
-class LogitsRecorder:
-    """Stands in for the runner's model: forwards each call, keeps the logits on the host."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.rows: list[torch.Tensor] = []
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        logits: torch.Tensor = self.model(*args, **kwargs)
-        self.rows.append(logits.detach().float().cpu())
-        return logits
-
-
-def greedy(model: LoadedModel, prompt: list[int], new_tokens: int) -> tuple[list[int], Any]:
-    """`prompt` alone, greedy, EOS ignored: its tokens and each step's logits ([steps, vocab],
-    None when the runner's model call could not be watched)."""
-    engine = Engine(model, EngineConfig(max_num_seqs=2, num_kv_blocks=32, max_model_len=256))
-    runner: Any = engine.runner
-    recorder = LogitsRecorder(runner.model)
-    runner.model = recorder
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
-    engine.add(EngineRequest("check", prompt, params))
-    tokens: list[int] = []
-    with torch.inference_mode():
-        while engine.has_work():
-            tokens += [t for _, t in engine.step().new_tokens]
-    rows = recorder.rows
-    logits = torch.cat(rows) if rows and sum(r.shape[0] for r in rows) == len(tokens) else None
-    return tokens, logits
-
-
-def compare(reference: tuple[list[int], Any], got: tuple[list[int], Any]) -> dict[str, Any]:
-    ref_tokens, ref_logits = reference
-    tokens, logits = got
-    same = next(
-        (i for i, (a, b) in enumerate(zip(ref_tokens, tokens, strict=False)) if a != b), len(tokens)
-    )
-    result: dict[str, Any] = {
-        "tokens_equal": tokens == ref_tokens,
-        "agreeing_prefix": same,
-        "tokens": len(ref_tokens),
-        "logits_max_abs_diff": None,
-        "logits_scale": None,
-    }
-    if ref_logits is not None and logits is not None:
-        upto = min(same + 1, len(tokens))  # steps whose inputs were the same tokens
-        diff = (ref_logits[:upto] - logits[:upto]).abs().max().item()
-        result["logits_max_abs_diff"] = diff
-        result["logits_scale"] = ref_logits[:upto].abs().max().item()
-    return result
-
-
-def correctness(device: torch.device, archs: tuple[str, ...]) -> dict[str, Any]:
-    from tests.tiny_models import build_tiny_checkpoint
-
-    models: dict[str, Any] = {}
-    ok = True
-    with tempfile.TemporaryDirectory(prefix="tokenmill-gpu-check-") as tmp:
-        for arch in archs:
-            models[arch] = entry = {}
-            try:
-                folder = build_tiny_checkpoint(arch, Path(tmp) / arch)
-                entry.update(_check_arch(folder, device))
-            except PhaseTimeout:
-                raise
-            except Exception as exc:  # one architecture's failure is recorded, the rest run
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-            ok = ok and entry.get("ok", False)
-    return {"ok": ok, "device": str(device), "bf16_tolerance": BF16_TOLERANCE, "models": models}
-
-
-def _check_arch(folder: Path, device: torch.device) -> dict[str, Any]:
-    from tests.tiny_models import CORPUS
-
-    cpu = load_model(folder, device="cpu", dtype=torch.float32)
-    text = " ".join(CORPUS[:6])
-    ids = cpu.tokenizer.encode(text)
-    prompts = [ids[:20], ids[20:60]]  # the second past the gemma windows and phi3's switch
-    reference = [greedy(cpu, p, CORRECTNESS_NEW_TOKENS) for p in prompts]
-    del cpu
-    result: dict[str, Any] = {"prompts": [len(p) for p in prompts]}
-    for dtype in (torch.float32, torch.bfloat16):
-        model = load_model(folder, device=device, dtype=dtype)
-        runs = [
-            compare(r, greedy(model, p, CORRECTNESS_NEW_TOKENS))
-            for r, p in zip(reference, prompts, strict=True)
-        ]
-        del model
-        diffs = [r["logits_max_abs_diff"] for r in runs if r["logits_max_abs_diff"] is not None]
-        scales = [r["logits_scale"] for r in runs if r["logits_scale"] is not None]
-        summary: dict[str, Any] = {
-            "runs": runs,
-            "tokens_equal": all(r["tokens_equal"] for r in runs),
-            "greedy_agreement": sum(r["agreeing_prefix"] for r in runs)
-            / sum(r["tokens"] for r in runs),
-            "logits_max_abs_diff": max(diffs) if diffs else None,
-            "logits_scale": max(scales) if scales else None,
-            "logits_captured": bool(diffs),
-        }
-        if dtype == torch.float32:
-            summary["ok"] = summary["tokens_equal"]
-            result["float32"] = summary
-        else:
-            close = None
-            if diffs and scales:
-                close = max(diffs) <= BF16_TOLERANCE * max(scales)
-            summary["logits_close"] = close  # None: the runner's model call was not seen
-            summary["ok"] = bool(close)
-            result["bfloat16"] = summary
-    result["ok"] = result["float32"]["ok"] and result["bfloat16"]["ok"]
-    return result
 
 
 # -- phases 2 and 3: the decode benchmark --------------------------------------------------
