@@ -196,3 +196,26 @@ def build_tiny_checkpoint(arch: str, folder: Path, seed: int = 0) -> Path:
         json.dumps({"eos_token": SPECIAL, "bos_token": SPECIAL})
     )
     return folder
+
+
+# A real model's config.json at a tiny size: random-weight models (`--random-weights`) with the
+# same architecture and rope settings, small enough for a CPU test.
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
+    max_position_embeddings=512,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
+def tiny_config(source: Path, target: Path, **changes: object) -> Path:
+    """`source` (an HF config.json) with TINY_SHAPE and `changes`, written to `target`."""
+    raw = json.loads(source.read_text())
+    raw.update(TINY_SHAPE, **changes)
+    target.write_text(json.dumps(raw))
+    return target

@@ -7,8 +7,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import llguidance
-
 from gpu.errors import RequestRejected
 from gpu.grammar.matcher import JsonMatcher
 from gpu.loading.tokenizer import Tokenizer
@@ -16,6 +14,7 @@ from gpu.sequence import JsonConstraint
 from messages.error_codes import ErrorCode
 
 if TYPE_CHECKING:
+    import llguidance
     from llguidance._lib import JsonCompileOptions
 
 CACHE_SIZE = 64  # distinct schemas kept compiled
@@ -45,6 +44,10 @@ class GrammarCompiler:
         """Seconds to build for a large vocabulary (Gemma 3's 262,144 tokens), once."""
         with self._lock:
             if self._library_tokenizer is None:
+                # Imported here, not at the top: an engine that never sees a constrained
+                # request runs where the library is not installed (tests/gpu/check.py).
+                import llguidance
+
                 self._library_tokenizer = llguidance.LLTokenizer(
                     self.tokenizer.inner.to_str(),
                     n_vocab=max(self.vocab_size, self.tokenizer.vocab_size),
@@ -81,6 +84,8 @@ class GrammarCompiler:
     def _compile(
         self, constraint: JsonConstraint, tokenizer: llguidance.LLTokenizer
     ) -> llguidance.LLMatcher:
+        import llguidance
+
         options: JsonCompileOptions = {**_JSON_OPTIONS, "lenient": not constraint.strict}
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(

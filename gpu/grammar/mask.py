@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import llguidance
 import torch
 
 from gpu.grammar.matcher import JsonMatcher, fill_bitmasks
@@ -38,6 +37,8 @@ class TokenMasks:
     def __init__(self, words: int, device: torch.device, threads: int | None = None) -> None:
         """`words`: int32 words per row's bitmask (`GrammarCompiler.mask_words`);
         `threads`: the grammar library's, for filling rows in parallel (None: its default)."""
+        import llguidance  # on first use: an engine without constrained requests needs none
+
         self.words = words
         self.device = device
         self.executor = llguidance.LLExecutor(threads)

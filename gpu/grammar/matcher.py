@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import llguidance
+if TYPE_CHECKING:  # the library is imported where a grammar is compiled (`compiler.py`)
+    import llguidance
 
 
 class JsonMatcher:

@@ -87,6 +87,14 @@ def _workload_options(command: Callable[..., Any]) -> Callable[..., Any]:
 )
 @_positive("--prefix-tokens", 512, "shared-prefix: tokens of the shared system prompt.")
 @_positive("--repeats", 1, "shared-prefix: runs of each setting (alternating; best kept).")
+@click.option(
+    "--decode-roofline/--no-decode-roofline",
+    default=None,
+    help="Batch-1 decode against the memory-bandwidth roofline and decode tok/s at batch 16 "
+    "and 64 (default: on CUDA only; elsewhere timed with perf_counter against a host memcpy).",
+)
+@_positive("--roofline-prompt-tokens", 128, "Decode roofline: every sequence's prompt.")
+@_positive("--roofline-new-tokens", 64, "Decode roofline: every sequence's new tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 def engine(**kwargs: Any) -> None:
     """Throughput of the engine against Hugging Face transformers on one seeded workload.
@@ -124,6 +132,9 @@ def engine(**kwargs: Any) -> None:
         return
     try:
         report = run_bench(eng, options, progress=lambda line: click.echo(line, err=True))
+        roofline = kwargs["decode_roofline"]
+        if roofline or (roofline is None and eng.model.device.type == "cuda"):
+            report["decode_roofline"] = _decode_roofline(eng, kwargs)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     if kwargs["as_json"]:
@@ -133,6 +144,18 @@ def engine(**kwargs: Any) -> None:
     if report["profile"]:
         for phase in report["profile"].values():
             click.echo(f"trace: {phase['trace']}", err=True)
+
+
+def _decode_roofline(eng: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from ops.bench.gpu_decode import DecodeOptions, run_decode_roofline
+
+    click.echo("decode roofline: copy bandwidth, batch 1, batch 16 and 64", err=True)
+    options = DecodeOptions(
+        prompt_tokens=kwargs["roofline_prompt_tokens"],
+        new_tokens=kwargs["roofline_new_tokens"],
+        seed=kwargs["seed"],
+    )
+    return run_decode_roofline(eng, options)
 
 
 def _shared_prefix(eng: Any, options: Any, kwargs: dict[str, Any]) -> None:
@@ -209,6 +232,10 @@ def pipeline(**kwargs: Any) -> None:
     from ops.bench.workload import BenchOptions
 
     choice = engine_choice(kwargs)
+    if choice.random_weights is not None:
+        raise click.UsageError(
+            "--random-weights: the pipeline's worker loads checkpoints only (use bench engine)"
+        )
     try:
         options = PipelineOptions(
             engine=choice,

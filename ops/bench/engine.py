@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from gpu.engine import Engine, EngineRequest, StepOutput
+from gpu.loading.random_weights import has_random_weights
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from ops.bench.flops import (
@@ -44,6 +45,7 @@ TARGET_VS_SEQUENTIAL = 15.0
 TARGET_VS_STATIC = 2.5  # issue 15: static batches of transformers
 TARGET_STEADY_DECODE_FRACTION = 0.5
 NO_TRANSFORMERS = "transformers is not installed (a dev dependency: `uv sync --group dev`)"
+NO_CHECKPOINT = "random weights (--random-weights): no checkpoint for transformers to load"
 
 
 def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:
@@ -244,6 +246,9 @@ def _run_transformers(
     say: Narrate,
 ) -> dict[str, Any]:
     """Contenders 2 and 3, or why they were skipped."""
+    if has_random_weights(engine.model):
+        skipped = {"skipped": NO_CHECKPOINT}
+        return {"transformers_sequential": skipped, "transformers_static": skipped}
     try:
         say("transformers: loading the same checkpoint")
         hf = load_transformers_model(engine)

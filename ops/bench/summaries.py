@@ -100,6 +100,8 @@ def summary(report: dict[str, Any]) -> str:
     ):
         if breakdown and breakdown.get("steps"):
             lines.append(f"  {label}: {step_parts(breakdown)}")
+    if "decode_roofline" in report:
+        lines += roofline_summary(report["decode_roofline"])
     cpus = report["environment"]["cpu_count"] or 1
     busy = [
         name
@@ -172,3 +174,23 @@ def shared_prefix_summary(report: dict[str, Any]) -> str:
         f"outputs identical: {report['outputs_identical']}"
     )
     return "\n".join(lines)
+
+
+def roofline_summary(section: dict[str, Any]) -> list[str]:
+    """`bench engine`'s decode roofline section (`ops/bench/gpu_decode.py`) in a few lines."""
+    one, bw = section["batch1"], section["bandwidth"]
+    lines = [
+        f"  decode roofline ({section['device']} {section['dtype']}, {section['timer']}): copy "
+        f"{bw['bytes_per_s'] / 1e9:.1f} GB/s · batch 1 {one['tokens_per_s']:.1f} tok/s, "
+        f"{one['step_ms']:.3f} ms a step against {one['roofline_step_ms']:.3f} ms at the bound "
+        f"({one['bytes_per_step'] / 1e6:.1f} MB a step): {one['roofline_fraction']:.1%} of it"
+    ]
+    for size, run in section["batches"].items():
+        if "skipped" in run:
+            lines.append(f"  decode batch {size}: skipped: {run['skipped']}")
+        else:
+            lines.append(
+                f"  decode batch {size}: {run['tokens_per_s']:.1f} tok/s, "
+                f"{run['step_ms']:.3f} ms a step ({run['steady_steps']} steady steps)"
+            )
+    return lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -23,11 +24,24 @@ class EngineChoice:
     dtype: str | None
     device: str | None
     engine: EngineConfig
+    # A config.json whose shapes are built with random weights (`--random-weights`); `model`
+    # is then only a label.
+    random_weights: Path | None = None
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The engine's options (model, limits, quantization, prefix caching) for `command`."""
-    return _with_options(command, _engine_options(envvars=False))
+    """The engine's options (model, limits, quantization, prefix caching) for `command`, and
+    `--random-weights`, which makes `--model` optional."""
+    return _with_options(command, [*_engine_options(envvars=False), _random_weights_option])
+
+
+_random_weights_option = click.option(
+    "--random-weights",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A Hugging Face config.json: build its model with seeded random weights drawn on the "
+    "device in --dtype (no checkpoint, no tokenizer; for benchmarks). --model is then a label.",
+)
 
 
 def worker_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,7 +66,13 @@ def _engine_options(envvars: bool) -> list[Callable[[Callable[..., Any]], Callab
         return click.option(*decls, **kwargs)
 
     return [
-        option("--model", "-m", required=True, help="Alias (smollm2-135m), HF folder or .gguf."),
+        option(
+            "--model",
+            "-m",
+            required=envvars,  # the worker's; elsewhere --random-weights may stand in
+            default=None,
+            help="Alias (smollm2-135m), HF folder or .gguf.",
+        ),
         option(
             "--dtype",
             default=None,
@@ -123,11 +143,16 @@ def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    random_weights = kwargs.pop("random_weights", None)
+    model = kwargs.pop("model")
+    if model is None and random_weights is None:
+        raise click.UsageError("give --model (or --random-weights CONFIG.json)")
     return EngineChoice(
-        model=kwargs.pop("model"),
+        model=model or f"{random_weights.stem} (random weights)",
         dtype=kwargs.pop("dtype"),
         device=kwargs.pop("device"),
         engine=config,
+        random_weights=random_weights,
     )
 
 
@@ -139,20 +164,29 @@ def build_engine(choice: EngineChoice) -> Engine:
     from gpu.engine import Engine
     from gpu.errors import EngineError
     from gpu.loading.loader import load_model
+    from gpu.loading.random_weights import load_random_model
     from ops.errors import ModelFetchError
     from ops.models.registry import resolve_model
 
     try:
         device = parse_device(choice.device) if choice.device else None
         dtype = parse_dtype(choice.dtype) if choice.dtype else None
-        path = resolve_model(choice.model)
-        model = load_model(
-            path,
-            name=choice.model,
-            dtype=dtype,
-            device=device,
-            quantization=choice.engine.quantization,
-        )
+        if choice.random_weights is not None:
+            model = load_random_model(
+                choice.random_weights,
+                name=choice.model,
+                dtype=dtype,
+                device=device,
+                quantization=choice.engine.quantization,
+            )
+        else:
+            model = load_model(
+                resolve_model(choice.model),
+                name=choice.model,
+                dtype=dtype,
+                device=device,
+                quantization=choice.engine.quantization,
+            )
         return Engine(model, choice.engine)
     except (EngineError, ModelFetchError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc

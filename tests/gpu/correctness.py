@@ -1,0 +1,141 @@
+"""The GPU check's first phase: the tiny test models on a device against the CPU reference.
+
+Every tiny random model of `tests/tiny_models.py`, greedy, one prompt at a time: on the device
+in float32 the tokens must equal the CPU float32 reference's; in bfloat16 the logits must be
+close (max |diff| within `BF16_TOLERANCE` of the reference's largest |logit|, over the steps
+before the greedy tokens first part) and the greedy agreement (the share of tokens before
+they part) is reported. Imports what `tests/gpu/check.py` may (see there).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu.engine import Engine, EngineRequest
+from gpu.engine_config import EngineConfig
+from gpu.loading.loader import LoadedModel, load_model
+from gpu.sequence import SamplingParams
+
+BF16_TOLERANCE = 0.05  # of the reference's largest |logit|
+CORRECTNESS_NEW_TOKENS = 16
+
+
+class PhaseTimeout(Exception):
+    """A phase ran past what was left of the check's time budget."""
+
+
+class LogitsRecorder:
+    """Stands in for the runner's model: forwards each call, keeps the logits on the host."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.rows: list[torch.Tensor] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        logits: torch.Tensor = self.model(*args, **kwargs)
+        self.rows.append(logits.detach().float().cpu())
+        return logits
+
+
+def greedy(model: LoadedModel, prompt: list[int], new_tokens: int) -> tuple[list[int], Any]:
+    """`prompt` alone, greedy, EOS ignored: its tokens and each step's logits ([steps, vocab],
+    None when the runner's model call could not be watched)."""
+    engine = Engine(model, EngineConfig(max_num_seqs=2, num_kv_blocks=32, max_model_len=256))
+    runner: Any = engine.runner
+    recorder = LogitsRecorder(runner.model)
+    runner.model = recorder
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+    engine.add(EngineRequest("check", prompt, params))
+    tokens: list[int] = []
+    with torch.inference_mode():
+        while engine.has_work():
+            tokens += [t for _, t in engine.step().new_tokens]
+    rows = recorder.rows
+    logits = torch.cat(rows) if rows and sum(r.shape[0] for r in rows) == len(tokens) else None
+    return tokens, logits
+
+
+def compare(reference: tuple[list[int], Any], got: tuple[list[int], Any]) -> dict[str, Any]:
+    ref_tokens, ref_logits = reference
+    tokens, logits = got
+    same = next(
+        (i for i, (a, b) in enumerate(zip(ref_tokens, tokens, strict=False)) if a != b), len(tokens)
+    )
+    result: dict[str, Any] = {
+        "tokens_equal": tokens == ref_tokens,
+        "agreeing_prefix": same,
+        "tokens": len(ref_tokens),
+        "logits_max_abs_diff": None,
+        "logits_scale": None,
+    }
+    if ref_logits is not None and logits is not None:
+        upto = min(same + 1, len(tokens))  # steps whose inputs were the same tokens
+        diff = (ref_logits[:upto] - logits[:upto]).abs().max().item()
+        result["logits_max_abs_diff"] = diff
+        result["logits_scale"] = ref_logits[:upto].abs().max().item()
+    return result
+
+
+def correctness(device: torch.device, archs: tuple[str, ...]) -> dict[str, Any]:
+    from tests.tiny_models import build_tiny_checkpoint
+
+    models: dict[str, Any] = {}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="tokenmill-gpu-check-") as tmp:
+        for arch in archs:
+            models[arch] = entry = {}
+            try:
+                folder = build_tiny_checkpoint(arch, Path(tmp) / arch)
+                entry.update(_check_arch(folder, device))
+            except PhaseTimeout:
+                raise
+            except Exception as exc:  # one architecture's failure is recorded, the rest run
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            ok = ok and entry.get("ok", False)
+    return {"ok": ok, "device": str(device), "bf16_tolerance": BF16_TOLERANCE, "models": models}
+
+
+def _check_arch(folder: Path, device: torch.device) -> dict[str, Any]:
+    from tests.tiny_models import CORPUS
+
+    cpu = load_model(folder, device="cpu", dtype=torch.float32)
+    text = " ".join(CORPUS[:6])
+    ids = cpu.tokenizer.encode(text)
+    prompts = [ids[:20], ids[20:60]]  # the second past the gemma windows and phi3's switch
+    reference = [greedy(cpu, p, CORRECTNESS_NEW_TOKENS) for p in prompts]
+    del cpu
+    result: dict[str, Any] = {"prompts": [len(p) for p in prompts]}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = load_model(folder, device=device, dtype=dtype)
+        runs = [
+            compare(r, greedy(model, p, CORRECTNESS_NEW_TOKENS))
+            for r, p in zip(reference, prompts, strict=True)
+        ]
+        del model
+        diffs = [r["logits_max_abs_diff"] for r in runs if r["logits_max_abs_diff"] is not None]
+        scales = [r["logits_scale"] for r in runs if r["logits_scale"] is not None]
+        summary: dict[str, Any] = {
+            "runs": runs,
+            "tokens_equal": all(r["tokens_equal"] for r in runs),
+            "greedy_agreement": sum(r["agreeing_prefix"] for r in runs)
+            / sum(r["tokens"] for r in runs),
+            "logits_max_abs_diff": max(diffs) if diffs else None,
+            "logits_scale": max(scales) if scales else None,
+            "logits_captured": bool(diffs),
+        }
+        if dtype == torch.float32:
+            summary["ok"] = summary["tokens_equal"]
+            result["float32"] = summary
+        else:
+            close = None
+            if diffs and scales:
+                close = max(diffs) <= BF16_TOLERANCE * max(scales)
+            summary["logits_close"] = close  # None: the runner's model call was not seen
+            summary["ok"] = bool(close)
+            result["bfloat16"] = summary
+    result["ok"] = result["float32"]["ok"] and result["bfloat16"]["ok"]
+    return result
