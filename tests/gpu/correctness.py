@@ -48,6 +48,16 @@ def greedy(model: LoadedModel, prompt: list[int], new_tokens: int) -> tuple[list
     runner: Any = engine.runner
     recorder = LogitsRecorder(runner.model)
     runner.model = recorder
+    graphs = runner.graphs  # decode steps replayed as CUDA graphs bypass runner.model
+    if graphs is not None:
+        replay = graphs.run
+
+        def watched(size: int, staged: torch.Tensor) -> torch.Tensor:
+            logits: torch.Tensor = replay(size, staged)
+            recorder.rows.append(logits[:1].detach().float().cpu())  # the one real row
+            return logits
+
+        graphs.run = watched
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
     engine.add(EngineRequest("check", prompt, params))
     tokens: list[int] = []
