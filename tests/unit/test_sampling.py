@@ -4,6 +4,7 @@ sampler a CUDA graph can hold (no host reads, no per-row Python work)."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -299,7 +300,13 @@ class OpLog(TorchDispatchMode):
         super().__init__()
         self.ops: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.ops.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
