@@ -1,35 +1,96 @@
 """Next-token selection: greedy, temperature, top-k, top-p, per-request seeds.
 
-Rows are independent: a row's token depends only on its own logits, its parameters and (when
-seeded) its own generator, never on what else shares the batch. (The logits themselves can
-differ in the last bits with the batch's shape on some devices and dtypes; on CPU in float32
-they do not, which the tests check.) Sampling uses the exponential-race form of the Gumbel
-trick (argmax of probs / Exp(1) noise): one noise draw per row, no multinomial call. The
-token ids come back to the host once per step, at the end. Structured output's masks
-(`mask`) are applied to all constrained rows at once, before any selection.
+One vectorized path for the whole batch. The host turns each row's `SamplingParams` into
+plain numbers (`sampling_rows`); on the device, `sample_tokens` masks, filters and picks
+with a fixed sequence of tensor ops: no host reads, no generator objects, no Python loop
+over rows, and no shape that depends on tensor values, so a CUDA graph can hold it.
+
+Rows are independent: a row's token depends only on its own logits and parameters and its
+(seed, position), never on what else shares the batch. (The logits themselves can differ
+in the last bits with the batch's shape on some devices and dtypes; on CPU in float32 they
+do not, which the tests check.) Sampled rows use the exponential-race form of the Gumbel
+trick, argmax(probs / E), where E is counter-based Exp(1) noise hashed from (seed,
+position, token) (`gpu/sampling_noise.py`). Unseeded rows get a fresh random seed per row
+per step from the caller's host RNG. Structured output's masks (`mask`) are applied to all
+constrained rows at once, before any selection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from gpu.grammar.mask import StepMask
+from gpu.sampling_noise import exponential_noise
 from gpu.sequence import SamplingParams
 
-_SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, position) pairs
-_SEED_MASK = (1 << 63) - 1
+_SEED_BITS = 63  # seeds fit a non-negative int64
 
 
-def seed_for_position(seed: int, position: int) -> int:
-    """A generator seed for sampling at `position`: same (seed, position) → same draw."""
-    return ((seed & _SEED_MASK) * 1_000_003 + position * _SEED_MIX) & _SEED_MASK
+@dataclass(frozen=True)
+class SamplingTensors:
+    """One step's per-row sampling parameters, on the device."""
+
+    temperature: torch.Tensor  # [rows] float32, 0 = greedy
+    top_k: torch.Tensor  # [rows] int64, 0 = off
+    top_p: torch.Tensor  # [rows] float32, 1 = off
+    seeds: torch.Tensor  # [rows] int64: the request's seed, else a fresh draw this step
+    positions: torch.Tensor  # [rows] int64: position of the token being sampled
+
+
+@dataclass(frozen=True)
+class SamplingRows:
+    """`SamplingTensors`' values as host lists, for a runner to write into its own (pinned,
+    static) staging buffers; `any_sampled` is False when every row is greedy."""
+
+    temperature: list[float]
+    top_k: list[int]
+    top_p: list[float]
+    seeds: list[int]
+    positions: list[int]
+    any_sampled: bool
+
+    def to_tensors(self, device: torch.device | str) -> SamplingTensors:
+        return SamplingTensors(
+            temperature=torch.tensor(self.temperature, dtype=torch.float32, device=device),
+            top_k=torch.tensor(self.top_k, dtype=torch.int64, device=device),
+            top_p=torch.tensor(self.top_p, dtype=torch.float32, device=device),
+            seeds=torch.tensor(self.seeds, dtype=torch.int64, device=device),
+            positions=torch.tensor(self.positions, dtype=torch.int64, device=device),
+        )
+
+
+def sampling_rows(
+    params: Sequence[SamplingParams],
+    positions: Sequence[int],  # position of the token being sampled, per row
+    draw: Callable[[], int],  # a random seed in [0, 2^63), called once per unseeded sampled row
+) -> SamplingRows:
+    temperature, top_k, top_p, seeds = [], [], [], []
+    for p in params:
+        temperature.append(0.0 if p.greedy else p.temperature)
+        top_k.append(p.top_k)
+        top_p.append(p.top_p)
+        if p.greedy:
+            seeds.append(0)  # unused
+        elif p.seed is None:
+            seeds.append(draw() & ((1 << _SEED_BITS) - 1))
+        else:
+            seeds.append(p.seed & ((1 << _SEED_BITS) - 1))  # negative or huge seeds wrap
+    return SamplingRows(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=seeds,
+        positions=list(positions),
+        any_sampled=any(not p.greedy for p in params),
+    )
 
 
 def filter_logits(
     logits: torch.Tensor,  # [rows, vocab] float32
-    temperature: torch.Tensor,  # [rows]
+    temperature: torch.Tensor,  # [rows], > 0
     top_k: torch.Tensor,  # [rows] int64, 0 = off
     top_p: torch.Tensor,  # [rows] float32, 1.0 = off
 ) -> torch.Tensor:  # [rows, vocab] probabilities, zero outside the top-k / top-p set
@@ -47,38 +108,54 @@ def filter_logits(
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def apply_mask(
+    logits: torch.Tensor,  # [rows, vocab] float32
+    mask: StepMask | None,  # the constrained rows and the tokens each may not take
+) -> torch.Tensor:  # [rows, vocab], banned tokens at -inf
+    if mask is None:
+        return logits
+    if mask.banned.shape[0] == logits.shape[0]:  # every row, in order
+        return logits.masked_fill(mask.banned, float("-inf"))
+    banned_logits = logits[mask.rows].masked_fill(mask.banned, float("-inf"))
+    return logits.index_put((mask.rows,), banned_logits)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [rows, vocab] float32
+    t: SamplingTensors,
+    mask: StepMask | None,
+    any_sampled: bool,  # False: every row is greedy, so skip the sampling math
+) -> torch.Tensor:  # [rows] int64 token ids, on logits' device
+    logits = apply_mask(logits, mask)
+    greedy = logits.argmax(dim=-1)  # [rows]
+    if not any_sampled:
+        return greedy
+    sampled = t.temperature > 0  # [rows]
+    # Greedy rows' temperature is 0; divide them by 1 instead and discard their picks.
+    temperature = torch.where(sampled, t.temperature, 1.0)
+    probs = filter_logits(logits, temperature, t.top_k, t.top_p)  # [rows, vocab]
+    noise = exponential_noise(t.seeds, t.positions, logits.shape[-1])  # [rows, vocab]
+    picks = (probs / noise).argmax(dim=-1)  # [rows]
+    return torch.where(sampled, picks, greedy)
+
+
 def sample(
     logits: torch.Tensor,  # [rows, vocab] float32
     params: Sequence[SamplingParams],
     positions: Sequence[int],  # position of the token being sampled, per row
-    generator: torch.Generator | None = None,  # for unseeded rows
+    generator: torch.Generator | None = None,  # seeds the unseeded rows
     mask: StepMask | None = None,  # the constrained rows and the tokens each may not take
 ) -> list[int]:
-    if mask is not None and mask.banned.shape[0] == logits.shape[0]:  # every row, in order
-        logits = logits.masked_fill(mask.banned, float("-inf"))
-    elif mask is not None:
-        banned_logits = logits[mask.rows].masked_fill(mask.banned, float("-inf"))
-        logits = logits.index_put((mask.rows,), banned_logits)
-    greedy = logits.argmax(dim=-1)  # [rows]
-    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not sampled_rows:
-        return [int(t) for t in greedy.tolist()]
-    device = logits.device
-    rows = torch.tensor(sampled_rows, device=device)
-    chosen = [params[i] for i in sampled_rows]
-    probs = filter_logits(
-        logits[rows],
-        torch.tensor([p.temperature for p in chosen], device=device),
-        torch.tensor([p.top_k for p in chosen], device=device),
-        torch.tensor([p.top_p for p in chosen], device=device),
-    )  # [sampled, vocab]
-    noise = torch.empty_like(probs)
-    for j, (row, p) in enumerate(zip(sampled_rows, chosen, strict=True)):
-        gen = generator
-        if p.seed is not None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(seed_for_position(p.seed, positions[row]))
-        noise[j].exponential_(generator=gen)
-    picks = (probs / noise).argmax(dim=-1)  # [sampled]
-    tokens = greedy.index_copy(0, rows, picks)
-    return [int(t) for t in tokens.tolist()]
+    """`sample_tokens` for callers holding `SamplingParams`; the token ids come back to the
+    host. Unseeded rows' seeds are drawn from `generator` in one call (one read back when it
+    lives on a device; a caller that cares keeps a host generator)."""
+    unseeded = sum(1 for p in params if not p.greedy and p.seed is None)
+    device = generator.device if generator is not None else torch.device("cpu")
+    drawn = iter(
+        torch.randint(
+            0, (1 << _SEED_BITS) - 1, (unseeded,), generator=generator, device=device
+        ).tolist()
+    )
+    rows = sampling_rows(params, positions, lambda: next(drawn))
+    tokens = sample_tokens(logits, rows.to_tensors(logits.device), mask, rows.any_sampled)
+    return [int(token) for token in tokens.tolist()]

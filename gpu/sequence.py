@@ -26,8 +26,8 @@ class SamplingParams:
     """How to pick each next token. The default is greedy: temperature 0.
 
     `top_k=0` and `top_p=1.0` disable those filters. A `seed` makes sampling reproducible
-    whatever else shares the batch: each sampled position draws from its own generator,
-    seeded from (seed, position), so a preempted and recomputed sequence samples the same.
+    whatever else shares the batch: each sampled position's noise is a hash of (seed,
+    position, token), so a preempted and recomputed sequence samples the same.
     `json`: decode under a grammar, so the output is JSON matching that schema.
     """
 

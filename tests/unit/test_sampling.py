@@ -1,13 +1,25 @@
-"""Sampling: greedy, top-k / top-p filters, and per-request seeds that ignore the batch."""
+"""Sampling: greedy, top-k / top-p filters, per-request seeds that ignore the batch, and a
+sampler a CUDA graph can hold (no host reads, no per-row Python work)."""
 
 from __future__ import annotations
+
+from collections import Counter
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpu.sampling import filter_logits, sample, seed_for_position
+from gpu.grammar.mask import StepMask
+from gpu.sampling import (
+    SamplingTensors,
+    filter_logits,
+    sample,
+    sample_tokens,
+    sampling_rows,
+)
 from gpu.sequence import SamplingParams
 
 VOCAB = 32
@@ -179,15 +191,171 @@ def test_one_seed_draws_different_tokens_at_different_positions() -> None:
     assert len(set(tokens)) >= 85
 
 
-def test_seed_for_position_is_distinct_for_nearby_pairs() -> None:
-    bases = [0, 1 << 16, 1 << 32, (1 << 63) - 64]
-    pairs = {(b + ds, p) for b in bases for ds in range(-32, 32) for p in range(256)}
-    values = {seed_for_position(s, p) for s, p in pairs}
-    assert len(values) == len(pairs)
-    # Every value is a seed torch.Generator.manual_seed accepts.
-    assert all(0 <= v < 1 << 63 for v in values)
+def test_sampling_rows_lists_each_rows_parameters() -> None:
+    draws = iter([111, 222])
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.5, top_k=4, top_p=0.9, seed=-1),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=2.0, seed=2**70 + 3),
+        SamplingParams(temperature=1e-6),  # under GREEDY_BELOW: greedy
+        SamplingParams(temperature=1.0),
+    ]
+    rows = sampling_rows(params, [3, 4, 5, 6, 7, 8], lambda: next(draws))
+    assert rows.temperature == [0.0, 0.5, 1.0, 2.0, 0.0, 1.0]
+    assert rows.top_k == [0, 4, 0, 0, 0, 0]
+    assert rows.top_p == [1.0, 0.9, 1.0, 1.0, 1.0, 1.0]
+    # Seeds wrap into 63 bits; only the unseeded sampled rows draw one.
+    assert rows.seeds == [0, 2**63 - 1, 111, 3, 0, 222]
+    assert rows.positions == [3, 4, 5, 6, 7, 8]
+    assert rows.any_sampled
+    t = rows.to_tensors("cpu")
+    assert (t.temperature.dtype, t.top_k.dtype, t.top_p.dtype) == (
+        torch.float32,
+        torch.int64,
+        torch.float32,
+    )
+    assert (t.seeds.dtype, t.positions.dtype) == (torch.int64, torch.int64)
 
 
-def test_seed_for_position_is_a_function_of_its_arguments() -> None:
-    assert seed_for_position(42, 7) == seed_for_position(42, 7)
-    assert seed_for_position(42, 7) != seed_for_position(7, 42)
+def never_drawn() -> int:
+    raise AssertionError("a greedy or seeded row drew a seed")
+
+
+def test_greedy_rows_draw_no_seeds_and_skip_the_sampling_math() -> None:
+    rows = sampling_rows([SamplingParams(), SamplingParams(temperature=1e-6)], [0, 1], never_drawn)
+    assert not rows.any_sampled
+    logits = random_logits(2, seed=5)
+    tokens = sample_tokens(logits, rows.to_tensors("cpu"), None, rows.any_sampled)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_without_any_sampled_every_row_takes_the_argmax() -> None:
+    logits = random_logits(8, seed=6)
+    params = [SamplingParams(temperature=1.0, seed=i) for i in range(8)]
+    t = sampling_rows(params, [0] * 8, never_drawn).to_tensors("cpu")
+    assert torch.equal(sample_tokens(logits, t, None, any_sampled=False), logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("others", ["greedy", "sampled", "mixed"])
+@pytest.mark.parametrize("index", range(7))
+def test_a_seeded_row_draws_alike_alone_and_at_any_row_of_seven(others: str, index: int) -> None:
+    vocab = 500
+    target = random_logits(1, seed=21, vocab=vocab, scale=1.0)  # [1, vocab]; fairly flat
+    other_params = {
+        "greedy": [SamplingParams()] * 6,
+        "sampled": [SamplingParams(temperature=0.8, top_k=20, seed=s) for s in range(6)],
+        "mixed": [SamplingParams(temperature=1.3 * (i % 2)) for i in range(6)],
+    }[others]
+    logits = random_logits(7, seed=22, vocab=vocab, scale=1.0)
+    logits[index] = target[0]
+    positions = [100 + i for i in range(7)]
+    positions[index] = 9
+    drawn = set()
+    for seed in range(10):
+        params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed)
+        alone = sample(target, [params], [9])
+        batch_params = [*other_params[:index], params, *other_params[index:]]
+        tokens = sample(logits, batch_params, positions, generator(seed))
+        assert tokens[index] == alone[0]
+        drawn.add(alone[0])
+    assert len(drawn) > 5  # the seeds really do draw different tokens
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("vary", ["seed", "position"])
+def test_draws_follow_the_softmax_of_logits_over_temperature(temperature: float, vary: str) -> None:
+    logits = torch.tensor([1.0, 0.2, -0.5, 0.0, -1.5])
+    rows = 20_000
+    if vary == "seed":
+        params = [SamplingParams(temperature=temperature, seed=s) for s in range(rows)]
+        positions = [3] * rows
+    else:
+        params = [SamplingParams(temperature=temperature, seed=7)] * rows
+        positions = list(range(rows))
+    tokens = sample(logits.expand(rows, -1), params, positions)
+    counts = torch.bincount(torch.tensor(tokens), minlength=5).double()
+    expected = (logits.double() / temperature).softmax(dim=-1) * rows
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # Four degrees of freedom: a true sampler exceeds 25 with odds about 5e-5. The seeds are
+    # fixed, so this passes or fails the same every run.
+    assert chi2 < 25, (chi2, counts.tolist(), expected.tolist())
+
+
+def test_banned_tokens_are_never_sampled() -> None:
+    vocab, rows = 16, 300
+    logits = torch.zeros(rows, vocab)
+    banned = torch.zeros(rows, vocab, dtype=torch.bool)
+    banned[:, ::2] = True  # even tokens
+    mask = StepMask(rows=torch.arange(rows), banned=banned)
+    params = [SamplingParams(temperature=1.0, seed=s) for s in range(rows)]
+    tokens = sample(logits, params, [0] * rows, mask=mask)
+    assert {t % 2 for t in tokens} == {1} and len(set(tokens)) == vocab // 2
+
+
+class OpLog(TorchDispatchMode):
+    """Records the name of every aten op dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def step_inputs(
+    rows: int, device: str, vocab: int = 64
+) -> tuple[torch.Tensor, SamplingTensors, StepMask]:
+    params = [
+        SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=i) if i % 2 else SamplingParams()
+        for i in range(rows)
+    ]
+    t = sampling_rows(params, list(range(rows)), never_drawn).to_tensors(device)
+    banned = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+    banned[:, 3] = True
+    mask = StepMask(rows=torch.arange(rows, device=device), banned=banned)  # every row
+    return random_logits(rows, seed=rows, vocab=vocab).to(device), t, mask
+
+
+def dispatched_ops(rows: int, any_sampled: bool) -> list[str]:
+    logits, t, mask = step_inputs(rows, "cpu")
+    with OpLog() as log:
+        sample_tokens(logits, t, mask, any_sampled)
+    return log.ops
+
+
+@pytest.mark.parametrize("any_sampled", [True, False])
+def test_sample_tokens_reads_nothing_back_to_the_host(any_sampled: bool) -> None:
+    ops = dispatched_ops(32, any_sampled)
+    assert not {"_local_scalar_dense", "item", "nonzero", "masked_select"} & set(ops), ops
+    # On the meta device a tensor has no data: any read back, or any shape that depends on
+    # values, fails.
+    logits, t, mask = step_inputs(32, "meta")
+    tokens = sample_tokens(logits, t, mask, any_sampled)
+    assert tokens.shape == (32,) and tokens.dtype == torch.int64
+
+
+@pytest.mark.parametrize("any_sampled", [True, False])
+def test_sample_tokens_does_the_same_work_for_one_row_and_for_thirty_two(
+    any_sampled: bool,
+) -> None:
+    one, many = dispatched_ops(1, any_sampled), dispatched_ops(32, any_sampled)
+    assert one == many  # no Python loop over rows
+    assert ("sort" in one) == any_sampled  # and the greedy-only path skips the sampling math
+
+
+def test_sample_draws_unseeded_rows_from_the_generator() -> None:
+    logits = torch.zeros(50, 1000)
+    params = [SamplingParams(temperature=1.0)] * 50
+    first = sample(logits, params, [0] * 50, generator(5))
+    assert sample(logits, params, [0] * 50, generator(5)) == first
+    assert sample(logits, params, [0] * 50, generator(6)) != first
+    assert Counter(first).most_common(1)[0][1] < 5  # fresh seeds per row, not one shared
