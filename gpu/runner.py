@@ -6,6 +6,7 @@ tables, lengths), copied to the device in one go, and expanded to per-token slot
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -19,7 +20,7 @@ from gpu.grammar.matcher import JsonMatcher
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.models.attention import AttentionMetadata, DecodeGroup, PrefillSpan
-from gpu.sampling import sample
+from gpu.sampling import SamplingRows, SamplingTensors, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 from gpu.step_clock import StepClock
 from gpu.step_inputs import Staged, StepInputs
@@ -82,10 +83,14 @@ class ModelRunner:
         self.kernels = kernels
         self.graphs = graphs
         self.block_size = kv.block_size
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        # Seeds of unseeded sampled rows, drawn on the host: no device generator to read.
+        self._seeds = random.Random(seed)
         self.inputs = StepInputs(device)
+        self._sampling: tuple[Staged, ...] | None = None
         self._rows = Staged(0, 0, 0)  # the last `prepare`'s rows to sample
+
+    def _draw_seed(self) -> int:
+        return self._seeds.getrandbits(63)
 
     def _rope_rows(self, seq_tokens: int, start: int, end: int) -> range | list[int]:
         """The rope table rows of positions start .. end - 1 (the positions themselves,
@@ -98,12 +103,16 @@ class ModelRunner:
         return [p + shift if p < original else p for p in range(start, end)]
 
     def prepare(
-        self, chunks: list[ScheduledChunk], timing: StepClock | None = None
+        self,
+        chunks: list[ScheduledChunk],
+        timing: StepClock | None = None,
+        sampling: SamplingRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Inputs for chunks (decodes first): ids, positions, metadata, rows to sample.
 
         Everything is staged on the host first and sent in one copy (`StepInputs`); the
-        tensors returned are views of the device buffer, valid until the next `prepare`."""
+        tensors returned are views of the device buffer, valid until the next `prepare`.
+        `sampling`: the sampled rows' parameters, sent in the same copy (`sampling_tensors`)."""
         stage = self.inputs
         stage.begin()
         ids: list[int] = []
@@ -152,6 +161,7 @@ class ModelRunner:
         local = None
         if self.window is not None:
             local = _LocalStaging.stage(self, chunks, decodes, runs)
+        self._stage_sampling(sampling)
         stage.send()
 
         if staged_partial is not None:
@@ -207,16 +217,17 @@ class ModelRunner:
         size = None
         if self.graphs is not None and all(c.is_decode for c in chunks):
             size = self.graphs.size_for(len(chunks))
+        sampling = chunks if size is not None else [c for c in chunks if c.samples]
+        params = [c.seq.params for c in sampling]
+        rows = sampling_rows(params, [c.end for c in sampling], self._draw_seed)
         if size is not None:
             assert self.graphs is not None
-            staged = self._stage_padded_decodes(chunks, size)
+            staged = self._stage_padded_decodes(chunks, size, rows)
             if timing is not None:
                 lap = timing.lap("prepare", lap)
             logits = self.graphs.run(size, staged)[: len(chunks)]
-            sampling = chunks
         else:
-            ids, positions, meta, _ = self.prepare(chunks, timing)
-            sampling = [c for c in chunks if c.samples]
+            ids, positions, meta, _ = self.prepare(chunks, timing, rows)
             if timing is not None:
                 lap = timing.lap("prepare", lap)
             logits = self.model(ids, positions, self.kv, meta, self.inputs.view(self._rows))
@@ -228,18 +239,19 @@ class ModelRunner:
         if matchers and masks is not None:
             rows_matchers = [matchers.get(c.seq.request_id) for c in sampling]
             mask = masks.build(rows_matchers, logits.shape[-1])
-        tokens = sample(
-            logits,
-            [c.seq.params for c in sampling],
-            [c.end for c in sampling],
-            self.generator,
-            mask,
-        )
+        tensors = self.sampling_tensors()
+        if tensors is None:  # every row greedy: only the argmax is used
+            tokens = apply_mask(logits, mask).argmax(dim=-1)
+        else:
+            tokens = sample_tokens(logits, tensors, mask, True, rows.any_filtered)
+        ids_out = tokens.tolist()  # the step's one read from the device
         if timing is not None:
             timing.lap("sample", lap)
-        return list(zip(sampling, tokens, strict=True))
+        return list(zip(sampling, ids_out, strict=True))
 
-    def _stage_padded_decodes(self, chunks: list[ScheduledChunk], size: int) -> torch.Tensor:
+    def _stage_padded_decodes(
+        self, chunks: list[ScheduledChunk], size: int, sampling: SamplingRows | None = None
+    ) -> torch.Tensor:
         """A decode-only step's inputs in `DecodeGraphs.layout(size)`, padded rows after the
         real ones; returns them on the device as one [words] tensor."""
         assert self.graphs is not None
@@ -270,10 +282,30 @@ class ModelRunner:
         # Blocks this step starts (a decode at a block's first offset): their tails zeroed.
         partial = [t[p // bs] for t, p in zip(tables, positions, strict=True) if p % bs == 0]
         staged_partial = stage.put(partial) if partial else None
+        self._stage_sampling(sampling)
         stage.send()
         if staged_partial is not None:
             self.kv.zero(stage.view(staged_partial))
         return stage.view(Staged(first.offset, layout.words, layout.words))
+
+    def _stage_sampling(self, rows: SamplingRows | None) -> None:
+        if rows is None or not rows.any_sampled:
+            self._sampling = None
+            return
+        stage = self.inputs
+        self._sampling = (
+            stage.put_floats(rows.temperature),
+            stage.put(rows.top_k),
+            stage.put_floats(rows.top_p),
+            stage.put(rows.seeds),
+            stage.put(rows.positions),
+        )
+
+    def sampling_tensors(self) -> SamplingTensors | None:
+        """The last step's staged sampling parameters on the device (None: all greedy)."""
+        if self._sampling is None:
+            return None
+        return SamplingTensors(*(self.inputs.view(s) for s in self._sampling))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ class SamplingTensors:
 @dataclass(frozen=True)
 class SamplingRows:
     """`SamplingTensors`' values as host lists, for a runner to write into its own (pinned,
-    static) staging buffers; `any_sampled` is False when every row is greedy."""
+    static) staging buffers; `any_sampled` is False when every row is greedy, `any_filtered`
+    when no sampled row has top-k or top-p."""
 
     temperature: list[float]
     top_k: list[int]
@@ -51,6 +52,7 @@ class SamplingRows:
     seeds: list[int]
     positions: list[int]
     any_sampled: bool
+    any_filtered: bool = True
 
     def to_tensors(self, device: torch.device | str) -> SamplingTensors:
         return SamplingTensors(
@@ -85,6 +87,7 @@ def sampling_rows(
         seeds=seeds,
         positions=list(positions),
         any_sampled=any(not p.greedy for p in params),
+        any_filtered=any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params),
     )
 
 
@@ -125,6 +128,7 @@ def sample_tokens(
     t: SamplingTensors,
     mask: StepMask | None,
     any_sampled: bool,  # False: every row is greedy, so skip the sampling math
+    any_filtered: bool = True,  # False: no row has top-k or top-p, so skip the sort
 ) -> torch.Tensor:  # [rows] int64 token ids, on logits' device
     logits = apply_mask(logits, mask)
     greedy = logits.argmax(dim=-1)  # [rows]
@@ -133,7 +137,12 @@ def sample_tokens(
     sampled = t.temperature > 0  # [rows]
     # Greedy rows' temperature is 0; divide them by 1 instead and discard their picks.
     temperature = torch.where(sampled, t.temperature, 1.0)
-    probs = filter_logits(logits, temperature, t.top_k, t.top_p)  # [rows, vocab]
+    # A row without top-k or top-p takes the plain softmax whatever its neighbours ask (its
+    # probabilities, and so its draw, never depend on the batch); the others the sort.
+    probs = (logits / temperature.unsqueeze(1)).softmax(dim=-1)  # [rows, vocab]
+    if any_filtered:
+        filtered = ((t.top_k > 0) | (t.top_p < 1.0)).unsqueeze(1)  # [rows, 1]
+        probs = torch.where(filtered, filter_logits(logits, temperature, t.top_k, t.top_p), probs)
     noise = exponential_noise(t.seeds, t.positions, logits.shape[-1])  # [rows, vocab]
     picks = (probs / noise).argmax(dim=-1)  # [rows]
     return torch.where(sampled, picks, greedy)
@@ -157,5 +166,6 @@ def sample(
         ).tolist()
     )
     rows = sampling_rows(params, positions, lambda: next(drawn))
-    tokens = sample_tokens(logits, rows.to_tensors(logits.device), mask, rows.any_sampled)
+    t = rows.to_tensors(logits.device)
+    tokens = sample_tokens(logits, t, mask, rows.any_sampled, rows.any_filtered)
     return [int(token) for token in tokens.tolist()]

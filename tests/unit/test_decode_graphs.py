@@ -90,8 +90,6 @@ def test_static_decodes_give_the_dynamic_path_tokens(
     dynamic, none_taken = _tokens(model, DYNAMIC, PARAMS)
     static, taken = _tokens(model, STATIC, PARAMS)
     assert none_taken == 0
-    if arch == "gpt2":  # no kernels path for GPT-2's learned positions: stays dynamic
-        pytest.skip("GPT-2 does not run through step kernels")
     assert taken > 0
     assert static == dynamic
 

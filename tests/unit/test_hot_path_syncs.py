@@ -33,7 +33,9 @@ MAKERS = {"tensor", "as_tensor", "Generator"}
 # (module, enclosing function, call) -> why it may stay
 ALLOWED = {
     ("gpu/runner.py", "ModelRunner.run", "tolist"): "the step's one read: the sampled tokens",
-    ("gpu/runner.py", "ModelRunner.__init__", "Generator"): "once, at start",
+    ("gpu/sampling.py", "sample", "tolist"): "the wrapper for callers outside a step (the "
+    "runner stages its rows and calls sample_tokens)",
+    ("gpu/sampling.py", "SamplingRows.to_tensors", "tensor"): "for callers outside a step",
     ("gpu/step_inputs.py", "StepInputs._allocate", "numpy"): "a host tensor's numpy view",
     ("gpu/step_inputs.py", "StepInputs._allocate", "pin_memory"): "at start, and grown rarely",
     ("gpu/step_inputs.py", "StepInputs.begin", "synchronize"): "an event on the last copy",
