@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from gpu.kernels.triton.runtime import available as available  # re-exported: callers ask here
+from gpu.kernels.triton.runtime import interpreting, triton_module
 from gpu.quant.weight import QuantizedWeight
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -24,34 +26,6 @@ BLOCK_N = 64
 # triton.language, bound by `_kernel`: a module global because Triton's interpreter patches
 # the `tl` it finds among the kernel's globals (a closure variable fails under it).
 tl: Any = None
-
-
-def available() -> bool:
-    """Whether `triton_qlinear` can run here: Triton importable, and CUDA present or Triton's
-    CPU interpreter in force (`TRITON_INTERPRET=1` set before `triton` was first imported)."""
-    try:
-        _triton()
-    except ImportError:
-        return False
-    return torch.cuda.is_available() or _interpreting()
-
-
-def _triton() -> Any:
-    import triton  # optional: imported on first use
-
-    return triton
-
-
-def _interpreting() -> bool:
-    # The knob reads TRITON_INTERPRET now, but Triton decorated its own library (tl.zeros,
-    # tl.interleave, ...) when it was imported: only if that happened in interpreter mode can
-    # a kernel built now run under the interpreter.
-    triton = _triton()
-    if not triton.knobs.runtime.interpret:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(triton.language.zeros, InterpretedFunction)
 
 
 def triton_qlinear(
@@ -71,7 +45,7 @@ def triton_qlinear(
         raise ValueError("x, the weight and the bias must be on one device")
     if bias is not None and tuple(bias.shape) != (out,):
         raise ValueError(f"bias {tuple(bias.shape)} for {out} outputs")
-    interpret = _interpreting()
+    interpret = interpreting()
     if x.device.type != "cuda" and not interpret:
         raise ValueError(
             f"x is on {x.device}: the kernel runs on CUDA, or on the CPU under Triton's "
@@ -130,7 +104,7 @@ def _k_tiling(group: int, inputs: int) -> tuple[int, bool]:
 @functools.cache
 def _kernel(interpret: bool) -> Any:
     global tl
-    triton = _triton()
+    triton = triton_module()
     tl = triton.language
 
     def qlinear(  # type: ignore[no-untyped-def]  # Triton types the arguments at launch

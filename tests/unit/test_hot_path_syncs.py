@@ -64,9 +64,9 @@ def _calls(path: str) -> set[tuple[str, str, str]]:
             name = None
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                 attr, owner = child.func.attr, child.func.value
-                if attr in READS:
-                    name = attr
-                elif attr in MAKERS and isinstance(owner, ast.Name) and owner.id == "torch":
+                if attr in READS or (
+                    attr in MAKERS and isinstance(owner, ast.Name) and owner.id == "torch"
+                ):
                     name = attr
             if isinstance(child, ast.keyword) and child.arg == "pin_memory":
                 name = "pin_memory"

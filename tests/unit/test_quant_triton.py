@@ -11,9 +11,6 @@ the comparison happens here.
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import torch
 
 from gpu.quant.triton_linear import available, triton_qlinear
 from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+from tests.unit.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
@@ -107,20 +105,9 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    root = tmp_path_factory.mktemp("qlinear")
-    inputs, results = root / "inputs.pt", root / "outputs.pt"
-    torch.save(CASES, inputs)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", CHILD, str(inputs), str(results)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result: dict[str, torch.Tensor] = run_interpreted(
+        CHILD, CASES, tmp_path_factory.mktemp("qlinear")
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, torch.Tensor] = torch.load(results)
     return result
 
 

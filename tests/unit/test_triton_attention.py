@@ -9,9 +9,6 @@ module writes the cases, the child writes the kernels' outputs, the comparison h
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from gpu.kernels.triton.paged_attention import (
     paged_decode_attention,
     paged_prefill_attention,
 )
+from tests.unit.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
@@ -236,20 +234,9 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    root = tmp_path_factory.mktemp("paged_attention")
-    inputs, results = root / "inputs.pt", root / "outputs.pt"
-    torch.save(CASES, inputs)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", CHILD, str(inputs), str(results)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result: dict[str, torch.Tensor] = run_interpreted(
+        CHILD, CASES, tmp_path_factory.mktemp("paged_attention")
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, torch.Tensor] = torch.load(results)
     return result
 
 

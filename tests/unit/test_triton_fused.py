@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kernels.triton.kernels import TritonKernels, triton_kernels
 from gpu.models.layers import RMSNorm, apply_rope
+from tests.unit.triton_child import run_interpreted
 
 pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
@@ -179,20 +178,9 @@ def _named(kind: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
-    root = tmp_path_factory.mktemp("fused")
-    inputs, results = root / "inputs.pt", root / "outputs.pt"
-    torch.save(CASES, inputs)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", CHILD, str(inputs), str(results)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result: dict[str, dict[str, torch.Tensor]] = run_interpreted(
+        CHILD, CASES, tmp_path_factory.mktemp("fused")
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, dict[str, torch.Tensor]] = torch.load(results)
     return result
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
 
 import torch
 
 from gpu.kernels.triton.activation import silu_mul
 from gpu.kernels.triton.norm import rms_norm
 from gpu.kernels.triton.rotary import rope_, rope_and_cache_
+from gpu.kernels.triton.runtime import interpreting, triton_module
 
 log = logging.getLogger("tokenmill.kernels")
 
@@ -114,11 +114,11 @@ class TritonKernels:
 def triton_kernels() -> TritonKernels | None:
     """The Triton kernels, or None (one warning) where Triton cannot run here."""
     try:
-        import triton  # optional: imported only here, on first use
+        triton_module()
     except ImportError as exc:
         reason = f"triton is not importable: {exc}"
     else:
-        if torch.cuda.is_available() or _interpreting(triton):
+        if torch.cuda.is_available() or interpreting():
             return TritonKernels()
         reason = "no CUDA device, and Triton's interpreter not in force (TRITON_INTERPRET=1)"
     log.warning(
@@ -126,14 +126,3 @@ def triton_kernels() -> TritonKernels | None:
         reason,
     )
     return None
-
-
-def _interpreting(triton: Any) -> bool:
-    # TRITON_INTERPRET is read at each launch, but Triton wraps its own library (tl.zeros,
-    # ...) for the interpreter when it is first imported: only if that import happened under
-    # the interpreter can kernels run under it now.
-    if not triton.knobs.runtime.interpret:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(triton.language.zeros, InterpretedFunction)

@@ -31,6 +31,9 @@ from typing import Any
 
 import torch
 
+from gpu.kernels.triton.runtime import available as available  # re-exported: callers ask here
+from gpu.kernels.triton.runtime import interpreting, triton_module
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 # Decode splits: programs enough to fill a large GPU (about 2 per SM on an H100/H200) before
@@ -47,33 +50,6 @@ PREFILL_WARPS = 8
 # triton.language, bound by `_decode_kernels` / `_prefill_kernel`: a module global because
 # Triton's interpreter patches the `tl` it finds among a kernel's globals.
 tl: Any = None
-
-
-def available() -> bool:
-    """Whether the kernels can run here: Triton importable, and CUDA present or Triton's CPU
-    interpreter in force (`TRITON_INTERPRET=1` set before `triton` was first imported)."""
-    try:
-        _triton()
-    except ImportError:
-        return False
-    return torch.cuda.is_available() or _interpreting()
-
-
-def _triton() -> Any:
-    import triton  # optional: imported on first use
-
-    return triton
-
-
-def _interpreting() -> bool:
-    # Triton decorates its own library when imported: only if that happened in interpreter
-    # mode can a kernel built now run under the interpreter.
-    triton = _triton()
-    if not triton.knobs.runtime.interpret:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(triton.language.zeros, InterpretedFunction)
 
 
 def paged_decode_attention(
@@ -254,7 +230,7 @@ def _check(
 
 def _interpret_for(q: torch.Tensor) -> bool:
     """Whether the interpreter runs the kernels for q's device; raises where nothing can."""
-    interpret = _interpreting()
+    interpret = interpreting()
     if q.device.type != "cuda" and not interpret:
         raise ValueError(
             f"q is on {q.device}: the kernels run on CUDA, or on the CPU under Triton's "
@@ -296,7 +272,7 @@ def _decode_splits(seqs: int, kv_heads: int, positions: int, keys: int) -> tuple
 @functools.cache
 def _decode_kernels(interpret: bool) -> tuple[Any, Any]:
     global tl
-    triton = _triton()
+    triton = triton_module()
     tl = triton.language
 
     def decode_split(  # type: ignore[no-untyped-def]  # Triton types the arguments at launch
@@ -430,7 +406,7 @@ def _decode_kernels(interpret: bool) -> tuple[Any, Any]:
 @functools.cache
 def _prefill_kernel(interpret: bool) -> Any:
     global tl
-    triton = _triton()
+    triton = triton_module()
     tl = triton.language
 
     def prefill(  # type: ignore[no-untyped-def]  # Triton types the arguments at launch
@@ -528,7 +504,7 @@ def _prefill_kernel(interpret: bool) -> Any:
 def _wrap(kernel: Any, interpret: bool) -> Any:
     # Wrapped by hand in the mode asked for: `triton.jit` follows TRITON_INTERPRET even where
     # the interpreter cannot run (set after triton's import).
-    triton = _triton()
+    triton = triton_module()
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
