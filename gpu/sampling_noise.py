@@ -98,4 +98,21 @@ def exponential_noise(
     positions: torch.Tensor,  # [rows] int64
     vocab: int,
 ) -> torch.Tensor:  # [rows, vocab] float32 Exp(1) draws, finite and > 0
+    """The noise; on the CPU by tokenmill's native kernel where it is built (the same bits in
+    one pass, not some forty passes of tensor ops), else by `reference_noise`."""
+    if seeds.device.type == "cpu":
+        from gpu.kernels.native import cpu_kernels
+
+        kernels = cpu_kernels()
+        if kernels is not None:
+            return kernels.exponential_noise(seeds.contiguous(), positions.contiguous(), vocab)
+    return reference_noise(seeds, positions, vocab)
+
+
+def reference_noise(
+    seeds: torch.Tensor,  # [rows] int64
+    positions: torch.Tensor,  # [rows] int64
+    vocab: int,
+) -> torch.Tensor:  # [rows, vocab] float32 Exp(1) draws, finite and > 0
+    """The definition, in tensor ops any device runs (CUDA's path)."""
     return neg_log(uniforms(uniform_bits(seeds, positions, vocab))).to(torch.float32)

@@ -1,12 +1,12 @@
 """tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
-`cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `quant_gemv.c` and
-`quant_linear.c` (with `vector.h`, `weight.h`) into one library with the host's compiler
-(`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native -fopenmp`) into a cache folder
-(`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`), named by a digest of the
-source, the compiler, the flags and the CPU's feature flags, so a cache shared by different
-hosts never hands one another's binary. The build takes a few seconds and happens once per
-host and source version.
+`cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `quant_gemv.c`,
+`quant_linear.c` and `sampling_noise.c` (with `vector.h`, `weight.h`) into one library with
+the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native -fopenmp`) into a
+cache folder (`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`), named by a
+digest of the source, the compiler, the flags and the CPU's feature flags, so a cache shared
+by different hosts never hands one another's binary. The build takes a few seconds and
+happens once per host and source version.
 
 Where there is no C compiler, or the build fails, `cpu_kernels()` logs one warning and
 returns None: models then run PyTorch's ops alone (oneDNN-packed linears, SDPA over gathered
@@ -34,7 +34,14 @@ from gpu.quant.weight import QuantizedWeight
 log = logging.getLogger("tokenmill.kernels")
 
 FOLDER = Path(__file__).parent
-SOURCES = ("attention.c", "elementwise.c", "decode_step.c", "quant_gemv.c", "quant_linear.c")
+SOURCES = (
+    "attention.c",
+    "elementwise.c",
+    "decode_step.c",
+    "quant_gemv.c",
+    "quant_linear.c",
+    "sampling_noise.c",
+)
 HEADERS = ("vector.h", "weight.h")  # SOURCES include them: one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ENABLE_VARIABLE = "TOKENMILL_NATIVE_KERNELS"
@@ -107,6 +114,9 @@ class CpuKernels:
         weight_ptr = ctypes.POINTER(TmWeight)
         self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, weight_ptr, _ptr, _ptr]
         self._qlinear.restype = None
+        self._noise = lib.tm_exponential_noise
+        self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
+        self._noise.restype = None
         self.llama_decode = lib.tm_llama_decode  # called by gpu/models/llama_decode_step.py
         self.llama_decode.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
         self.llama_decode.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float]
@@ -165,6 +175,22 @@ class CpuKernels:
         rows, width = gate_up.shape
         out = gate_up.new_empty(rows, width // 2)
         self._silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+        return out
+
+    def exponential_noise(
+        self,
+        seeds: torch.Tensor,  # [rows] int64, non-negative
+        positions: torch.Tensor,  # [rows] int64, non-negative
+        vocab: int,
+    ) -> torch.Tensor:  # [rows, vocab] float32 Exp(1) draws
+        """`gpu.sampling_noise.exponential_noise`, bit for bit, in one pass (`sampling_noise.c`)."""
+        for t in (seeds, positions):
+            if t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous():
+                raise ValueError("seeds and positions must be contiguous int64 CPU tensors")
+        if seeds.shape != positions.shape or seeds.dim() != 1:
+            raise ValueError(f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)}")
+        out = torch.empty(seeds.shape[0], vocab, dtype=torch.float32)
+        self._noise(seeds.data_ptr(), positions.data_ptr(), seeds.shape[0], vocab, out.data_ptr())
         return out
 
     def qlinear(
