@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 # `gpu.quant.scheme.CHOICES`, spelled here so `--help` does not import torch
 QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4", "int4-g32", "int4-g128")
+DECODE_GRAPH_MODES = ("auto", "eager", "off")  # gpu.engine_config's; kept here, torch-free
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,15 @@ def _engine_options(envvars: bool) -> list[Callable[[Callable[..., Any]], Callab
             help="Reuse the K/V of full blocks a prompt shares with earlier ones (a system "
             "prompt, a few-shot header); outputs are the same either way.",
         ),
+        option(
+            "--decode-graphs",
+            type=click.Choice(DECODE_GRAPH_MODES),
+            default="auto",
+            show_default=True,
+            help="Decode-only steps through static buffers at padded batch sizes: auto = as "
+            "CUDA graphs captured at start, on CUDA only; eager = without capture, on any "
+            "device with kernels; off. Outputs are the same either way.",
+        ),
     ]
 
 
@@ -140,6 +150,7 @@ def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
             num_kv_blocks=kwargs.pop("num_kv_blocks"),
             quantization=kwargs.pop("quantization"),
             prefix_caching=kwargs.pop("prefix_caching"),
+            decode_graphs=kwargs.pop("decode_graphs"),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -122,3 +122,10 @@ def test_padded_rows_never_change_real_rows(tiny_checkpoints: dict[str, Path]) -
             rows.append(inert)
     for row in rows[1:]:
         torch.testing.assert_close(row, rows[0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_cli_offers_the_engine_modes() -> None:
+    from gpu.engine_config import DECODE_GRAPH_MODES
+    from ops.models import engine_options
+
+    assert engine_options.DECODE_GRAPH_MODES == DECODE_GRAPH_MODES
