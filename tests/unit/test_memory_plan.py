@@ -15,6 +15,7 @@ from gpu.loading.model_config import ModelConfig
 from gpu.memory.plan import (
     activation_reserve_bytes,
     canonical_dtype,
+    decode_graph_reserve_bytes,
     default_max_batched_tokens,
     dtype_bytes,
     kv_budget_bytes,
@@ -84,6 +85,19 @@ def test_weights_bytes() -> None:
     assert weights_bytes(SMOLLM2_135M, "float32") == 134_515_008 * 4
     assert weights_bytes(SMOLLM2_135M, "fp16") == 134_515_008 * 2
     assert weights_bytes(GPT2, "bf16") == 124_439_808 * 2
+
+
+def test_decode_graph_reserve_covers_the_largest_graphs_step() -> None:
+    """The CUDA graphs' pool: a decode step of max_batch tokens, its logits and inputs; it
+    grows with the batch and is below a whole step's activation reserve (no attention
+    buffers: the kernels read the pool in place)."""
+    c = SMOLLM2_135M
+    small = decode_graph_reserve_bytes(c, "bfloat16", 1)
+    large = decode_graph_reserve_bytes(c, "bfloat16", 64)
+    assert 0 < small < large
+    assert large >= 64 * c.vocab_size * (2 + 4)  # the logits alone, bf16 and their fp32 copy
+    full = activation_reserve_bytes(c, "bfloat16", 64, 64, max_context_len=2048)
+    assert large < full
 
 
 def test_activation_reserve_follows_its_documented_formula() -> None:
