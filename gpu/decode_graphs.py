@@ -119,10 +119,6 @@ class DecodeGraphs:
         """The padded size a step of `rows` decodes runs at; None: more than the largest."""
         return next((s for s in self.sizes if s >= rows), None)
 
-    @property
-    def width(self) -> int:
-        return self.layouts[self.sizes[0]].width
-
     def layout(self, size: int) -> DecodeLayout:
         return self.layouts[size]
 
