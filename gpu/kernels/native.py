@@ -1,12 +1,12 @@
 """tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
-`cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `quant_gemv.c`,
-`quant_linear.c` and `sampling_noise.c` (with `vector.h`, `weight.h`) into one library with
-the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native -fopenmp`) into a
-cache folder (`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`), named by a
-digest of the source, the compiler, the flags and the CPU's feature flags, so a cache shared
-by different hosts never hands one another's binary. The build takes a few seconds and
-happens once per host and source version.
+`cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `panel_linear.c`,
+`quant_gemv.c`, `quant_linear.c` and `sampling_noise.c` (with `vector.h`, `weight.h`) into one
+library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native
+-fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`),
+named by a digest of the source, the compiler, the flags and the CPU's feature flags, so a
+cache shared by different hosts never hands one another's binary. The build takes a few
+seconds and happens once per host and source version.
 
 Where there is no C compiler, or the build fails, `cpu_kernels()` logs one warning and
 returns None: models then run PyTorch's ops alone (oneDNN-packed linears, SDPA over gathered
@@ -38,6 +38,7 @@ SOURCES = (
     "attention.c",
     "elementwise.c",
     "decode_step.c",
+    "panel_linear.c",
     "quant_gemv.c",
     "quant_linear.c",
     "sampling_noise.c",
@@ -114,6 +115,11 @@ class CpuKernels:
         weight_ptr = ctypes.POINTER(TmWeight)
         self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, weight_ptr, _ptr, _ptr]
         self._qlinear.restype = None
+        self._panel_linear = lib.tm_panel_linear
+        self._panel_linear.argtypes = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64]
+        self._panel_linear.restype = None
+        lib.tm_panel_width.restype = _i64
+        self.panel_width: int = lib.tm_panel_width()  # output features per panel, this build's
         self._noise = lib.tm_exponential_noise
         self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
         self._noise.restype = None
@@ -224,6 +230,53 @@ class CpuKernels:
                 ctypes.byref(descriptor),
                 None if bias is None else bias.data_ptr(),
                 y.data_ptr(),
+            )
+        return y
+
+    def pack_panels(self, weight: torch.Tensor) -> torch.Tensor:
+        """W [out, in] float32 as `panel_linear` reads it: panels of `panel_width` output
+        features, each [in, panel_width] (input k's weights side by side), the last one
+        filled out with zero weights. [ceil(out / width), in, width]."""
+        _check(weight)
+        out, inputs = weight.shape
+        width = self.panel_width
+        count = -(-out // width)
+        padded = weight.new_zeros(count * width, inputs)
+        padded[:out] = weight
+        return padded.view(count, width, inputs).transpose(1, 2).contiguous()
+
+    def panel_linear(
+        self,
+        x: torch.Tensor,  # [m, in] float32, elements contiguous
+        panels: torch.Tensor,  # `pack_panels(W)` of W [out, in]
+        out_features: int,
+        bias: torch.Tensor | None = None,  # [out] float32
+    ) -> torch.Tensor:  # [m, out] float32
+        """x · Wᵀ + bias over W's panels: the few rows of a decode step (`panel_linear.c`)."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+            raise ValueError("panel_linear takes a float32 CPU matrix whose rows are contiguous")
+        _check(panels)
+        count, inputs, width = panels.shape
+        if width != self.panel_width or x.shape[1] != inputs:
+            raise ValueError(f"x {tuple(x.shape)} does not fit panels {tuple(panels.shape)}")
+        if not count * width - width < out_features <= count * width:
+            raise ValueError(f"{out_features} outputs do not fill {count} panels of {width}")
+        if bias is not None:
+            _check(bias)
+            if tuple(bias.shape) != (out_features,):
+                raise ValueError(f"bias {tuple(bias.shape)} is not ({out_features},)")
+        y = x.new_empty(x.shape[0], out_features)
+        if x.shape[0]:
+            self._panel_linear(
+                x.shape[0],
+                inputs,
+                out_features,
+                x.data_ptr(),
+                x.stride(0),
+                panels.data_ptr(),
+                None if bias is None else bias.data_ptr(),
+                y.data_ptr(),
+                out_features,
             )
         return y
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from gpu.device import default_device, default_dtype
 from gpu.errors import CheckpointError
+from gpu.kernels.native import cpu_kernels
 from gpu.loading.checkpoint import Checkpoint, load_hf_folder
 from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.loading.tokenizer import Tokenizer
@@ -109,7 +110,7 @@ def load_model(
         quantize_linears(module, scheme, keep)
     tie_quantized(module, ckpt.config)
     if pack and packing_available(device, dtype):
-        pack_linears(module)
+        pack_linears(module, cpu_kernels())  # panels too, where the native kernels build
     default_name = path.stem if path.is_file() else path.name
     return LoadedModel(
         name=name or default_name,

@@ -19,6 +19,7 @@ from torch import nn
 
 from gpu.device import default_device, default_dtype, dtype_name
 from gpu.errors import CheckpointError
+from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, _tie_and_fill_buffers, build_module
 from gpu.loading.model_config import ModelConfig, check_activation, config_from_hf
 from gpu.loading.tokenizer import Tokenizer
@@ -78,7 +79,7 @@ def load_random_model(
         quantize_linears(module, scheme, ())
     tie_quantized(module, config)
     if pack and packing_available(device, dtype):
-        pack_linears(module)
+        pack_linears(module, cpu_kernels())  # panels too, where the native kernels build
     digest = hashlib.sha256(config_path.read_bytes()).hexdigest()
     return LoadedModel(
         name=name or f"{config_path.stem} (random weights)",

@@ -149,6 +149,35 @@ def test_decode_attention_refuses_tensors_it_cannot_read(kernels: CpuKernels) ->
         kernels.paged_decode_attention(q, k, k, tables.int(), lengths, 1.0, q)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 64])
+def test_panel_linear_equals_the_product(kernels: CpuKernels, rows: int, bias: bool) -> None:
+    torch.manual_seed(rows)
+    width = kernels.panel_width
+    out = 3 * width + 5  # the last panel only partly filled
+    w = torch.randn(out, 96)
+    b = torch.randn(out) if bias else None
+    wide = torch.randn(rows, 128)
+    x = wide[:, :96]  # rows 128 apart, as a slice of a fused product is
+    panels = kernels.pack_panels(w)
+    assert panels.shape == (4, 96, width)
+    y = kernels.panel_linear(x, panels, out, b)
+    torch.testing.assert_close(y, F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_panel_linear_refuses_what_does_not_fit(kernels: CpuKernels) -> None:
+    panels = kernels.pack_panels(torch.randn(40, 32))
+    x = torch.randn(2, 32)
+    with pytest.raises(ValueError, match="rows are contiguous"):
+        kernels.panel_linear(x.t().contiguous().t(), panels, 40)
+    with pytest.raises(ValueError, match="does not fit"):
+        kernels.panel_linear(torch.randn(2, 16), panels, 40)
+    with pytest.raises(ValueError, match="do not fill"):
+        kernels.panel_linear(x, panels, 40 + kernels.panel_width * 2)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.panel_linear(x, panels, 40, torch.zeros(41))
+
+
 def test_no_compiler_means_one_warning_and_no_kernels(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -283,11 +312,13 @@ def test_engine_tokens_on_every_vector_path_match_transformers(
     from transformers import AutoModelForCausalLM
 
     import gpu.engine
+    import gpu.loading.loader
     from gpu.loading.loader import load_model
     from gpu.sequence import SamplingParams
     from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, hf_greedy, random_prompts
 
     monkeypatch.setattr(gpu.engine, "cpu_kernels", lambda: kernels)
+    monkeypatch.setattr(gpu.loading.loader, "cpu_kernels", lambda: kernels)  # the panels
     path = tiny_checkpoints["llama"]
     model = load_model(path, device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -10,9 +10,16 @@ from torch import nn
 
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
+from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import load_model
 from gpu.memory.footprint import engine_bytes
-from gpu.models.packed_linear import PackedLinear, bucket_rows, pack_linears, packing_available
+from gpu.models.packed_linear import (
+    PANEL_ROWS,
+    PackedLinear,
+    bucket_rows,
+    pack_linears,
+    packing_available,
+)
 
 pytestmark = pytest.mark.skipif(
     not packing_available(torch.device("cpu"), torch.float32), reason="PyTorch without oneDNN"
@@ -39,6 +46,33 @@ def test_packed_takes_any_leading_shape_and_strides() -> None:
         assert packed(x).shape == (3, 5, 48)
         torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(packed(transposed), linear(transposed), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_panels_take_the_few_rows_and_onednn_the_rest(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("no native kernels on this host")
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias)
+    packed = PackedLinear(linear, kernels)
+    took: list[int] = []
+    panel_linear = kernels.panel_linear
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        took.append(x.shape[0])
+        return panel_linear(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "panel_linear", spy)
+    with torch.inference_mode():
+        for rows in (1, 9, PANEL_ROWS, PANEL_ROWS + 1, 300):
+            x = torch.randn(rows, 96)
+            torch.testing.assert_close(packed(x), linear(x), atol=1e-4, rtol=1e-5)
+        packed(torch.randn(3, 5, 96))  # not a matrix of rows: oneDNN
+        packed(torch.randn(96, 4).t())  # rows not contiguous: oneDNN
+    assert took == [1, 9, PANEL_ROWS]
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_the_rest() -> None:
@@ -68,12 +102,17 @@ def test_load_model_packs_on_cpu_unless_told_not_to(tiny_checkpoints: dict[str, 
 
 def test_footprint_counts_packed_weights(tiny_checkpoints: dict[str, Path]) -> None:
     config = EngineConfig(num_kv_blocks=64)
+    kernels = cpu_kernels()
     for arch in ("llama", "gpt2"):
         packed = Engine(load_model(tiny_checkpoints[arch], device="cpu"), config)
         plain = Engine(load_model(tiny_checkpoints[arch], device="cpu", pack=False), config)
-        # Packing holds every linear weight a second time, in oneDNN's layout.
+        # Packing holds every linear weight a second time, in oneDNN's layout, and where the
+        # native kernels build a third, in panels (the last one of each filled out).
         linears = [m for m in plain.model.module.modules() if isinstance(m, nn.Linear)]
         extra = sum(m.weight.numel() * 4 for m in linears)
+        if kernels is not None:
+            width = kernels.panel_width
+            extra += sum(-(-m.out_features // width) * width * m.in_features * 4 for m in linears)
         assert packed.model.packed_bytes == extra
         assert engine_bytes(packed) == engine_bytes(plain) + extra
 

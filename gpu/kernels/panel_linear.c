@@ -1,0 +1,127 @@
+/* y = x Wᵀ + b for the few rows of a decode step, over weights packed in panels.
+ *
+ * A decode step multiplies every weight matrix by a handful of rows (one per running
+ * sequence). oneDNN's kernels are tuned for many rows: on this project's 2-core machines a
+ * step of 8–64 rows streams its weights at ~15 GB/s of the ~25 the cores can read, and spends
+ * a third of its time waiting for them (measured 2026-12-02, SmolLM2-135M: 30 layers' products
+ * at 64 rows take 99 ms with the weights cold, 59 ms hot).
+ *
+ * Here W [out, in] is held as panels of PANEL consecutive output features: panel p is
+ * [in, PANEL], input k's PANEL weights side by side (`tm_panel_width`; gpu/models/
+ * packed_linear.py packs them). A tile of ROWS rows × PANEL outputs stays in registers while
+ * the inputs go by: per input, PANEL / VEC weight loads and one broadcast per row feed
+ * ROWS · PANEL / VEC FMAs, so the loads never bound it, and the panel (in · PANEL floats,
+ * read from memory once and from L2 for the row tiles after the first) is streamed front to
+ * back while the next one is prefetched. Threads take whole panels. Each output is one sum
+ * over the inputs in order (then + bias): the order differs from oneDNN's, the arithmetic is
+ * float32 throughout.
+ */
+#include "vector.h"
+
+#include <string.h>
+
+#if VEC == 16
+#define PANEL 32
+#define ROWS 8
+#elif VEC == 8
+#define PANEL 16
+#define ROWS 6
+#else
+#define PANEL 16
+#define ROWS 4
+#endif
+
+int64_t tm_panel_width(void) { return PANEL; }
+
+#ifdef VEC
+/* acc[r][j] over the tile's `rows` (≤ ROWS) rows: a compile-time row count, unrolled. */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t x_stride,
+                                                       const float *panel, int64_t in,
+                                                       float *out, int64_t out_stride,
+                                                       const float *ahead, int64_t reach,
+                                                       const int rows) {
+    vec acc[ROWS][PANEL / VEC];
+    for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < PANEL / VEC; ++j) acc[r][j] = vzero();
+    for (int64_t k = 0; k < in; ++k) {
+        if (k < reach) /* this tile's share of the next panel, one input's lines at a time */
+            for (int j = 0; j < PANEL * 4; j += 64)
+                __builtin_prefetch((const char *)(ahead + k * PANEL) + j, 0, 2);
+        vec w[PANEL / VEC];
+        for (int j = 0; j < PANEL / VEC; ++j) w[j] = vload(panel + k * PANEL + j * VEC);
+        for (int r = 0; r < rows; ++r) {
+            vec xr = vset1(x[r * x_stride + k]);
+            for (int j = 0; j < PANEL / VEC; ++j) acc[r][j] = vfma(xr, w[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < PANEL / VEC; ++j) vstore(out + r * out_stride + j * VEC, acc[r][j]);
+}
+#else
+static inline void tile(const float *x, int64_t x_stride, const float *panel, int64_t in,
+                        float *out, int64_t out_stride, const float *ahead, int64_t reach,
+                        const int rows) {
+    (void)ahead, (void)reach;
+    float acc[ROWS][PANEL];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < in; ++k)
+        for (int r = 0; r < rows; ++r) {
+            float xr = x[r * x_stride + k];
+            for (int j = 0; j < PANEL; ++j) acc[r][j] += xr * panel[k * PANEL + j];
+        }
+    for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < PANEL; ++j) out[r * out_stride + j] = acc[r][j];
+}
+#endif
+
+/* y [m, out] (rows `y_stride` apart) = x [m, in] (rows `x_stride` apart) · Wᵀ + bias, W
+ * packed as ceil(out / PANEL) panels [in, PANEL] (`panels`; the last one's features past
+ * `out` are zero weights, never written to y). bias may be NULL. Its own parallel region. */
+void tm_panel_linear(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
+                     const float *panels, const float *bias, float *y, int64_t y_stride) {
+    int64_t count = (out + PANEL - 1) / PANEL;
+#pragma omp parallel
+    {
+        float edge[ROWS * PANEL]; /* the last panel's tile, when it reaches past `out` */
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < count; ++p) {
+            const float *panel = panels + p * in * PANEL;
+            /* the next panel is fetched while this one computes, spread over its row tiles */
+            int64_t tiles = (m + ROWS - 1) / ROWS, chunk = (in + tiles - 1) / tiles;
+            int64_t first = p * PANEL, width = out - first < PANEL ? out - first : PANEL;
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+                int64_t rows = m - r0 < ROWS ? m - r0 : ROWS, from = r0 / ROWS * chunk;
+                int64_t reach = p + 1 < count ? (in - from < chunk ? in - from : chunk) : 0;
+                const float *ahead = panel + (in + from) * PANEL;
+                const float *xt = x + r0 * x_stride;
+                float *yt = width == PANEL ? y + r0 * y_stride + first : edge;
+                int64_t yt_stride = width == PANEL ? y_stride : PANEL;
+                switch (rows) {
+#define TILE(R) \
+    case R: tile(xt, x_stride, panel, in, yt, yt_stride, ahead, reach, R); break;
+                    TILE(1)
+                    TILE(2)
+                    TILE(3)
+                    TILE(4)
+#if ROWS > 4
+                    TILE(5)
+                    TILE(6)
+#endif
+#if ROWS > 6
+                    TILE(7)
+                    TILE(8)
+#endif
+#undef TILE
+                }
+                if (width < PANEL)
+                    for (int64_t r = 0; r < rows; ++r)
+                        memcpy(y + (r0 + r) * y_stride + first, edge + r * PANEL,
+                               (size_t)width * sizeof(float));
+                if (bias)
+                    for (int64_t r = 0; r < rows; ++r)
+                        for (int64_t j = 0; j < width; ++j)
+                            y[(r0 + r) * y_stride + first + j] += bias[first + j];
+            }
+        }
+    }
+}
