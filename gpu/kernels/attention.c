@@ -1,4 +1,5 @@
 /* Decode attention straight from the paged KV pool: no copy of any context. */
+#include "attention.h"
 #include "vector.h"
 
 /* Gemma 2's attention logit soft-capping, on the scaled scores: s = cap · tanh(s / cap). */
@@ -85,6 +86,84 @@ static inline __attribute__((always_inline)) void attend_head64(
 }
 #endif
 
+/* attention.h */
+void tm_attend(const float *qs, float *os, const float *k, const float *v, const int64_t *table,
+               int64_t first, int64_t ctx, int64_t h0, int64_t h1, int64_t block_size,
+               int64_t kv_heads, int64_t group, int64_t head_dim, float scale, float softcap) {
+    int64_t token_stride = kv_heads * head_dim; /* from one position to the next in a block */
+    int64_t block_floats = block_size * token_stride;
+    int64_t span = ctx - first; /* positions attended: first .. ctx - 1 */
+    int64_t rows = (h1 - h0) * group; /* query heads of this task */
+    float *scores = malloc(sizeof(float) * (size_t)(rows * span > 0 ? rows * span : 1));
+#if VEC == 16
+    if (head_dim == 64 && group <= 4 && span > 0) {
+        for (int64_t h = h0; h < h1; ++h) {
+            const float *qh = qs + (h - h0) * group * 64;
+            float *oh = os + (h - h0) * group * 64;
+            const float *kh = k + h * 64, *vh = v + h * 64;
+#define ATTEND(G)                                                                             \
+    attend_head64(qh, kh, vh, table, first, ctx, block_size, block_floats, token_stride, scale, \
+                  softcap, scores, oh, G)
+            switch (group) {
+            case 1: ATTEND(1); break;
+            case 2: ATTEND(2); break;
+            case 3: ATTEND(3); break;
+            default: ATTEND(4); break;
+            }
+#undef ATTEND
+        }
+        free(scores);
+        return;
+    }
+#endif
+    /* scores[r, t - first] = scale · q_r · k_t, r = (h - h0) * group + g */
+    for (int64_t t0 = first, n; t0 < ctx; t0 += n) {
+        int64_t b = t0 / block_size, off = t0 % block_size;
+        const float *kb = k + table[b] * block_floats + off * token_stride;
+        if ((b + 1) * block_size < ctx)
+            prefetch_floats(k + table[b + 1] * block_floats, block_floats);
+        n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t h = h0; h < h1; ++h) {
+                const float *kt = kb + j * token_stride + h * head_dim;
+                for (int64_t g = 0; g < group; ++g) {
+                    int64_t r = (h - h0) * group + g;
+                    float score = dot(qs + r * head_dim, kt, head_dim) * scale;
+                    scores[r * span + t0 - first + j] = score;
+                }
+            }
+    }
+    if (softcap > 0.f) softcap_scores(scores, rows * span, softcap);
+    /* softmax over t, per query head */
+    for (int64_t r = 0; r < rows; ++r) {
+        float *sr = scores + r * span;
+        for (int64_t d = 0; d < head_dim; ++d) os[r * head_dim + d] = 0.f;
+        if (span == 0) continue;
+        float top = sr[0];
+        for (int64_t t = 1; t < span; ++t) top = sr[t] > top ? sr[t] : top;
+        float inv = 1.f / exp_shifted_sum(sr, span, top);
+#pragma omp simd
+        for (int64_t t = 0; t < span; ++t) sr[t] *= inv;
+    }
+    /* out_r = sum_t p[r, t] v_t */
+    for (int64_t t0 = first, n; t0 < ctx; t0 += n) {
+        int64_t b = t0 / block_size, off = t0 % block_size;
+        const float *vb = v + table[b] * block_floats + off * token_stride;
+        if ((b + 1) * block_size < ctx)
+            prefetch_floats(v + table[b + 1] * block_floats, block_floats);
+        n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t h = h0; h < h1; ++h) {
+                const float *vt = vb + j * token_stride + h * head_dim;
+                for (int64_t g = 0; g < group; ++g) {
+                    int64_t r = (h - h0) * group + g;
+                    axpy(os + r * head_dim, scores[r * span + t0 - first + j], vt, head_dim);
+                }
+            }
+    }
+    free(scores);
+}
+
 /* Decode attention straight from the paged KV pool: no copy of any context.
  *
  * q, out:  [seqs, kv_heads * group, head_dim]; query head h * group + g reads KV head h.
@@ -105,88 +184,15 @@ void tm_paged_decode_attention(const float *q, const float *k, const float *v,
                                int64_t kv_heads, int64_t group, int64_t head_dim, float scale,
                                float softcap, float *out) {
     int64_t heads = kv_heads * group;
-    int64_t token_stride = kv_heads * head_dim; /* from one position to the next in a block */
-    int64_t block_floats = block_size * token_stride;
     int64_t split = seqs < omp_get_max_threads() ? kv_heads : 1; /* tasks per sequence */
     int64_t per_task = kv_heads / split;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < seqs * split; ++task) {
-        int64_t s = task / split, h0 = task % split * per_task, h1 = h0 + per_task;
-        int64_t ctx = lengths[s];
+        int64_t s = task / split, h0 = task % split * per_task, ctx = lengths[s];
         int64_t first = starts ? starts[s] : 0;
         first = first < 0 ? 0 : (first > ctx ? ctx : first);
-        int64_t span = ctx - first; /* positions attended: first .. ctx - 1 */
-        int64_t rows = (h1 - h0) * group; /* query heads of this task */
-        const int64_t *table = tables + s * width;
-        const float *qs = q + (s * heads + h0 * group) * head_dim;
-        float *os = out + (s * heads + h0 * group) * head_dim;
-        float *scores = malloc(sizeof(float) * (size_t)(rows * span > 0 ? rows * span : 1));
-#if VEC == 16
-        if (head_dim == 64 && group <= 4 && span > 0) {
-            for (int64_t h = h0; h < h1; ++h) {
-                const float *qh = qs + (h - h0) * group * 64;
-                float *oh = os + (h - h0) * group * 64;
-                const float *kh = k + h * 64, *vh = v + h * 64;
-#define ATTEND(G)                                                                             \
-    attend_head64(qh, kh, vh, table, first, ctx, block_size, block_floats, token_stride, scale, \
-                  softcap, scores, oh, G)
-                switch (group) {
-                case 1: ATTEND(1); break;
-                case 2: ATTEND(2); break;
-                case 3: ATTEND(3); break;
-                default: ATTEND(4); break;
-                }
-#undef ATTEND
-            }
-            free(scores);
-            continue;
-        }
-#endif
-        /* scores[r, t - first] = scale · q_r · k_t, r = (h - h0) * group + g */
-        for (int64_t t0 = first, n; t0 < ctx; t0 += n) {
-            int64_t b = t0 / block_size, off = t0 % block_size;
-            const float *kb = k + table[b] * block_floats + off * token_stride;
-            if ((b + 1) * block_size < ctx)
-                prefetch_floats(k + table[b + 1] * block_floats, block_floats);
-            n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
-            for (int64_t j = 0; j < n; ++j)
-                for (int64_t h = h0; h < h1; ++h) {
-                    const float *kt = kb + j * token_stride + h * head_dim;
-                    for (int64_t g = 0; g < group; ++g) {
-                        int64_t r = (h - h0) * group + g;
-                        float score = dot(qs + r * head_dim, kt, head_dim) * scale;
-                        scores[r * span + t0 - first + j] = score;
-                    }
-                }
-        }
-        if (softcap > 0.f) softcap_scores(scores, rows * span, softcap);
-        /* softmax over t, per query head */
-        for (int64_t r = 0; r < rows; ++r) {
-            float *sr = scores + r * span;
-            for (int64_t d = 0; d < head_dim; ++d) os[r * head_dim + d] = 0.f;
-            if (span == 0) continue;
-            float top = sr[0];
-            for (int64_t t = 1; t < span; ++t) top = sr[t] > top ? sr[t] : top;
-            float inv = 1.f / exp_shifted_sum(sr, span, top);
-#pragma omp simd
-            for (int64_t t = 0; t < span; ++t) sr[t] *= inv;
-        }
-        /* out_r = sum_t p[r, t] v_t */
-        for (int64_t t0 = first, n; t0 < ctx; t0 += n) {
-            int64_t b = t0 / block_size, off = t0 % block_size;
-            const float *vb = v + table[b] * block_floats + off * token_stride;
-            if ((b + 1) * block_size < ctx)
-                prefetch_floats(v + table[b + 1] * block_floats, block_floats);
-            n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
-            for (int64_t j = 0; j < n; ++j)
-                for (int64_t h = h0; h < h1; ++h) {
-                    const float *vt = vb + j * token_stride + h * head_dim;
-                    for (int64_t g = 0; g < group; ++g) {
-                        int64_t r = (h - h0) * group + g;
-                        axpy(os + r * head_dim, scores[r * span + t0 - first + j], vt, head_dim);
-                    }
-                }
-        }
-        free(scores);
+        int64_t at = (s * heads + h0 * group) * head_dim;
+        tm_attend(q + at, out + at, k, v, tables + s * width, first, ctx, h0, h0 + per_task,
+                  block_size, kv_heads, group, head_dim, scale, softcap);
     }
 }

@@ -1,3 +1,4 @@
+#include "attention.h"
 #include "weight.h"
 
 /* ---- One token through a whole Llama-family model, in one parallel region -------------------
@@ -8,17 +9,39 @@
  * each product's rows; a barrier separates the phases that depend on each other. The
  * arithmetic is the layers' own (RMSNorm, rotary in the rotate-half layout, grouped-query
  * attention over the paged pool, SwiGLU), in float32. The products take any weight format of
- * weight.h: float32, or int8/int4 dequantized in registers (tm_linear_share).
+ * weight.h: float32 (in panels where the weight has them: panel_linear.c, the products of
+ * many rows), or int8/int4 dequantized in registers (tm_linear_share).
  */
 
-/* residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows */
+/* residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows, shared among
+ * the threads (ends with a barrier) */
 static inline void add_and_norm(float *residual, const float *h, int64_t m, int64_t hidden,
                                 const float *weight, float eps, float *normed) {
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < m; ++r) {
         float *res = residual + r * hidden;
         for (int64_t i = 0; i < hidden; ++i) res[i] += h[r * hidden + i];
         rms_norm_row(res, weight, eps, hidden, normed + r * hidden);
     }
+}
+
+/* The calling thread's share of y [m, out] (rows `y_stride` apart) = x · Wᵀ + bias: runs of
+ * W's panels where it has them, else its rows in blocks of 4 (`mine`: tm_linear_share's
+ * scratch). [*begin, *end) are the output features it wrote: the same for two weights of the
+ * same kind and `out`. */
+static void linear_part(const tm_weight *w, const float *bias, const float *x, int64_t x_stride,
+                        int64_t m, int64_t in, int64_t out, int64_t y_stride, float *y,
+                        float *mine, int64_t *begin, int64_t *end) {
+    if (w->panels) {
+        int64_t pb, pe, width = tm_panel_width();
+        tm_panel_share(out, &pb, &pe);
+        tm_panel_range(m, in, out, x, x_stride, w->panels, bias, y, y_stride, pb, pe);
+        *begin = pb * width < out ? pb * width : out;
+        *end = pe * width < out ? pe * width : out;
+        return;
+    }
+    share(out, begin, end);
+    tm_linear_share(w, bias, x, x_stride, m, in, y_stride, *begin, *end, y, mine);
 }
 
 /* m decode tokens, one per sequence, through every layer and the LM head.
@@ -31,8 +54,9 @@ static inline void add_and_norm(float *residual, const float *h, int64_t m, int6
  * [positions, head_dim]), writes its K and V to `slots[r]` and attends to `lengths[r]`
  * positions through block table r of `tables` [m, width]. `residual` [m, hidden] holds the
  * embeddings and ends as the last layer's residual stream; `work` has room for
- * m · (2 hidden + 2 (heads + kv_heads) · head_dim + 2 inter) + m · heads · max(lengths)
- * floats; `logits` is [m, vocab]. */
+ * m · (2 hidden + 2 (heads + kv_heads) · head_dim + 2 inter) floats; `logits` is [m, vocab].
+ * A float32 gate and up with panels lie in one weight's panels (gate's first), `inter` a
+ * multiple of the panel width. */
 void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
                      int64_t head_dim, int64_t inter, int64_t vocab,
                      const float *const *layer_vectors, const tm_weight *layer_linears,
@@ -42,10 +66,9 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
                      const int64_t *lengths, const int64_t *slots, int64_t block_size,
                      float *residual, float *work, float *logits) {
     int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, group = heads / kv_heads;
-    int64_t qkv_size = q_size + 2 * kv_size, token_stride = kv_heads * head_dim, longest = 0;
-    for (int64_t r = 0; r < m; ++r) longest = lengths[r] > longest ? lengths[r] : longest;
+    int64_t qkv_size = q_size + 2 * kv_size, token_stride = kv_heads * head_dim;
     float *normed = work, *qkv = normed + m * hidden, *attn = qkv + m * qkv_size;
-    float *h = attn + m * q_size, *gate_up = h + m * hidden, *scores = gate_up + m * 2 * inter;
+    float *h = attn + m * q_size, *gate_up = h + m * hidden;
     int64_t widest = hidden > q_size ? hidden : q_size;
     widest = inter > widest ? inter : widest;
 #pragma omp parallel
@@ -53,16 +76,16 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
         int64_t b, e;
         float *mine = malloc((size_t)(m * widest) * sizeof(float)); /* tm_linear_share's */
         if (!mine) abort();
-#pragma omp single
+#pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r)
             rms_norm_row(residual + r * hidden, layer_vectors[0], eps, hidden, normed + r * hidden);
         for (int64_t l = 0; l < layers; ++l) {
             const float *const *lv = layer_vectors + 4 * l;
             const tm_weight *lw = layer_linears + 5 * l;
-            share(qkv_size, &b, &e);
-            tm_linear_share(&lw[0], lv[1], normed, hidden, m, hidden, qkv_size, b, e, qkv, mine);
+            linear_part(&lw[0], lv[1], normed, hidden, m, hidden, qkv_size, qkv_size, qkv, mine,
+                        &b, &e);
 #pragma omp barrier
-#pragma omp single
+#pragma omp for schedule(static)
             for (int64_t r = 0; r < m; ++r) {
                 float *row = qkv + r * qkv_size;
                 rope_row(row, heads + kv_heads, head_dim, cos + positions[r] * head_dim,
@@ -74,52 +97,36 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
                     vslot[i] = row[q_size + kv_size + i];
                 }
             }
-            /* attention: (token, query head) pairs shared among the threads */
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < m * heads; ++task) {
-                int64_t r = task / heads, qh = task % heads, kvh = qh / group, ctx = lengths[r];
-                const int64_t *table = tables + r * width;
-                const float *qv = qkv + r * qkv_size + qh * head_dim;
-                float *sc = scores + task * longest, top = -INFINITY;
-                const float *kl = k_layers[l] + kvh * head_dim, *vl = v_layers[l] + kvh * head_dim;
-                for (int64_t t = 0; t < ctx; ++t) {
-                    int64_t at = position_offset(table, t, block_size, token_stride);
-                    sc[t] = dot(qv, kl + at, head_dim) * scale;
-                    top = sc[t] > top ? sc[t] : top;
-                }
-                float inv = 1.f / exp_shifted_sum(sc, ctx, top);
-                float *o = attn + r * q_size + qh * head_dim;
-                for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.f;
-                for (int64_t t = 0; t < ctx; ++t) {
-                    int64_t at = position_offset(table, t, block_size, token_stride);
-                    axpy(o, sc[t] * inv, vl + at, head_dim);
-                }
+            /* attention: (token, KV head) pairs shared among the threads */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < m * kv_heads; ++task) {
+                int64_t r = task / kv_heads, kvh = task % kv_heads;
+                int64_t at = r * qkv_size + kvh * group * head_dim;
+                tm_attend(qkv + at, attn + r * q_size + kvh * group * head_dim, k_layers[l],
+                          v_layers[l], tables + r * width, 0, lengths[r], kvh, kvh + 1,
+                          block_size, kv_heads, group, head_dim, scale, 0.f);
             } /* implicit barrier */
-            share(hidden, &b, &e);
-            tm_linear_share(&lw[1], lv[2], attn, q_size, m, q_size, hidden, b, e, h, mine);
+            linear_part(&lw[1], lv[2], attn, q_size, m, q_size, hidden, hidden, h, mine, &b, &e);
 #pragma omp barrier
-#pragma omp single
             add_and_norm(residual, h, m, hidden, lv[3], eps, normed);
             /* gate and up rows of the same features in one share: each thread then has both
              * halves of its features and applies silu(gate) · up itself */
-            share(inter, &b, &e);
-            tm_linear_share(&lw[2], NULL, normed, hidden, m, hidden, 2 * inter, b, e, gate_up, mine);
-            tm_linear_share(&lw[3], NULL, normed, hidden, m, hidden, 2 * inter, b, e,
-                            gate_up + inter, mine);
+            linear_part(&lw[2], NULL, normed, hidden, m, hidden, inter, 2 * inter, gate_up, mine,
+                        &b, &e);
+            linear_part(&lw[3], NULL, normed, hidden, m, hidden, inter, 2 * inter,
+                        gate_up + inter, mine, &b, &e);
             for (int64_t r = 0; r < m; ++r)
                 silu_mul_row(gate_up + r * 2 * inter + b, gate_up + r * 2 * inter + inter + b, e - b,
                              gate_up + r * 2 * inter + b);
 #pragma omp barrier
             /* down reads each row's activations: the first `inter` of its 2 · inter */
-            share(hidden, &b, &e);
-            tm_linear_share(&lw[4], NULL, gate_up, 2 * inter, m, inter, hidden, b, e, h, mine);
+            linear_part(&lw[4], NULL, gate_up, 2 * inter, m, inter, hidden, hidden, h, mine, &b,
+                        &e);
 #pragma omp barrier
-#pragma omp single
             add_and_norm(residual, h, m, hidden,
                          l + 1 < layers ? layer_vectors[4 * (l + 1)] : final_norm, eps, normed);
         }
-        share(vocab, &b, &e);
-        tm_linear_share(lm_head, NULL, normed, hidden, m, hidden, vocab, b, e, logits, mine);
+        linear_part(lm_head, NULL, normed, hidden, m, hidden, vocab, vocab, logits, mine, &b, &e);
         free(mine);
     }
 }

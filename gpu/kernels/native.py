@@ -1,7 +1,7 @@
 """tokenmill's native CPU kernels (the C files beside this one), built once per host.
 
 `cpu_kernels()` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `panel_linear.c`,
-`quant_gemv.c`, `quant_linear.c` and `sampling_noise.c` (with `vector.h`, `weight.h`) into one
+`quant_gemv.c`, `quant_linear.c` and `sampling_noise.c` (with their headers) into one
 library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native
 -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`),
 named by a digest of the source, the compiler, the flags and the CPU's feature flags, so a
@@ -43,7 +43,7 @@ SOURCES = (
     "quant_linear.c",
     "sampling_noise.c",
 )
-HEADERS = ("vector.h", "weight.h")  # SOURCES include them: one library
+HEADERS = ("attention.h", "vector.h", "weight.h")  # SOURCES include them: one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ENABLE_VARIABLE = "TOKENMILL_NATIVE_KERNELS"
 
@@ -54,8 +54,8 @@ INPUT_MULTIPLE = 16  # weight.h: input features and groups are multiples of 16
 
 class TmWeight(ctypes.Structure):
     """weight.h's `tm_weight`: a weight matrix [out, in] as the kernels read it (bits 32: a
-    float32 matrix; 8, 4: gpu/quant/weight.py's layout). Raw addresses: whoever holds one keeps
-    the tensors it points into alive."""
+    float32 matrix, and its panels or NULL; 8, 4: gpu/quant/weight.py's layout). Raw addresses:
+    whoever holds one keeps the tensors it points into alive."""
 
     _fields_ = (
         ("bits", _i64),
@@ -63,19 +63,32 @@ class TmWeight(ctypes.Structure):
         ("data", _ptr),
         ("scales", _ptr),
         ("offsets", _ptr),
+        ("panels", _ptr),
     )
 
 
-def tm_weight(weight: torch.Tensor | QuantizedWeight, first_row: int = 0) -> TmWeight:
+def tm_weight(
+    weight: torch.Tensor | QuantizedWeight,
+    first_row: int = 0,
+    panels: torch.Tensor | None = None,  # a float weight's `CpuKernels.pack_panels`
+) -> TmWeight:
     """The descriptor of `weight` (float32 [out, in] or quantized, contiguous, on the CPU) from
-    row `first_row` on (gate_up's second half is its rows from `inter`)."""
+    row `first_row` on (gate_up's second half is its rows from `inter`); a float weight's
+    panels from the panel of that row on (`first_row` a multiple of the panel width)."""
     if weight.device.type != "cpu":
         raise ValueError(f"native kernels take CPU weights, not {weight.device}")
     if isinstance(weight, torch.Tensor):
         if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
             raise ValueError("a float weight must be a contiguous float32 [out, in] matrix")
         skip = first_row * weight.stride(0) * weight.element_size()
-        return TmWeight(32, weight.shape[1], weight.data_ptr() + skip, None, None)
+        held = None
+        if panels is not None:
+            _check(panels)
+            width = panels.shape[2]
+            if first_row % width or panels.shape[1] != weight.shape[1]:
+                raise ValueError(f"panels {tuple(panels.shape)} from row {first_row}")
+            held = panels.data_ptr() + first_row // width * panels.stride(0) * 4
+        return TmWeight(32, weight.shape[1], weight.data_ptr() + skip, None, None, held)
     if weight.in_features % INPUT_MULTIPLE or weight.group % INPUT_MULTIPLE:
         raise ValueError(
             f"{weight.scheme} with {weight.in_features} inputs: the kernels take inputs and "

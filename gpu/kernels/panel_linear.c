@@ -16,7 +16,7 @@
  * over the inputs in order (then + bias): the order differs from oneDNN's, the arithmetic is
  * float32 throughout.
  */
-#include "vector.h"
+#include "weight.h"
 
 #include <string.h>
 
@@ -74,54 +74,71 @@ static inline void tile(const float *x, int64_t x_stride, const float *panel, in
 }
 #endif
 
-/* y [m, out] (rows `y_stride` apart) = x [m, in] (rows `x_stride` apart) · Wᵀ + bias, W
- * packed as ceil(out / PANEL) panels [in, PANEL] (`panels`; the last one's features past
- * `out` are zero weights, never written to y). bias may be NULL. Its own parallel region. */
-void tm_panel_linear(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
-                     const float *panels, const float *bias, float *y, int64_t y_stride) {
-    int64_t count = (out + PANEL - 1) / PANEL;
-#pragma omp parallel
-    {
-        float edge[ROWS * PANEL]; /* the last panel's tile, when it reaches past `out` */
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < count; ++p) {
-            const float *panel = panels + p * in * PANEL;
-            /* the next panel is fetched while this one computes, spread over its row tiles */
-            int64_t tiles = (m + ROWS - 1) / ROWS, chunk = (in + tiles - 1) / tiles;
-            int64_t first = p * PANEL, width = out - first < PANEL ? out - first : PANEL;
-            for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
-                int64_t rows = m - r0 < ROWS ? m - r0 : ROWS, from = r0 / ROWS * chunk;
-                int64_t reach = p + 1 < count ? (in - from < chunk ? in - from : chunk) : 0;
-                const float *ahead = panel + (in + from) * PANEL;
-                const float *xt = x + r0 * x_stride;
-                float *yt = width == PANEL ? y + r0 * y_stride + first : edge;
-                int64_t yt_stride = width == PANEL ? y_stride : PANEL;
-                switch (rows) {
+/* weight.h. The edge panel's tile goes through a local buffer, so y is never written past
+ * `out`; bias is added after the sums. */
+void tm_panel_range(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
+                    const float *panels, const float *bias, float *y, int64_t y_stride,
+                    int64_t p_begin, int64_t p_end) {
+    float edge[ROWS * PANEL]; /* the last panel's tile, when it reaches past `out` */
+    /* the next panel is fetched while this one computes, spread over its row tiles */
+    int64_t tiles = (m + ROWS - 1) / ROWS, chunk = (in + tiles - 1) / tiles;
+    for (int64_t p = p_begin; p < p_end; ++p) {
+        const float *panel = panels + p * in * PANEL;
+        int64_t first = p * PANEL, width = out - first < PANEL ? out - first : PANEL;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            int64_t rows = m - r0 < ROWS ? m - r0 : ROWS, from = r0 / ROWS * chunk;
+            int64_t reach = p + 1 < p_end ? (in - from < chunk ? in - from : chunk) : 0;
+            const float *ahead = panel + (in + from) * PANEL;
+            const float *xt = x + r0 * x_stride;
+            float *yt = width == PANEL ? y + r0 * y_stride + first : edge;
+            int64_t yt_stride = width == PANEL ? y_stride : PANEL;
+            switch (rows) {
 #define TILE(R) \
     case R: tile(xt, x_stride, panel, in, yt, yt_stride, ahead, reach, R); break;
-                    TILE(1)
-                    TILE(2)
-                    TILE(3)
-                    TILE(4)
+                TILE(1)
+                TILE(2)
+                TILE(3)
+                TILE(4)
 #if ROWS > 4
-                    TILE(5)
-                    TILE(6)
+                TILE(5)
+                TILE(6)
 #endif
 #if ROWS > 6
-                    TILE(7)
-                    TILE(8)
+                TILE(7)
+                TILE(8)
 #endif
 #undef TILE
-                }
-                if (width < PANEL)
-                    for (int64_t r = 0; r < rows; ++r)
-                        memcpy(y + (r0 + r) * y_stride + first, edge + r * PANEL,
-                               (size_t)width * sizeof(float));
-                if (bias)
-                    for (int64_t r = 0; r < rows; ++r)
-                        for (int64_t j = 0; j < width; ++j)
-                            y[(r0 + r) * y_stride + first + j] += bias[first + j];
             }
+            if (width < PANEL)
+                for (int64_t r = 0; r < rows; ++r)
+                    memcpy(y + (r0 + r) * y_stride + first, edge + r * PANEL,
+                           (size_t)width * sizeof(float));
+            if (bias)
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t j = 0; j < width; ++j)
+                        y[(r0 + r) * y_stride + first + j] += bias[first + j];
         }
     }
 }
+
+/* weight.h */
+void tm_panel_share(int64_t out, int64_t *begin, int64_t *end) {
+    int64_t count = (out + PANEL - 1) / PANEL;
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int64_t per = count / n, extra = count % n;
+    *begin = t * per + (t < extra ? t : extra);
+    *end = *begin + per + (t < extra);
+}
+
+/* The same product over all of W's panels, its own parallel region: each thread takes a
+ * contiguous run of panels (tm_panel_share). */
+void tm_panel_linear(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
+                     const float *panels, const float *bias, float *y, int64_t y_stride) {
+#pragma omp parallel
+    {
+        int64_t b, e;
+        tm_panel_share(out, &b, &e);
+        tm_panel_range(m, in, out, x, x_stride, panels, bias, y, y_stride, b, e);
+    }
+}
+

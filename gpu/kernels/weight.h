@@ -6,6 +6,7 @@
  *   bits 4:  data uint8 [out, in / 2], q in [0, 15]: element 2j in the low nibble of byte j,
  *            element 2j + 1 in the high one.
  *   scales float32 [out, in / group]; offsets the same, or NULL for 0.
+ *   panels: for bits 32, the same W in panel_linear.c's panels, or NULL (then data alone).
  *
  * `in` and `group` are multiples of 16 (gpu/kernels/native.py checks), so a group never
  * splits a vector of 16 or 8 lanes. The 4-bit kernels unpack a block of bytes into the low
@@ -22,6 +23,7 @@ typedef struct {
     const void *data;
     const float *scales;
     const float *offsets;
+    const float *panels;
 } tm_weight;
 
 /* Inputs per 4-bit block: the bytes one load unpacks into two vectors (0: the plain loops,
@@ -118,6 +120,20 @@ static inline void permute_rows(const float *x, int64_t stride, int64_t m, int64
 void tm_linear_share(const tm_weight *w, const float *bias, const float *x, int64_t x_stride,
                      int64_t m, int64_t in, int64_t y_stride, int64_t begin, int64_t end,
                      float *y, float *scratch);
+
+/* Output features per panel (panel_linear.c). */
+int64_t tm_panel_width(void);
+
+/* Panels [*begin, *end) of a weight with `out` features: the calling thread's share of them,
+ * inside a parallel region. panel_linear.c. */
+void tm_panel_share(int64_t out, int64_t *begin, int64_t *end);
+
+/* y [m, out] (rows `y_stride` apart) = x [m, in] (rows `x_stride` apart) · Wᵀ + bias over
+ * panels [p_begin, p_end) of W's panels: a thread's share, inside a parallel region.
+ * panel_linear.c. */
+void tm_panel_range(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
+                    const float *panels, const float *bias, float *y, int64_t y_stride,
+                    int64_t p_begin, int64_t p_end);
 
 /* y [m, out] = x [m, in] · Wᵀ + bias (bias may be NULL), its own parallel region. x's rows are
  * `x_stride` apart, y is contiguous. quant_linear.c. */

@@ -169,11 +169,12 @@ class LlamaForCausalLM(nn.Module):
         kernels = meta.kernels
         native = isinstance(kernels, CpuKernels)
         if kernels is not None and (x.dtype == torch.float32 or not native):
-            if native and small_decode_step(meta, x.shape[0]) and implements(self.config):
+            if native and implements(self.config):
                 assert isinstance(kernels, CpuKernels)
                 if self.decode_step is None or self.decode_step.kernels is not kernels:
                     self.decode_step = DecodeStep(self, kernels)
-                return self.decode_step(x, rope_rows, kv, meta)[logits_rows]
+                if small_decode_step(meta, x.shape[0], self.decode_step.max_rows):
+                    return self.decode_step(x, rope_rows, kv, meta)[logits_rows]
             x = self._layers_fused(x, rope_rows, kv, meta, kernels)
             logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows]))
             return logits.float()

@@ -3,12 +3,15 @@
 A decode step of a few sequences is mostly streaming every weight once. Through PyTorch it
 is ~300 ops, each forking and joining the thread pool, with Python in between;
 `tm_llama_decode` (`gpu/kernels/decode_step.c`) runs the whole step, every layer and the LM
-head, in one parallel region over the plain weights, each block of weight rows used for every
-token while it is in L1 (measured 2026-12-01 on SmolLM2-135M's 121 products at one token:
-7.2 ms in one region against 9.5 ms as separate oneDNN calls). The engine takes this path on
-float32 CPU models with the native kernels when a step is decodes only, at most
-`DECODE_STEP_ROWS` of them; every other step runs the layers as usual. Same arithmetic, so
-the same tokens.
+head, in one parallel region, each block of weight rows used for every token while it is in L1
+(measured 2026-12-01 on SmolLM2-135M's 121 products at one token: 7.2 ms in one region against
+9.5 ms as separate oneDNN calls). The engine takes this path on float32 CPU models with the
+native kernels when a step is decodes only, at most `max_rows` of them: `DECODE_STEP_ROWS` over
+the plain (or quantized) weights, whose products lose to the layers' from 3 rows; up to
+`PANEL_ROWS` where every linear also holds its weights in panels (`PackedLinear`, float32 with
+the native kernels), which tile many rows as well as the layers' panel products do, without
+the layers' ~300 calls. Every other step runs the layers as usual. Same arithmetic, so the
+same tokens.
 
 A linear layer is float (`.weight` float32 [out, in]: `nn.Linear`, `PackedLinear`) or held
 quantized (`.qweight`, a `QuantizedWeight`: int8/int4, which the kernels dequantize in
@@ -28,6 +31,7 @@ from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
 from gpu.loading.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata
+from gpu.models.packed_linear import PANEL_ROWS
 from gpu.quant.weight import QuantizedWeight
 
 
@@ -56,10 +60,11 @@ def implements(config: ModelConfig) -> bool:
     return not config.qk_norm and not config.num_experts and config.rotary_dim == config.head_dim
 
 
-def small_decode_step(meta: AttentionMetadata, tokens: int) -> bool:
-    """Whether a step is decodes only (one group, as the native kernels make), few enough."""
+def small_decode_step(meta: AttentionMetadata, tokens: int, max_rows: int) -> bool:
+    """Whether a step is decodes only (one group, as the native kernels make), at most
+    `max_rows` (`DecodeStep.max_rows`)."""
     return (
-        tokens <= DECODE_STEP_ROWS
+        tokens <= max_rows
         and not meta.prefills
         and len(meta.decodes) == 1
         and meta.decodes[0].end - meta.decodes[0].begin == tokens
@@ -74,7 +79,9 @@ class DecodeStep:
         self.kernels = kernels
         c = model.config
         vectors: list[torch.Tensor | None] = []
-        matrices: list[tuple[torch.Tensor | QuantizedWeight, int]] = []  # (weight, first row)
+        # (weight, first row, its panels or None)
+        matrices: list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]] = []
+        width = kernels.panel_width
         for layer in model.typed_layers():
             attn, mlp = layer.self_attn, layer.mlp
             vectors += [
@@ -84,9 +91,18 @@ class DecodeStep:
                 layer.post_attention_layernorm.weight,
             ]
             gate_up = held_weight(mlp.gate_up_proj)
-            matrices += [(held_weight(attn.qkv_proj), 0), (held_weight(attn.o_proj), 0)]
-            matrices += [(gate_up, 0), (gate_up, c.intermediate_size)]
-            matrices += [(held_weight(mlp.down_proj), 0)]
+            # gate's panels then up's: both or neither (a thread applies silu(gate) · up to
+            # the features it computed of both)
+            gate_up_panels = panels_of(mlp.gate_up_proj, width)
+            if c.intermediate_size % width:
+                gate_up_panels = None
+            matrices += [
+                (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
+                (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
+                (gate_up, 0, gate_up_panels),
+                (gate_up, c.intermediate_size, gate_up_panels),
+                (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
+            ]
         for t in [*vectors, model.norm.weight, model.rope_cos, model.rope_sin]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
                 raise ValueError("the native decode step needs contiguous float32 norms and biases")
@@ -94,11 +110,16 @@ class DecodeStep:
         assert len(matrices) == LINEARS_PER_LAYER * c.num_layers
         pointers = [None if t is None else t.data_ptr() for t in vectors]
         self.layer_vectors = (ctypes.c_void_p * len(pointers))(*pointers)
-        linears = [tm_weight(weight, first) for weight, first in matrices]
+        linears = [tm_weight(weight, first, panels) for weight, first, panels in matrices]
         self.layer_linears = (TmWeight * len(linears))(*linears)
-        self.lm_head = tm_weight(held_weight(model.lm_head))
+        head_panels = panels_of(model.lm_head, width)
+        self.lm_head = tm_weight(held_weight(model.lm_head), 0, head_panels)
         # The descriptors are raw addresses: hold what they point into.
-        self._held = [*vectors, *(weight for weight, _ in matrices), held_weight(model.lm_head)]
+        self._held = [*vectors, *(t for m in matrices for t in m[::2] if t is not None)]
+        self._held += [held_weight(model.lm_head), head_panels]
+        every_panel = head_panels is not None and all(p is not None for *_, p in matrices)
+        # the most decode rows this step takes: many where every product tiles them
+        self.max_rows = PANEL_ROWS if every_panel else DECODE_STEP_ROWS
         self.layers = c.num_layers
         self.scale = c.head_dim**-0.5  # as LlamaAttention's
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
@@ -134,7 +155,7 @@ class DecodeStep:
             raise ValueError("a block table does not cover its sequence's context")
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         per_token = 2 * c.hidden_size + qkv + c.num_heads * c.head_dim + 2 * c.intermediate_size
-        work = torch.empty(tokens * (per_token + c.num_heads * longest))
+        work = torch.empty(tokens * per_token)
         residual = x.contiguous()
         logits = torch.empty(tokens, c.vocab_size)
         k_layers, v_layers = self._pool_pointers(kv)
@@ -168,6 +189,14 @@ class DecodeStep:
             logits.data_ptr(),
         )
         return logits
+
+
+def panels_of(linear: Any, width: int) -> torch.Tensor | None:
+    """A linear module's float weight in panels of `width` (`PackedLinear.panels`), if held."""
+    panels = getattr(linear, "panels", None)
+    if isinstance(panels, torch.Tensor) and panels.shape[2] == width:
+        return panels
+    return None
 
 
 def held_weight(linear: Any) -> torch.Tensor | QuantizedWeight:
