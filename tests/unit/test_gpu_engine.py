@@ -147,6 +147,32 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
         assert (model.module.decode_step is not None) == implements(model.config)
 
 
+@pytest.mark.parametrize("arch", ("llama", "llama_tied", "qwen2"))
+def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Decode steps of many sequences take the one-call step over the panels (up to
+    `PANEL_ROWS` rows), and give transformers' tokens."""
+    from gpu.models.llama_decode_step import DecodeStep
+    from gpu.models.packed_linear import PANEL_ROWS
+
+    model, hf = models[arch, "onednn-packed"]
+    # every prompt prefilled in the first step, so that all twelve then decode together
+    config = replace(attention_config("native-paged"), max_num_batched_tokens=2048)
+    rows: list[int] = []
+    call = DecodeStep.__call__
+
+    def counted(self, x, *args):  # type: ignore[no-untyped-def]
+        rows.append(x.shape[0])
+        return call(self, x, *args)
+
+    monkeypatch.setattr(DecodeStep, "__call__", counted)
+    prompts = random_prompts(model.config.vocab_size, 12, seed=7)
+    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=16, ignore_eos=True), config)
+    assert model.module.decode_step.max_rows == PANEL_ROWS
+    assert max(rows) == len(prompts), rows  # every sequence decoding, in one call
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert tokens == hf_greedy(hf, prompt, 16), f"prompt of {len(prompt)} tokens diverged"
+
+
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: ignore[no-untyped-def]
     """A prompt within original_max_position_embeddings: the short factors (the parity test's
