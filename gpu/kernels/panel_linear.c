@@ -142,15 +142,30 @@ void tm_panel_share(int64_t out, int64_t *begin, int64_t *end) {
     *end = *begin + per + (t < extra);
 }
 
-/* The same product over all of W's panels, its own parallel region: each thread takes a
- * contiguous run of panels (tm_panel_share). */
+/* The same product over all of W's panels, its own parallel region. Each thread takes a
+ * contiguous run of panels (tm_panel_share), all rows of each, the next panel prefetched;
+ * where that leaves a thread fewer than PANELS_EACH panels of a product of many rows (many
+ * threads, a narrow W), tasks of one panel × ROW_BLOCK rows instead, each thread a contiguous
+ * run of them (a panel stays in its cache for all its rows), so every thread works. */
+#define ROW_BLOCK 64
+#define PANELS_EACH 8
 void tm_panel_linear(int64_t m, int64_t in, int64_t out, const float *x, int64_t x_stride,
                      const float *panels, const float *bias, float *y, int64_t y_stride) {
+    int64_t count = (out + PANEL - 1) / PANEL, blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK;
+    if (blocks <= 1 || count >= PANELS_EACH * omp_get_max_threads()) {
 #pragma omp parallel
-    {
-        int64_t b, e;
-        tm_panel_share(out, &b, &e);
-        tm_panel_range(m, in, out, x, x_stride, panels, bias, y, y_stride, b, e);
+        {
+            int64_t b, e;
+            tm_panel_share(out, &b, &e);
+            tm_panel_range(m, in, out, x, x_stride, panels, bias, y, y_stride, b, e);
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < count * blocks; ++task) {
+        int64_t p = task / blocks, r0 = task % blocks * ROW_BLOCK;
+        int64_t rows = m - r0 < ROW_BLOCK ? m - r0 : ROW_BLOCK;
+        tm_panel_range(rows, in, out, x + r0 * x_stride, x_stride, panels, bias,
+                       y + r0 * y_stride, y_stride, p, p + 1);
     }
 }
-

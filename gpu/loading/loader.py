@@ -20,7 +20,12 @@ from gpu.models.gemma import GemmaForCausalLM
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables
 from gpu.models.llama import LlamaForCausalLM
-from gpu.models.packed_linear import pack_linears, packed_bytes, packing_available
+from gpu.models.packed_linear import (
+    linear_kernel,
+    pack_linears,
+    packed_bytes,
+    packing_available,
+)
 from gpu.quant.apply import quantize_linears, tie_quantized
 from gpu.quant.scheme import Quantization, describe
 
@@ -42,8 +47,9 @@ class LoadedModel:
 
     @property
     def linear_kernel(self) -> str:
-        """Which kernel the linears run on: onednn-packed when `pack_linears` packed them."""
-        return "onednn-packed" if self.packed_bytes else "torch"
+        """Which kernel the linears run on: native-panels or onednn-packed when `pack_linears`
+        packed them, else torch."""
+        return linear_kernel(self.module)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -110,7 +116,7 @@ def load_model(
         quantize_linears(module, scheme, keep)
     tie_quantized(module, ckpt.config)
     if pack and packing_available(device, dtype):
-        pack_linears(module, cpu_kernels())  # panels too, where the native kernels build
+        pack_linears(module, cpu_kernels())  # in panels where the native kernels build
     default_name = path.stem if path.is_file() else path.name
     return LoadedModel(
         name=name or default_name,

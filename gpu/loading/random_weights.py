@@ -79,7 +79,7 @@ def load_random_model(
         quantize_linears(module, scheme, ())
     tie_quantized(module, config)
     if pack and packing_available(device, dtype):
-        pack_linears(module, cpu_kernels())  # panels too, where the native kernels build
+        pack_linears(module, cpu_kernels())  # in panels where the native kernels build
     digest = hashlib.sha256(config_path.read_bytes()).hexdigest()
     return LoadedModel(
         name=name or f"{config_path.stem} (random weights)",

@@ -10,15 +10,21 @@ order), which the engine's parity tests against transformers cover.
 
 `pack_linears` swaps every `nn.Linear` of a loaded model for a `PackedLinear`, on float32 CPU
 models where PyTorch has oneDNN; elsewhere (GPUs, other dtypes, builds without oneDNN) the
-model keeps `nn.Linear` and nothing changes. A packed weight is opaque memory (no storage a
-tensor view could share) and the plain weight stays beside it for the one-token step.
+model keeps `nn.Linear` and nothing changes. The plain weight stays beside the packed copy
+(a tied LM head still shares the embedding table; the native decode step reads it where a
+weight has no panels), so on CPU the linear weights are held twice.
 
-Where tokenmill's native kernels build, the weight is also held in panels for products of
-at most `PANEL_ROWS` rows, a decode step's (`gpu/kernels/panel_linear.c`): there they run
-1.1–1.25× faster than oneDNN's with the 30 layers' weights cold, as in a real step
-(measured 2026-12-02, SmolLM2-135M shapes, 2 cores, 1–64 rows; the same speed hot), and at
-exactly the rows asked, with no zero rows. So on CPU the linear weights are held three times:
-plain, oneDNN's, panels (SmolLM2: 0.54 GB each, all counted in `packed_bytes`).
+Where tokenmill's native kernels build, the second copy is not oneDNN's but panels
+(`gpu/kernels/panel_linear.c`), and every product runs on them, whatever its rows: measured
+2026-12-03 on SmolLM2-135M's 120 layer products, weights cold, 2 cores, best of 3 (ms):
+
+| rows | 1 | 16 | 64 | 65 | 128 | 256 | 1024 |
+|---|---|---|---|---|---|---|---|
+| panels | 10.0 | 11.0 | 29.7 | 31.8 | 56.7 | 110.2 | 451.3 |
+| oneDNN (rows padded to a bucket) | 11.6 | 15.6 | 37.8 | 42.5 | 67.1 | 117.9 | 461.1 |
+
+Panels take exactly the rows asked (no zero rows, no per-shape primitives), and the native
+decode step reads the same panels. oneDNN's packing stays for hosts without a C compiler.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from torch import nn
 
 from gpu.kernels.native import CpuKernels
 
-PANEL_ROWS = 64  # the most rows a product runs on the panels (measured: 1–64 win; beyond, even)
+PANEL_ROWS = 64  # the most decode rows the native decode step takes over the panels
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -43,13 +49,15 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """`y = x Wᵀ + b` with W held in oneDNN's reordered layout, and as it was.
+    """`y = x Wᵀ + b` with W held a second time in a CPU kernel's layout: in panels for
+    tokenmill's native kernel (given `kernels`), else in oneDNN's opaque blocked layout.
 
     The plain weight stays, the same parameter (so a tied LM head still shares the embedding
-    table): the native decode step (`gpu/models/llama_decode_step.py`) streams it.
+    table): the native decode step (`gpu/models/llama_decode_step.py`) reads it where a weight
+    has no panels.
     """
 
-    packed: torch.Tensor  # [out, in] in oneDNN's opaque blocked layout
+    packed: torch.Tensor | None  # [out, in] in oneDNN's blocked layout, without panels
     panels: torch.Tensor | None  # [ceil(out / width), in, width] (`CpuKernels.pack_panels`)
 
     def __init__(self, linear: nn.Linear, kernels: CpuKernels | None = None) -> None:
@@ -57,22 +65,25 @@ class PackedLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight  # [out, in]
-        self.register_buffer(
-            "packed",
-            torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
-            persistent=False,
-        )
         self.bias = linear.bias
         self.kernels = kernels
-        panels = None if kernels is None else kernels.pack_panels(linear.weight.detach())
+        weight = linear.weight.detach()
+        panels = None if kernels is None else kernels.pack_panels(weight)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if panels is None else None
         self.register_buffer("panels", panels, persistent=False)
+        self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.shape[0] if x.dim() == 2 else 0
-        if self.panels is not None and 0 < rows <= PANEL_ROWS and x.stride(1) == 1:
+        if self.panels is not None:
             assert self.kernels is not None  # panels are packed by the kernels that read them
+            flat = x.reshape(-1, self.in_features)  # [n, in]
+            if flat.stride(1) != 1:
+                flat = flat.contiguous()
             bias = None if self.bias is None else self.bias.detach()
-            return self.kernels.panel_linear(x, self.panels, self.out_features, bias)
+            y = self.kernels.panel_linear(flat, self.panels, self.out_features, bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        assert self.packed is not None
+        rows = x.shape[0] if x.dim() == 2 else 0
         padded = bucket_rows(rows) if rows else 0
         if padded > rows:  # a shape oneDNN has a primitive for: zero rows below x's
             x = torch.cat((x, x.new_zeros(padded - rows, x.shape[1])))
@@ -80,9 +91,6 @@ class PackedLinear(nn.Module):
             x, self.packed, self.bias, "none", [], ""
         )
         return out[:rows] if padded > rows else out
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
 
 
 def bucket_rows(rows: int) -> int:
@@ -102,8 +110,8 @@ def bucket_rows(rows: int) -> int:
 
 
 def pack_linears(module: nn.Module, kernels: CpuKernels | None = None) -> int:
-    """Replace every `nn.Linear` in `module` by a `PackedLinear` (with panels too, given
-    `kernels`); return how many were."""
+    """Replace every `nn.Linear` in `module` by a `PackedLinear` (in panels, given `kernels`;
+    else for oneDNN); return how many were."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
@@ -118,7 +126,16 @@ def packed_bytes(module: nn.Module) -> int:
     total = 0
     for m in module.modules():
         if isinstance(m, PackedLinear):
-            total += m.packed.numel() * m.packed.element_size()
-            if m.panels is not None:
-                total += m.panels.numel() * m.panels.element_size()
+            for copy in (m.packed, m.panels):
+                if copy is not None:
+                    total += copy.numel() * copy.element_size()
     return total
+
+
+def linear_kernel(module: nn.Module) -> str:
+    """Which kernel `module`'s linears run on: native-panels, onednn-packed, or torch (not
+    packed)."""
+    for m in module.modules():
+        if isinstance(m, PackedLinear):
+            return "native-panels" if m.panels is not None else "onednn-packed"
+    return "torch"

@@ -83,16 +83,18 @@ def gemm_peak_gflops(
     kernel: str = "torch",
 ) -> float:
     """Best observed rate of an n×n by n×n product, in GFLOP/s, by the engine's kernel:
-    `torch.mm`, or ("onednn-packed") a `PackedLinear` whose weight oneDNN reordered."""
+    `torch.mm`, or ("native-panels", "onednn-packed") a `PackedLinear` holding its weight
+    in panels or as oneDNN reordered it."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     c = torch.mm(a, b)
     product: Callable[[], object] = lambda: torch.mm(a, b, out=c)  # noqa: E731
-    if kernel == "onednn-packed":
+    if kernel in ("native-panels", "onednn-packed"):
+        from gpu.kernels.native import cpu_kernels
         from gpu.models.packed_linear import PackedLinear
 
         linear = torch.nn.Linear(n, n, bias=False, device=device, dtype=dtype)
-        packed = PackedLinear(linear)
+        packed = PackedLinear(linear, cpu_kernels() if kernel == "native-panels" else None)
         product = lambda: packed(a)  # noqa: E731
     best = float("inf")
     with torch.inference_mode():

@@ -1,7 +1,8 @@
 """The engine against transformers: same greedy tokens, close logits, batch invariance.
 
-Every check runs on both linear kernels, oneDNN-packed weights (the CPU default) and
-`nn.Linear` (what GPUs and `pack=False` get), and on both decode attentions: the native
+Every check runs on both linear kernels, packed weights (the CPU default: in panels for the
+native kernels, or oneDNN's layout without a compiler) and `nn.Linear` (what GPUs and
+`pack=False` get), and on both decode attentions: the native
 kernel reading the pool in place (the CPU default) and SDPA over gathered blocks.
 """
 
@@ -27,7 +28,7 @@ from tests.tiny_models import ARCHS, EXTRA_ARCHS, LONGROPE_ORIGINAL
 # share steps with other sequences' decodes, and every sequence spans many blocks.
 CHUNKY = EngineConfig(block_size=4, max_num_batched_tokens=48, num_kv_blocks=2048)
 LOGITS_ATOL = 1e-4  # float32 on CPU: fused projections and paged attention reorder sums
-KERNELS = ("onednn-packed", "torch")
+KERNELS = ("packed", "torch")  # pack=True (native-panels or onednn-packed), pack=False
 ATTENTIONS = {"native-paged": CHUNKY, "sdpa-gather": replace(CHUNKY, native_kernels=False)}
 
 
@@ -97,7 +98,8 @@ def models(tiny_checkpoints: dict[str, Path]) -> dict[tuple[str, str], tuple[Loa
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         for pack in (True, False):
             model = load_model(path, pack=pack)
-            loaded[arch, model.linear_kernel] = (model, hf)
+            loaded[arch, "packed" if pack else "torch"] = (model, hf)
+            assert (model.linear_kernel == "torch") == (not pack)
     assert {kernel for _, kernel in loaded} == set(KERNELS)
     return loaded
 
@@ -136,7 +138,7 @@ def test_logits_close_to_transformers(models, arch: str, kernel: str, attention:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:  # type: ignore[no-untyped-def]
     """Every decode step alone: on the Llama family that is the native one-token step."""
-    model, hf = models[arch, "onednn-packed"]
+    model, hf = models[arch, "packed"]
     prompts = random_prompts(model.config.vocab_size, 4, seed=3)
     alone = replace(attention_config("native-paged"), max_num_seqs=1)
     ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), alone)
@@ -154,7 +156,7 @@ def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) 
     from gpu.models.llama_decode_step import DecodeStep
     from gpu.models.packed_linear import PANEL_ROWS
 
-    model, hf = models[arch, "onednn-packed"]
+    model, hf = models[arch, "packed"]
     # every prompt prefilled in the first step, so that all twelve then decode together
     config = replace(attention_config("native-paged"), max_num_batched_tokens=2048)
     rows: list[int] = []
@@ -177,7 +179,7 @@ def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) 
 def test_longrope_short_prompt_logits(models, attention: str) -> None:  # type: ignore[no-untyped-def]
     """A prompt within original_max_position_embeddings: the short factors (the parity test's
     prompt of 60 is past it, so the long ones)."""
-    model, hf = models["phi3", "onednn-packed"]
+    model, hf = models["phi3", "packed"]
     prompt = random_prompts(model.config.vocab_size, 1, seed=4, low=30, high=31)[0]
     assert len(prompt) < LONGROPE_ORIGINAL < 60
     with torch.inference_mode():

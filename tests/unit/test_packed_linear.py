@@ -1,4 +1,5 @@
-"""oneDNN-packed linear layers: same products as `nn.Linear`, swapped in at load on CPU."""
+"""Packed linear layers (in panels for the native kernels, else oneDNN's layout): same
+products as `nn.Linear`, swapped in at load on CPU."""
 
 from __future__ import annotations
 
@@ -26,20 +27,35 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def layouts() -> list[str]:
+    return ["onednn", "panels"] if cpu_kernels() is not None else ["onednn"]
+
+
+def packed_as(layout: str, linear: nn.Linear) -> PackedLinear:
+    packed = PackedLinear(linear, cpu_kernels() if layout == "panels" else None)
+    assert (packed.panels is not None, packed.packed is not None) == (
+        layout == "panels",
+        layout == "onednn",
+    )
+    return packed
+
+
+@pytest.mark.parametrize("layout", layouts())
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [1, 7, 64])
-def test_packed_product_equals_linear(bias: bool, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 7, 64, 65, 300])
+def test_packed_product_equals_linear(layout: str, bias: bool, rows: int) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(96, 200, bias=bias)
-    packed = PackedLinear(linear)
+    packed = packed_as(layout, linear)
     x = torch.randn(rows, 96)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
 
 
-def test_packed_takes_any_leading_shape_and_strides() -> None:
+@pytest.mark.parametrize("layout", layouts())
+def test_packed_takes_any_leading_shape_and_strides(layout: str) -> None:
     linear = nn.Linear(32, 48)
-    packed = PackedLinear(linear)
+    packed = packed_as(layout, linear)
     x = torch.randn(3, 5, 32)
     transposed = torch.randn(32, 6).t()  # [6, 32], not contiguous
     with torch.inference_mode():
@@ -48,16 +64,16 @@ def test_packed_takes_any_leading_shape_and_strides() -> None:
         torch.testing.assert_close(packed(transposed), linear(transposed), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_panels_take_the_few_rows_and_onednn_the_rest(
-    bias: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_panels_take_every_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the native kernels, every product runs on the panels, whatever its rows and
+    shape: oneDNN is never reached (and holds nothing)."""
     kernels = cpu_kernels()
     if kernels is None:
         pytest.skip("no native kernels on this host")
     torch.manual_seed(0)
-    linear = nn.Linear(96, 200, bias=bias)
+    linear = nn.Linear(96, 200)
     packed = PackedLinear(linear, kernels)
+    assert packed.packed is None
     took: list[int] = []
     panel_linear = kernels.panel_linear
 
@@ -65,14 +81,19 @@ def test_panels_take_the_few_rows_and_onednn_the_rest(
         took.append(x.shape[0])
         return panel_linear(x, *args)  # type: ignore[arg-type]
 
+    def no_onednn(*args: object) -> torch.Tensor:
+        raise AssertionError("oneDNN reached")
+
     monkeypatch.setattr(kernels, "panel_linear", spy)
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", no_onednn)
     with torch.inference_mode():
         for rows in (1, 9, PANEL_ROWS, PANEL_ROWS + 1, 300):
             x = torch.randn(rows, 96)
             torch.testing.assert_close(packed(x), linear(x), atol=1e-4, rtol=1e-5)
-        packed(torch.randn(3, 5, 96))  # not a matrix of rows: oneDNN
-        packed(torch.randn(96, 4).t())  # rows not contiguous: oneDNN
-    assert took == [1, 9, PANEL_ROWS]
+        assert packed(torch.randn(3, 5, 96)).shape == (3, 5, 200)
+        transposed = torch.randn(96, 4).t()  # rows not contiguous
+        torch.testing.assert_close(packed(transposed), linear(transposed), atol=1e-4, rtol=1e-5)
+    assert took == [1, 9, PANEL_ROWS, PANEL_ROWS + 1, 300, 15, 4]
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_the_rest() -> None:
@@ -94,7 +115,7 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_rest() -> None:
 def test_load_model_packs_on_cpu_unless_told_not_to(tiny_checkpoints: dict[str, Path]) -> None:
     packed = load_model(tiny_checkpoints["llama"], device="cpu")
     plain = load_model(tiny_checkpoints["llama"], device="cpu", pack=False)
-    assert packed.linear_kernel == "onednn-packed"
+    assert packed.linear_kernel == ("onednn-packed" if cpu_kernels() is None else "native-panels")
     assert plain.linear_kernel == "torch"
     assert any(isinstance(m, PackedLinear) for m in packed.module.modules())
     assert not any(isinstance(m, PackedLinear) for m in plain.module.modules())
@@ -106,13 +127,13 @@ def test_footprint_counts_packed_weights(tiny_checkpoints: dict[str, Path]) -> N
     for arch in ("llama", "gpt2"):
         packed = Engine(load_model(tiny_checkpoints[arch], device="cpu"), config)
         plain = Engine(load_model(tiny_checkpoints[arch], device="cpu", pack=False), config)
-        # Packing holds every linear weight a second time, in oneDNN's layout, and where the
-        # native kernels build a third, in panels (the last one of each filled out).
+        # Packing holds every linear weight a second time: in panels where the native kernels
+        # build (the last panel of each filled out), else in oneDNN's layout.
         linears = [m for m in plain.model.module.modules() if isinstance(m, nn.Linear)]
         extra = sum(m.weight.numel() * 4 for m in linears)
         if kernels is not None:
             width = kernels.panel_width
-            extra += sum(-(-m.out_features // width) * width * m.in_features * 4 for m in linears)
+            extra = sum(-(-m.out_features // width) * width * m.in_features * 4 for m in linears)
         assert packed.model.packed_bytes == extra
         assert engine_bytes(packed) == engine_bytes(plain) + extra
 
@@ -144,6 +165,7 @@ def test_varied_steps_reach_onednn_in_few_shapes(
         return product(x, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    monkeypatch.setattr("gpu.loading.loader.cpu_kernels", lambda: None)  # oneDNN's layout
     engine = Engine(load_model(tiny_checkpoints["llama"], device="cpu"), EngineConfig())
     g = torch.Generator().manual_seed(1)
     for wave in range(12):
