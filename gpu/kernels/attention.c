@@ -10,7 +10,8 @@ static void softcap_scores(float *scores, int64_t n, float cap) {
 #if VEC == 16
 /* One KV head of one sequence for head_dim 64 and G ≤ 4 query heads: the G query rows and
  * the G output rows stay in registers (4 vectors each) while the context streams by, the
- * next block's lines of this head prefetched. Same sums as the generic loops below. */
+ * next block's lines of this head prefetched a position at a time (prefetch_position64).
+ * Same sums as the generic loops below. */
 static inline __attribute__((always_inline)) void attend_head64(
     const float *qh, const float *k, const float *v, const int64_t *table, int64_t first,
     int64_t ctx, int64_t block_size, int64_t block_floats, int64_t token_stride, float scale,
@@ -26,10 +27,10 @@ static inline __attribute__((always_inline)) void attend_head64(
         int64_t b = t0 / block_size, off = t0 % block_size;
         const float *kb = k + table[b] * block_floats + off * token_stride;
         n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
-        if ((b + 1) * block_size < ctx)
-            prefetch_head64(k + table[b + 1] * block_floats, block_size, token_stride);
+        const float *knext = (b + 1) * block_size < ctx ? k + table[b + 1] * block_floats : NULL;
         for (int64_t j = 0; j < n; ++j) {
             const float *kt = kb + j * token_stride;
+            prefetch_position64((const char *)knext, j, token_stride);
             vec k0 = vload(kt), k1 = vload(kt + 16), k2 = vload(kt + 32), k3 = vload(kt + 48);
             for (int g = 0; g < G; ++g) {
                 vec a = _mm512_mul_ps(qr[g][0], k0);
@@ -66,10 +67,10 @@ static inline __attribute__((always_inline)) void attend_head64(
         int64_t b = t0 / block_size, off = t0 % block_size;
         const float *vb = v + table[b] * block_floats + off * token_stride;
         n = ctx - t0 < block_size - off ? ctx - t0 : block_size - off;
-        if ((b + 1) * block_size < ctx)
-            prefetch_head64(v + table[b + 1] * block_floats, block_size, token_stride);
+        const float *vnext = (b + 1) * block_size < ctx ? v + table[b + 1] * block_floats : NULL;
         for (int64_t j = 0; j < n; ++j) {
             const float *vt = vb + j * token_stride;
+            prefetch_position64((const char *)vnext, j, token_stride);
             vec v0 = vload(vt), v1 = vload(vt + 16), v2 = vload(vt + 32), v3 = vload(vt + 48);
             for (int g = 0; g < G; ++g) {
                 vec p = vset1(scores[g * span + t0 - first + j]);

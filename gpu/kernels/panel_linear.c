@@ -13,9 +13,10 @@
  * ROWS · PANEL / VEC FMAs, so the loads never bound it, and the panel (in · PANEL floats,
  * read from memory once and from L2 for the row tiles after the first) is streamed front to
  * back while the next one is prefetched, a few lines every few inputs. Measured 2026-12-03
- * (SmolLM2-135M's 121 products in one parallel region, weights cold, 2 cores whose FMA peak is
- * ~475 GFLOP/s): 64 rows 38 ms (450 GFLOP/s), 32 rows 20 ms, 16 rows 13 ms; with the next
- * panel asked for in one burst, 46, 27 and 16.5 ms. Threads take whole panels. Each output is one sum
+ * (SmolLM2-135M's 121 products in one parallel region, weights cold, 2 cores whose FMA peak
+ * is ~475 GFLOP/s): 64 rows 38 ms (450 GFLOP/s), 32 rows 20 ms, 16 rows 13 ms; with the next
+ * panel asked for in one burst, 46, 27 and 16.5 ms. Threads take whole panels (rows too,
+ * where there are few panels for many threads: tm_panel_linear). Each output is one sum
  * over the inputs in order (then + bias): the order differs from oneDNN's, the arithmetic is
  * float32 throughout.
  */

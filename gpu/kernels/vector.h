@@ -155,12 +155,14 @@ static inline void silu_mul_row(const float *g, const float *u, int64_t n, float
 }
 
 #if VEC == 16
-/* Prefetch one KV head's rows of a block: 64 floats (4 lines) at each of its positions. */
-static inline void prefetch_head64(const float *block_head, int64_t block_size,
-                                   int64_t token_stride) {
-    const char *bytes = (const char *)block_head;
-    for (int64_t j = 0; j < block_size; ++j)
-        for (int c = 0; c < 4; ++c) __builtin_prefetch(bytes + j * token_stride * 4 + c * 64);
+/* Prefetch one KV head's 64 floats (4 lines) at position j of a block (`block_head`: that
+ * head's row at the block's first position; NULL: nothing). Asked one position at a time as
+ * the current block's positions go by, not in one burst per block: a burst queues ahead of
+ * the loads the kernel waits for (measured 2026-12-03, 64 sequences × 300 positions × 30
+ * layers of SmolLM2's pool: 38–41 ms with a burst per block, 29.5–34 ms spread). */
+static inline void prefetch_position64(const char *block_head, int64_t j, int64_t token_stride) {
+    if (block_head)
+        for (int c = 0; c < 4; ++c) __builtin_prefetch(block_head + j * token_stride * 4 + c * 64);
 }
 #endif
 
