@@ -1,4 +1,4 @@
-"""A small decode step of a Llama-family model as one native call.
+"""A decode step of a Llama-family model as one native call.
 
 A decode step of a few sequences is mostly streaming every weight once. Through PyTorch it
 is ~300 ops, each forking and joining the thread pool, with Python in between;
@@ -8,10 +8,10 @@ head, in one parallel region, each block of weight rows used for every token whi
 9.5 ms as separate oneDNN calls). The engine takes this path on float32 CPU models with the
 native kernels when a step is decodes only, at most `max_rows` of them: `DECODE_STEP_ROWS` over
 the plain (or quantized) weights, whose products lose to the layers' from 3 rows; up to
-`PANEL_ROWS` where every linear also holds its weights in panels (`PackedLinear`, float32 with
-the native kernels), which tile many rows as well as the layers' panel products do, without
-the layers' ~300 calls. Every other step runs the layers as usual. Same arithmetic, so the
-same tokens.
+`PANEL_ROWS` where every linear holds its weight in panels (`PackedLinear`, float32 with the
+native kernels): the same panel products as the layers', without the layers' ~300 calls
+(measured 2026-12-03 on the 64-request workload: 406, 386 → 434, 450 tok/s). Every other
+step runs the layers as usual. Same arithmetic, so the same tokens.
 
 A linear layer is float (`.weight` float32 [out, in]: `nn.Linear`, `PackedLinear`) or held
 quantized (`.qweight`, a `QuantizedWeight`: int8/int4, which the kernels dequantize in
