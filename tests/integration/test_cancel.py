@@ -276,7 +276,8 @@ async def test_batch_cancel_stops_a_run_and_a_rerun_finishes_it(
     """`tokenmill batch cancel` against a real `batch run` and worker, as subprocesses."""
     lane, topic = await cancel_lane(kafka_bootstrap)
     short = [completion(f"short-{i}", f"{i} + {i} =", max_tokens=2) for i in range(2)]
-    long = [completion(f"long-{i}", COUNTING, max_tokens=120) for i in range(6)]
+    # long enough to be running still when the cancel lands (it starts a process first)
+    long = [completion(f"long-{i}", COUNTING, max_tokens=400) for i in range(6)]
     source = write_jsonl(tmp_path / "in.jsonl", [*short, *long])
     out = tmp_path / "out.jsonl"
     run_argv = [*batch_argv(lane, "run", str(source), "-o", str(out), "--max-inflight", "4",

@@ -118,9 +118,11 @@ async def test_a_request_past_its_deadline_is_aborted(engine: Engine) -> None:
 
 async def test_stop_fails_what_is_left_with_shutting_down(engine: Engine) -> None:
     actor, collector, task = await start(engine)
+    running = asyncio.Event()  # two steps ran: the requests are decoding, far from 400 tokens
+    actor.on_step = lambda out: running.set() if actor.steps >= 2 else None
     await actor.send(Batch(bucket=32, items=[item(f"r{i}", 400) for i in range(6)], tokens=18,
                            reason="size"))  # fmt: skip
-    await asyncio.sleep(0.2)  # some steps run
+    await asyncio.wait([asyncio.create_task(running.wait()), task], return_when="FIRST_COMPLETED")
     actor.stop()
     await task
     outcomes = await collector.outcomes(6)
