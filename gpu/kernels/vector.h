@@ -172,12 +172,6 @@ static inline void prefetch_floats(const float *start, int64_t n) {
     for (int64_t b = 0; b < n * 4; b += 64) __builtin_prefetch(bytes + b);
 }
 
-/* Where position t of a sequence lies in one layer's pool, in floats from its start. */
-static inline int64_t position_offset(const int64_t *table, int64_t t, int64_t block_size,
-                                      int64_t token_stride) {
-    return (table[t / block_size] * block_size + t % block_size) * token_stride;
-}
-
 static inline void rms_norm_row(const float *x, const float *weight, float eps, int64_t n,
                                 float *out) {
     float squares = 0.f;

@@ -115,8 +115,10 @@ class DecodeStep:
         head_panels = panels_of(model.lm_head, width)
         self.lm_head = tm_weight(held_weight(model.lm_head), 0, head_panels)
         # The descriptors are raw addresses: hold what they point into.
-        self._held = [*vectors, *(t for m in matrices for t in m[::2] if t is not None)]
-        self._held += [held_weight(model.lm_head), head_panels]
+        held = [*vectors, held_weight(model.lm_head), head_panels]
+        for weight, _, panels in matrices:
+            held += [weight, panels]
+        self._held = [t for t in held if t is not None]
         every_panel = head_panels is not None and all(p is not None for *_, p in matrices)
         # the most decode rows this step takes: many where every product tiles them
         self.max_rows = PANEL_ROWS if every_panel else DECODE_STEP_ROWS
