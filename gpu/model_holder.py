@@ -11,9 +11,10 @@ GPU actor), which touches the holder only between engine steps.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 from typing import Any, Protocol
+
+from gpu import host_heap
 
 
 class HeldEngine(Protocol):
@@ -74,37 +75,4 @@ def free_device_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    _trim_host_heap()
-
-
-def _trim_host_heap() -> None:
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-def map_large_host_allocations(threshold_bytes: int = 1 << 20) -> bool:
-    """Serve host allocations of `threshold_bytes` or more with their own mappings (glibc).
-
-    glibc raises its mmap threshold as large blocks are freed, after which weights of a
-    loaded model come from the heap arenas of whichever thread loaded them, and a swapped-out
-    model leaves holes there that are not given back. A fixed threshold keeps every weight in
-    its own mapping, returned to the kernel the moment it is freed: the worker's memory after
-    many swaps stays where it was after the first. Call once at start-up; False if not glibc.
-    """
-    libc = _glibc()
-    if libc is None:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
-
-
-_M_MMAP_THRESHOLD = -3  # from glibc's malloc.h
-
-
-def _glibc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # noqa: B018  # glibc only
-        return libc
-    except (OSError, AttributeError):  # not glibc
-        return None
+    host_heap.trim()

@@ -33,6 +33,7 @@ from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.mail import SwapOrder
 from actors.swap.model_slots import ModelSlots
 from actors.telemetry.metrics import SwapOutcome
+from gpu.host_heap import loading_weights
 from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
 from gpu.memory.swap_plan import SwapPlan, plan_swap
 from gpu.model_holder import free_device_memory
@@ -73,7 +74,7 @@ class Swapper:
     ) -> None:
         """`build(path)` loads a checkpoint into a new engine like the active one; `on_swap`
         hears each outcome ("swapped" | "failed") and the drain pause in seconds."""
-        self.build = build
+        self._build = build
         self.settings = settings or SwapSettings()
         self.on_swap = on_swap
         self.previous: Path | None = None  # what a rollback returns to
@@ -249,6 +250,12 @@ class Swapper:
             return _Loaded(engine, load_ms, report.ms)
 
         return await asyncio.get_running_loop().run_in_executor(thread, load_and_test)
+
+    def build(self, path: Path) -> Any:
+        """Load `path` into a new engine (blocking; on the thread that will step it, or the
+        loader's), its weights in mappings of their own so that a swap-out returns them."""
+        with loading_weights():
+            return self._build(path)
 
     def _loader_thread(self) -> ThreadPoolExecutor:
         if self._loader is None:

@@ -59,9 +59,10 @@ class PipelineRun:
     topics_made: list[str] = field(default_factory=list)
 
     async def topics(self, kind: str) -> dict[str, str]:
-        """A fresh requests/results/dlq trio per worker, so no worker reads another's requests."""
+        """Fresh requests/results/dlq/cancel topics per worker, so no worker reads another's
+        requests (the worker listens for cancels as a deployed one does)."""
         base = f"tokenmill-bench-{self.run_id}-{kind}"
-        names = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
+        names = {role: f"{base}.{role}" for role in ("requests", "results", "dlq", "cancel")}
         await create_topics(self.kafka, requests_partitions=self.options.partitions, names=names)
         self.topics_made += names.values()
         return names

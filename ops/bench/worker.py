@@ -41,6 +41,7 @@ def worker_argv(
         "--requests-topic": topics["requests"],
         "--results-topic": topics["results"],
         "--dlq-topic": topics["dlq"],
+        "--cancel-topic": topics.get("cancel", ""),
         "--worker-id": f"bench-{kind}",
         "--http-port": -1,  # benchmarks measure the pipeline: no HTTP server, no control plane
         "--control-topic": "",

@@ -50,7 +50,7 @@ def worker(**kwargs: Any) -> None:
     from actors.ingest.model_front import ModelFront
     from actors.telemetry.metrics import WorkerMetrics
     from actors.worker import Worker
-    from gpu.model_holder import map_large_host_allocations
+    from gpu import host_heap
     from ops.worker.logging_setup import configure_logging
     from ops.worker.telemetry import setup_worker_tracing, shutdown_worker_tracing
 
@@ -63,11 +63,14 @@ def worker(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     _refuse_unusable_kafka(config.kafka)
-    map_large_host_allocations()  # swapped-out models give their memory back
+    host_heap.keep_step_memory()  # weights map alone (swaps give them back), steps reuse
+
+    def build() -> Any:
+        with host_heap.loading_weights():
+            return build_engine(choice) if kind == "torch" else _echo_engine(choice)
+
     thread = engine_thread()  # the engine is built where it will be stepped
-    engine = build_on(
-        thread, lambda: build_engine(choice) if kind == "torch" else _echo_engine(choice)
-    )
+    engine = build_on(thread, build)
     try:
         service = Worker(
             config,
