@@ -5,7 +5,10 @@ worker sees every cancel, whichever worker holds the request. It never commits: 
 assignment it starts from the cancels of the last `REMEMBER_S` seconds (the offsets for that
 time), the window the ingest remembers cancelled ids for, so a worker started (or restarted)
 after a cancel still answers its request cancelled when it arrives. A record that does not
-decode is counted and logged (`cancel_malformed`), never a crash.
+decode is counted and logged (`cancel_malformed`), never a crash. A cancel topic that does
+not exist (yet) is logged once (`cancel_topic_missing`) and looked for again every
+`topic_recheck_s`; the consumer subscribes once it is there (left to the consumer, a missing
+topic is asked for ten times a second, for ever).
 
 Mailbox: none used (it only reads). Sends: `Cancel` to `cancels` (the ingest, which takes the
 request out of its buckets or passes the cancel on to the GPU actor). `ready` is set once the
@@ -16,6 +19,7 @@ reading, close. `run()` may be called again after it raised; it makes a fresh co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import msgspec
@@ -37,6 +41,7 @@ from messages.errors import UnsupportedContentType
 log = structlog.get_logger("tokenmill.cancel")
 
 _POLL_MS = 100
+TOPIC_RECHECK_S = 10.0
 
 
 def decode_cancel(value: bytes | None, content_type: bytes | None) -> CancelRequest | str:
@@ -64,6 +69,7 @@ class CancelActor(Actor[None]):
         self.malformed = 0
         self._assigned = asyncio.Event()  # set by the rebalance listener
         self.clock = time.time
+        self.topic_recheck_s = TOPIC_RECHECK_S
 
     @property
     def listening(self) -> bool:
@@ -78,8 +84,29 @@ class CancelActor(Actor[None]):
             auto_offset_reset="latest",  # never committed: positions come from `_rewind`
             enable_auto_commit=False,
         )
-        consumer.subscribe([self.topic], listener=_Assigned(self, consumer))
-        return consumer
+        return consumer  # subscribed by `run` once the topic exists
+
+    async def _topic_found(self, consumer: AIOKafkaConsumer) -> bool:
+        """True once the cancel topic exists (one metadata request every `topic_recheck_s`,
+        one warning while it is missing); False if the actor is stopped first."""
+        missing_since: float | None = None
+        while not self.stopping.is_set():
+            if self.topic in await consumer.topics():
+                if missing_since is not None:
+                    waited = round(time.monotonic() - missing_since, 1)
+                    log.info("cancel_topic_found", topic=self.topic, waited_s=waited)
+                return True
+            if missing_since is None:
+                missing_since = time.monotonic()
+                log.warning(
+                    "cancel_topic_missing",
+                    topic=self.topic,
+                    recheck_s=self.topic_recheck_s,
+                    detail="cancels are not read until the topic exists",
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.topic_recheck_s)
+        return False
 
     async def _rewind(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
         """Start each assigned partition at its first cancel of the last REMEMBER_S seconds
@@ -102,8 +129,11 @@ class CancelActor(Actor[None]):
         )
         if consumer is None:
             return
-        log.info("cancel_started", topic=self.topic)
         try:
+            if not await self._topic_found(consumer):
+                return
+            consumer.subscribe([self.topic], listener=_Assigned(self, consumer))
+            log.info("cancel_started", topic=self.topic)
             async with asyncio.TaskGroup() as tg:
                 positions = tg.create_task(self._ready_loop(consumer))
                 await self._read_loop(consumer)

@@ -265,6 +265,45 @@ async def test_a_cancel_sent_before_the_worker_started_still_holds(
     assert found[spared.id].token_ids == reference(smollm2, spared)
 
 
+async def test_a_worker_started_before_its_cancel_topic_reads_cancels_once_it_exists(
+    kafka_bootstrap: str, smollm2: Any
+) -> None:
+    """A missing cancel topic is looked for again (not subscribed to, which would ask the broker
+    for it ten times a second); once it is made, the reader is ready and cancels hold."""
+    lane = await new_lane(kafka_bootstrap, partitions=2)
+    topic = f"{lane.requests.removesuffix('.requests')}.cancel"
+    engine = Engine(smollm2, EngineConfig())
+    metrics = WorkerMetrics()
+    config = lane.worker_config(cancel_topic=topic)
+    worker = Worker(config, engine, ModelFront.of_engine(engine), metrics=metrics)
+    assert worker.cancel is not None
+    worker.cancel.topic_recheck_s = 0.2
+    looked = 0
+    original = worker.cancel._topic_found
+
+    async def counted(consumer: Any) -> bool:
+        nonlocal looked
+        looked += 1
+        return await original(consumer)
+
+    worker.cancel._topic_found = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: looked == 1, "the reader looks for its topic")
+        assert not worker.cancel.ready.is_set()
+        await create_topics(kafka_bootstrap, names={"cancel": topic})
+        await asyncio.wait_for(worker.cancel.ready.wait(), 60)
+        doomed = GenerateRequest(id=f"late-topic-{uuid.uuid4().hex[:6]}", prompt=COUNTING)
+        await send_cancel(lane, topic, doomed.id)
+        await until(lambda: float(metrics.cancels.labels("none")._value.get()) == 1, "read")
+        await produce(lane.bootstrap, lane.requests, [doomed])
+        found = once(await results_by_id(lane, [doomed.id]))
+    finally:
+        worker.drain()
+        await asyncio.wait_for(task, 120)
+    assert found[doomed.id].finish_reason is FinishReason.CANCELLED
+
+
 def test_a_cancel_record_encodes_as_documented() -> None:
     cancel = CancelRequest(id="job-17")
     assert cancel_codec.encode(cancel) == b'{"v":1,"id":"job-17","reason":""}'
