@@ -84,9 +84,8 @@ def trim() -> None:
 def mapped_bytes() -> int | None:
     """Bytes the heap serves from mappings of their own (glibc's `hblkhd`); None if unknown."""
     libc = _glibc()
-    if libc is None or not hasattr(libc, "mallinfo2"):
+    if libc is None or not hasattr(libc, "mallinfo2"):  # glibc before 2.33
         return None
-    libc.mallinfo2.restype = _MallInfo2
     return int(libc.mallinfo2().hblkhd)
 
 
@@ -125,5 +124,7 @@ def _glibc() -> ctypes.CDLL | None:
             libc.mallopt  # noqa: B018
         except (OSError, AttributeError):  # not glibc
             return None
+        if hasattr(libc, "mallinfo2"):
+            libc.mallinfo2.restype = _MallInfo2
         _libc = libc
     return _libc

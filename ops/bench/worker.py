@@ -41,7 +41,7 @@ def worker_argv(
         "--requests-topic": topics["requests"],
         "--results-topic": topics["results"],
         "--dlq-topic": topics["dlq"],
-        "--cancel-topic": topics.get("cancel", ""),
+        "--cancel-topic": topics.get("cancel", ""),  # no cancel topic made for it: off
         "--worker-id": f"bench-{kind}",
         "--http-port": -1,  # benchmarks measure the pipeline: no HTTP server, no control plane
         "--control-topic": "",
