@@ -187,6 +187,12 @@ def _shared_prefix(eng: Any, options: Any, kwargs: dict[str, Any]) -> None:
 @kafka_options
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_workload_options
+@_positive(
+    "--rounds",
+    3,
+    "Throughput: rounds of a direct and a Kafka run, taking turns at going first; each round "
+    "on the next seed's workload. The ratio reported is the rounds' median.",
+)
 @click.option(
     "--rate",
     type=click.FloatRange(min=0, min_open=True),
@@ -214,14 +220,15 @@ def pipeline(**kwargs: Any) -> None:
 
     Starts a Kafka broker on free ports (unless --bootstrap-servers or --kafka-config give one,
     with the other connection options), makes topics for this run, and runs the worker as a
-    subprocess. throughput: bench engine's seeded workload on the engine directly, then through
-    Kafka: output tokens/s and their ratio (target ≥ 0.95). latency: short requests at a light
-    --rate through Kafka, end to end, against the same requests one at a time on the engine: ms
-    added at p50 (target ≤ 10) and p99. ceiling: a worker with --engine echo (no model): its
-    latency at a light rate (the plumbing's floor), then requests/s when fed as fast as this
-    process produces, with token-id and with text prompts (target ≥ 10,000 on 2 cores, broker on
-    the same machine). CPU seconds of the worker, this process and the broker are reported
-    beside wall times: on a busy host they say more.
+    subprocess. throughput: bench engine's seeded workload on the engine directly and through
+    Kafka, in --rounds taking turns: output tokens/s and their median ratio (target ≥ 0.95).
+    latency: short requests at a light --rate through Kafka, end to end, against the same
+    requests one at a time on the engine: ms added at p50 (target ≤ 10) and p99. ceiling: a
+    worker with --engine echo (no model): its latency at a light rate (the plumbing's floor),
+    then requests/s when fed as fast as this process produces, with token-id and with text
+    prompts (target ≥ 10,000 on 2 cores, broker on the same machine). CPU seconds of the
+    worker, this process and the broker are reported beside wall times: on a busy host they
+    say more.
     """
     import asyncio
 
@@ -250,6 +257,7 @@ def pipeline(**kwargs: Any) -> None:
             sections=tuple(s for s in SECTIONS if s in kwargs["only"]) or DEFAULT_SECTIONS,
             kafka=_bench_kafka(kwargs),
             partitions=kwargs["partitions"],
+            rounds=kwargs["rounds"],
             rate=kwargs["rate"],
             latency_requests=kwargs["latency_requests"],
             latency_max_new_tokens=kwargs["latency_max_new_tokens"],

@@ -3,8 +3,12 @@
 Three sections (any subset), on one real broker (a local one started on free ports in a temp
 dir unless a connection is given) and topics named for this run:
 
-- throughput: the workload run directly on an engine in this process (`run_all`), then through
-  Kafka to a worker with the same engine options: output tokens/s of each, and their ratio.
+- throughput: the workload run directly on an engine in this process (`run_all`), and through
+  Kafka to a worker with the same engine options: output tokens/s of each, and their ratio. In
+  rounds (`rounds`, 3 by default), each on a workload of its own seed, the two runs taking turns
+  at going first; the headline ratio is the rounds' median. On a shared host throughput drifts
+  by ±10% from one minute to the next, so one direct run and one Kafka run a minute apart
+  measure the host as much as the pipeline.
 - latency: short requests at a light fixed rate through Kafka, end to end (just before the
   producer's send → the result fetched here), against the same requests run one at a time on
   the direct engine: the ms Kafka and the actors add at p50 and p99. The default rate is one
@@ -18,9 +22,11 @@ Beside wall times it reports the CPU seconds the worker, this process and the br
 on a busy host those say more than wall time does.
 
 The worker is always a `tokenmill worker` subprocess, as deployed: it shares no GIL with this
-process's load generator (but the CPUs, and the broker's, yes). The direct engine is measured
-and released before the worker starts, so they never compete. Greedy, and EOS is honoured on
-both paths (a request on the wire cannot ignore it), so both generate the same tokens.
+process's load generator (but the CPUs, and the broker's, yes). The direct engine steps on a
+thread of its own, as the worker's does; it and the worker are never busy at once (each idles,
+holding its memory, while the other runs), and it is released before the latency run.
+Greedy, and EOS is honoured on both paths (a request on the wire cannot ignore it), so both
+generate the same tokens.
 
 `run_bench(options)` returns one JSON-ready dict; it reports targets, never asserts. The load
 generator's Kafka side lives in `ops/bench/kafka.py`, the worker subprocess and the CPU meter
@@ -35,13 +41,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from actors.engine_thread import engine_thread
 from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
@@ -81,39 +88,73 @@ def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[Engi
     ]
 
 
-def direct_runs(
-    engine: Engine,
-    workload: Sequence[BenchRequest],
-    short: Sequence[BenchRequest],
-    o: PipelineOptions,
-) -> dict[str, Any]:
-    """Warm up; the workload in one continuous batch; then `short`, one request at a time."""
-    out: dict[str, Any] = {}
+def warm_direct(engine: Engine, workload: Sequence[BenchRequest]) -> None:
+    """Two tiny requests, as the worker's warm-up sends it: first allocations and kernels."""
     with torch.inference_mode():
         run_all(
             engine,
             _engine_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-"),
         )
-        if "throughput" in o.sections:
-            start, cpu = time.perf_counter(), time.process_time()
-            run = run_all(engine, _engine_requests(workload, "direct-"))
-            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            out["throughput"] = {
-                "requests": len(workload),
-                "output_tokens": run.output_tokens,
-                "wall_s": round(wall, 3),
-                "output_tokens_per_s": round(run.output_tokens / wall, 2),
-                "steps": len(run.steps),
-                "cpu_s": {"this_process": round(cpu, 2)},
-                "tokens": [c.token_ids for c in run.completions],
-            }
-        if "latency" in o.sections:
-            times = []
-            for request in _engine_requests(short, "direct-latency-"):
-                start = time.perf_counter()
-                run_all(engine, [request])
-                times.append((time.perf_counter() - start) * 1e3)
-            out["latency_ms"] = times
+
+
+def direct_throughput(
+    engine: Engine, workload: Sequence[BenchRequest], prefix: str
+) -> dict[str, Any]:
+    """The workload in one continuous batch: output tokens/s (and the tokens, to compare)."""
+    with torch.inference_mode():
+        start, cpu = time.perf_counter(), time.process_time()
+        run = run_all(engine, _engine_requests(workload, prefix))
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "requests": len(workload),
+        "output_tokens": run.output_tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(run.output_tokens / wall, 2),
+        "steps": len(run.steps),
+        "cpu_s": {"this_process": round(cpu, 2)},
+        "tokens": [c.token_ids for c in run.completions],
+    }
+
+
+def direct_latency(engine: Engine, short: Sequence[BenchRequest]) -> list[float]:
+    """`short`, one request at a time: each one's ms."""
+    times = []
+    with torch.inference_mode():
+        for request in _engine_requests(short, "direct-latency-"):
+            start = time.perf_counter()
+            run_all(engine, [request])
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def round_workloads(engine: Engine, o: PipelineOptions) -> list[list[BenchRequest]]:
+    """One workload per throughput round: `bench engine`'s (its seed) first, then the next
+    seeds', so no round finds the one before it in the prefix cache."""
+    return [
+        make_workload(engine, replace(o.workload, seed=o.workload.seed + r))
+        for r in range(o.rounds)
+    ]
+
+
+def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' figures as one: summed tokens and wall time, CPU seconds by process."""
+    tokens, wall = sum(r["output_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
+    cpu = {
+        name: None
+        if any(r["cpu_s"].get(name) is None for r in runs)
+        else round(sum(r["cpu_s"][name] for r in runs), 2)
+        for name in runs[0]["cpu_s"]
+    }
+    out = {
+        "requests": sum(r["requests"] for r in runs),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+        "cpu_s": cpu,
+    }
+    for key in ("results", "errors", "outputs_matching_direct", "steps"):
+        if all(key in r for r in runs):
+            out[key] = sum(r[key] for r in runs)
     return out
 
 
@@ -128,70 +169,123 @@ def light_rate(direct_ms: Sequence[float]) -> float:
 
 
 async def _model_sections(run: PipelineRun) -> None:
-    """Throughput and latency: the direct engine first (then released), then the worker."""
+    """Throughput and latency. The direct engine is built and stepped on a thread of its own
+    (its runs leave this event loop free, as the worker's engine thread leaves the worker's).
+    Its warm-up and latency runs come before the worker starts; the throughput rounds take
+    turns with the worker's, and the engine is released before the worker's latency run."""
     o, report, say = run.options, run.report, run.say
-    say(f"loading {o.engine.model}")
-    # The direct engine runs on this thread: nothing else is on the event loop until it is done.
-    engine = build_engine(o.engine)
-    workload = make_workload(engine, o.workload)
-    short_spec = BenchOptions(**{**asdict(o.workload), "requests": o.latency_requests})
-    short = [
-        BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
-        for r in make_workload(engine, short_spec)
-    ]
-    m = engine.model
-    report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
-    report["environment"] |= {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch.")}
-    say(f"direct engine: {len(workload)} requests at once, then {len(short)} one at a time")
-    load = [host_load()]
-    direct = direct_runs(engine, workload, short, o)
-    del engine, m
-    gc.collect()
-
-    topics = await run.topics("torch")
-    log = run.tmp / "worker-torch.log"
-    argv, secrets = worker_argv(o.engine, "torch", run.kafka, topics)
-    report["worker"]["argv"]["torch"] = argv[3:]
-    warm = wire_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-")
-    async with (
-        worker_process(argv, log, env=secrets) as proc,
-        LoadClient(run.kafka, topics, linger_ms=0) as client,
-    ):
-        say("worker (torch): starting and warming up")
-        report["worker"]["warm_up_s"]["torch"] = await warm_up(client, proc, log, warm, o.timeout_s)
-        if "throughput" in o.sections:
-            say(f"kafka: {len(workload)} requests at once")
-            d = direct["throughput"]
-            k = await kafka_throughput(client, workload, d, run.meter(proc), o.timeout_s)
-            rate, direct_rate = k["output_tokens_per_s"], d["output_tokens_per_s"]
-            report["throughput"] = {
-                "direct": {key: v for key, v in d.items() if key != "tokens"},
-                "kafka": k,
-                "ratio": round(rate / direct_rate, 3) if rate and direct_rate else None,
-                "host_load_1m": [*load, host_load()],
-            }
+    loop = asyncio.get_running_loop()
+    thread = engine_thread()
+    try:
+        say(f"loading {o.engine.model}")
+        engine = await loop.run_in_executor(thread, build_engine, o.engine)
+        workloads = round_workloads(engine, o)
+        short_spec = replace(o.workload, requests=o.latency_requests)
+        short = [
+            BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
+            for r in make_workload(engine, short_spec)
+        ]
+        m = engine.model
+        report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
+        report["environment"] |= {
+            "device": str(m.device),
+            "dtype": str(m.dtype).removeprefix("torch."),
+        }
+        del m
+        await loop.run_in_executor(thread, warm_direct, engine, workloads[0])
+        direct_ms: list[float] = []
         if "latency" in o.sections:
-            rate = o.rate or light_rate(direct["latency_ms"])
-            say(f"kafka: {len(short)} requests at {rate}/s")
-            k = await kafka_latency(client, short, rate, o.timeout_s)
-            d = percentiles(direct["latency_ms"])
-            e2e = k["end_to_end_ms"]
-            report["latency"] = {
-                "rate_per_s": rate,
-                "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
-                # Near or above 1, requests overlap in the engine: the added ms include batching.
-                "offered_load": round(rate * float(np.mean(direct["latency_ms"])) / 1e3, 2),
-                "requests": len(short),
-                "max_new_tokens": o.latency_max_new_tokens,
-                "direct_ms": d,
-                "kafka": k,
-                "added_ms": {
-                    p: round(e2e[p] - d[p], 2) if e2e[p] is not None and d[p] is not None else None
-                    for p in ("p50", "p99")
-                },
-                "host_load_1m": [*load, host_load()],
-            }
-    report["worker"]["exit_code"]["torch"] = proc.returncode
+            say(f"direct engine: {len(short)} requests one at a time")
+            direct_ms = await loop.run_in_executor(thread, direct_latency, engine, short)
+
+        topics = await run.topics("torch")
+        log = run.tmp / "worker-torch.log"
+        argv, secrets = worker_argv(o.engine, "torch", run.kafka, topics)
+        report["worker"]["argv"]["torch"] = argv[3:]
+        warm = wire_requests([BenchRequest(workloads[0][0].prompt_token_ids[:8], 4)] * 2, "warm-")
+        async with (
+            worker_process(argv, log, env=secrets) as proc,
+            LoadClient(run.kafka, topics, linger_ms=0) as client,
+        ):
+            say("worker (torch): starting and warming up")
+            warm_s = await warm_up(client, proc, log, warm, o.timeout_s)
+            report["worker"]["warm_up_s"]["torch"] = warm_s
+            if "throughput" in o.sections:
+                load = [host_load()]
+                rounds = []
+                for r, workload in enumerate(workloads):
+                    # Alternate which goes first, so drift over the rounds falls on both.
+                    measured: dict[str, dict[str, Any]] = {}
+                    for path in ("direct", "kafka") if r % 2 == 0 else ("kafka", "direct"):
+                        say(f"round {r + 1}/{o.rounds}, {path}: {len(workload)} requests at once")
+                        if path == "direct":
+                            measured[path] = await loop.run_in_executor(
+                                thread, direct_throughput, engine, workload, f"direct-{r}-"
+                            )
+                        else:
+                            # Its outputs are compared with the direct run's, which may come
+                            # after it: the tokens are compared once both are in.
+                            measured[path] = await kafka_throughput(
+                                client, workload, f"kafka-{r}-", run.meter(proc), o.timeout_s
+                            )
+                    rounds.append(round_report(r, o.workload.seed + r, measured))
+                report["throughput"] = throughput_report(rounds, [*load, host_load()])
+            del engine  # released: the worker's latency run has the host to itself
+            gc.collect()
+            if "latency" in o.sections:
+                rate = o.rate or light_rate(direct_ms)
+                say(f"kafka: {len(short)} requests at {rate}/s")
+                k = await kafka_latency(client, short, rate, o.timeout_s)
+                d = percentiles(direct_ms)
+                e2e = k["end_to_end_ms"]
+                report["latency"] = {
+                    "rate_per_s": rate,
+                    "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
+                    # Near or above 1, requests overlap in the engine: added ms include batching.
+                    "offered_load": round(rate * float(np.mean(direct_ms)) / 1e3, 2),
+                    "requests": len(short),
+                    "max_new_tokens": o.latency_max_new_tokens,
+                    "direct_ms": d,
+                    "kafka": k,
+                    "added_ms": {
+                        p: round(e2e[p] - d[p], 2)
+                        if e2e[p] is not None and d[p] is not None
+                        else None
+                        for p in ("p50", "p99")
+                    },
+                    "host_load_1m": [host_load()],
+                }
+        report["worker"]["exit_code"]["torch"] = proc.returncode
+    finally:
+        thread.shutdown(wait=True)
+
+
+def round_report(r: int, seed: int, measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One round's direct and Kafka figures, its ratio, and how many outputs agree."""
+    d, k = measured["direct"], measured["kafka"]
+    tokens, results = d.pop("tokens"), k.pop("results_tokens")
+    # Greedy on both paths; batches differ, so float rounding may rarely part them.
+    k["outputs_matching_direct"] = sum(
+        1 for got, want in zip(results, tokens, strict=True) if got == want
+    )
+    rate, direct_rate = k["output_tokens_per_s"], d["output_tokens_per_s"]
+    ratio = round(rate / direct_rate, 3) if rate and direct_rate else None
+    return {"round": r + 1, "seed": seed, "direct": d, "kafka": k, "ratio": ratio}
+
+
+def throughput_report(rounds: list[dict[str, Any]], load: list[float | None]) -> dict[str, Any]:
+    """The rounds, and as the headline the median of their ratios: each round's two runs are
+    minutes apart at most, so the host's drift between rounds cancels in each ratio."""
+    ratios = [r["ratio"] for r in rounds]
+    known = [x for x in ratios if x is not None]
+    return {
+        "direct": pooled([r["direct"] for r in rounds]),
+        "kafka": pooled([r["kafka"] for r in rounds]),
+        "ratio": round(float(np.median(known)), 3) if len(known) == len(ratios) else None,
+        "ratios": ratios,
+        "rounds": rounds,
+        "host_load_1m": load,
+    }
 
 
 async def _ceiling_section(run: PipelineRun) -> None:

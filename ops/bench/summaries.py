@@ -17,7 +17,8 @@ def pipeline_summary(report: dict[str, Any]) -> str:
     if "ratio" in t:
         lines.append(
             f"  throughput  direct {t['direct']['output_tokens_per_s']} tok/s · kafka "
-            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']}"
+            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']} (median of "
+            f"rounds {', '.join(str(x) for x in t['ratios'])})"
         )
     if "added_ms" in lat:
         e2e, d = lat["kafka"]["end_to_end_ms"], lat["direct_ms"]

@@ -91,6 +91,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         sections=("throughput", "latency"),
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
+        rounds=2,
         rate=20.0,
         latency_requests=3,
         latency_max_new_tokens=4,
@@ -102,13 +103,27 @@ async def test_throughput_and_latency_against_the_direct_engine(
     json.dumps(report)
     assert report["worker"]["exit_code"] == {"torch": 0}
     assert report["ceiling"] == {"skipped": "not selected (--only)"}
-    direct, kafka = report["throughput"]["direct"], report["throughput"]["kafka"]
-    assert direct["requests"] == kafka["requests"] == kafka["results"] == 4
-    assert kafka["errors"] == 0
-    assert 4 <= direct["output_tokens"] <= 4 * 8
-    assert 0 <= kafka["outputs_matching_direct"] <= 4
-    assert {"wall_s", "output_tokens_per_s", "cpu_s"} <= set(direct) & set(kafka)
-    assert set(kafka["cpu_s"]) == {"worker", "client", "broker"}
+    throughput = report["throughput"]
+    rounds = throughput["rounds"]
+    assert [(r["round"], r["seed"]) for r in rounds] == [(1, 0), (2, 1)]
+    assert throughput["ratios"] == [r["ratio"] for r in rounds]
+    assert throughput["ratio"] == round(sum(throughput["ratios"]) / 2, 3)  # the median of two
+    for r in rounds:
+        direct, kafka = r["direct"], r["kafka"]
+        assert direct["requests"] == kafka["requests"] == kafka["results"] == 4
+        assert kafka["errors"] == 0
+        assert 4 <= direct["output_tokens"] <= 4 * 8
+        assert 0 <= kafka["outputs_matching_direct"] <= 4
+        assert {"wall_s", "output_tokens_per_s", "cpu_s"} <= set(direct) & set(kafka)
+        assert set(kafka["cpu_s"]) == {"worker", "client", "broker"}
+        assert "tokens" not in direct and "results_tokens" not in kafka
+    # The rounds pooled: tokens and wall seconds summed.
+    direct, kafka = throughput["direct"], throughput["kafka"]
+    assert (direct["requests"], kafka["results"]) == (8, 8)
+    assert direct["output_tokens"] == sum(r["direct"]["output_tokens"] for r in rounds)
+    assert kafka["outputs_matching_direct"] == sum(
+        r["kafka"]["outputs_matching_direct"] for r in rounds
+    )
     latency = report["latency"]
     assert (latency["kafka"]["results"], latency["kafka"]["errors"]) == (3, 0)
     for figures in (latency["direct_ms"], latency["kafka"]["end_to_end_ms"]):

@@ -1,0 +1,102 @@
+"""`bench pipeline`'s throughput rounds: how one round is reported, and how rounds add up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu.engine_config import EngineConfig
+from ops.bench.pipeline import pooled, round_report, throughput_report
+from ops.bench.pipeline_run import PipelineOptions
+from ops.models.engine_options import EngineChoice
+
+
+def _direct(tokens: int, wall: float, outputs: list[list[int]]) -> dict[str, Any]:
+    return {
+        "requests": len(outputs),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "steps": 10,
+        "cpu_s": {"this_process": 2 * wall},
+        "tokens": outputs,
+    }
+
+
+def _kafka(tokens: int, wall: float, outputs: list[list[int] | None]) -> dict[str, Any]:
+    return {
+        "requests": len(outputs),
+        "results": sum(1 for o in outputs if o is not None),
+        "errors": 0,
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "cpu_s": {"worker": 1.5 * wall, "client": 0.1, "broker": None},
+        "results_tokens": outputs,
+    }
+
+
+def test_a_round_compares_outputs_and_keeps_no_token_lists() -> None:
+    measured = {
+        "direct": _direct(100, 1.0, [[1, 2], [3], [4, 5]]),
+        "kafka": _kafka(100, 1.25, [[1, 2], None, [4, 6]]),  # one lost, one parted
+    }
+
+    r = round_report(0, 7, measured)
+
+    assert (r["round"], r["seed"], r["ratio"]) == (1, 7, 0.8)
+    assert r["kafka"]["outputs_matching_direct"] == 1
+    assert "tokens" not in r["direct"] and "results_tokens" not in r["kafka"]
+
+
+def test_a_round_without_a_kafka_rate_has_no_ratio() -> None:
+    kafka = _kafka(0, 0.5, [None])
+    kafka["output_tokens_per_s"] = None
+    r = round_report(1, 1, {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka})
+    assert r["ratio"] is None
+
+
+def test_the_headline_ratio_is_the_median_of_the_rounds() -> None:
+    rounds = [
+        round_report(i, i, {"direct": _direct(100, 1.0, [[1]]), "kafka": _kafka(100, w, [[1]])})
+        for i, w in enumerate((1.0, 2.0, 1.25))  # ratios 1.0, 0.5, 0.8
+    ]
+
+    report = throughput_report(rounds, [0.1, 0.2])
+
+    assert report["ratios"] == [1.0, 0.5, 0.8]
+    assert report["ratio"] == 0.8
+    assert report["host_load_1m"] == [0.1, 0.2]
+    assert report["kafka"]["wall_s"] == 4.25 and report["kafka"]["output_tokens"] == 300
+    assert report["kafka"]["output_tokens_per_s"] == round(300 / 4.25, 2)
+    assert report["kafka"]["outputs_matching_direct"] == 3
+
+
+def test_one_round_without_a_ratio_leaves_the_headline_unknown() -> None:
+    kafka = _kafka(0, 1.0, [None])
+    kafka["output_tokens_per_s"] = None
+    rounds = [
+        round_report(0, 0, {"direct": _direct(10, 1.0, [[1]]), "kafka": _kafka(10, 1.0, [[1]])}),
+        round_report(1, 1, {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka}),
+    ]
+    assert throughput_report(rounds, [])["ratio"] is None
+
+
+def test_pooled_sums_cpu_by_process_and_keeps_unknowns_unknown() -> None:
+    runs = [_kafka(10, 1.0, [[1]]), _kafka(30, 3.0, [[1], [2]])]
+    for run in runs:
+        run.pop("results_tokens")
+
+    total = pooled(runs)
+
+    assert total["requests"] == 3 and total["results"] == 3
+    assert total["cpu_s"] == {"worker": 6.0, "client": 0.2, "broker": None}
+    assert total["output_tokens_per_s"] == 10.0
+    assert "steps" not in total  # Kafka runs have none
+
+
+def test_rounds_must_be_at_least_one() -> None:
+    choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
+    with pytest.raises(ValueError, match="rounds"):
+        PipelineOptions(engine=choice, rounds=0)
