@@ -65,7 +65,7 @@ from ops.bench.kafka import (
     wire_requests,
 )
 from ops.bench.narrate import Narrate
-from ops.bench.pipeline_run import PipelineOptions, PipelineRun
+from ops.bench.pipeline_run import WARM_UP_REQUESTS, PipelineOptions, PipelineRun
 from ops.bench.report import skeleton, targets, warnings_for
 from ops.bench.tracing import tracing_section
 from ops.bench.worker import worker_argv, worker_process
@@ -88,13 +88,10 @@ def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[Engi
     ]
 
 
-def warm_direct(engine: Engine, workload: Sequence[BenchRequest]) -> None:
-    """Two tiny requests, as the worker's warm-up sends it: first allocations and kernels."""
+def warm_direct(engine: Engine, warm: Sequence[BenchRequest]) -> None:
+    """The warm-up workload, unmeasured, as the worker is sent it (see `warm_up_workload`)."""
     with torch.inference_mode():
-        run_all(
-            engine,
-            _engine_requests([BenchRequest(workload[0].prompt_token_ids[:8], 4)] * 2, "warm-"),
-        )
+        run_all(engine, _engine_requests(warm, "warm-"))
 
 
 def direct_throughput(
@@ -125,6 +122,18 @@ def direct_latency(engine: Engine, short: Sequence[BenchRequest]) -> list[float]
             run_all(engine, [request])
             times.append((time.perf_counter() - start) * 1e3)
     return times
+
+
+def warm_up_workload(engine: Engine, o: PipelineOptions) -> list[BenchRequest]:
+    """A smaller workload of the same shape, on a seed no round uses, run unmeasured on both
+    paths first: a first batch of this size is slower on either (first-touched memory, code
+    paths run for the first time, in the worker and in a broker started for the run)."""
+    spec = replace(
+        o.workload,
+        seed=o.workload.seed + o.rounds,
+        requests=min(WARM_UP_REQUESTS, o.workload.requests),
+    )
+    return make_workload(engine, spec)
 
 
 def round_workloads(engine: Engine, o: PipelineOptions) -> list[list[BenchRequest]]:
@@ -180,7 +189,11 @@ async def _model_sections(run: PipelineRun) -> None:
         say(f"loading {o.engine.model}")
         engine = await loop.run_in_executor(thread, build_engine, o.engine)
         workloads = round_workloads(engine, o)
-        short_spec = replace(o.workload, requests=o.latency_requests)
+        # Its own seed: run on the direct engine before the rounds, round 1's prompts would
+        # be in the direct engine's prefix cache and not in the worker's.
+        short_spec = replace(
+            o.workload, seed=o.workload.seed + o.rounds + 1, requests=o.latency_requests
+        )
         short = [
             BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
             for r in make_workload(engine, short_spec)
@@ -192,7 +205,8 @@ async def _model_sections(run: PipelineRun) -> None:
             "dtype": str(m.dtype).removeprefix("torch."),
         }
         del m
-        await loop.run_in_executor(thread, warm_direct, engine, workloads[0])
+        warm = warm_up_workload(engine, o)
+        await loop.run_in_executor(thread, warm_direct, engine, warm)
         direct_ms: list[float] = []
         if "latency" in o.sections:
             say(f"direct engine: {len(short)} requests one at a time")
@@ -202,13 +216,12 @@ async def _model_sections(run: PipelineRun) -> None:
         log = run.tmp / "worker-torch.log"
         argv, secrets = worker_argv(o.engine, "torch", run.kafka, topics)
         report["worker"]["argv"]["torch"] = argv[3:]
-        warm = wire_requests([BenchRequest(workloads[0][0].prompt_token_ids[:8], 4)] * 2, "warm-")
         async with (
             worker_process(argv, log, env=secrets) as proc,
             LoadClient(run.kafka, topics, linger_ms=0) as client,
         ):
             say("worker (torch): starting and warming up")
-            warm_s = await warm_up(client, proc, log, warm, o.timeout_s)
+            warm_s = await warm_up(client, proc, log, wire_requests(warm, "warm-"), o.timeout_s)
             report["worker"]["warm_up_s"]["torch"] = warm_s
             if "throughput" in o.sections:
                 load = [host_load()]

@@ -19,6 +19,7 @@ from ops.services.topics import create_topics
 
 SECTIONS = ("throughput", "latency", "ceiling", "tracing")
 DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
+WARM_UP_REQUESTS = 16  # the model sections' unmeasured first batch, on both paths
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 
 from actors.config import WorkerConfig
 from ops.bench.broker import kafka_facts
+from ops.bench.pipeline_run import WARM_UP_REQUESTS
 from ops.bench.workload import host_load
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
             "output_len_range": [w.min_output, w.max_output],
             "prompts": "uniform random token ids (bench engine's), sent as prompt_token_ids",
             "sampling": "greedy; EOS honoured on both paths (the wire has no ignore_eos)",
+            # Each on a seed of its own, so none finds another's prompts in a prefix cache.
+            "throughput_round_seeds": [w.seed + r for r in range(o.rounds)],
+            "warm_up": {"seed": w.seed + o.rounds, "requests": min(WARM_UP_REQUESTS, w.requests)},
+            "latency_seed": w.seed + o.rounds + 1,
         },
         "sections": list(o.sections),
         "throughput": skipped,
