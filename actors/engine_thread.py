@@ -1,4 +1,5 @@
 """The one thread that does all of a worker's torch work: loading the model and every step.
+(`bench pipeline` gives its direct engine one too, so both are stepped alike.)
 
 CPU thread pools (OpenMP) belong to the thread that calls into torch. A model loaded on the
 main thread and stepped on another leaves two pools competing for the same cores, and steps

@@ -188,7 +188,7 @@ def _shared_prefix(eng: Any, options: Any, kwargs: dict[str, Any]) -> None:
 @_positive("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_workload_options
 @_positive(
-    "--rounds",
+    "--throughput-rounds",
     3,
     "Throughput: rounds of a direct and a Kafka run, taking turns at going first; each round "
     "on the next seed's workload. The ratio reported is the rounds' median.",
@@ -221,7 +221,8 @@ def pipeline(**kwargs: Any) -> None:
     Starts a Kafka broker on free ports (unless --bootstrap-servers or --kafka-config give one,
     with the other connection options), makes topics for this run, and runs the worker as a
     subprocess. throughput: bench engine's seeded workload on the engine directly and through
-    Kafka, in --rounds taking turns: output tokens/s and their median ratio (target ≥ 0.95).
+    Kafka, in --throughput-rounds taking turns: output tokens/s and the rounds' median ratio
+    (target ≥ 0.95).
     latency: short requests at a light --rate through Kafka, end to end, against the same
     requests one at a time on the engine: ms added at p50 (target ≤ 10) and p99. ceiling: a
     worker with --engine echo (no model): its latency at a light rate (the plumbing's floor),
@@ -257,7 +258,7 @@ def pipeline(**kwargs: Any) -> None:
             sections=tuple(s for s in SECTIONS if s in kwargs["only"]) or DEFAULT_SECTIONS,
             kafka=_bench_kafka(kwargs),
             partitions=kwargs["partitions"],
-            rounds=kwargs["rounds"],
+            throughput_rounds=kwargs["throughput_rounds"],
             rate=kwargs["rate"],
             latency_requests=kwargs["latency_requests"],
             latency_max_new_tokens=kwargs["latency_max_new_tokens"],

@@ -5,10 +5,8 @@ dir unless a connection is given) and topics named for this run:
 
 - throughput: the workload run directly on an engine in this process (`run_all`), and through
   Kafka to a worker with the same engine options: output tokens/s of each, and their ratio. In
-  rounds (`rounds`, 3 by default), each on a workload of its own seed, the two runs taking turns
-  at going first; the headline ratio is the rounds' median. On a shared host throughput drifts
-  by ±10% from one minute to the next, so one direct run and one Kafka run a minute apart
-  measure the host as much as the pipeline.
+  rounds (`throughput_rounds`, 3), the two runs taking turns at going first; the headline ratio
+  is the rounds' median (`ops/bench/rounds.py` says why).
 - latency: short requests at a light fixed rate through Kafka, end to end (just before the
   producer's send → the result fetched here), against the same requests run one at a time on
   the direct engine: the ms Kafka and the actors add at p50 and p99. The default rate is one
@@ -23,8 +21,9 @@ on a busy host those say more than wall time does.
 
 The worker is always a `tokenmill worker` subprocess, as deployed: it shares no GIL with this
 process's load generator (but the CPUs, and the broker's, yes). The direct engine steps on a
-thread of its own, as the worker's does; it and the worker are never busy at once (each idles,
-holding its memory, while the other runs), and it is released before the latency run.
+thread of its own, as the worker's does (`ops/bench/direct.py`); in the throughput rounds it
+and the worker take turns, each idling (holding its memory) while the other runs, and it is
+released before the worker's latency run. Both get the same unmeasured warm-up batch first.
 Greedy, and EOS is honoured on both paths (a request on the wire cannot ignore it), so both
 generate the same tokens.
 
@@ -38,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -46,27 +44,25 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import torch
 
 from actors.engine_thread import engine_thread
 from gpu.echo_engine import EchoEngine, load_echo_model
-from gpu.engine import Engine, EngineRequest
-from gpu.offline import run_all
-from gpu.sequence import SamplingParams
+from gpu.engine import Engine
 from messages.request import GenerateRequest
 from ops.bench.broker import broker, delete_topics, kafka_facts
+from ops.bench.direct import direct_latency, warm_direct
 from ops.bench.kafka import (
     LoadClient,
     ceiling_run,
     kafka_latency,
-    kafka_throughput,
     percentiles,
     warm_up,
     wire_requests,
 )
 from ops.bench.narrate import Narrate
-from ops.bench.pipeline_run import WARM_UP_REQUESTS, PipelineOptions, PipelineRun
+from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.report import skeleton, targets, warnings_for
+from ops.bench.rounds import run_rounds, warm_up_workload
 from ops.bench.tracing import tracing_section
 from ops.bench.worker import worker_argv, worker_process
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
@@ -74,97 +70,6 @@ from ops.models.engine_options import build_engine
 from ops.models.registry import resolve_model
 
 MAX_LIGHT_RATE = 2.0  # requests/s
-
-
-# -- the direct engine ---------------------------------------------------------------------
-
-
-def _engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:
-    return [
-        EngineRequest(
-            f"{prefix}{i}", r.prompt_token_ids, SamplingParams(max_new_tokens=r.max_new_tokens)
-        )
-        for i, r in enumerate(workload)
-    ]
-
-
-def warm_direct(engine: Engine, warm: Sequence[BenchRequest]) -> None:
-    """The warm-up workload, unmeasured, as the worker is sent it (see `warm_up_workload`)."""
-    with torch.inference_mode():
-        run_all(engine, _engine_requests(warm, "warm-"))
-
-
-def direct_throughput(
-    engine: Engine, workload: Sequence[BenchRequest], prefix: str
-) -> dict[str, Any]:
-    """The workload in one continuous batch: output tokens/s (and the tokens, to compare)."""
-    with torch.inference_mode():
-        start, cpu = time.perf_counter(), time.process_time()
-        run = run_all(engine, _engine_requests(workload, prefix))
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {
-        "requests": len(workload),
-        "output_tokens": run.output_tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(run.output_tokens / wall, 2),
-        "steps": len(run.steps),
-        "cpu_s": {"this_process": round(cpu, 2)},
-        "tokens": [c.token_ids for c in run.completions],
-    }
-
-
-def direct_latency(engine: Engine, short: Sequence[BenchRequest]) -> list[float]:
-    """`short`, one request at a time: each one's ms."""
-    times = []
-    with torch.inference_mode():
-        for request in _engine_requests(short, "direct-latency-"):
-            start = time.perf_counter()
-            run_all(engine, [request])
-            times.append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def warm_up_workload(engine: Engine, o: PipelineOptions) -> list[BenchRequest]:
-    """A smaller workload of the same shape, on a seed no round uses, run unmeasured on both
-    paths first: a first batch of this size is slower on either (first-touched memory, code
-    paths run for the first time, in the worker and in a broker started for the run)."""
-    spec = replace(
-        o.workload,
-        seed=o.workload.seed + o.rounds,
-        requests=min(WARM_UP_REQUESTS, o.workload.requests),
-    )
-    return make_workload(engine, spec)
-
-
-def round_workloads(engine: Engine, o: PipelineOptions) -> list[list[BenchRequest]]:
-    """One workload per throughput round: `bench engine`'s (its seed) first, then the next
-    seeds', so no round finds the one before it in the prefix cache."""
-    return [
-        make_workload(engine, replace(o.workload, seed=o.workload.seed + r))
-        for r in range(o.rounds)
-    ]
-
-
-def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Several runs' figures as one: summed tokens and wall time, CPU seconds by process."""
-    tokens, wall = sum(r["output_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-    cpu = {
-        name: None
-        if any(r["cpu_s"].get(name) is None for r in runs)
-        else round(sum(r["cpu_s"][name] for r in runs), 2)
-        for name in runs[0]["cpu_s"]
-    }
-    out = {
-        "requests": sum(r["requests"] for r in runs),
-        "output_tokens": tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
-        "cpu_s": cpu,
-    }
-    for key in ("results", "errors", "outputs_matching_direct", "steps"):
-        if all(key in r for r in runs):
-            out[key] = sum(r[key] for r in runs)
-    return out
 
 
 def light_rate(direct_ms: Sequence[float]) -> float:
@@ -178,21 +83,19 @@ def light_rate(direct_ms: Sequence[float]) -> float:
 
 
 async def _model_sections(run: PipelineRun) -> None:
-    """Throughput and latency. The direct engine is built and stepped on a thread of its own
-    (its runs leave this event loop free, as the worker's engine thread leaves the worker's).
-    Its warm-up and latency runs come before the worker starts; the throughput rounds take
-    turns with the worker's, and the engine is released before the worker's latency run."""
+    """Throughput and latency. The direct engine runs its warm-up and latency runs before the
+    worker starts; it stays (idle, holding its memory) for the throughput rounds, where it
+    takes turns with the worker, and is released before the worker's latency run."""
     o, report, say = run.options, run.report, run.say
     loop = asyncio.get_running_loop()
     thread = engine_thread()
     try:
         say(f"loading {o.engine.model}")
         engine = await loop.run_in_executor(thread, build_engine, o.engine)
-        workloads = round_workloads(engine, o)
-        # Its own seed: run on the direct engine before the rounds, round 1's prompts would
-        # be in the direct engine's prefix cache and not in the worker's.
+        # Its own seed: run on the direct engine before the rounds, round 1's seed would put
+        # those prompts in the direct engine's prefix cache and not in the worker's.
         short_spec = replace(
-            o.workload, seed=o.workload.seed + o.rounds + 1, requests=o.latency_requests
+            o.workload, seed=o.workload.seed + o.throughput_rounds + 1, requests=o.latency_requests
         )
         short = [
             BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
@@ -200,21 +103,29 @@ async def _model_sections(run: PipelineRun) -> None:
         ]
         m = engine.model
         report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
-        report["environment"] |= {
-            "device": str(m.device),
-            "dtype": str(m.dtype).removeprefix("torch."),
-        }
+        dtype = str(m.dtype).removeprefix("torch.")
+        report["environment"] |= {"device": str(m.device), "dtype": dtype}
         del m
         warm = warm_up_workload(engine, o)
         await loop.run_in_executor(thread, warm_direct, engine, warm)
         direct_ms: list[float] = []
+        load = [host_load()]
         if "latency" in o.sections:
             say(f"direct engine: {len(short)} requests one at a time")
             direct_ms = await loop.run_in_executor(thread, direct_latency, engine, short)
+        # The worker's KV pool is the direct engine's size: on a GPU, sized from the memory
+        # left free, it would be smaller than the one loaded first.
+        worker_engine = replace(
+            o.engine, engine=replace(o.engine.engine, num_kv_blocks=engine.num_blocks)
+        )
+        report["worker"]["kv_blocks"] = engine.num_blocks
+        if "throughput" not in o.sections:
+            del engine  # nothing more for it: the worker has the host to itself
+            gc.collect()
 
         topics = await run.topics("torch")
         log = run.tmp / "worker-torch.log"
-        argv, secrets = worker_argv(o.engine, "torch", run.kafka, topics)
+        argv, secrets = worker_argv(worker_engine, "torch", run.kafka, topics)
         report["worker"]["argv"]["torch"] = argv[3:]
         async with (
             worker_process(argv, log, env=secrets) as proc,
@@ -224,80 +135,45 @@ async def _model_sections(run: PipelineRun) -> None:
             warm_s = await warm_up(client, proc, log, wire_requests(warm, "warm-"), o.timeout_s)
             report["worker"]["warm_up_s"]["torch"] = warm_s
             if "throughput" in o.sections:
-                load = [host_load()]
-                rounds = []
-                for r, workload in enumerate(workloads):
-                    # Alternate which goes first, so drift over the rounds falls on both.
-                    measured: dict[str, dict[str, Any]] = {}
-                    for path in ("direct", "kafka") if r % 2 == 0 else ("kafka", "direct"):
-                        say(f"round {r + 1}/{o.rounds}, {path}: {len(workload)} requests at once")
-                        if path == "direct":
-                            measured[path] = await loop.run_in_executor(
-                                thread, direct_throughput, engine, workload, f"direct-{r}-"
-                            )
-                        else:
-                            # Its outputs are compared with the direct run's, which may come
-                            # after it: the tokens are compared once both are in.
-                            measured[path] = await kafka_throughput(
-                                client, workload, f"kafka-{r}-", run.meter(proc), o.timeout_s
-                            )
-                    rounds.append(round_report(r, o.workload.seed + r, measured))
-                report["throughput"] = throughput_report(rounds, [*load, host_load()])
-            del engine  # released: the worker's latency run has the host to itself
-            gc.collect()
+                report["throughput"] = await run_rounds(run, engine, thread, client, proc, log)
+                del engine  # released: the worker's latency run has the host to itself
+                gc.collect()
             if "latency" in o.sections:
-                rate = o.rate or light_rate(direct_ms)
-                say(f"kafka: {len(short)} requests at {rate}/s")
-                k = await kafka_latency(client, short, rate, o.timeout_s)
-                d = percentiles(direct_ms)
-                e2e = k["end_to_end_ms"]
-                report["latency"] = {
-                    "rate_per_s": rate,
-                    "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
-                    # Near or above 1, requests overlap in the engine: added ms include batching.
-                    "offered_load": round(rate * float(np.mean(direct_ms)) / 1e3, 2),
-                    "requests": len(short),
-                    "max_new_tokens": o.latency_max_new_tokens,
-                    "direct_ms": d,
-                    "kafka": k,
-                    "added_ms": {
-                        p: round(e2e[p] - d[p], 2)
-                        if e2e[p] is not None and d[p] is not None
-                        else None
-                        for p in ("p50", "p99")
-                    },
-                    "host_load_1m": [host_load()],
-                }
+                report["latency"] = await _kafka_latency(run, client, short, direct_ms, load)
         report["worker"]["exit_code"]["torch"] = proc.returncode
     finally:
-        thread.shutdown(wait=True)
+        # Not waiting: after an error or a cancel, a run still on the thread ends by itself.
+        thread.shutdown(wait=False, cancel_futures=True)
 
 
-def round_report(r: int, seed: int, measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One round's direct and Kafka figures, its ratio, and how many outputs agree."""
-    d, k = measured["direct"], measured["kafka"]
-    tokens, results = d.pop("tokens"), k.pop("results_tokens")
-    # Greedy on both paths; batches differ, so float rounding may rarely part them.
-    k["outputs_matching_direct"] = sum(
-        1 for got, want in zip(results, tokens, strict=True) if got == want
-    )
-    rate, direct_rate = k["output_tokens_per_s"], d["output_tokens_per_s"]
-    ratio = round(rate / direct_rate, 3) if rate and direct_rate else None
-    return {"round": r + 1, "seed": seed, "direct": d, "kafka": k, "ratio": ratio}
-
-
-def throughput_report(rounds: list[dict[str, Any]], load: list[float | None]) -> dict[str, Any]:
-    """The rounds, and as the headline the median of their ratios: each round's two runs are
-    minutes apart at most, so the host's drift between rounds cancels in each ratio."""
-    ratios = [r["ratio"] for r in rounds]
-    known = [x for x in ratios if x is not None]
+async def _kafka_latency(
+    run: PipelineRun,
+    client: LoadClient,
+    short: list[BenchRequest],
+    direct_ms: list[float],
+    load: list[float | None],
+) -> dict[str, Any]:
+    """`short` through Kafka at a light rate, against the direct engine's `direct_ms`."""
+    o = run.options
+    rate = o.rate or light_rate(direct_ms)
+    run.say(f"kafka: {len(short)} requests at {rate}/s")
+    k = await kafka_latency(client, short, rate, o.timeout_s)
+    d = percentiles(direct_ms)
+    e2e = k["end_to_end_ms"]
     return {
-        "direct": pooled([r["direct"] for r in rounds]),
-        "kafka": pooled([r["kafka"] for r in rounds]),
-        "ratio": round(float(np.median(known)), 3) if len(known) == len(ratios) else None,
-        "ratios": ratios,
-        "rounds": rounds,
-        "host_load_1m": load,
+        "rate_per_s": rate,
+        "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
+        # Near or above 1, requests overlap in the engine: the added ms include batching.
+        "offered_load": round(rate * float(np.mean(direct_ms)) / 1e3, 2),
+        "requests": len(short),
+        "max_new_tokens": o.latency_max_new_tokens,
+        "direct_ms": d,
+        "kafka": k,
+        "added_ms": {
+            p: round(e2e[p] - d[p], 2) if e2e[p] is not None and d[p] is not None else None
+            for p in ("p50", "p99")
+        },
+        "host_load_1m": [*load, host_load()],
     }
 
 

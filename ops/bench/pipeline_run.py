@@ -29,7 +29,7 @@ class PipelineOptions:
     sections: tuple[str, ...] = DEFAULT_SECTIONS
     kafka: KafkaConnection | None = None  # None: start a broker for this run
     partitions: int = 6
-    rounds: int = 3  # throughput: direct and Kafka runs, taking turns; the median ratio
+    throughput_rounds: int = 3  # direct and Kafka runs taking turns; the median ratio
     rate: float | None = None  # latency, requests/s; None: light for the engine (`light_rate`)
     latency_requests: int = 20
     latency_max_new_tokens: int = 16
@@ -45,8 +45,8 @@ class PipelineOptions:
             raise ValueError(f"sections must be some of {', '.join(SECTIONS)}")
         if (self.rate is not None and self.rate <= 0) or self.timeout_s <= 0:
             raise ValueError("rate and timeout must be positive")
-        if self.rounds < 1:
-            raise ValueError("rounds must be at least 1")
+        if self.throughput_rounds < 1:
+            raise ValueError("throughput_rounds must be at least 1")
 
 
 @dataclass

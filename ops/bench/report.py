@@ -74,10 +74,7 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
             "output_len_range": [w.min_output, w.max_output],
             "prompts": "uniform random token ids (bench engine's), sent as prompt_token_ids",
             "sampling": "greedy; EOS honoured on both paths (the wire has no ignore_eos)",
-            # Each on a seed of its own, so none finds another's prompts in a prefix cache.
-            "throughput_round_seeds": [w.seed + r for r in range(o.rounds)],
-            "warm_up": {"seed": w.seed + o.rounds, "requests": min(WARM_UP_REQUESTS, w.requests)},
-            "latency_seed": w.seed + o.rounds + 1,
+            **_model_seeds(o),
         },
         "sections": list(o.sections),
         "throughput": skipped,
@@ -86,6 +83,20 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
         "tracing": skipped,
         "warnings": [],
     }
+
+
+def _model_seeds(o: PipelineOptions) -> dict[str, Any]:
+    """The seeds of the model sections' workloads: each its own, so that none finds another's
+    prompts in a prefix cache (none when neither section runs)."""
+    w, rounds = o.workload, o.throughput_rounds
+    seeds: dict[str, Any] = {}
+    if "throughput" in o.sections:
+        seeds["throughput_round_seeds"] = [w.seed + r for r in range(rounds)]
+    if {"throughput", "latency"} & set(o.sections):
+        seeds["warm_up"] = {"seed": w.seed + rounds, "requests": min(WARM_UP_REQUESTS, w.requests)}
+    if "latency" in o.sections:
+        seeds["latency_seed"] = w.seed + rounds + 1
+    return seeds
 
 
 def _target(value: float | None, target: float, *, at_most: bool = False) -> dict[str, Any]:

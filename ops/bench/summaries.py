@@ -16,9 +16,10 @@ def pipeline_summary(report: dict[str, Any]) -> str:
     t, lat, c = report["throughput"], report["latency"], report["ceiling"]
     if "ratio" in t:
         lines.append(
-            f"  throughput  direct {t['direct']['output_tokens_per_s']} tok/s · kafka "
-            f"{t['kafka']['output_tokens_per_s']} tok/s · ratio {t['ratio']} (median of "
-            f"rounds {', '.join(str(x) for x in t['ratios'])})"
+            f"  throughput  ratio {t['ratio']}, the median of rounds "
+            f"{', '.join(str(x) for x in t['ratios'])} · over all rounds: direct "
+            f"{t['direct']['output_tokens_per_s']} tok/s, kafka "
+            f"{t['kafka']['output_tokens_per_s']} tok/s"
         )
     if "added_ms" in lat:
         e2e, d = lat["kafka"]["end_to_end_ms"], lat["direct_ms"]

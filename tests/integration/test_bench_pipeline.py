@@ -91,7 +91,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         sections=("throughput", "latency"),
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
-        rounds=2,
+        throughput_rounds=2,
         rate=20.0,
         latency_requests=3,
         latency_max_new_tokens=4,
@@ -105,9 +105,12 @@ async def test_throughput_and_latency_against_the_direct_engine(
     assert report["ceiling"] == {"skipped": "not selected (--only)"}
     throughput = report["throughput"]
     rounds = throughput["rounds"]
-    assert [(r["round"], r["seed"]) for r in rounds] == [(1, 0), (2, 1)]
-    assert throughput["ratios"] == [r["ratio"] for r in rounds]
-    assert throughput["ratio"] == round(sum(throughput["ratios"]) / 2, 3)  # the median of two
+    assert [(r["round"], r["seed"], r["first"]) for r in rounds] == [
+        (1, 0, "direct"),
+        (2, 1, "kafka"),
+    ]
+    assert report["workload"]["throughput_round_seeds"] == [0, 1]
+    assert (report["workload"]["warm_up"]["seed"], report["workload"]["latency_seed"]) == (2, 3)
     for r in rounds:
         direct, kafka = r["direct"], r["kafka"]
         assert direct["requests"] == kafka["requests"] == kafka["results"] == 4
@@ -116,7 +119,11 @@ async def test_throughput_and_latency_against_the_direct_engine(
         assert 0 <= kafka["outputs_matching_direct"] <= 4
         assert {"wall_s", "output_tokens_per_s", "cpu_s"} <= set(direct) & set(kafka)
         assert set(kafka["cpu_s"]) == {"worker", "client", "broker"}
+        assert set(direct["cpu_s"]) == {"this_process", "worker", "broker"}
         assert "tokens" not in direct and "results_tokens" not in kafka
+        assert r["ratio"] is not None
+    assert throughput["ratios"] == [r["ratio"] for r in rounds]
+    assert throughput["ratio"] == round(sum(throughput["ratios"]) / 2, 3)  # the median of two
     # The rounds pooled: tokens and wall seconds summed.
     direct, kafka = throughput["direct"], throughput["kafka"]
     assert (direct["requests"], kafka["results"]) == (8, 8)
@@ -124,6 +131,9 @@ async def test_throughput_and_latency_against_the_direct_engine(
     assert kafka["outputs_matching_direct"] == sum(
         r["kafka"]["outputs_matching_direct"] for r in rounds
     )
+    # Both engines have the same KV pool: the worker is given the direct engine's size.
+    argv = report["worker"]["argv"]["torch"]
+    assert argv[argv.index("--num-kv-blocks") + 1] == str(report["worker"]["kv_blocks"])
     latency = report["latency"]
     assert (latency["kafka"]["results"], latency["kafka"]["errors"]) == (3, 0)
     for figures in (latency["direct_ms"], latency["kafka"]["end_to_end_ms"]):

@@ -1,4 +1,5 @@
-"""`bench pipeline`'s throughput rounds: how one round is reported, and how rounds add up."""
+"""`bench pipeline`'s throughput rounds (`ops/bench/rounds.py`): how one round is reported, and
+how rounds add up."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 import pytest
 
 from gpu.engine_config import EngineConfig
-from ops.bench.pipeline import pooled, round_report, throughput_report
 from ops.bench.pipeline_run import PipelineOptions
+from ops.bench.rounds import pooled, round_report, throughput_report
 from ops.models.engine_options import EngineChoice
 
 
@@ -19,7 +20,7 @@ def _direct(tokens: int, wall: float, outputs: list[list[int]]) -> dict[str, Any
         "wall_s": wall,
         "output_tokens_per_s": round(tokens / wall, 2),
         "steps": 10,
-        "cpu_s": {"this_process": 2 * wall},
+        "cpu_s": {"this_process": 2 * wall, "worker": 0.01, "broker": 0.1},
         "tokens": outputs,
     }
 
@@ -43,9 +44,9 @@ def test_a_round_compares_outputs_and_keeps_no_token_lists() -> None:
         "kafka": _kafka(100, 1.25, [[1, 2], None, [4, 6]]),  # one lost, one parted
     }
 
-    r = round_report(0, 7, measured)
+    r = round_report(0, 7, "direct", measured)
 
-    assert (r["round"], r["seed"], r["ratio"]) == (1, 7, 0.8)
+    assert (r["round"], r["seed"], r["first"], r["ratio"]) == (1, 7, "direct", 0.8)
     assert r["kafka"]["outputs_matching_direct"] == 1
     assert "tokens" not in r["direct"] and "results_tokens" not in r["kafka"]
 
@@ -53,13 +54,15 @@ def test_a_round_compares_outputs_and_keeps_no_token_lists() -> None:
 def test_a_round_without_a_kafka_rate_has_no_ratio() -> None:
     kafka = _kafka(0, 0.5, [None])
     kafka["output_tokens_per_s"] = None
-    r = round_report(1, 1, {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka})
+    r = round_report(1, 1, "kafka", {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka})
     assert r["ratio"] is None
 
 
 def test_the_headline_ratio_is_the_median_of_the_rounds() -> None:
     rounds = [
-        round_report(i, i, {"direct": _direct(100, 1.0, [[1]]), "kafka": _kafka(100, w, [[1]])})
+        round_report(
+            i, i, "direct", {"direct": _direct(100, 1.0, [[1]]), "kafka": _kafka(100, w, [[1]])}
+        )
         for i, w in enumerate((1.0, 2.0, 1.25))  # ratios 1.0, 0.5, 0.8
     ]
 
@@ -77,8 +80,10 @@ def test_one_round_without_a_ratio_leaves_the_headline_unknown() -> None:
     kafka = _kafka(0, 1.0, [None])
     kafka["output_tokens_per_s"] = None
     rounds = [
-        round_report(0, 0, {"direct": _direct(10, 1.0, [[1]]), "kafka": _kafka(10, 1.0, [[1]])}),
-        round_report(1, 1, {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka}),
+        round_report(
+            0, 0, "direct", {"direct": _direct(10, 1.0, [[1]]), "kafka": _kafka(10, 1.0, [[1]])}
+        ),
+        round_report(1, 1, "kafka", {"direct": _direct(10, 1.0, [[1]]), "kafka": kafka}),
     ]
     assert throughput_report(rounds, [])["ratio"] is None
 
@@ -96,7 +101,7 @@ def test_pooled_sums_cpu_by_process_and_keeps_unknowns_unknown() -> None:
     assert "steps" not in total  # Kafka runs have none
 
 
-def test_rounds_must_be_at_least_one() -> None:
+def test_there_is_at_least_one_round() -> None:
     choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
-    with pytest.raises(ValueError, match="rounds"):
-        PipelineOptions(engine=choice, rounds=0)
+    with pytest.raises(ValueError, match="throughput_rounds"):
+        PipelineOptions(engine=choice, throughput_rounds=0)
