@@ -3,12 +3,22 @@ how rounds add up."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from actors.kafka.connection import KafkaConnection
+from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
-from ops.bench.pipeline_run import PipelineOptions
+from ops.bench import rounds
+from ops.bench.kafka import LoadClient
+from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.rounds import pooled, round_report, throughput_report
 from ops.models.engine_options import EngineChoice
 
@@ -105,3 +115,75 @@ def test_there_is_at_least_one_round() -> None:
     choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
     with pytest.raises(ValueError, match="throughput_rounds"):
         PipelineOptions(engine=choice, throughput_rounds=0)
+
+
+# -- run_rounds with its two runs replaced (the real ones: tests/integration/test_bench_pipeline.py)
+
+
+@dataclass
+class _Runs:
+    made: list[str] = field(default_factory=list)  # each run's request-id prefix, in order
+    lossy_round: int | None = None  # this round's Kafka run loses a result
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> _Runs:
+    record = _Runs()
+
+    def direct(engine: object, workload: object, prefix: str) -> dict[str, Any]:
+        record.made.append(prefix)
+        return _direct(10, 1.0, [[1], [2]])
+
+    async def kafka(
+        client: object, workload: object, prefix: str, meter: object, within_s: float
+    ) -> dict[str, Any]:
+        record.made.append(prefix)
+        lossy = prefix == f"kafka-{record.lossy_round}-"
+        return _kafka(10, 1.0, [[1], None] if lossy else [[1], [2]])
+
+    monkeypatch.setattr(rounds, "direct_throughput", direct)
+    monkeypatch.setattr(rounds, "kafka_throughput", kafka)
+    monkeypatch.setattr(rounds, "round_workloads", lambda e, o: [[]] * o.throughput_rounds)
+    return record
+
+
+async def _run_rounds(tmp_path: Path, n: int) -> dict[str, Any]:
+    choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
+    options = PipelineOptions(engine=choice, throughput_rounds=n)
+    run = PipelineRun(
+        options, KafkaConnection("127.0.0.1:9"), None, "r", tmp_path, {}, lambda _: None
+    )
+    (tmp_path / "worker.log").write_text("the worker's last words\n")
+    proc = cast(asyncio.subprocess.Process, SimpleNamespace(pid=os.getpid()))
+    with ThreadPoolExecutor(1) as thread:
+        return await rounds.run_rounds(
+            run, cast(Engine, None), thread, cast(LoadClient, None), proc, tmp_path / "worker.log"
+        )
+
+
+async def test_the_paths_take_turns_at_going_first(runs: _Runs, tmp_path: Path) -> None:
+    report = await _run_rounds(tmp_path, 3)
+
+    assert runs.made == [
+        "direct-0-",
+        "kafka-0-",
+        "kafka-1-",
+        "direct-1-",
+        "direct-2-",
+        "kafka-2-",
+    ]
+    assert [r["first"] for r in report["rounds"]] == ["direct", "kafka", "direct"]
+    # The direct runs are metered as the worker's are: this process, the worker, the broker.
+    assert set(report["rounds"][0]["direct"]["cpu_s"]) == {"this_process", "worker", "broker"}
+
+
+async def test_a_kafka_run_missing_results_ends_the_rounds_with_the_workers_log(
+    runs: _Runs, tmp_path: Path
+) -> None:
+    runs.lossy_round = 1
+
+    with pytest.raises(RuntimeError, match="round 2: 1 of 2 results") as caught:
+        await _run_rounds(tmp_path, 3)
+
+    assert "the worker's last words" in str(caught.value)
+    assert runs.made == ["direct-0-", "kafka-0-", "kafka-1-"]  # no round waits after it
