@@ -62,7 +62,7 @@ from ops.bench.kafka import (
 from ops.bench.narrate import Narrate
 from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.report import skeleton, targets, warnings_for
-from ops.bench.rounds import run_rounds, warm_up_workload
+from ops.bench.rounds import direct_run, round_workloads, run_rounds, warm_up_workload
 from ops.bench.tracing import tracing_section
 from ops.bench.worker import worker_argv, worker_process
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
@@ -84,8 +84,9 @@ def light_rate(direct_ms: Sequence[float]) -> float:
 
 async def _model_sections(run: PipelineRun) -> None:
     """Throughput and latency. The direct engine runs its warm-up and latency runs before the
-    worker starts; it stays (idle, holding its memory) for the throughput rounds, where it
-    takes turns with the worker, and is released before the worker's latency run."""
+    worker starts. On a CPU it stays (idle, holding its memory) for the throughput rounds,
+    where it takes turns with the worker, and is released before the worker's latency run;
+    on a GPU it runs every round before the worker starts and is released first."""
     o, report, say = run.options, run.report, run.say
     loop = asyncio.get_running_loop()
     thread = engine_thread()
@@ -113,15 +114,25 @@ async def _model_sections(run: PipelineRun) -> None:
         if "latency" in o.sections:
             say(f"direct engine: {len(short)} requests one at a time")
             direct_ms = await loop.run_in_executor(thread, direct_latency, engine, short)
-        # The worker's KV pool is the direct engine's size: on a GPU, sized from the memory
-        # left free, it would be smaller than the one loaded first.
+        # The worker's KV pool is the direct engine's size: planned from the memory left free,
+        # a second engine's pool could differ from the first's.
         worker_engine = replace(
             o.engine, engine=replace(o.engine.engine, num_kv_blocks=engine.num_blocks)
         )
         report["worker"]["kv_blocks"] = engine.num_blocks
-        if "throughput" not in o.sections:
-            del engine  # nothing more for it: the worker has the host to itself
-            gc.collect()
+        # Taking turns needs both engines held at once: on a CPU they share the host's RAM,
+        # but on a GPU each plans its KV pool from the memory the other left. There the
+        # direct engine runs every round first and is released before the worker starts.
+        interleaved = engine.model.device.type == "cpu"
+        workloads = round_workloads(engine, o) if "throughput" in o.sections else []
+        direct_done: dict[int, dict[str, Any]] = {}
+        if not interleaved:
+            for r, workload in enumerate(workloads):
+                say(f"direct engine, round {r + 1}/{len(workloads)}: {len(workload)} requests")
+                direct_done[r] = await direct_run(run, engine, thread, r, workload, None)
+        held: Engine | None = engine if interleaved and workloads else None
+        del engine  # `held`, when the rounds take turns; else the worker has the host alone
+        gc.collect()
 
         topics = await run.topics("torch")
         log = run.tmp / "worker-torch.log"
@@ -134,9 +145,17 @@ async def _model_sections(run: PipelineRun) -> None:
             say("worker (torch): starting and warming up")
             warm_s = await warm_up(client, proc, log, wire_requests(warm, "warm-"), o.timeout_s)
             report["worker"]["warm_up_s"]["torch"] = warm_s
-            if "throughput" in o.sections:
-                report["throughput"] = await run_rounds(run, engine, thread, client, proc, log)
-                del engine  # released: the worker's latency run has the host to itself
+            if workloads:
+
+                async def direct(r: int, workload: list[BenchRequest]) -> dict[str, Any]:
+                    if held is None:
+                        return direct_done[r]
+                    return await direct_run(run, held, thread, r, workload, proc)
+
+                report["throughput"] = await run_rounds(
+                    run, workloads, direct, client, proc, log, interleaved=interleaved
+                )
+                held = None  # released: the worker's latency run has the host to itself
                 gc.collect()
             if "latency" in o.sections:
                 report["latency"] = await _kafka_latency(run, client, short, direct_ms, load)

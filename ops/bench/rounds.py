@@ -11,7 +11,8 @@ them; the rest is pure bookkeeping.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from gpu.engine import Engine
 from ops.bench.direct import direct_throughput
 from ops.bench.kafka import LoadClient, kafka_throughput
 from ops.bench.pipeline_run import WARM_UP_REQUESTS, PipelineOptions, PipelineRun
-from ops.bench.worker import log_tail
+from ops.bench.worker import CpuMeter, log_tail
 from ops.bench.workload import BenchRequest, host_load, make_workload
 
 
@@ -47,51 +48,64 @@ def round_workloads(engine: Engine, o: PipelineOptions) -> list[list[BenchReques
     ]
 
 
-async def run_rounds(
+DirectRun = Callable[[int, list[BenchRequest]], Awaitable[dict[str, Any]]]
+
+
+async def direct_run(
     run: PipelineRun,
     engine: Engine,
     thread: ThreadPoolExecutor,
+    r: int,
+    workload: list[BenchRequest],
+    worker: asyncio.subprocess.Process | None,
+) -> dict[str, Any]:
+    """Round `r`'s direct run on `thread`, metered as a Kafka run is: CPU seconds of this
+    process (the direct engine here), the `worker` (idle, when it is up) and the broker."""
+    worker_pid = worker.pid if worker is not None else None
+    meter = CpuMeter({"this_process": os.getpid(), "worker": worker_pid, "broker": run.broker_pid})
+    meter.start()
+    loop = asyncio.get_running_loop()
+    d = await loop.run_in_executor(thread, direct_throughput, engine, workload, f"direct-{r}-")
+    return d | {"cpu_s": meter.read()}
+
+
+async def run_rounds(
+    run: PipelineRun,
+    workloads: list[list[BenchRequest]],
+    direct: DirectRun,
     client: LoadClient,
     proc: asyncio.subprocess.Process,
     log: Path,
+    *,
+    interleaved: bool,
 ) -> dict[str, Any]:
-    """Every round, the direct engine (stepped on `thread`) and the worker (through `client`)
-    each run the round's workload; the `throughput` section of the report. Both paths are
-    metered alike: CPU seconds of this process, the worker and the broker. Raises
-    RuntimeError, with the worker's log, when a Kafka run does not get all its results."""
-    o, loop = run.options, asyncio.get_running_loop()
+    """Every round, `direct` (round, workload) and the worker (through `client`) each run the
+    round's workload; the `throughput` section of the report. Interleaved, the two take turns
+    at going first; not (where the two engines cannot be held at once), `direct` hands back
+    runs made before the worker started. Raises RuntimeError, with the worker's log, when a
+    Kafka run does not get all its results."""
+    o = run.options
     load, rounds = [host_load()], []
-    for r, workload in enumerate(round_workloads(engine, o)):
+    for r, workload in enumerate(workloads):
         # Turns at going first, so drift within a round falls on both paths alike (with an
         # odd number of rounds, the direct engine goes first once more).
-        order = ("direct", "kafka") if r % 2 == 0 else ("kafka", "direct")
+        order = ("kafka", "direct") if interleaved and r % 2 else ("direct", "kafka")
         measured: dict[str, dict[str, Any]] = {}
         for path in order:
-            run.say(f"round {r + 1}/{o.throughput_rounds}, {path}: {len(workload)} requests")
-            meter = run.meter(proc)
+            run.say(f"round {r + 1}/{len(workloads)}, {path}: {len(workload)} requests")
             if path == "direct":
-                meter.start()
-                d = await loop.run_in_executor(
-                    thread, direct_throughput, engine, workload, f"direct-{r}-"
+                measured[path] = await direct(r, workload)
+                continue
+            meter = run.meter(proc)
+            k = await kafka_throughput(client, workload, f"kafka-{r}-", meter, o.timeout_s)
+            if k["results"] < k["requests"]:
+                raise RuntimeError(
+                    f"round {r + 1}: {k['results']} of {k['requests']} results came back "
+                    f"within {o.timeout_s} s:\n{log_tail(log)}"
                 )
-                cpu = meter.read()
-                # This process is the direct engine here; the worker idles.
-                d["cpu_s"] = {
-                    "this_process": cpu["client"],
-                    "worker": cpu["worker"],
-                    "broker": cpu["broker"],
-                }
-                measured[path] = d
-            else:
-                k = await kafka_throughput(client, workload, f"kafka-{r}-", meter, o.timeout_s)
-                if k["results"] < k["requests"]:
-                    raise RuntimeError(
-                        f"round {r + 1}: {k['results']} of {k['requests']} results came back "
-                        f"within {o.timeout_s} s:\n{log_tail(log)}"
-                    )
-                measured[path] = k
+            measured[path] = k
         rounds.append(round_report(r, o.workload.seed + r, order[0], measured))
-    return throughput_report(rounds, [*load, host_load()])
+    return throughput_report(rounds, [*load, host_load()]) | {"interleaved": interleaved}
 
 
 def round_report(

@@ -122,6 +122,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         assert set(direct["cpu_s"]) == {"this_process", "worker", "broker"}
         assert "tokens" not in direct and "results_tokens" not in kafka
         assert r["ratio"] is not None
+    assert throughput["interleaved"] is True  # a CPU engine: both held, taking turns
     assert throughput["ratios"] == [r["ratio"] for r in rounds]
     assert throughput["ratio"] == round(sum(throughput["ratios"]) / 2, 3)  # the median of two
     # The rounds pooled: tokens and wall seconds summed.

@@ -20,6 +20,7 @@ from ops.bench import rounds
 from ops.bench.kafka import LoadClient
 from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.rounds import pooled, round_report, throughput_report
+from ops.bench.workload import BenchRequest
 from ops.models.engine_options import EngineChoice
 
 
@@ -143,11 +144,10 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> _Runs:
 
     monkeypatch.setattr(rounds, "direct_throughput", direct)
     monkeypatch.setattr(rounds, "kafka_throughput", kafka)
-    monkeypatch.setattr(rounds, "round_workloads", lambda e, o: [[]] * o.throughput_rounds)
     return record
 
 
-async def _run_rounds(tmp_path: Path, n: int) -> dict[str, Any]:
+async def _run_rounds(tmp_path: Path, n: int, *, interleaved: bool = True) -> dict[str, Any]:
     choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
     options = PipelineOptions(engine=choice, throughput_rounds=n)
     run = PipelineRun(
@@ -155,9 +155,25 @@ async def _run_rounds(tmp_path: Path, n: int) -> dict[str, Any]:
     )
     (tmp_path / "worker.log").write_text("the worker's last words\n")
     proc = cast(asyncio.subprocess.Process, SimpleNamespace(pid=os.getpid()))
+    engine = cast(Engine, None)
     with ThreadPoolExecutor(1) as thread:
+        done = {}  # not interleaved: the direct runs are made before the worker starts
+        if not interleaved:
+            done = {r: await rounds.direct_run(run, engine, thread, r, [], None) for r in range(n)}
+
+        async def direct(r: int, workload: list[BenchRequest]) -> dict[str, Any]:
+            if not interleaved:
+                return done[r]
+            return await rounds.direct_run(run, engine, thread, r, workload, proc)
+
         return await rounds.run_rounds(
-            run, cast(Engine, None), thread, cast(LoadClient, None), proc, tmp_path / "worker.log"
+            run,
+            [[]] * n,
+            direct,
+            cast(LoadClient, None),
+            proc,
+            tmp_path / "worker.log",
+            interleaved=interleaved,
         )
 
 
@@ -173,8 +189,20 @@ async def test_the_paths_take_turns_at_going_first(runs: _Runs, tmp_path: Path) 
         "kafka-2-",
     ]
     assert [r["first"] for r in report["rounds"]] == ["direct", "kafka", "direct"]
+    assert report["interleaved"] is True
     # The direct runs are metered as the worker's are: this process, the worker, the broker.
-    assert set(report["rounds"][0]["direct"]["cpu_s"]) == {"this_process", "worker", "broker"}
+    cpu = report["rounds"][0]["direct"]["cpu_s"]
+    assert set(cpu) == {"this_process", "worker", "broker"}
+    assert cpu["broker"] is None  # no broker pid known to this run
+
+
+async def test_without_turns_the_direct_runs_come_first(runs: _Runs, tmp_path: Path) -> None:
+    report = await _run_rounds(tmp_path, 2, interleaved=False)
+
+    assert runs.made == ["direct-0-", "direct-1-", "kafka-0-", "kafka-1-"]
+    assert [r["first"] for r in report["rounds"]] == ["direct", "direct"]
+    assert report["interleaved"] is False
+    assert report["rounds"][0]["direct"]["cpu_s"]["worker"] is None  # no worker yet
 
 
 async def test_a_kafka_run_missing_results_ends_the_rounds_with_the_workers_log(
