@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,6 +15,13 @@ from gpu.engine import Engine, EngineRequest
 from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from ops.bench.workload import BenchRequest
+from ops.models.engine_options import EngineChoice
+
+
+def with_kv_pool_of(choice: EngineChoice, engine: Engine) -> EngineChoice:
+    """`choice` with `engine`'s KV pool size: the worker's engine options. Planned from the
+    memory left free, a second engine's pool could differ from the first's."""
+    return replace(choice, engine=replace(choice.engine, num_kv_blocks=engine.num_blocks))
 
 
 def engine_requests(workload: Sequence[BenchRequest], prefix: str) -> list[EngineRequest]:

@@ -39,7 +39,6 @@ import gc
 import tempfile
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,7 +49,7 @@ from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine
 from messages.request import GenerateRequest
 from ops.bench.broker import broker, delete_topics, kafka_facts
-from ops.bench.direct import direct_latency, warm_direct
+from ops.bench.direct import direct_latency, warm_direct, with_kv_pool_of
 from ops.bench.kafka import (
     LoadClient,
     ceiling_run,
@@ -95,12 +94,9 @@ async def _model_sections(run: PipelineRun) -> None:
         engine = await loop.run_in_executor(thread, build_engine, o.engine)
         # Its own seed: run on the direct engine before the rounds, round 1's seed would put
         # those prompts in the direct engine's prefix cache and not in the worker's.
-        short_spec = replace(
-            o.workload, seed=o.workload.seed + o.throughput_rounds + 1, requests=o.latency_requests
-        )
         short = [
             BenchRequest(r.prompt_token_ids, o.latency_max_new_tokens)
-            for r in make_workload(engine, short_spec)
+            for r in make_workload(engine, o.latency_spec())
         ]
         m = engine.model
         report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
@@ -114,11 +110,7 @@ async def _model_sections(run: PipelineRun) -> None:
         if "latency" in o.sections:
             say(f"direct engine: {len(short)} requests one at a time")
             direct_ms = await loop.run_in_executor(thread, direct_latency, engine, short)
-        # The worker's KV pool is the direct engine's size: planned from the memory left free,
-        # a second engine's pool could differ from the first's.
-        worker_engine = replace(
-            o.engine, engine=replace(o.engine.engine, num_kv_blocks=engine.num_blocks)
-        )
+        worker_engine = with_kv_pool_of(o.engine, engine)
         report["worker"]["kv_blocks"] = engine.num_blocks
         # Taking turns needs both engines held at once: on a CPU they share the host's RAM,
         # but on a GPU each plans its KV pool from the memory the other left. There the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,27 @@ class PipelineOptions:
             raise ValueError("rate and timeout must be positive")
         if self.throughput_rounds < 1:
             raise ValueError("throughput_rounds must be at least 1")
+
+    # The model sections' workloads, each on a seed of its own, so that none finds another's
+    # prompts in a prefix cache: the rounds on seed, seed + 1, ...; then the warm-up; then
+    # the latency run.
+
+    def round_specs(self) -> list[BenchOptions]:
+        """One per throughput round: `bench engine`'s workload first, then the next seeds'."""
+        w = self.workload
+        return [replace(w, seed=w.seed + r) for r in range(self.throughput_rounds)]
+
+    def warm_up_spec(self) -> BenchOptions:
+        """The unmeasured first batch on both paths: fewer requests of the same shape."""
+        w = self.workload
+        requests = min(WARM_UP_REQUESTS, w.requests)
+        return replace(w, seed=w.seed + self.throughput_rounds, requests=requests)
+
+    def latency_spec(self) -> BenchOptions:
+        """The latency run's prompts (their output lengths are `latency_max_new_tokens`)."""
+        w = self.workload
+        seed = w.seed + self.throughput_rounds + 1
+        return replace(w, seed=seed, requests=self.latency_requests)
 
 
 @dataclass

@@ -17,7 +17,6 @@ import torch
 
 from actors.config import WorkerConfig
 from ops.bench.broker import kafka_facts
-from ops.bench.pipeline_run import WARM_UP_REQUESTS
 from ops.bench.workload import host_load
 
 if TYPE_CHECKING:
@@ -86,16 +85,16 @@ def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
 
 
 def _model_seeds(o: PipelineOptions) -> dict[str, Any]:
-    """The seeds of the model sections' workloads: each its own, so that none finds another's
-    prompts in a prefix cache (none when neither section runs)."""
-    w, rounds = o.workload, o.throughput_rounds
+    """The seeds of the model sections' workloads (`PipelineOptions.round_specs` and the
+    rest), for the sections that run."""
     seeds: dict[str, Any] = {}
     if "throughput" in o.sections:
-        seeds["throughput_round_seeds"] = [w.seed + r for r in range(rounds)]
+        seeds["throughput_round_seeds"] = [spec.seed for spec in o.round_specs()]
     if {"throughput", "latency"} & set(o.sections):
-        seeds["warm_up"] = {"seed": w.seed + rounds, "requests": min(WARM_UP_REQUESTS, w.requests)}
+        warm = o.warm_up_spec()
+        seeds["warm_up"] = {"seed": warm.seed, "requests": warm.requests}
     if "latency" in o.sections:
-        seeds["latency_seed"] = w.seed + rounds + 1
+        seeds["latency_seed"] = o.latency_spec().seed
     return seeds
 
 

@@ -14,7 +14,6 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,20 @@ import numpy as np
 from gpu.engine import Engine
 from ops.bench.direct import direct_throughput
 from ops.bench.kafka import LoadClient, kafka_throughput
-from ops.bench.pipeline_run import WARM_UP_REQUESTS, PipelineOptions, PipelineRun
+from ops.bench.pipeline_run import PipelineOptions, PipelineRun
 from ops.bench.worker import CpuMeter, log_tail
 from ops.bench.workload import BenchRequest, host_load, make_workload
 
 
 def warm_up_workload(engine: Engine, o: PipelineOptions) -> list[BenchRequest]:
-    """A smaller workload of the same shape, on a seed no round uses, run unmeasured on both
-    paths first: a first batch of this size is slower on either (first-touched memory, code
-    paths run for the first time, in the worker and in a broker started for the run)."""
-    spec = replace(
-        o.workload,
-        seed=o.workload.seed + o.throughput_rounds,
-        requests=min(WARM_UP_REQUESTS, o.workload.requests),
-    )
-    return make_workload(engine, spec)
+    """Run unmeasured on both paths first: a first batch of this size is slower on either
+    (first-touched memory, code paths run for the first time, in the worker and in a broker
+    started for the run)."""
+    return make_workload(engine, o.warm_up_spec())
 
 
 def round_workloads(engine: Engine, o: PipelineOptions) -> list[list[BenchRequest]]:
-    """One workload per round: `bench engine`'s (its seed) first, then the next seeds'."""
-    return [
-        make_workload(engine, replace(o.workload, seed=o.workload.seed + r))
-        for r in range(o.throughput_rounds)
-    ]
+    return [make_workload(engine, spec) for spec in o.round_specs()]
 
 
 DirectRun = Callable[[int, list[BenchRequest]], Awaitable[dict[str, Any]]]
@@ -104,7 +94,7 @@ async def run_rounds(
                     f"within {o.timeout_s} s:\n{log_tail(log)}"
                 )
             measured[path] = k
-        rounds.append(round_report(r, o.workload.seed + r, order[0], measured))
+        rounds.append(round_report(r, o.round_specs()[r].seed, order[0], measured))
     return throughput_report(rounds, [*load, host_load()]) | {"interleaved": interleaved}
 
 

@@ -132,7 +132,8 @@ async def test_throughput_and_latency_against_the_direct_engine(
     assert kafka["outputs_matching_direct"] == sum(
         r["kafka"]["outputs_matching_direct"] for r in rounds
     )
-    # Both engines have the same KV pool: the worker is given the direct engine's size.
+    # The worker is started with the direct engine's pool size (ENGINE fixes it here; that it
+    # is taken from the direct engine when none is given: tests/unit/test_bench_direct.py).
     argv = report["worker"]["argv"]["torch"]
     assert argv[argv.index("--num-kv-blocks") + 1] == str(report["worker"]["kv_blocks"])
     latency = report["latency"]

@@ -112,12 +112,6 @@ def test_pooled_sums_cpu_by_process_and_keeps_unknowns_unknown() -> None:
     assert "steps" not in total  # Kafka runs have none
 
 
-def test_there_is_at_least_one_round() -> None:
-    choice = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
-    with pytest.raises(ValueError, match="throughput_rounds"):
-        PipelineOptions(engine=choice, throughput_rounds=0)
-
-
 # -- run_rounds with its two runs replaced (the real ones: tests/integration/test_bench_pipeline.py)
 
 
