@@ -42,6 +42,12 @@ class ErrorCode(enum.StrEnum):
     QUARANTINED = "quarantined"  # the record was in flight when workers crashed, too often
     # Structured output: a malformed response_format, or a schema the grammar cannot compile.
     INVALID_RESPONSE_FORMAT = "invalid_response_format"
+    # A record the Kafka client could not read as sent: a header key that is not UTF-8, a
+    # corrupt or undecompressable batch (`actors.kafka.record_reader`). Dead-lettered.
+    UNREADABLE_RECORD = "unreadable_record"
+    # The worker failed admitting this one record in a way no rule names (a bug): answered,
+    # counted (`tokenmill_internal_errors_total`), and the worker goes on.
+    INTERNAL_ERROR = "internal_error"
 
 
 # Codes whose record cannot be read as a request: the raw bytes go to the dead-letter topic.
@@ -57,5 +63,6 @@ DEAD_LETTER_CODES = frozenset(
         ErrorCode.ID_TOO_LONG,
         ErrorCode.KEY_TOO_LARGE,
         ErrorCode.QUARANTINED,  # the raw record, not run again
+        ErrorCode.UNREADABLE_RECORD,
     }
 )
