@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.config import WorkerConfig
+from actors.kafka import record_reader
 from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
 from actors.mail import VerifiedCommand
@@ -88,6 +89,8 @@ class ControlActor(Actor[Event]):
         )
 
     def _new_consumer(self) -> AIOKafkaConsumer:
+        # A record no one can read (record_reader) reaches `_verdict` and is refused there.
+        record_reader.install()
         consumer = AIOKafkaConsumer(
             **self.config.kafka.client_kwargs(),
             group_id=f"{self.config.group}.control.{self.config.worker_id}",

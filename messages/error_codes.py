@@ -46,7 +46,7 @@ class ErrorCode(enum.StrEnum):
     # corrupt or undecompressable batch (`actors.kafka.record_reader`). Dead-lettered.
     UNREADABLE_RECORD = "unreadable_record"
     # The worker failed admitting this one record in a way no rule names (a bug): answered,
-    # counted (`tokenmill_internal_errors_total`), and the worker goes on.
+    # counted (`tokenmill_requests_total{code="internal_error"}`), and the worker goes on.
     INTERNAL_ERROR = "internal_error"
 
 

@@ -36,6 +36,7 @@ from actors.ingest.model_front import ModelFront
 from actors.ingest.offsets import OffsetTracker
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
+from actors.kafka import record_reader
 from actors.kafka.broker_wait import started
 from actors.mail import Admitted, Batch, Cancel, Delivered, Outcome, RecordRef, UseModel
 from actors.results import cancelled_before_engine
@@ -43,6 +44,7 @@ from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
 from messages import headers as h
 from messages.codec import normalize_content_type
+from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest
 from messages.headers import Headers
 from messages.request import GenerateRequest
@@ -92,6 +94,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.reply_topics = ReplyTopics(policy, KnownTopics(self._list_topics))
         self.refusals = Refusals(config, self.reply_topics, outcomes)
         self.records_read = 0
+        self.fetch_failures = 0
         self.metrics = metrics
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
@@ -138,7 +141,7 @@ class IngestActor(Actor[Delivered | UseModel]):
     # -- the actor's life ----------------------------------------------------------------
 
     async def run(self) -> None:
-        self.joined = False
+        self._forget_partitions()
         consumer = await started(
             self._new_consumer, name="ingest", stopping=self.stopping, settings=self.config
         )
@@ -168,7 +171,21 @@ class IngestActor(Actor[Delivered | UseModel]):
             await consumer.stop()
             log.info("ingest_stopped", records=self.records_read)
 
+    def _forget_partitions(self) -> None:
+        """Start (or restart, after a crash) holding no partition: the new consumer fetches
+        each one from its last commit. Outcomes of the crashed run's records still arrive;
+        they are no longer tracked (their records are read again: at-least-once), so a drain
+        waits for none of them."""
+        self.joined = False
+        self._generation += 1
+        self._fenced = None
+        self.tracker = OffsetTracker()
+        self.guard = CrashGuard(self.config.max_record_crashes)
+        self.committer = Committer(self.tracker, self.guard, headroom=self.config.fetch_max_records)
+        self.fetched_to = {}
+
     def _new_consumer(self) -> AIOKafkaConsumer:
+        record_reader.install()  # no record in a fetch can make getmany() raise
         self.consumer = consumer = AIOKafkaConsumer(
             **self.config.kafka.client_kwargs(),
             group_id=self.config.group,
@@ -201,7 +218,13 @@ class IngestActor(Actor[Delivered | UseModel]):
             # Never fetch more than the watermark has room for: a whole fetched batch is
             # admitted before the next pause can take effect.
             limit = min(self.config.fetch_max_records, self.backpressure.room)
-            fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
+            try:
+                fetched = await consumer.getmany(timeout_ms=_POLL_MS, max_records=limit)
+            except KafkaError:
+                raise  # the broker's side: the supervisor's restart and backoff
+            except Exception as exc:  # a record aiokafka cannot hand out (record_reader's gap)
+                await self._fetch_failed(consumer, exc)
+                continue
             # What getmany returns belongs to the assignment current now; a rebalance while
             # it is handled resets the positions to the last commit (eager protocol).
             generation = self._generation
@@ -221,6 +244,20 @@ class IngestActor(Actor[Delivered | UseModel]):
                 # Nothing is running: waiting to fill a batch would only add latency, and
                 # whatever arrives next joins the running batch at the engine's next step.
                 await self._flush(self.buckets.drain("idle"))
+
+    async def _fetch_failed(self, consumer: AIOKafkaConsumer, exc: Exception) -> None:
+        """A fetch raised on its records, not on the broker: fetch again from the first record
+        not yet handled on each partition, after a pause (records handed out before the
+        failure in this fetch were lost with it)."""
+        self.fetch_failures += 1
+        log.error("fetch_failed", error=repr(exc)[:500], failures=self.fetch_failures)
+        for tp in consumer.assignment():
+            if tp in self.fetched_to:
+                consumer.seek(tp, self.fetched_to[tp])
+            else:
+                await consumer.seek_to_committed(tp)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), min(0.1 * 2**self.fetch_failures, 5))
 
     async def _on_record(
         self,
@@ -303,32 +340,55 @@ class IngestActor(Actor[Delivered | UseModel]):
             self.tracker.track(ref.tp, ref.offset)
             self.fetched_to[ref.tp] = ref.offset + 1
             self.records_read += 1
-            headers: Headers = [(k, v) for k, v in record.headers if v is not None]
-            if (deaths := self.guard.quarantined(ref.tp, ref.offset)) is not None:
-                await self.refusals.quarantine(ref, record.value, headers, deaths)
-                continue
-            raw_ctype = h.header(headers, h.CONTENT_TYPE)
+            headers = record_reader.readable_headers(record.headers)
             try:
-                request = decode_request(
-                    record.value, raw_ctype, max_bytes=self.config.max_request_bytes, key=ref.key
-                )
-            except UndecodableRequest as exc:
-                await self.refusals.reject(ref, exc, record.value, headers)
-                continue
-            try:
-                deadline = check(request, record.timestamp)
-                await self.reply_topics.check(request.reply_to)
-            except InvalidRequest as exc:
-                await self.refusals.reject(ref, exc, None, headers, request=request)
-                continue
-            ctype = normalize_content_type(raw_ctype)
-            accepted.append((ref, request, ctype, headers, deadline))
-            self._arriving.add(request.id)
+                if (admitted := await self._door(ref, record, headers)) is not None:
+                    accepted.append(admitted)
+                    self._arriving.add(admitted[1].id)
+            except Exception as exc:  # a bug: this record's answer, not the actor's crash
+                await self._internal_error(ref, exc, headers)
         try:
             await self._bucket(accepted)
         finally:
             self._arriving.clear()
             self._bucketed.set()
+
+    async def _door(
+        self, ref: RecordRef, record: ConsumerRecord[bytes, bytes], headers: Headers
+    ) -> tuple[RecordRef, GenerateRequest, str, Headers, float | None] | None:
+        """One record at the door: what to tokenize, or None when it was answered here."""
+        if (deaths := self.guard.quarantined(ref.tp, ref.offset)) is not None:
+            await self.refusals.quarantine(ref, record.value, headers, deaths)
+            return None
+        if (reason := record_reader.unreadable(record)) is not None:
+            await self.refusals.unreadable(ref, record.value, headers, reason)
+            return None
+        raw_ctype = h.header(headers, h.CONTENT_TYPE)
+        try:
+            request = decode_request(
+                record.value, raw_ctype, max_bytes=self.config.max_request_bytes, key=ref.key
+            )
+        except UndecodableRequest as exc:
+            await self.refusals.reject(ref, exc, record.value, headers)
+            return None
+        try:
+            deadline = check(request, record.timestamp)
+            await self.reply_topics.check(request.reply_to)
+        except InvalidRequest as exc:
+            await self.refusals.reject(ref, exc, None, headers, request=request)
+            return None
+        return ref, request, normalize_content_type(raw_ctype), headers, deadline
+
+    async def _internal_error(self, ref: RecordRef, exc: Exception, headers: Headers) -> None:
+        """Answer a record whose admission failed unexpectedly (`internal_error`); the actor
+        goes on with the next one."""
+        log.exception("record_internal_error", topic=ref.topic, partition=ref.partition,
+                      offset=ref.offset)  # fmt: skip
+        error = InvalidRequest(
+            ErrorCode.INTERNAL_ERROR,
+            f"the worker failed admitting this record ({type(exc).__name__}); it was not run",
+        )
+        await self.refusals.reject(ref, error, None, headers)
 
     async def _bucket(
         self, accepted: list[tuple[RecordRef, GenerateRequest, str, Headers, float | None]]
@@ -345,18 +405,23 @@ class IngestActor(Actor[Delivered | UseModel]):
             if isinstance(ids, InvalidRequest):
                 await self.refusals.reject(ref, ids, None, headers, request=request)
                 continue
-            item = Admitted(
-                request=request,
-                record=ref,
-                prompt_token_ids=ids,
-                reply_topic=request.reply_to or self.config.results_topic,
-                content_type=ctype,
-                trace=h.trace_headers(headers),
-                consumed_at=now,
-                deadline=deadline,
-                model_digest=front.digest,
-            )
-            self._account(self.backpressure.admit(1, item.cost_tokens))
+            try:
+                item = Admitted(
+                    request=request,
+                    record=ref,
+                    prompt_token_ids=ids,
+                    reply_topic=request.reply_to or self.config.results_topic,
+                    content_type=ctype,
+                    trace=h.trace_headers(headers),
+                    consumed_at=now,
+                    deadline=deadline,
+                    model_digest=front.digest,
+                )
+                cost = item.cost_tokens
+            except Exception as exc:  # a bug: this record's answer, not the actor's crash
+                await self._internal_error(ref, exc, headers)
+                continue
+            self._account(self.backpressure.admit(1, cost))
             if request.id in self.recent_cancels:  # its cancel came before it
                 await self._cancelled_on_arrival(item)
                 continue

@@ -76,18 +76,38 @@ class Refusals:
         )
         await self.outcomes.send(outcome)
 
+    async def unreadable(
+        self, ref: RecordRef, value: bytes | None, headers: Headers, reason: str
+    ) -> None:
+        """Answer a record the Kafka client could not read as sent (`record_reader`): a
+        header key that is not UTF-8, a corrupt batch. Not run; its bytes to the DLQ."""
+        log.warning("record_unreadable", topic=ref.topic, partition=ref.partition,
+                    offset=ref.offset, reason=reason)  # fmt: skip
+        request = self._salvage(value, headers)
+        error = UndecodableRequest(
+            ErrorCode.UNREADABLE_RECORD,
+            f"the record cannot be read as sent: {reason} (the record is on the DLQ)",
+            request_id=request.id if request is not None else "",
+            reply_to=request.reply_to if request is not None else None,
+        )
+        await self.reject(ref, error, value, headers)
+
+    def _salvage(self, value: bytes | None, headers: Headers) -> GenerateRequest | None:
+        """The request in `value`, for its id and reply_to, if it is one."""
+        try:
+            return decode_request(
+                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
+            )
+        except UndecodableRequest:
+            return None
+
     async def quarantine(
         self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
     ) -> None:
         """Answer a record that was in flight when `deaths` workers died, without running it."""
         log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
                   offset=ref.offset, deaths=deaths)  # fmt: skip
-        try:  # its id and reply_to, if it has them
-            request: GenerateRequest | None = decode_request(
-                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
-            )
-        except UndecodableRequest:
-            request = None
+        request = self._salvage(value, headers)  # its id and reply_to, if it has them
         error = UndecodableRequest(
             ErrorCode.QUARANTINED,
             f"quarantined: {deaths} workers died while this record was the oldest one running "

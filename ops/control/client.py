@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from actors.config import DEFAULT_CONTROL_TOPIC, DEFAULT_EVENTS_TOPIC
+from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.codec import JSON, Codec, normalize_content_type
@@ -54,6 +55,7 @@ async def send_command(
     kafka = connection_of(kafka)
     await ensure_reachable(kafka, ControlError)
     producer = AIOKafkaProducer(**kafka.producer_kwargs(), acks="all")
+    record_reader.install()  # a foreign record on the topic cannot stop the read
     consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
     try:
         try:

@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.chunk import GenerateChunk
@@ -80,6 +81,7 @@ class SubmitClient:
 
     async def listen(self) -> None:
         """Start reading the results topic from its current end (before sending anything)."""
+        record_reader.install()  # a foreign record on the topic cannot stop the read
         consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
         await consumer.start()
         self._consumer = consumer
