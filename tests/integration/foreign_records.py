@@ -34,14 +34,17 @@ async def produce_raw_batch(
             named = []
             for name, header_value in headers:
                 if isinstance(name, bytes):
-                    stand_in = chr(1 + len(placeholders)) * len(name)
+                    if len(name) < 8:
+                        raise ValueError("a raw header key needs 8 bytes or more here")
+                    # ASCII of the same length, unique, and unlikely anywhere else in the batch
+                    stand_in = f"\x01{len(placeholders):07d}".ljust(len(name), "\x01")
                     placeholders[stand_in.encode()] = name
                     name = stand_in
                 named.append((name, header_value))
             assert batch.append(key=key, value=value, timestamp=None, headers=named) is not None
         raw = bytearray(batch._build())
         for stand_in, name in placeholders.items():
-            assert raw.count(stand_in) >= 1, "a placeholder collides with the records' bytes"
+            assert raw.count(stand_in) == 1, "a placeholder collides with the records' bytes"
             raw = raw.replace(stand_in, name)
         struct.pack_into(">I", raw, _CRC_AT, calc_crc32c(bytes(raw[_CRC_FROM:])))
         batch._buffer = bytes(raw)

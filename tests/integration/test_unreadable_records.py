@@ -27,7 +27,7 @@ from ops.services.topics import create_topics
 from tests.integration.foreign_records import produce_raw_batch
 from tests.integration.pipeline import Lane, new_lane, read_all, results_by_id
 
-BAD_KEY = b"\xff\xfekey"  # as `kcat -H $'\xff\xfekey=v'` writes it
+BAD_KEY = b"\xff\xfekey-name"  # as `kcat -H $'\xff\xfekey-name=v'` writes it
 
 
 def _request(request_id: str, n: int) -> bytes:
