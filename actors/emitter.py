@@ -9,6 +9,12 @@ No record and no failed send crashes it (see `actors.send_errors`):
 - a record the broker refuses for good (too large for its topic or for the producer, a topic
   it may not write, one that is gone) is answered instead: an error result (`result_too_large`,
   `reply_to_refused`) on the results topic, the request to the DLQ with the reason;
+- a dead letter is never dropped: one the DLQ refuses is trimmed to tokenmill's headers, and
+  one refused even so is sent again every few seconds (`dead_letter_blocked`) until the DLQ
+  takes it. Until then its outcome is not reported delivered, so its partition's commits stop
+  there (other outcomes go on; a blocked one keeps its place in the in-flight window, so a DLQ
+  that refuses everything stops the emitter once the window is full, never its memory). A
+  `stop()` gives a blocked one up, undelivered: its record is read again after a restart;
 - a send that fails because the broker is away is sent again, with backoff, for as long as
   it takes; the outcomes behind it wait in the mailbox (the ingest's backpressure pauses
   fetching), none is lost; starting the producer waits for the broker the same way.
@@ -21,9 +27,14 @@ no offset done: an outcome is reported delivered only once its chunks are acknow
 (a chunk the broker refuses for good is dropped, logged; its result still says everything).
 Chunks not acknowledged when the producer is replaced are sent again, before the backlog.
 
+At its first start it checks that the DLQ topic exists and that this worker may write it
+(`actors.kafka.preflight.topic_check`); if not, it raises `KafkaUnusable` and the worker
+stops with that reason (a worker that cannot write a dead letter would stall its commits).
+
 Mailbox: `Outcome`s from the ingest and the GPU actor, `StreamChunk`s from the GPU actor.
 Sends: `Delivered` to the ingest.
-`stop()`: produce what is queued, wait for every acknowledgement, close.
+`stop()`: produce what is queued, wait for every acknowledgement (blocked dead letters are
+given up, undelivered), close.
 """
 
 from __future__ import annotations
@@ -39,10 +50,13 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from actors.config import WorkerConfig
 from actors.kafka.broker_wait import started
-from actors.mail import Delivered, Outcome, StreamChunk
+from actors.kafka.errors import KafkaUnusable
+from actors.kafka.preflight import topic_check
+from actors.mail import Delivered, Outcome, RecordRef, StreamChunk
 from actors.results import undeliverable
 from actors.runtime import Actor, Address, Mailbox
 from actors.send_errors import (
+    DeadLetterBlocked,
     ProducerBroken,
     UndeliveredResult,
     Verdict,
@@ -104,10 +118,13 @@ class _Pending:
     answered: ErrorCode | None = None  # set when its result was replaced by an error result
     key: int = 0  # its key among the unconfirmed: the outcome as received (`outcome` may change)
     chunks: list[_SentChunk] = dataclasses.field(default_factory=list)  # its request's
+    blocked: int | None = None  # the index of its dead letter, refused even trimmed
+    refusal: BaseException | None = None  # why it was refused, when blocked
 
 
 class EmitterActor(Actor[Outcome | StreamChunk]):
     MAILBOX_SIZE = 1024
+    BLOCKED_RETRY_S = 5.0  # the longest wait between two sends of a blocked dead letter
 
     def __init__(
         self,
@@ -136,6 +153,11 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
         self._unconfirmed: dict[int, Outcome] = {}
         self.metrics = metrics
+        self.blocked_retry_s = self.BLOCKED_RETRY_S
+        # Dead letters refused even trimmed, by outcome key: the source record each holds back.
+        self.blocked: dict[int, RecordRef] = {}
+        self.dead_letters_abandoned = 0  # blocked ones given up at stop (left uncommitted)
+        self._dlq_checked = False
 
     async def run(self) -> None:
         attempt = 0
@@ -161,8 +183,9 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
         )
         if producer is None:
             return  # stopped before the broker came back: the backlog's offsets stay open
-        self._unconfirmed.clear()
         try:
+            await self._check_dead_letter_topic()
+            self._unconfirmed.clear()
             for sent in [c for chunks in self._chunks.values() for c in chunks]:
                 if not sent.confirmed and (sent.ack is None or not _acknowledged(sent.ack)):
                     sent.ack = await self._send(producer, sent.record)
@@ -190,7 +213,7 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                         await self._window.acquire()
                         spans = start_request_spans(outcome, group=self.config.group)
                         pending.append(await self._produce(producer, outcome, spans))
-                    confirms.create_task(self._confirm(producer, pending))
+                    confirms.create_task(self._confirm(producer, pending, confirms))
         finally:
             await producer.stop()
             log.info(
@@ -199,6 +222,27 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                 dlq=self.dead_letters_sent,
                 answered_instead=self.answered_instead,
             )
+
+    async def _check_dead_letter_topic(self) -> None:
+        """Once, at the first start: `KafkaUnusable` unless the DLQ topic exists and this
+        worker may write it. A broker that does not answer the question is asked again at
+        the producer's next start (the sends wait for it meanwhile)."""
+        if self._dlq_checked:
+            return
+        topic = self.config.dlq_topic
+        check = await topic_check(self.config.kafka, topic)
+        if not check.answered:
+            log.warning("dlq_unchecked", topic=topic, reason=check.reason)
+            return
+        self._dlq_checked = True
+        if not check.writable:
+            log.error("dlq_unusable", topic=topic, reason=check.reason)
+            raise KafkaUnusable(
+                f"dead-letter topic: {check.reason}; create it (tokenmill topics create) or "
+                "let this worker write it: a dead letter it cannot write stops its partition's "
+                "commits"
+            )
+        log.info("dlq_checked", topic=topic)
 
     def _chunk_record(self, message: StreamChunk) -> _SentChunk:
         """`message` as a record on its result's topic and key, kept until its outcome is in."""
@@ -282,7 +326,10 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
     ) -> _Pending:
         """Queue the outcome's records in the producer."""
         p = _Pending(outcome, spans, [], [], key=id(outcome))
-        p.chunks = list(self._chunks.get(outcome.result.id, ()))
+        # Its request's chunks: those for its reply topic (another request under the same id,
+        # answered `duplicate_request` elsewhere, has none of them).
+        kept = self._chunks.get(outcome.result.id, ())
+        p.chunks = [sent for sent in kept if sent.record.topic == outcome.reply_topic]
         if p.chunks and p.spans.records:  # on its `process` span
             p.spans.records[0].attributes["tokenmill.stream_chunks"] = len(p.chunks)
         self._plan(p)
@@ -303,32 +350,112 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
             failed.set_exception(exc)
             return failed
 
-    async def _confirm(self, producer: AIOKafkaProducer, pending: list[_Pending]) -> None:
+    async def _confirm(
+        self, producer: AIOKafkaProducer, pending: list[_Pending], tasks: asyncio.TaskGroup
+    ) -> None:
+        """Report each of `pending` delivered once settled, in order; one whose dead letter is
+        blocked is handed to a task of its own (`_unblock`), with its place in the window."""
+        handed_on = 0
         try:
             for p in pending:
                 try:
-                    await self._settle(producer, p)
+                    settled = await self._settle(producer, p)
                 except BaseException as exc:
                     p.spans.end(exc)
                     raise
-                self._delivered(p)
-                self._chunks.pop(p.outcome.result.id, None)
-                if self.delivered is not None:
-                    await self.delivered.send(
-                        Delivered(
-                            record=p.outcome.record,
-                            admitted=p.outcome.admitted,
-                            cost_tokens=p.outcome.cost_tokens,
-                        )
-                    )
-                self._unconfirmed.pop(p.key, None)
+                if settled:
+                    await self._report(p)
+                else:
+                    tasks.create_task(self._unblock(producer, p))
+                    handed_on += 1
         finally:
-            for _ in pending:
+            for _ in range(len(pending) - handed_on):
                 self._window.release()
 
-    async def _settle(self, producer: AIOKafkaProducer, p: _Pending) -> None:
-        """Return once every record of `p` (and every chunk before it) is acknowledged, or
-        answered instead."""
+    async def _report(self, p: _Pending) -> None:
+        """`p` is acknowledged: tell the ingest, which may commit its offset."""
+        self._delivered(p)
+        self._forget_chunks(p)
+        if self.delivered is not None:
+            await self.delivered.send(
+                Delivered(
+                    record=p.outcome.record,
+                    admitted=p.outcome.admitted,
+                    cost_tokens=p.outcome.cost_tokens,
+                )
+            )
+        self._unconfirmed.pop(p.key, None)
+
+    def _forget_chunks(self, p: _Pending) -> None:
+        """Drop the chunks `p` waited for (only those: another request's under the same id,
+        one refused as a duplicate while this one streams, stay kept)."""
+        request_id = p.outcome.result.id
+        kept = self._chunks.get(request_id)
+        if kept is None:
+            return
+        mine = {id(sent) for sent in p.chunks}
+        if left := [sent for sent in kept if id(sent) not in mine]:
+            self._chunks[request_id] = left
+        else:
+            del self._chunks[request_id]
+
+    async def _unblock(self, producer: AIOKafkaProducer, p: _Pending) -> None:
+        """Send `p`'s blocked dead letter again every few seconds until the DLQ takes it,
+        then report `p` delivered. Given up at `stop()`: never reported, so its offset is
+        never committed (its record is read again: at-least-once). Holds `p`'s place in the
+        window until then."""
+        source = p.outcome.record
+        self.blocked[p.key] = source
+        attempt, cap = 0, self.blocked_retry_s
+        try:
+            while p.blocked is not None:
+                record = p.records[p.blocked]
+                delay = backoff_s(attempt, first_s=min(1.0, cap), cap_s=cap)
+                attempt += 1
+                self._count("dead_letter_blocked")
+                log.error(
+                    "dead_letter_blocked",
+                    topic=source.topic,
+                    partition=source.partition,
+                    offset=source.offset,
+                    dlq=record.topic,
+                    error=repr(p.refusal),
+                    attempts=attempt,
+                    retry_in_s=round(delay, 2),
+                )
+                if await self._stopped_within(delay):
+                    self.dead_letters_abandoned += 1
+                    log.warning("dead_letter_abandoned", topic=source.topic,
+                                partition=source.partition, offset=source.offset,
+                                detail="left uncommitted: read again after a restart")  # fmt: skip
+                    p.spans.end(DeadLetterBlocked(record.topic))
+                    return
+                p.acks[p.blocked] = await self._send(producer, record)
+                p.blocked = None
+                try:
+                    await self._settle(producer, p)  # sets `p.blocked` again if refused
+                except BaseException as exc:
+                    p.spans.end(exc)
+                    raise
+            log.info("dead_letter_unblocked", topic=source.topic, partition=source.partition,
+                     offset=source.offset, attempts=attempt)  # fmt: skip
+            await self._report(p)
+        finally:
+            self.blocked.pop(p.key, None)
+            self._window.release()
+
+    async def _stopped_within(self, delay_s: float) -> bool:
+        """Wait `delay_s`, or less if the actor is stopped meanwhile: True then."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), delay_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _settle(self, producer: AIOKafkaProducer, p: _Pending) -> bool:
+        """Return True once every record of `p` (and every chunk before it) is acknowledged,
+        or answered instead; False when its dead letter is refused even trimmed (`p.blocked`
+        says which record)."""
         for sent in p.chunks:
             await self._settle_chunk(producer, sent)
         i, attempt = 0, 0
@@ -356,11 +483,11 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                 continue
             if judged is Verdict.REFUSED and not record.is_result:
                 trimmed = _trimmed_dead_letter(record, failure)
-                if trimmed is None:
-                    i += 1  # the original stays on its topic; the result says where
-                else:
-                    p.records[i] = trimmed
-                    p.acks[i] = await self._send(producer, trimmed)
+                if trimmed is None:  # refused as small as it gets: it waits for the DLQ
+                    p.blocked, p.refusal = i, failure
+                    return False
+                p.records[i] = trimmed
+                p.acks[i] = await self._send(producer, trimmed)
                 continue
             if judged is Verdict.REFUSED:
                 # Even the small error result is refused: the results topic is misconfigured
@@ -372,6 +499,7 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
             p.acks[i] = await self._send(producer, record)
+        return True
 
     async def _settle_chunk(self, producer: AIOKafkaProducer, sent: _SentChunk) -> None:
         """Return once `sent` is acknowledged, or refused for good (then it is dropped)."""
@@ -434,14 +562,13 @@ def _retrieve(future: asyncio.Future[object]) -> None:
 
 def _trimmed_dead_letter(record: _Record, exc: KafkaError) -> _Record | None:
     """A dead letter the DLQ refused, without its value and the original headers (None when
-    that was tried already).
+    it is that already: then it can only wait for the DLQ to take it).
 
     It keeps the headers tokenmill wrote (its own and Kafka Connect's), each once: the last
     of a name, as the original headers come first. So it is a few KB, whatever the original.
     """
     ours = list({k: v for k, v in record.headers if k in h.DEAD_LETTER_HEADERS}.items())
     if not record.value and list(record.headers) == ours:
-        log.error("dead_letter_refused", topic=record.topic, error=repr(exc))
         return None
     log.warning("dead_letter_trimmed", topic=record.topic, error=repr(exc))
     return _Record(record.topic, b"", record.key, ours, is_result=False)

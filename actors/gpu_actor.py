@@ -16,7 +16,10 @@ Mailbox: `Batch`es and `Cancel`s from the ingest, `SwapOrder`s from the supervis
 publisher.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
 A step that raises fails the requests it held with `engine_error`; the actor goes on.
-A request whose id is already running waits for that run and gets its result too.
+A request whose id is already running waits for that run and gets its result too when it is
+a copy of it (an equal request for the same reply topic: a redelivery, a client's retry);
+any other is answered `duplicate_request` on its own reply topic at once, never with
+another request's output.
 A `Cancel` is applied between steps, in mailbox order (so after the batch that brought its
 request): a queued request is answered cancelled with no tokens, a running one is aborted
 and answered with what it made; an id held nowhere here is left alone (a debug event).
@@ -288,8 +291,11 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
             request = item.request
             self.faults.on_admit(request.id)  # test-only; ends the process when asked to
             running = self.in_flight.get(request.id)
-            if running is not None:
+            if running is not None and running.is_copy(item):
                 running.copies.append(item)
+                continue
+            if running is not None:
+                await self._send_error(item, self._duplicate(item, running))
                 continue
             engine, prompt = self._engine_for(item)
             if engine is None:
@@ -318,6 +324,23 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
                 requeued=batch.reason == "requeued",
                 stream=self._stream_for(item, engine, now) if request.stream else None,
             )
+
+    @staticmethod
+    def _duplicate(item: Admitted, running: InFlight) -> ErrorInfo:
+        """The error for `item`, which reuses the id of another request that runs now."""
+        log.warning(
+            "duplicate_request",
+            request_id=item.request.id[:128],
+            topic=item.record.topic,
+            partition=item.record.partition,
+            offset=item.record.offset,
+            running_offset=running.item.record.offset,
+        )
+        message = (
+            f"request {item.request.id[:128]!r} is already running on this worker as another "
+            "request; use a new id (or send the same request, to the same reply topic, again)"
+        )
+        return ErrorInfo(code=ErrorCode.DUPLICATE_REQUEST, message=message)
 
     def _stream_for(self, item: Admitted, engine: Any, now: float) -> TokenStream:
         """The chunk state of a streamed request's run (a run again gets a new one)."""

@@ -3,8 +3,13 @@ the engine to run for it: `engine_request`).
 
 One record per running request id, so nothing is kept in step by hand: the engine that runs
 it, the model its result names, when it was admitted, whether it was already queued again
-after a crash, and its copies (the same id consumed again while it runs: a redelivery, a
+after a crash, and its copies (the same request consumed again while it runs: a redelivery, a
 client's retry), which are answered with its result.
+
+A copy is the same request for the same reader: an equal `GenerateRequest` and the same reply
+topic (`is_copy`). Anything else under a running id is another request, and its result must
+not be this one's (another producer would read it): the GPU actor answers it
+`duplicate_request` on its own reply topic instead.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ class InFlight:
     def everyone(self) -> list[Admitted]:
         """The request and its copies: each gets the result."""
         return [self.item, *self.copies]
+
+    def is_copy(self, item: Admitted) -> bool:
+        """`item` (with this request's id) asks exactly what this one runs, and its result goes
+        where this one's does: it may be answered with this run's result."""
+        return item.reply_topic == self.item.reply_topic and item.request == self.item.request
 
 
 def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:

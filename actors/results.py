@@ -114,9 +114,10 @@ def undeliverable(
 
 
 # The stage of Kafka Connect's pipeline (its `Stage` enum) where each refusal at the door
-# would have happened: in a converter when the key or value cannot become a request, else in
-# the task (a quarantined record killed the workers running it). A result that could not be
-# delivered failed in KAFKA_PRODUCE.
+# would have happened: in a converter when the key or value cannot become a request, in
+# KAFKA_CONSUME when the client could not read the record as sent, else in the task (a
+# quarantined record killed the workers running it). A result that could not be delivered
+# failed in KAFKA_PRODUCE.
 _DOOR_STAGES = {
     ErrorCode.KEY_TOO_LARGE: "KEY_CONVERTER",
     ErrorCode.INVALID_ENCODING: "VALUE_CONVERTER",
@@ -126,6 +127,7 @@ _DOOR_STAGES = {
     ErrorCode.SCHEMA_VIOLATION: "VALUE_CONVERTER",
     ErrorCode.MISSING_ID: "VALUE_CONVERTER",
     ErrorCode.ID_TOO_LONG: "VALUE_CONVERTER",
+    ErrorCode.UNREADABLE_RECORD: "KAFKA_CONSUME",
 }
 _MAX_MESSAGE_BYTES = 1024  # a dead letter's error message, in each of its two headers
 

@@ -23,6 +23,15 @@ class UndeliveredResult(Exception):
         self.code = code
 
 
+class DeadLetterBlocked(Exception):
+    """Marks a request's spans: its dead letter was refused until the worker stopped, so it
+    was never reported delivered (its record is read again)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"the dead-letter topic {topic!r} refused it")
+        self.topic = topic
+
+
 class ProducerBroken(Exception):
     """The emitter's producer cannot go on (a `BROKEN` verdict): it is replaced by a new one."""
 

@@ -13,6 +13,11 @@ Unsigned on purpose: a cancel only ends a request early, so whoever may produce 
 cancel them, and who may write the topic is Kafka's ACLs' to decide (control commands, which
 change what the fleet runs, are signed instead). Records are keyed by the request id and
 carry the `tokenmill-schema: CancelRequest/1` header.
+
+Limits: a cancel record's value is at most `MAX_CANCEL_BYTES` (a cancel is an id and a short
+reason; a larger record is refused unread), and its `id` at most `messages.limits.MAX_ID_BYTES`
+of UTF-8, as a request's (no request can have a longer one). A worker refuses (counts, logs,
+skips) a cancel past either, so every cancel it holds is small.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import msgspec
 from messages.codec import Codec
 
 CANCEL_SCHEMA = "CancelRequest/1"
+MAX_CANCEL_BYTES = 4096  # a cancel record's value; its id is bounded by limits.MAX_ID_BYTES
 
 
 class CancelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

@@ -4,8 +4,13 @@ Reads the cancel topic in a consumer group of its own (`<group>.cancel.<worker i
 worker sees every cancel, whichever worker holds the request. It never commits: on each
 assignment it starts from the cancels of the last `REMEMBER_S` seconds (the offsets for that
 time), the window the ingest remembers cancelled ids for, so a worker started (or restarted)
-after a cancel still answers its request cancelled when it arrives. A record that does not
-decode is counted and logged (`cancel_malformed`), never a crash. A cancel topic that does
+after a cancel still answers its request cancelled when it arrives. A record that is not a
+cancel a worker holds is refused, counted by reason (`refused`) and logged, never a crash: one
+that does not decode (`cancel_malformed`), one over `MAX_CANCEL_BYTES` (not decoded) or whose
+id is longer than a request id can be (`cancel_refused`), one the Kafka client could not read
+as sent (a header key that is not UTF-8, a damaged batch: `cancel_unreadable`, see
+`actors.kafka.record_reader`). A fetch that still raises on its records is logged
+(`cancel_fetch_failed`) and tried again after a pause. A cancel topic that does
 not exist (yet) is logged once (`cancel_topic_missing`) and looked for again every
 `topic_recheck_s`; the consumer subscribes once it is there (left to the consumer, a missing
 topic is asked for ten times a second, for ever).
@@ -21,22 +26,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.cancel.remembered import REMEMBER_S
 from actors.config import WorkerConfig
+from actors.kafka import record_reader
 from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
 from actors.mail import Cancel
 from actors.runtime import Actor, Address
 from messages import headers as h
-from messages.cancel import CancelRequest, cancel_codec
+from messages.cancel import MAX_CANCEL_BYTES, CancelRequest, cancel_codec
 from messages.codec import normalize_content_type
 from messages.errors import UnsupportedContentType
+from messages.limits import MAX_ID_BYTES
 
 log = structlog.get_logger("tokenmill.cancel")
 
@@ -44,14 +55,34 @@ _POLL_MS = 100
 TOPIC_RECHECK_S = 10.0
 
 
-def decode_cancel(value: bytes | None, content_type: bytes | None) -> CancelRequest | str:
-    """The cancel in a record's value, or why it is not one."""
+RefusalReason = Literal["malformed", "too_large", "id_too_long", "unreadable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a cancel record is not acted on: `reason` for counters, `detail` for the log."""
+
+    reason: RefusalReason
+    detail: str
+
+
+def decode_cancel(value: bytes | None, content_type: bytes | None) -> CancelRequest | Refused:
+    """The cancel in a record's value, or why it is not one. A value over `MAX_CANCEL_BYTES`
+    is not decoded at all."""
+    size = len(value or b"")
+    if size > MAX_CANCEL_BYTES:
+        return Refused("too_large", f"the record is {size} bytes; a cancel is at most "
+                       f"{MAX_CANCEL_BYTES}")  # fmt: skip
     try:
         cancel = cancel_codec.decode(value or b"", normalize_content_type(content_type))
     except (msgspec.DecodeError, RecursionError, UnsupportedContentType) as exc:
-        return str(exc)
+        return Refused("malformed", str(exc))
     if not cancel.id:
-        return "a cancel needs the id of the request to cancel"
+        return Refused("malformed", "a cancel needs the id of the request to cancel")
+    id_bytes = len(cancel.id.encode(errors="surrogatepass"))
+    if id_bytes > MAX_ID_BYTES:
+        return Refused("id_too_long", f"the id is {id_bytes} bytes of UTF-8; a request id is "
+                       f"at most {MAX_ID_BYTES}, so no request has it")  # fmt: skip
     return cancel
 
 
@@ -66,10 +97,15 @@ class CancelActor(Actor[None]):
         self.cancels = cancels
         self.ready = asyncio.Event()
         self.received = 0
-        self.malformed = 0
+        self.refused: Counter[str] = Counter()  # records not acted on, by `Refused.reason`
         self._assigned = asyncio.Event()  # set by the rebalance listener
         self.clock = time.time
         self.topic_recheck_s = TOPIC_RECHECK_S
+
+    @property
+    def malformed(self) -> int:
+        """Records refused, whatever the reason."""
+        return self.refused.total()
 
     @property
     def listening(self) -> bool:
@@ -77,6 +113,7 @@ class CancelActor(Actor[None]):
         return self.ready.is_set()
 
     def _new_consumer(self) -> AIOKafkaConsumer:
+        record_reader.install()  # a record it cannot read reaches `_handle`, marked
         consumer = AIOKafkaConsumer(
             **self.config.kafka.client_kwargs(),
             group_id=f"{self.config.group}.cancel.{self.config.worker_id}",
@@ -141,26 +178,37 @@ class CancelActor(Actor[None]):
         finally:
             self.ready.clear()
             await consumer.stop()
-            log.info("cancel_stopped", received=self.received, malformed=self.malformed)
+            log.info("cancel_stopped", received=self.received, refused=dict(self.refused))
 
     async def _read_loop(self, consumer: AIOKafkaConsumer) -> None:
+        failures = 0
         while not self.stopping.is_set():
-            fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            try:
+                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            except KafkaError:
+                raise  # the broker's side: the supervisor's restart and backoff
+            except Exception as exc:  # a record aiokafka cannot hand out (record_reader's gap)
+                failures += 1
+                log.error("cancel_fetch_failed", error=repr(exc)[:500], failures=failures)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), min(0.1 * 2**failures, 5.0))
+                continue
+            failures = 0
             for records in fetched.values():
                 for record in records:
                     await self._handle(record)
 
     async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        headers = [(k, v) for k, v in record.headers if v is not None]
-        cancel = decode_cancel(record.value, h.header(headers, h.CONTENT_TYPE))
-        if isinstance(cancel, str):
-            self.malformed += 1
+        cancel = _read(record)
+        if isinstance(cancel, Refused):
+            self.refused[cancel.reason] += 1
             log.warning(
-                "cancel_malformed",
+                _REFUSAL_EVENTS.get(cancel.reason, "cancel_refused"),
                 topic=record.topic,
                 partition=record.partition,
                 offset=record.offset,
-                detail=cancel[:200],
+                reason=cancel.reason,
+                detail=cancel.detail[:200],
             )
             return
         self.received += 1
@@ -190,6 +238,17 @@ class CancelActor(Actor[None]):
             self.ready,
             lambda partitions: log.info("cancel_ready", partitions=partitions),
         )
+
+
+_REFUSAL_EVENTS = {"malformed": "cancel_malformed", "unreadable": "cancel_unreadable"}
+
+
+def _read(record: ConsumerRecord[bytes, bytes]) -> CancelRequest | Refused:
+    """The cancel in `record`, or why it is not acted on."""
+    if (reason := record_reader.unreadable(record)) is not None:
+        return Refused("unreadable", reason)
+    headers = record_reader.readable_headers(record.headers)
+    return decode_cancel(record.value, h.header(headers, h.CONTENT_TYPE))
 
 
 class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -337,7 +337,9 @@ class IngestActor(Actor[Delivered | UseModel]):
                 # A rebalance ran while this fetch was handled: the rest of it is read again
                 # from the last commit by whoever owns the partition now.
                 break
-            self.tracker.track(ref.tp, ref.offset)
+            if (before := self.tracker.track(ref.tp, ref.offset)) is not None:
+                log.warning("offset_rewound", topic=ref.topic, partition=ref.partition,
+                            offset=ref.offset, previous=before)  # fmt: skip
             self.fetched_to[ref.tp] = ref.offset + 1
             self.records_read += 1
             headers = record_reader.readable_headers(record.headers)

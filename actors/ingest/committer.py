@@ -17,6 +17,12 @@ that mark. A failed commit is logged and retried by the next one.
 
 A commit is also the one way to ask the group whether this member is still in it: `verify`
 writes one even when nothing changed, and says False when the group refused it (fenced).
+
+Offsets that go back (a rewind, see `OffsetTracker`: a truncated log, a position reset to the
+earliest offset) raise nothing here: the lower commit point is written like any other (it is
+where the consumer reads now), and the in-flight mark is never lowered, so the metadata still
+counts what was fetched before the rewind as in flight until it is read past again (a crash
+meanwhile makes more records suspects than needed, never fewer).
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ class _Partition:
     def commit_point(self) -> int:
         return next(iter(self.open)) if self.open else self.last + 1
 
+    def rewind(self, offset: int) -> None:
+        """Start again at `offset`, at or below the last tracked offset: what was tracked from
+        it on is forgotten (it is read again), and so is the last commit."""
+        for tracked in [o for o in self.open if o >= offset]:
+            del self.open[tracked]
+        self.last = offset - 1
+        self.committed = None
+
     def advanced(self) -> int | None:
         """The commit point, when it is past the last committed offset."""
         # Never committed: any commit point is news, even the first tracked offset (with
@@ -39,10 +47,22 @@ class OffsetTracker:
     its lowest tracked offset that is not done, or the last tracked offset + 1 when every one
     is. Offsets may have gaps (compaction, transaction markers): only tracked offsets count.
 
-    Invariant: the commit point never passes an unfinished offset and never goes backwards,
-    so a crash loses nothing; after a restart, only what was in flight is delivered again
-    (at-least-once). Memory is O(in-flight): a partition keeps only its unfinished offsets,
-    its last tracked offset and its last committed offset; `done()` is O(1).
+    Invariant: the commit point never passes an unfinished offset and never goes backwards
+    while offsets increase, so a crash loses nothing; after a restart, only what was in flight
+    is delivered again (at-least-once). Memory is O(in-flight): a partition keeps only its
+    unfinished offsets, its last tracked offset and its last committed offset; `done()` is O(1).
+
+    An offset at or below the last tracked one is a rewind: the consumer reads from there
+    again (the log was truncated after an unclean leader election and the position reset to
+    the earliest offset, or the consumer sought back). Tracking restarts there, as for a new
+    assignment: the partition's offsets in flight from it on are forgotten (they are read
+    again; a late `done()` of one is ignored, unless it is tracked again by then, when it
+    marks the new read done: the record at that offset was answered), those before it are
+    kept, and the last commit is forgotten, so the commit point may go back to where the
+    consumer now reads. Never an error: nothing the broker does to a log stops a worker.
+    (After a truncation, an offset may come back holding another record; a late `done()` of
+    the old one then marks it done too. Offsets carry no more than that to tell them apart,
+    and the truncation itself has already lost records.)
 
     Keys are `TopicPartition`s; plain `(topic, partition)` tuples work too.
     """
@@ -50,17 +70,22 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, _Partition] = {}
 
-    def track(self, tp: TopicPartition, offset: int) -> None:
-        """Record that `offset` of `tp` was consumed; offsets of a partition must increase."""
+    def track(self, tp: TopicPartition, offset: int) -> int | None:
+        """Record that `offset` of `tp` was consumed. None, or after a rewind (an offset at or
+        below the last tracked one, see the class doc) the last offset tracked before it, for
+        the caller to log. A negative offset (no record has one) is a ValueError."""
+        if offset < 0:
+            raise ValueError(f"{tp}: offset {offset} is negative")
         state = self._partitions.get(tp)
+        rewound = None
         if state is None:
-            if offset < 0:
-                raise ValueError(f"{tp}: offset {offset} is negative")
             state = self._partitions[tp] = _Partition()
         elif offset <= state.last:
-            raise ValueError(f"{tp}: offset {offset} tracked after {state.last}; must increase")
+            rewound = state.last
+            state.rewind(offset)
         state.open[offset] = None
         state.last = offset
+        return rewound
 
     def done(self, tp: TopicPartition, offset: int) -> bool:
         """Mark a tracked offset finished; True when it was in flight.

@@ -69,6 +69,9 @@ async def started(
                     "broker_answered", client=name, waited_s=round(time.monotonic() - began, 1)
                 )
             return client
+        except asyncio.CancelledError:
+            await asyncio.shield(client.stop())  # a start cut short leaves no open client
+            raise
         except (KafkaError, OSError) as exc:
             await client.stop()
             reach = await preflight(connection)

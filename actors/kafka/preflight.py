@@ -9,6 +9,18 @@ from a broker that is only away.
 aiokafka's clients log such causes and then fail with only "Unable to bootstrap", so a client
 that cannot start asks this for the reason (see `actors.broker_wait`), and every command runs it
 before anything else.
+
+    check = await topic_check(kafka, "tokenmill.dlq")
+    check.answered   False: no broker answered (nothing is known)
+    check.writable   False: `check.reason` says why (missing, or this principal may not write)
+
+A topic a worker must be able to write (the DLQ: a dead letter it cannot write holds its
+partition's commits back) is checked at start with one metadata request for that topic alone,
+never creating it. What that can tell: whether the topic exists, whether this principal may
+describe it (else the broker says TOPIC_AUTHORIZATION_FAILED), and, from a broker that
+reports authorized operations (Metadata v8+, Kafka 2.3+; an authorizer, if any, is asked),
+whether it may WRITE it. What it cannot: a produce-time refusal that is not an ACL (a policy,
+a record too large); those meet the emitter's own handling.
 """
 
 from __future__ import annotations
@@ -19,7 +31,9 @@ from dataclasses import dataclass
 
 from aiokafka import errors as kafka_errors
 from aiokafka.conn import create_conn
-from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.metadata import MetadataRequest, MetadataRequest_v5
+from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from actors.kafka.connection import KafkaConnection
 from actors.kafka.errors import TokenUnavailable
@@ -139,3 +153,133 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _short(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+# -- can this principal write a topic? ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicCheck:
+    answered: bool  # a broker answered the question (else nothing is known)
+    writable: bool  # as far as the broker says (see the module's doc)
+    reason: str = ""  # why not, or why nothing is known: one line
+
+
+_UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION
+_TOPIC_AUTHORIZATION_FAILED = 29
+_WRITE = 1 << 4  # AclOperation.WRITE, as a bit of `topic_authorized_operations`
+_OPERATIONS_UNKNOWN = -(2**31)  # the broker did not say (not asked, or not known)
+
+
+async def topic_check(
+    connection: KafkaConnection, topic: str, timeout_s: float = PREFLIGHT_TIMEOUT_S
+) -> TopicCheck:
+    """Whether `topic` exists and this connection's principal may write it (see the module's
+    doc for how far that goes), from the first bootstrap broker that answers. Never creates
+    the topic; never raises for what the broker or network does."""
+    last = TopicCheck(answered=False, writable=False, reason="no bootstrap address")
+    for address in connection.bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            return TopicCheck(
+                False, False, f"bootstrap address {address.strip()!r} is not host:port"
+            )
+        last = await _ask_topic(connection, host.strip("[]"), int(port), topic, timeout_s)
+        if last.answered:
+            return last
+    return last
+
+
+async def _ask_topic(
+    connection: KafkaConnection, host: str, port: int, topic: str, timeout_s: float
+) -> TopicCheck:
+    where = f"{host}:{port}"
+    kwargs = connection.client_kwargs()
+    kwargs.pop("bootstrap_servers")
+    conn = None
+    try:
+        conn = await asyncio.wait_for(
+            create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **kwargs),
+            timeout_s,
+        )
+        response = await asyncio.wait_for(conn.send(_TopicMetadata([topic])), timeout_s)
+    except Exception as exc:
+        return TopicCheck(False, False, f"{where}: {_short(exc)}")
+    finally:
+        if conn is not None:
+            conn.close()
+    who = connection.who() if connection.uses_sasl else "this worker's principal"
+    return topic_verdict(topic, response.topics, who)
+
+
+def topic_verdict(topic: str, topics: list[tuple[object, ...]], who: str) -> TopicCheck:
+    """What a metadata response's `topics` (v5 or v8 rows) say about writing `topic`."""
+    for row in topics:
+        error, name = row[0], row[1]
+        if name != topic:
+            continue
+        if error == _UNKNOWN_TOPIC:
+            return TopicCheck(True, False, f"topic {topic!r} does not exist")
+        if error == _TOPIC_AUTHORIZATION_FAILED:
+            return TopicCheck(True, False, f"{who} may not describe (so not write) topic {topic!r}")
+        operations = row[4] if len(row) > 4 else _OPERATIONS_UNKNOWN
+        if operations != _OPERATIONS_UNKNOWN and not int(operations) & _WRITE:  # type: ignore[call-overload]
+            return TopicCheck(True, False, f"{who} may not write topic {topic!r}")
+        return TopicCheck(True, True)
+    return TopicCheck(True, False, f"the broker did not answer for topic {topic!r}")
+
+
+class _MetadataResponse_v8(Response):  # type: ignore[misc]
+    API_KEY = 3
+    API_VERSION = 8
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("brokers", Array(("node_id", Int32), ("host", String("utf-8")), ("port", Int32),
+                          ("rack", String("utf-8")))),
+        ("cluster_id", String("utf-8")),
+        ("controller_id", Int32),
+        ("topics", Array(
+            ("error_code", Int16),
+            ("topic", String("utf-8")),
+            ("is_internal", Boolean),
+            ("partitions", Array(
+                ("error_code", Int16),
+                ("partition", Int32),
+                ("leader", Int32),
+                ("leader_epoch", Int32),
+                ("replicas", Array(Int32)),
+                ("isr", Array(Int32)),
+                ("offline_replicas", Array(Int32)),
+            )),
+            ("topic_authorized_operations", Int32),
+        )),
+        ("cluster_authorized_operations", Int32),
+    )  # fmt: skip
+
+
+class _MetadataRequest_v8(RequestStruct):  # type: ignore[misc]
+    """aiokafka stops at v5; v8 adds the authorized operations (v6, v7 add nothing asked)."""
+
+    API_KEY = 3
+    API_VERSION = 8
+    RESPONSE_TYPE = _MetadataResponse_v8
+    SCHEMA = Schema(
+        ("topics", Array(String("utf-8"))),
+        ("allow_auto_topic_creation", Boolean),
+        ("include_cluster_authorized_operations", Boolean),
+        ("include_topic_authorized_operations", Boolean),
+    )
+
+
+class _TopicMetadata(Request[MetadataRequest_v5 | _MetadataRequest_v8]):  # type: ignore[misc]
+    """Metadata for these topics only, never auto-creating them: v8 where the broker has it."""
+
+    API_KEY = 3
+
+    def __init__(self, topics: list[str]) -> None:
+        self._topics = topics
+
+    def build(self, request_struct_class: type[RequestStruct]) -> RequestStruct:
+        if request_struct_class.API_VERSION >= 8:
+            return request_struct_class(self._topics, False, False, True)
+        return request_struct_class(self._topics, False)

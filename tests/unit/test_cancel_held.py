@@ -8,7 +8,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.cancel.actor import decode_cancel
+from actors.cancel.actor import Refused, decode_cancel
 from actors.cancel.held import take_from_batches
 from actors.ingest.buckets import BucketConfig, LengthBuckets
 from actors.mail import Admitted, Batch, Outcome, RecordRef
@@ -105,7 +105,7 @@ def test_a_cancel_record_decodes_from_json_or_msgpack() -> None:
 def test_a_bad_cancel_record_says_why() -> None:
     for value, ctype in [(b"not json", None), (None, None), (b'{"id": ""}', None),
                          (b'{"id": 7}', None), (b'{"id": "x"}', b"text/csv")]:  # fmt: skip
-        assert isinstance(decode_cancel(value, ctype), str), value
+        assert isinstance(decode_cancel(value, ctype), Refused), value
 
 
 def test_the_process_span_says_where_a_cancel_found_the_request() -> None:

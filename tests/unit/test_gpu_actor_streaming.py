@@ -15,6 +15,7 @@ from actors.streaming.policy import StreamPolicy
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
+from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 from messages.result import FinishReason
 
@@ -76,21 +77,28 @@ async def test_chunks_precede_the_outcome_and_add_up_to_it(engine: Engine) -> No
     collector = Collector()
     actor = GpuActor(engine, collector, "w1", streaming=EVERY_STEP)
     task = asyncio.create_task(actor.run())
-    streamed, plain, copy = (
+    streamed, plain, copy, other = (
         item("s", 12, stream=True),
         item("p", 12, stream=False),
         item("s", 12, stream=True),
+        item("s", 12, stream=True),
     )
-    copy.record = RecordRef("requests", 1, 5, 0)
-    copy.reply_topic = "elsewhere"
-    await actor.send(Batch(bucket=32, items=[streamed, plain, copy], tokens=9, reason="size"))
-    messages = by_id(await collector.until_outcomes(3))
+    copy.record = RecordRef("requests", 1, 5, 0)  # a redelivery: the same request, same topic
+    other.record = RecordRef("requests", 2, 9, 0)
+    other.reply_topic = "elsewhere"  # another producer's request under the same id
+    batch = Batch(bucket=32, items=[streamed, plain, copy, other], tokens=12, reason="size")
+    await actor.send(batch)
+    messages = by_id(await collector.until_outcomes(4))
     actor.stop()
     await task
 
     assert all(isinstance(m, Outcome) for m in messages["p"])  # not streamed: no chunks
-    *chunks, first, second = messages["s"]
+    refused, *chunks, first, second = messages["s"]
+    assert isinstance(refused, Outcome) and refused.reply_topic == "elsewhere"
+    assert refused.result.error is not None
+    assert refused.result.error.code is ErrorCode.DUPLICATE_REQUEST and not refused.result.text
     assert isinstance(first, Outcome) and isinstance(second, Outcome)  # the copy too
+    assert {first.reply_topic, second.reply_topic} == {"replies"}
     assert chunks and all(isinstance(c, StreamChunk) for c in chunks)
     result = first.result
     assert result.error is None

@@ -64,11 +64,10 @@ def test_tracking_after_everything_finished_moves_the_commit_point_to_it() -> No
 
 
 @pytest.mark.parametrize("offset", [4, 3])
-def test_offsets_of_a_partition_must_increase(offset: int) -> None:
+def test_an_offset_that_does_not_increase_is_a_rewind_not_an_error(offset: int) -> None:
     tracker = tracker_with(TP, 4)
-    with pytest.raises(ValueError, match="must increase"):
-        tracker.track(TP, offset)
-    assert tracker.in_flight(TP) == 1
+    assert tracker.track(TP, offset) == 4  # the last offset before the rewind
+    assert tracker.in_flight(TP) == 1 and tracker.commit_point(TP) == offset
 
 
 def test_a_negative_offset_is_refused() -> None:
@@ -211,6 +210,19 @@ class TrackerMachine(RuleBasedStateMachine):
         offset = offsets[-1] + gap if offsets else start
         self.tracker.track(tp, offset)
         offsets.append(offset)
+
+    @rule(tp=st.sampled_from(PARTITIONS), data=st.data())
+    def rewind(self, tp: TopicPartition, data: st.DataObject) -> None:
+        """The consumer reads again from an offset at or below the last tracked one."""
+        offsets = self.tracked.get(tp)
+        if not offsets:
+            return
+        offset = data.draw(st.integers(max(offsets[0] - 3, 0), offsets[-1]))
+        assert self.tracker.track(tp, offset) == offsets[-1]
+        self.tracked[tp] = [o for o in offsets if o < offset] + [offset]
+        self.finished[tp] = {o for o in self.finished[tp] if o < offset}
+        self.committed.pop(tp, None)
+        self.last_point.pop(tp, None)  # the commit point may go back: afresh from here
 
     @rule(tp=st.sampled_from(PARTITIONS), data=st.data())
     def done(self, tp: TopicPartition, data: st.DataObject) -> None:

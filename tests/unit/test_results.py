@@ -53,6 +53,7 @@ STAGES = {
     ErrorCode.ID_TOO_LONG: b"VALUE_CONVERTER",
     ErrorCode.KEY_TOO_LARGE: b"KEY_CONVERTER",
     ErrorCode.QUARANTINED: b"TASK_PUT",
+    ErrorCode.UNREADABLE_RECORD: b"KAFKA_CONSUME",
 }
 
 
