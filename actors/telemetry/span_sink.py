@@ -11,9 +11,12 @@ A writer thread takes what is queued every `flush_every` seconds (or as soon as 
 wait), encodes it (msgpack, `actors/telemetry/span_records.py`) and writes one length-prefixed
 frame to the export process's stdin. When that process is slow (the collector is down, its
 exporter retrying), the pipe fills, the writer waits there, and the queue grows to `max_queued`
-records: beyond that new records are dropped and counted, so a collector outage costs spans,
-never memory or request latency. An export process that dies is started again (at most once per
-`restart_after` seconds); records that arrive meanwhile are dropped."""
+records or `max_queued_bytes` (their estimated encoded size, `span_bounds.estimated_bytes`:
+their strings' lengths plus a fixed overhead each), whichever comes first: beyond that new
+records are dropped and counted, so a collector outage (or requests that make long spans)
+costs spans, never memory or request latency. A call's records are queued or dropped
+together: a request's trace is whole or absent. An export process that dies is started again
+(at most once per `restart_after` seconds); records that arrive meanwhile are dropped."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from typing import IO
 
 import structlog
 
+from actors.telemetry.span_bounds import estimated_bytes
 from actors.telemetry.span_records import SpanRecord, encode_records
 
 log = structlog.get_logger("tokenmill.tracing")
@@ -40,19 +44,25 @@ class SpanSink:
         argv: list[str],
         *,
         max_queued: int = 50_000,
+        max_queued_bytes: int = 32 << 20,  # ~2x `max_queued` usual records (~300 B each)
         batch: int = 1024,
         flush_every: float = 0.2,
         restart_after: float = 10.0,
     ) -> None:
         self.argv = argv
         self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
         self.batch = batch
         self.flush_every = flush_every
         self.restart_after = restart_after
         self.refused = 0  # records dropped at the door: the queue was full (event loop's count)
         self.lost = 0  # records dropped by the writer: no export process (writer's count)
         self.written = 0  # records written to the export process
-        self._queue: collections.deque[SpanRecord] = collections.deque()
+        # (record, its estimated bytes); queued bytes = in - out, each counter with one writer
+        # (`record`'s caller, the writer thread), as `refused` and `lost` have.
+        self._queue: collections.deque[tuple[SpanRecord, int]] = collections.deque()
+        self._bytes_in = 0
+        self._bytes_out = 0
         self._wake = threading.Event()
         self._closing = False
         self._process: subprocess.Popen[bytes] | None = None
@@ -64,11 +74,18 @@ class SpanSink:
         self._thread.start()
 
     def record(self, spans: Sequence[SpanRecord]) -> None:
-        """Queue finished spans; drops them (counted) when the queue is full or closed."""
-        if self._closing or len(self._queue) >= self.max_queued:
+        """Queue finished spans; drops them (counted) when the queue is full (in records or
+        in bytes) or closed."""
+        sizes = [estimated_bytes(span) for span in spans]
+        if (
+            self._closing
+            or len(self._queue) >= self.max_queued
+            or self.queued_bytes + sum(sizes) > self.max_queued_bytes
+        ):
             self.refused += len(spans)
             return
-        self._queue.extend(spans)
+        self._bytes_in += sum(sizes)
+        self._queue.extend(zip(spans, sizes, strict=True))
         if len(self._queue) >= self.batch:
             self._wake.set()
 
@@ -92,6 +109,11 @@ class SpanSink:
             process.wait()
         if self.dropped:
             log.warning("spans_dropped", dropped=self.dropped, written=self.written)
+
+    @property
+    def queued_bytes(self) -> int:
+        """The estimated size of what waits for the writer."""
+        return self._bytes_in - self._bytes_out
 
     @property
     def dropped(self) -> int:
@@ -130,7 +152,9 @@ class SpanSink:
 
     def _take(self) -> list[SpanRecord]:
         queue, take = self._queue, min(len(self._queue), self.batch)
-        return [queue.popleft() for _ in range(take)]
+        taken = [queue.popleft() for _ in range(take)]
+        self._bytes_out += sum(size for _, size in taken)
+        return [record for record, _ in taken]
 
     def _write(self, records: list[SpanRecord]) -> None:
         process = self._process

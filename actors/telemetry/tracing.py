@@ -17,6 +17,7 @@ each member's incoming context; each member's `process` span links back to it.
 
 Nothing is traced inside the engine or on the hot path of a step: the engine's per-request
 timings become spans afterwards. Spans are plain records (`actors/telemetry/span_records.py`)
+bounded (`actors/telemetry/span_bounds.py`: a request's strings cut, its integers clamped) and
 handed to the installed `SpanRecorder`'s sink — in a worker, the span export process
 (`ops.worker.telemetry.setup_worker_tracing`), which builds the SDK's spans and exports them.
 With no recorder installed nothing is recorded and the request's own trace headers pass through.
@@ -34,6 +35,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.span import TraceState
 
 from actors.mail import Batch, Outcome
+from actors.telemetry.span_bounds import bound_record, text_of_bytes
 from actors.telemetry.span_link import AttributeValue, SpanLink
 from actors.telemetry.span_records import SpanRecord, new_span_id, new_trace_id
 from actors.telemetry.trace_context import Parent, incoming_parent, outgoing_headers
@@ -49,7 +51,7 @@ _INTERNAL, _PRODUCER, _CONSUMER = SpanKind.INTERNAL, SpanKind.PRODUCER, SpanKind
 @dataclass(frozen=True)
 class SpanRecorder:
     """Where this process's worker spans go: each trace is kept or not by `sampler` (the
-    SDK's, as `OTEL_TRACES_SAMPLER` chose it), kept spans are handed to `sink`."""
+    SDK's, as `OTEL_TRACES_SAMPLER` chose it), kept spans are bounded and handed to `sink`."""
 
     sampler: Sampler
     sink: Callable[[Sequence[SpanRecord]], None]
@@ -65,6 +67,10 @@ class SpanRecorder:
         decision = self.sampler.should_sample(context, int(trace_id, 16), name, kind).decision
         return decision is Decision.RECORD_AND_SAMPLE
 
+    def hand_on(self, records: Sequence[SpanRecord]) -> None:
+        """Every finished span leaves through here: within bounds, whatever a request holds."""
+        self.sink([bound_record(record) for record in records])
+
     def record_root(
         self,
         name: str,
@@ -79,7 +85,7 @@ class SpanRecorder:
         trace_id, span_id = new_trace_id(), new_span_id()
         if not self.samples(None, trace_id, name, _INTERNAL):
             return None
-        self.sink(
+        self.hand_on(
             [SpanRecord(name, _INTERNAL.value, trace_id, span_id, 0, False, start_ns, end_ns,
                         attributes, links or [], error)]
         )  # fmt: skip
@@ -186,7 +192,7 @@ def start_request_spans(
     }
     records.append(send)
     headers = outgoing_headers(trace_id, send_id, sampled=True, state=state)
-    return RequestSpans(headers, records, recorder.sink)
+    return RequestSpans(headers, records, recorder.hand_on)
 
 
 def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> SpanLink | None:
@@ -223,7 +229,7 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
         "messaging.destination.name": record.topic,
         "messaging.destination.partition.id": str(record.partition),
         "messaging.kafka.offset": record.offset,
-        "messaging.kafka.message.key": (record.key or b"").decode("utf-8", "replace"),
+        "messaging.kafka.message.key": text_of_bytes(record.key or b""),
         "messaging.consumer.group.name": group,
         REQUEST_ID_ATTRIBUTE: result.id,
         "gen_ai.operation.name": _operation(outcome.request),

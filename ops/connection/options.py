@@ -5,9 +5,9 @@
     def submit(**kwargs): kafka = kafka_connection(kwargs)
 
 Each setting comes from its flag, else its `TOKENMILL_*` env var (or, for the worker, its TOML
-file), else the client properties file (`--kafka-config`), else the default. Secrets have no
-default to show in `--help`, and a password is best given by file or env var (a flag shows in
-`ps`).
+file), else the client properties file (`--kafka-config`), else the default. A secret's option
+is a `SecretOption`: `--help` never shows its value, whatever gives it (the worker's TOML file,
+an env var); a password is best given by file or env var (a flag shows in `ps`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,19 @@ _FIELDS = (
 _OPTION_NAMES = (*_FIELDS, "kafka_config", "sasl_password_file")
 
 
+class SecretOption(click.Option):
+    """An option whose value is a secret. `--help` shows `(set)` where another option shows
+    its default, when a default, the worker's TOML file or the env var gives one; never the
+    value. Declare every secret with `cls=SecretOption`."""
+
+    def get_help_extra(self, ctx: click.Context) -> click.types.OptionHelpExtra:
+        extra = super().get_help_extra(ctx)
+        extra.pop("default", None)
+        if self.get_default(ctx, call=False) or self.resolve_envvar_value(ctx):
+            extra["default"] = "(set)"
+        return extra
+
+
 def _opt(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     name = decls[0].split("/")[0]
     kwargs.setdefault("envvar", "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper())
@@ -79,18 +92,24 @@ _OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     _opt("--sasl-username"),
     _opt(
         "--sasl-password",
+        cls=SecretOption,
         help="Prefer TOKENMILL_SASL_PASSWORD or --sasl-password-file: a flag shows in `ps`.",
     ),
     _opt("--sasl-password-file", type=_FILE, help="A file holding the SASL password."),
     _opt("--oauth-token-file", type=_FILE, help="OAUTHBEARER token, re-read when it changes."),
     _opt(
         "--oauth-token-command",
+        cls=SecretOption,  # its arguments may hold a credential
         help="A command printing an OAUTHBEARER token; run again before the token expires.",
     ),
     _opt("--ssl-ca-file", type=_FILE, help="CA certificates (PEM) [default: system trust store]."),
     _opt("--ssl-cert-file", type=_FILE, help="Client certificate (PEM), for mTLS."),
     _opt("--ssl-key-file", type=_FILE, help="Client private key (PEM), for mTLS."),
-    _opt("--ssl-key-password", help="Password of an encrypted client key (prefer the env var)."),
+    _opt(
+        "--ssl-key-password",
+        cls=SecretOption,
+        help="Password of an encrypted client key (prefer the env var).",
+    ),
     _opt(
         "--ssl-check-hostname/--no-ssl-check-hostname",
         help="Check that the broker's certificate names its host [default: on].",

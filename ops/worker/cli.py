@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,12 @@ from ops.models.engine_options import (
     worker_engine_options,
 )
 from ops.worker.settings import worker_config, worker_options
+from ops.worker.startup_signals import (
+    StartupInterrupted,
+    StartupSignals,
+    result_of,
+    stopped_during_startup,
+)
 
 if TYPE_CHECKING:
     from actors.kafka.connection import KafkaConnection
@@ -44,17 +49,29 @@ def worker(**kwargs: Any) -> None:
     fail the rest with `shutting_down`, commit, exit 0. Every option can also come from a
     TOKENMILL_* env var or a --config TOML file. `--engine echo` runs no model (each result
     is its request's prompt tokens): it measures the plumbing's ceiling; never serve with it.
+    SIGTERM or SIGINT while it is still starting (loading the model, say) exits 0 at once,
+    logging `worker_stopped_during_startup`.
     """
-    from actors.engine_thread import build_on, engine_thread
+    signals = StartupSignals().install()  # before anything slow: ops/worker/startup_signals.py
+    try:
+        _start_and_serve(kwargs, signals)
+    except StartupInterrupted as stop:
+        stopped_during_startup(stop)
+
+
+def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
+    from ops.worker.logging_setup import configure_logging
+
+    configure_logging(kwargs.pop("log_level"))  # first: a stop during the imports is logged too
+
+    from actors.engine_thread import engine_thread
     from actors.faults import Faults
     from actors.ingest.model_front import ModelFront
     from actors.telemetry.metrics import WorkerMetrics
     from actors.worker import Worker
     from gpu import host_heap
-    from ops.worker.logging_setup import configure_logging
     from ops.worker.telemetry import setup_worker_tracing, shutdown_worker_tracing
 
-    configure_logging(kwargs.pop("log_level"))
     config = worker_config(kwargs)
     kind = kwargs.pop("engine_kind")
     choice = engine_choice(kwargs)
@@ -70,7 +87,7 @@ def worker(**kwargs: Any) -> None:
             return build_engine(choice) if kind == "torch" else _echo_engine(choice)
 
     thread = engine_thread()  # the engine is built where it will be stepped
-    engine = build_on(thread, build)
+    engine = result_of(thread.submit(build))  # what `build_on` does, with signals seen
     try:
         service = Worker(
             config,
@@ -87,7 +104,7 @@ def worker(**kwargs: Any) -> None:
     del engine  # the worker's model holder owns it now; a swap must be able to free it
     tracing = setup_worker_tracing("tokenmill", instance_id=config.worker_id)
     try:
-        asyncio.run(_serve(service))
+        asyncio.run(_serve(service, signals))
     finally:
         shutdown_worker_tracing(tracing)
     if service.exit_code:
@@ -143,8 +160,10 @@ def _echo_engine(choice: EngineChoice) -> EchoEngine:
     return engine
 
 
-async def _serve(service: Any) -> None:
+async def _serve(service: Any, signals: StartupSignals) -> None:
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.drain)
-    await service.run()
+    signals.hand_to(loop, service.drain)
+    try:
+        await service.run()
+    finally:
+        signals.after_serving(loop)

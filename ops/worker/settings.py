@@ -27,7 +27,7 @@ from actors.config import (
 )
 from actors.ingest.backpressure import Watermarks
 from actors.streaming.policy import StreamPolicy
-from ops.connection.options import kafka_connection, kafka_options
+from ops.connection.options import SecretOption, kafka_connection, kafka_options
 
 
 def default_models_dir() -> Path:
@@ -143,6 +143,7 @@ def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         _opt("--cancel-topic", default=DEFAULT_CANCEL_TOPIC, help="Cancel records; '': off."),
         _opt(
             "--control-secret",
+            cls=SecretOption,
             default=None,
             help="Shared HMAC secret of control commands (unset: every command is refused).",
         ),
