@@ -38,6 +38,7 @@ from gpu.step_clock import StepClock
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from messages.limits import MAX_PRIORITY, MIN_PRIORITY
 
 
 @dataclass(frozen=True)
@@ -407,5 +408,10 @@ def check_admission(
         )
         check_sampling(request.params, vocab_size=vocab)
         check_vocabulary(request.prompt_token_ids, vocab, "prompt_token_ids")
+        if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:  # the scheduler's aging sums it
+            raise InvalidRequest(
+                ErrorCode.INVALID_REQUEST,
+                f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {request.priority}",
+            )
     except InvalidRequest as exc:
         raise RequestRejected(exc.code, exc.message) from None

@@ -16,15 +16,22 @@ machines that have torch but not msgspec.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Protocol
 
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
-
-MAX_SEED = 2**63  # seeds are in [0, MAX_SEED)
+from messages.limits import (
+    MAX_NEW_TOKENS,
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPERATURE,
+    MIN_TOP_P,
+    TOKEN_ID_LIMIT,
+    number_text,
+)
 
 
 class SamplingFields(Protocol):
@@ -52,32 +59,53 @@ def prompt_limit(max_prompt_tokens: int | None, max_model_len: int) -> int:
 
 
 def check_max_new_tokens(max_new_tokens: int) -> None:
-    """`max_new_tokens` is positive (`INVALID_MAX_TOKENS`)."""
+    """`max_new_tokens` is positive (`INVALID_MAX_TOKENS`) and at most `MAX_NEW_TOKENS`
+    (`MAX_TOKENS_TOO_LARGE`), a bound of the wire: a model's own cap is checked with its
+    lengths (`check_lengths`)."""
     if max_new_tokens <= 0:
         raise InvalidRequest(
-            ErrorCode.INVALID_MAX_TOKENS, f"max_new_tokens must be positive, got {max_new_tokens}"
+            ErrorCode.INVALID_MAX_TOKENS,
+            f"max_new_tokens must be positive, got {number_text(max_new_tokens)}",
+        )
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise InvalidRequest(
+            ErrorCode.MAX_TOKENS_TOO_LARGE,
+            f"max_new_tokens {number_text(max_new_tokens)} is over the limit of any model, "
+            f"{MAX_NEW_TOKENS}",
         )
 
 
 def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> None:
-    """The sampling rules (`INVALID_SAMPLING_PARAMS`): temperature finite and ≥ 0, top_p in
-    (0, 1], top_k ≥ 0, stop strings non-empty and within `messages.limits`, at most
-    `MAX_STOP_TOKEN_IDS` stop token ids, seed in [0, 2**63).
+    """The sampling rules (`INVALID_SAMPLING_PARAMS`), with the bounds of `messages.limits`:
 
-    With `vocab_size` (the model is known), also top_k ≤ `vocab_size` and every stop token id
-    inside the vocabulary (`TOKEN_OUT_OF_VOCABULARY`).
+    - temperature in [0, `MAX_TEMPERATURE`] (NaN refused). 0 is greedy, and the engine samples
+      any temperature under `gpu.sequence.GREEDY_BELOW` (1e-5) greedily too, the limit of
+      sampling as the temperature falls: so a tiny positive one (down to 5e-324) is accepted
+      and never divides a logit. The maximum is far past where every distribution is
+      uniform, and far below float32's largest value, where logits / temperature gives NaN.
+    - top_p in [`MIN_TOP_P`, 1]. A positive top_p under float32's smallest normal (1.2e-38)
+      reaches the device as 0, which keeps no token; values under the minimum are refused, not
+      clamped (a top_p under the top token's probability keeps just that token anyway).
+    - top_k in [0, `TOKEN_ID_LIMIT`) (0 = off).
+    - stop strings non-empty and within `messages.limits`, at most `MAX_STOP_TOKEN_IDS` stop
+      token ids, seed in [0, `MAX_SEED`).
+
+    Stop token ids are in [0, `TOKEN_ID_LIMIT`) (`TOKEN_OUT_OF_VOCABULARY`). With `vocab_size`
+    (the model is known), they are inside that vocabulary instead, and top_k ≤ `vocab_size`.
     """
 
     def bad(message: str) -> InvalidRequest:
         return InvalidRequest(ErrorCode.INVALID_SAMPLING_PARAMS, message)
 
     p = params
-    if not math.isfinite(p.temperature) or p.temperature < 0:
-        raise bad(f"temperature must be a finite number ≥ 0, got {p.temperature}")
-    if not 0 < p.top_p <= 1:  # also refuses NaN
-        raise bad(f"top_p must be in (0, 1], got {p.top_p}")
-    if p.top_k < 0:
-        raise bad(f"top_k must be ≥ 0, got {p.top_k}")
+    if not 0 <= p.temperature <= MAX_TEMPERATURE:  # also refuses NaN
+        raise bad(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {p.temperature}")
+    if not MIN_TOP_P <= p.top_p <= 1:
+        raise bad(
+            f"top_p must be in [{MIN_TOP_P:g}, 1] (tiny values keep one token), got {p.top_p}"
+        )
+    if not 0 <= p.top_k < TOKEN_ID_LIMIT:
+        raise bad(f"top_k must be in [0, 2**31) (0 = off), got {number_text(p.top_k)}")
     if isinstance(p.stop, str):  # a string is a sequence of strings too: one a character
         raise bad(f"stop must be a sequence of strings, not the string {p.stop!r}")
     if not all(isinstance(s, str) and s for s in p.stop):
@@ -87,8 +115,9 @@ def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> 
     if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
     if p.seed is not None and not 0 <= p.seed < MAX_SEED:
-        raise bad(f"seed must be in [0, 2**63), got {p.seed}")
+        raise bad(f"seed must be in [0, 2**63), got {number_text(p.seed)}")
     if vocab_size is None:
+        check_token_ids(p.stop_token_ids, "stop_token_ids")
         return
     if p.top_k > vocab_size:
         raise bad(
@@ -104,7 +133,19 @@ def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
     if bad is not None:
         raise InvalidRequest(
             ErrorCode.TOKEN_OUT_OF_VOCABULARY,
-            f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})",
+            f"{field}: token id {number_text(bad)} is outside the vocabulary [0, {vocab_size})",
+        )
+
+
+def check_token_ids(ids: Sequence[int], field: str) -> None:
+    """Every token id in `ids` is in [0, `TOKEN_ID_LIMIT`), the range of every vocabulary
+    (`TOKEN_OUT_OF_VOCABULARY`): the check that needs no model; `field` names the ids."""
+    if ids and not (min(ids) >= 0 and max(ids) < TOKEN_ID_LIMIT):  # min, max: C loops
+        bad = next(t for t in ids if not 0 <= t < TOKEN_ID_LIMIT)
+        raise InvalidRequest(
+            ErrorCode.TOKEN_OUT_OF_VOCABULARY,
+            f"{field}: token id {number_text(bad)} is outside [0, 2**31), the range of any "
+            "vocabulary",
         )
 
 

@@ -1,9 +1,11 @@
-"""The documented size limits of the wire contract, and the bound they put on a result.
+"""The documented limits of the wire contract: sizes, the range of every number, and the
+bound they put on a result.
 
 Every field a result echoes back (the id, the metadata, the Kafka key) or grows with (text and
 token ids, bounded by `max_new_tokens`) has a maximum here, checked when a record is decoded.
 So a result's encoded size is bounded by construction: `result_size_bound` is what a worker
 checks against its producer's limit at start, before it can ever make a result it cannot send.
+Every number a request carries has a range here too, checked at the door.
 """
 
 from __future__ import annotations
@@ -17,6 +19,30 @@ MAX_METADATA_ENTRIES = 64
 MAX_METADATA_CHARS = 16384  # keys and values together (echoed back)
 MAX_ERROR_MESSAGE_CHARS = 1024  # an error result's message is cut to this
 MAX_NAME_CHARS = 512  # the worker id, a model name or digest, a topic name (a config's own)
+
+# The range of every number a request carries, checked at the door (`messages.validation`,
+# `messages.admission`). The wire admits integers of thousands of digits and any float, so
+# these bounds are what keeps the worker's arithmetic (deadlines, priorities, lengths) from
+# overflowing and every value storable as the engine stores it (int64, float32).
+INT64_LIMIT = 2**63  # int64 is [-INT64_LIMIT, INT64_LIMIT): so is any integer in a schema
+MIN_SCHEMA_VERSION = 0  # `v` in [0, INT64_LIMIT): unused, read alike, but int64 like the rest
+MAX_NEW_TOKENS = 2**20  # `max_new_tokens` in [1, this]; the model's own, smaller cap comes later
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # `timeout_ms` in [1, this]: a week
+# `priority` in [MIN_PRIORITY, MAX_PRIORITY]: small on purpose. The scheduler ages a waiting
+# request one level per `aging_seconds` (10 s by default), so the lowest priority overtakes the
+# highest within (MAX - MIN) levels of waiting (about half an hour at the default).
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+MAX_SEED = INT64_LIMIT  # `seed` in [0, this)
+TOKEN_ID_LIMIT = 2**31  # ids in `prompt_token_ids`, `stop_token_ids`, and `top_k`: [0, this)
+MAX_TEMPERATURE = 1e6  # `temperature` in [0, this]; far past uniform, far below float32's max
+# `top_p` in [MIN_TOP_P, 1]. Any top_p under the top token's probability keeps that one token,
+# so smaller values mean nothing more; under float32's smallest normal (1.2e-38) the device
+# would read 0 and keep no token at all.
+MIN_TOP_P = 1e-9
+MAX_STREAM_INTERVAL_TOKENS = MAX_NEW_TOKENS  # `stream_interval_tokens` in [1, this]
+MAX_STREAM_INTERVAL_MS = float(MAX_TIMEOUT_MS)  # `stream_interval_ms` in [0, this]
+MAX_SCHEMA_DEPTH = 64  # arrays and objects nested in a `response_format` schema
 
 # JSON's worst case per character: a control character is written as \u00XX (6 bytes); any
 # other is at most 4 bytes of UTF-8 (MessagePack never writes more than JSON).
@@ -42,3 +68,11 @@ def result_size_bound(*, max_new_tokens: int, max_token_bytes: int) -> int:
 def cut(text: str, limit: int) -> str:
     """`text`, cut to `limit` characters with an ellipsis when longer."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def number_text(value: int | float) -> str:
+    """`value` for an error message: a request's integer may have thousands of digits."""
+    text = str(value)
+    if len(text) <= 24:
+        return text
+    return f"{text[:12]}… ({len(text.lstrip('-'))} digits)"

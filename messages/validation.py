@@ -1,20 +1,32 @@
 """The model-independent rules a decoded `GenerateRequest` must follow.
 
-The wire's own rules (exactly one prompt, a reply topic Kafka accepts, timeout, metadata size)
-are here; `max_new_tokens` and sampling come from `messages.admission`, the one table of
-admission rules. The rules that need the model are checked by `actors.ingest.model_front` once
-the worker knows which model will run the request: the model's name, and the table's prompt
-length, `max_new_tokens` cap and vocabulary rules.
+The wire's own rules (exactly one prompt, a reply topic Kafka accepts, metadata size, the
+range of every number, from `messages.limits`) are here; `max_new_tokens`, token ids and
+sampling come from `messages.admission`, the one table of admission rules. The rules that need
+the model are checked by `actors.ingest.model_front` once the worker knows which model will
+run the request: the model's name, and the table's prompt length, `max_new_tokens` cap and
+vocabulary rules.
 """
 
 from __future__ import annotations
 
 import re
 
-from messages.admission import check_max_new_tokens, check_sampling
+from messages.admission import check_max_new_tokens, check_sampling, check_token_ids
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import MAX_METADATA_CHARS, MAX_METADATA_ENTRIES
+from messages.limits import (
+    INT64_LIMIT,
+    MAX_METADATA_CHARS,
+    MAX_METADATA_ENTRIES,
+    MAX_PRIORITY,
+    MAX_STREAM_INTERVAL_MS,
+    MAX_STREAM_INTERVAL_TOKENS,
+    MAX_TIMEOUT_MS,
+    MIN_PRIORITY,
+    MIN_SCHEMA_VERSION,
+    number_text,
+)
 from messages.request import GenerateRequest
 from messages.response_format import check_response_format
 
@@ -27,7 +39,12 @@ def is_topic_name(name: str) -> bool:
 
 
 def check_request(request: GenerateRequest) -> None:
-    """Raise `InvalidRequest` with the code of the first rule `request` breaks."""
+    """Raise `InvalidRequest` with the code of the first rule `request` breaks.
+
+    Total over whatever `decode_request` returns: any request raises `InvalidRequest` or
+    nothing. The ranges of `messages.limits` are checked here (`INVALID_REQUEST` unless the
+    field has its own code).
+    """
     given = [
         name
         for name, value in (
@@ -45,6 +62,8 @@ def check_request(request: GenerateRequest) -> None:
         )
     if not (request.prompt or request.prompt_token_ids or request.messages):
         raise InvalidRequest(ErrorCode.EMPTY_PROMPT, f"`{given[0]}` is empty")
+    if request.prompt_token_ids is not None:
+        check_token_ids(request.prompt_token_ids, "prompt_token_ids")
     check_max_new_tokens(request.max_new_tokens)
     check_sampling(request)
     if request.reply_to is not None and not is_topic_name(request.reply_to):
@@ -53,25 +72,39 @@ def check_request(request: GenerateRequest) -> None:
             f"reply_to {request.reply_to!r} is not a Kafka topic name "
             "(1-249 of a-z, A-Z, 0-9, '.', '_', '-'; not '.' or '..')",
         )
-    if request.timeout_ms is not None and request.timeout_ms <= 0:
-        raise InvalidRequest(
-            ErrorCode.INVALID_REQUEST, f"timeout_ms must be positive, got {request.timeout_ms}"
+    timeout_ms = request.timeout_ms
+    if timeout_ms is not None and timeout_ms <= 0:
+        raise _invalid(f"timeout_ms must be positive, got {number_text(timeout_ms)}")
+    if timeout_ms is not None and timeout_ms > MAX_TIMEOUT_MS:
+        raise _invalid(
+            f"timeout_ms must be at most {MAX_TIMEOUT_MS} (a week), got {number_text(timeout_ms)}"
         )
-    if request.stream_interval_tokens is not None and request.stream_interval_tokens < 1:
-        raise InvalidRequest(
-            ErrorCode.INVALID_REQUEST,
-            f"stream_interval_tokens must be at least 1, got {request.stream_interval_tokens}",
+    tokens = request.stream_interval_tokens
+    if tokens is not None and not 1 <= tokens <= MAX_STREAM_INTERVAL_TOKENS:
+        raise _invalid(
+            f"stream_interval_tokens must be in [1, {MAX_STREAM_INTERVAL_TOKENS}], "
+            f"got {number_text(tokens)}"
         )
-    if request.stream_interval_ms is not None and not request.stream_interval_ms >= 0:
-        raise InvalidRequest(
-            ErrorCode.INVALID_REQUEST,
-            f"stream_interval_ms must be ≥ 0, got {request.stream_interval_ms}",
+    ms = request.stream_interval_ms
+    if ms is not None and not 0 <= ms <= MAX_STREAM_INTERVAL_MS:  # also refuses NaN
+        raise _invalid(f"stream_interval_ms must be in [0, {MAX_STREAM_INTERVAL_MS:.0f}], got {ms}")
+    if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
+        raise _invalid(
+            f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}] (waiting raises it one level "
+            f"per aging period), got {number_text(request.priority)}"
+        )
+    if not MIN_SCHEMA_VERSION <= request.v < INT64_LIMIT:
+        raise _invalid(
+            f"v (the schema version) must be in [0, 2**63), got {number_text(request.v)}"
         )
     metadata_chars = sum(len(k) + len(v) for k, v in request.metadata.items())
     if len(request.metadata) > MAX_METADATA_ENTRIES or metadata_chars > MAX_METADATA_CHARS:
-        raise InvalidRequest(
-            ErrorCode.INVALID_REQUEST,
+        raise _invalid(
             f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_CHARS} "
             f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
     check_response_format(request.response_format)
+
+
+def _invalid(message: str) -> InvalidRequest:
+    return InvalidRequest(ErrorCode.INVALID_REQUEST, message)

@@ -1,6 +1,8 @@
 """The checks at the ingest's door that need no model state: rules, deadline, tokens, key.
 
-Pure functions over one request; the ingest calls them for every record it reads.
+Pure functions over one request; the ingest calls them for every record it reads. `check` is
+total: whatever `messages.request_decoding.decode_request` returns leads to a deadline or an
+`InvalidRequest`, never another exception (`tests/unit/test_door_total.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def tokenize_all(
 
 
 def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
-    """Apply the model-independent rules; returns the deadline (monotonic) if it has one."""
+    """Apply the model-independent rules; returns the deadline (monotonic) if it has one.
+    Raises `InvalidRequest`, and nothing else, for any request `decode_request` returns."""
     check_request(request)
     deadline = deadline_of(request, record_timestamp_ms)
     if deadline is not None and deadline <= time.monotonic():
@@ -41,7 +44,12 @@ def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
 
 
 def deadline_of(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
-    """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`."""
+    """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`.
+
+    For a request `check_request` passed this cannot overflow: `timeout_ms` is at most
+    `messages.limits.MAX_TIMEOUT_MS`, and an aware datetime's timestamp is finite for every
+    year msgspec reads (1 to 9999, any offset); one that far out is as good as no deadline.
+    """
     walls: list[float] = []
     if request.deadline is not None:
         walls.append(request.deadline.timestamp())

@@ -10,16 +10,25 @@ from typing import Any
 import pytest
 
 from messages.admission import (
-    MAX_SEED,
     check_lengths,
     check_max_new_tokens,
     check_sampling,
+    check_token_ids,
     check_vocabulary,
     prompt_limit,
 )
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from messages.limits import (
+    MAX_NEW_TOKENS,
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPERATURE,
+    MIN_TOP_P,
+    TOKEN_ID_LIMIT,
+)
 
 VOCAB = 100
 
@@ -63,10 +72,15 @@ def lengths(num_prompt_tokens: int, max_new_tokens: int) -> None:
         ({"temperature": -1e-9}, "temperature"),
         ({"temperature": math.nan}, "temperature"),
         ({"temperature": math.inf}, "temperature"),
+        ({"temperature": math.nextafter(MAX_TEMPERATURE, math.inf)}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
+        ({"top_p": math.nextafter(MIN_TOP_P, 0)}, "top_p"),
+        ({"top_p": 1e-40}, "top_p"),  # float32 would flush it to 0: no token kept
         ({"top_p": 1.0 + 1e-9}, "top_p"),
         ({"top_p": math.nan}, "top_p"),
         ({"top_k": -1}, "top_k"),
+        ({"top_k": TOKEN_ID_LIMIT}, "top_k"),
+        ({"top_k": 10**400}, "top_k"),
         ({"stop": ("",)}, "stop strings"),
         ({"stop": ("ok", "")}, "stop strings"),
         ({"stop": "\n"}, "not the string '\\n'"),
@@ -88,11 +102,13 @@ def test_a_broken_sampling_rule(fields: dict[str, Any], words: str) -> None:
     [
         {},
         {"temperature": 0.0},
-        {"temperature": 1e6},
-        {"top_p": 1e-9},
+        {"temperature": MAX_TEMPERATURE},
+        {"temperature": 5e-324},  # greedy on the device, which never divides by it
+        {"top_p": MIN_TOP_P},
         {"top_p": 1.0},
         {"top_k": 0},
-        {"top_k": 10**9},  # no vocabulary given: no upper bound
+        {"top_k": TOKEN_ID_LIMIT - 1},  # no vocabulary given: only the wire's bound
+        {"stop_token_ids": (0, TOKEN_ID_LIMIT - 1)},
         {"stop": ("x",) * MAX_STOP_STRINGS},
         {"stop": ("x" * MAX_STOP_CHARS,)},
         {"stop": ["a list", "works too"]},
@@ -135,6 +151,14 @@ def test_stop_token_ids_are_in_a_known_vocabulary(bad: int) -> None:
     assert error.message.startswith(f"stop_token_ids: token id {bad} ")
 
 
+@pytest.mark.parametrize("bad", [-1, TOKEN_ID_LIMIT, 10**400])
+def test_without_a_vocabulary_stop_token_ids_are_below_2_31(bad: int) -> None:
+    error = broken(lambda: check_sampling(Sampling(stop_token_ids=(0, bad))))
+    assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
+    assert error.message.startswith("stop_token_ids: token id ")
+    assert "outside [0, 2**31)" in error.message
+
+
 # --- vocabulary ------------------------------------------------------------------------------
 
 
@@ -152,6 +176,16 @@ def test_tokens_inside_the_vocabulary() -> None:
     check_vocabulary([], VOCAB, "prompt_token_ids")
 
 
+@pytest.mark.parametrize("bad", [-1, TOKEN_ID_LIMIT, -(10**400)])
+def test_a_token_id_outside_any_vocabulary(bad: int) -> None:
+    error = broken(lambda: check_token_ids([3, bad, -5], "prompt_token_ids"))
+    assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
+    assert error.message.startswith("prompt_token_ids: token id ")
+    assert "outside [0, 2**31), the range of any vocabulary" in error.message
+    check_token_ids([0, TOKEN_ID_LIMIT - 1], "prompt_token_ids")
+    check_token_ids([], "prompt_token_ids")
+
+
 # --- lengths ---------------------------------------------------------------------------------
 
 
@@ -162,6 +196,14 @@ def test_max_new_tokens_must_be_positive(max_new_tokens: int) -> None:
     assert error.message == f"max_new_tokens must be positive, got {max_new_tokens}"
     check_max_new_tokens(1)
     assert broken(lambda: lengths(10, max_new_tokens)).code is ErrorCode.INVALID_MAX_TOKENS
+
+
+@pytest.mark.parametrize("max_new_tokens", [MAX_NEW_TOKENS + 1, 10**400])
+def test_max_new_tokens_has_a_bound_before_any_model(max_new_tokens: int) -> None:
+    error = broken(lambda: check_max_new_tokens(max_new_tokens))
+    assert error.code is ErrorCode.MAX_TOKENS_TOO_LARGE
+    assert f"over the limit of any model, {MAX_NEW_TOKENS}" in error.message
+    check_max_new_tokens(MAX_NEW_TOKENS)
 
 
 @pytest.mark.parametrize(

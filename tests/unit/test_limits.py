@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import string
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from messages.limits import (
     MAX_METADATA_CHARS,
     MAX_NAME_CHARS,
     cut,
+    number_text,
     result_size_bound,
 )
 from messages.result import ErrorInfo, GenerateResult, ModelRef, SourceRef, Usage
@@ -66,3 +68,17 @@ def test_cut_keeps_short_text_and_cuts_long_text_to_the_limit(text: str, limit: 
     out = cut(text, limit)
     assert len(out) <= max(limit, len(text) if len(text) <= limit else 0)
     assert out == text if len(text) <= limit else out.endswith("…") and len(out) == limit
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0"),
+        (-(2**63), "-9223372036854775808"),
+        (1e-45, "1e-45"),
+        (10**400, "100000000000… (401 digits)"),
+        (-(10**4299), "-10000000000… (4300 digits)"),
+    ],
+)
+def test_a_number_in_a_message_is_short_however_long_it_is(value: float, text: str) -> None:
+    assert number_text(value) == text

@@ -84,6 +84,8 @@ ERROR_CODES = [
     "result_too_large",
     "quarantined",
     "invalid_response_format",
+    "unreadable_record",
+    "internal_error",
 ]
 DEAD_LETTERED = {
     "invalid_encoding",
@@ -95,6 +97,7 @@ DEAD_LETTERED = {
     "id_too_long",
     "key_too_large",
     "quarantined",
+    "unreadable_record",
 }
 FINISH_REASONS = ["stop", "length", "deadline", "cancelled", "error"]
 EVENT_TYPES = {

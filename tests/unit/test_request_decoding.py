@@ -363,3 +363,90 @@ def test_request_shaped_objects_decode_or_refuse(body: dict[str, object], msgpac
             assert exc.request_id == body["id"]
     else:
         assert request.id == body["id"]
+
+
+# --- repeated keys --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "request_id", "reply_to"),
+    [
+        (b'{"id": "a", "prompt": "x", "id": "b"}', "id", "", None),
+        (b'{"id": "a", "reply_to": "r1", "prompt": "x", "prompt": "y"}', "prompt", "a", "r1"),
+        (b'{"id": "a", "reply_to": "r1", "prompt": "x", "reply_to": "r2"}', "reply_to", "a", None),
+        (
+            b'{"id": "a", "prompt": "x", "\\u0069d": "b"}',
+            "id",
+            "",
+            None,
+        ),  # an escape is no disguise
+    ],
+    ids=["id", "prompt", "reply_to", "escaped"],
+)
+def test_a_repeated_json_key_is_invalid_json(
+    data: bytes, key: str, request_id: str, reply_to: str | None
+) -> None:
+    error = refused(data)
+    assert error.code is ErrorCode.INVALID_JSON
+    assert f"repeats the key {key!r}" in error.message
+    assert (error.request_id, error.reply_to) == (request_id, reply_to)  # unless ambiguous
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"id": "a", "messages": [{"role": "user", "content": "x", "role": "system"}]}',
+        b'{"id": "a", "prompt": "x", "metadata": {"role": "a", "role": "b"}}',
+        b'{"id": "a", "prompt": "x", "response_format": {"type": "json_schema", "json_schema":'
+        b' {"schema": {"type": "object", "properties": {"role": {}}, "type": "array"}}}}',
+        b'{"id": "a", "prompt": "x", "future": [{"role": 1, "role": 2}]}',
+    ],
+    ids=["message", "metadata", "schema", "unknown-field"],
+)
+def test_a_key_repeated_in_any_json_object_is_refused(data: bytes) -> None:
+    error = refused(data)
+    assert error.code is ErrorCode.INVALID_JSON
+    assert "repeats the key" in error.message
+    assert error.request_id == "a"
+
+
+def test_the_same_key_in_different_objects_is_no_repeat() -> None:
+    message = {"role": "user", "content": "x"}
+    data = msgspec.json.encode({"id": "a", "messages": [message, message]})
+    assert len(decode_request(data).messages or []) == 2
+
+
+def msgpack_map(entries: list[tuple[str, object]], header: bytes) -> bytes:
+    return header + b"".join(
+        msgspec.msgpack.encode(k) + msgspec.msgpack.encode(v) for k, v in entries
+    )
+
+
+@pytest.mark.parametrize("size", ["fixmap", "map16", "map32"])
+def test_a_repeated_msgpack_key_is_refused(size: str) -> None:
+    entries: list[tuple[str, object]] = [("id", "a"), ("prompt", "x"), ("reply_to", "r1")]
+    entries += [(f"unknown{i}", i) for i in range(20 if size == "map16" else 0)]
+    entries.append(("prompt", "y"))
+    count = len(entries)
+    header = {
+        "fixmap": bytes([0x80 | count]),
+        "map16": b"\xde" + count.to_bytes(2, "big"),
+        "map32": b"\xdf" + count.to_bytes(4, "big"),
+    }[size]
+    error = refused(msgpack_map(entries, header), MSGPACK)
+    assert error.code is ErrorCode.INVALID_ENCODING
+    assert "repeats the key 'prompt'" in error.message
+    assert (error.request_id, error.reply_to) == ("a", "r1")
+
+
+def test_msgpack_without_repeats_passes_the_count() -> None:
+    entries: list[tuple[str, object]] = [("id", "a"), ("prompt", "x")]
+    entries += [(f"unknown{i}", i) for i in range(20)]
+    data = msgpack_map(entries, b"\xdf" + len(entries).to_bytes(4, "big"))
+    assert decode_request(data, MSGPACK).id == "a"
+
+
+def test_the_repeated_key_pass_reads_whatever_msgspec_read() -> None:
+    """Numbers the second reader would refuse to build (10,000 digits, 1e99999) are skipped."""
+    data = b'{"id": "a", "prompt": "x", "junk": [1e99999, 1' + b"0" * 10_000 + b", -0.0]}"
+    assert decode_request(data).id == "a"

@@ -10,6 +10,14 @@ import pytest
 
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from messages.limits import (
+    MAX_NEW_TOKENS,
+    MAX_PRIORITY,
+    MAX_STREAM_INTERVAL_MS,
+    MAX_STREAM_INTERVAL_TOKENS,
+    MAX_TIMEOUT_MS,
+    MIN_PRIORITY,
+)
 from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import JsonSchemaFormat, ResponseFormat
 from messages.validation import check_request
@@ -213,3 +221,82 @@ def test_a_malformed_response_format_is_invalid_response_format(
 )
 def test_well_formed_response_formats_pass(response_format: ResponseFormat | None) -> None:
     check_request(GenerateRequest(id="r", prompt="p", response_format=response_format))
+
+
+# --- the range of every number (messages.limits) --------------------------------------------
+
+HUGE = 10**400  # JSON carries integers of up to 4300 digits
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"timeout_ms": MAX_TIMEOUT_MS},
+        {"priority": MIN_PRIORITY},
+        {"priority": MAX_PRIORITY},
+        {"v": 0},
+        {"v": 2**63 - 1},
+        {"stream_interval_tokens": 1},
+        {"stream_interval_tokens": MAX_STREAM_INTERVAL_TOKENS},
+        {"stream_interval_ms": 0.0},
+        {"stream_interval_ms": MAX_STREAM_INTERVAL_MS},
+        {"max_new_tokens": MAX_NEW_TOKENS},
+        {"prompt_token_ids": [0, 2**31 - 1]},
+    ],
+)
+def test_numbers_at_the_edge_of_their_range_pass(fields: dict[str, Any]) -> None:
+    check_request(request(**fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "words"),
+    [
+        ({"timeout_ms": MAX_TIMEOUT_MS + 1}, ErrorCode.INVALID_REQUEST, "timeout_ms"),
+        ({"timeout_ms": HUGE}, ErrorCode.INVALID_REQUEST, "timeout_ms"),
+        ({"priority": MIN_PRIORITY - 1}, ErrorCode.INVALID_REQUEST, "priority"),
+        ({"priority": MAX_PRIORITY + 1}, ErrorCode.INVALID_REQUEST, "priority"),
+        ({"priority": -HUGE}, ErrorCode.INVALID_REQUEST, "priority"),
+        ({"v": -1}, ErrorCode.INVALID_REQUEST, "v (the schema version)"),
+        ({"v": 2**63}, ErrorCode.INVALID_REQUEST, "v (the schema version)"),
+        ({"stream_interval_tokens": 0}, ErrorCode.INVALID_REQUEST, "stream_interval_tokens"),
+        (
+            {"stream_interval_tokens": MAX_STREAM_INTERVAL_TOKENS + 1},
+            ErrorCode.INVALID_REQUEST,
+            "stream_interval_tokens",
+        ),
+        ({"stream_interval_ms": -1.0}, ErrorCode.INVALID_REQUEST, "stream_interval_ms"),
+        ({"stream_interval_ms": math.nan}, ErrorCode.INVALID_REQUEST, "stream_interval_ms"),
+        ({"stream_interval_ms": math.inf}, ErrorCode.INVALID_REQUEST, "stream_interval_ms"),
+        ({"max_new_tokens": MAX_NEW_TOKENS + 1}, ErrorCode.MAX_TOKENS_TOO_LARGE, "max_new_tokens"),
+        ({"max_new_tokens": HUGE}, ErrorCode.MAX_TOKENS_TOO_LARGE, "max_new_tokens"),
+        ({"top_k": HUGE}, ErrorCode.INVALID_SAMPLING_PARAMS, "top_k"),
+        ({"seed": HUGE}, ErrorCode.INVALID_SAMPLING_PARAMS, "seed"),
+        ({"prompt_token_ids": [1, 2**31]}, ErrorCode.TOKEN_OUT_OF_VOCABULARY, "2147483648"),
+        ({"prompt_token_ids": [-1]}, ErrorCode.TOKEN_OUT_OF_VOCABULARY, "prompt_token_ids"),
+        ({"stop_token_ids": [HUGE]}, ErrorCode.TOKEN_OUT_OF_VOCABULARY, "stop_token_ids"),
+    ],
+)
+def test_a_number_out_of_its_range_is_refused(
+    fields: dict[str, Any], code: ErrorCode, words: str
+) -> None:
+    error = broken(request(**fields))
+    assert error.code is code
+    assert words in error.message
+    assert len(error.message) < 200, "a 401-digit number is not repeated back whole"
+
+
+def test_a_huge_number_is_shown_by_its_digits() -> None:
+    error = broken(request(priority=HUGE))
+    assert "got 100000000000… (401 digits)" in error.message
+
+
+def test_the_ranges_come_after_the_older_rules() -> None:
+    """Prompt, max tokens, sampling, reply_to, then timeout, intervals, priority, v."""
+    req = request(timeout_ms=HUGE, stream_interval_tokens=0, priority=HUGE, v=-1)
+    assert "timeout_ms" in broken(req).message
+    req.timeout_ms = None
+    assert "stream_interval_tokens" in broken(req).message
+    req.stream_interval_tokens = None
+    assert "priority" in broken(req).message
+    req.priority = 0
+    assert "v (the schema version)" in broken(req).message
