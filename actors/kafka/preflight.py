@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import errors as kafka_errors
 from aiokafka.conn import create_conn
@@ -69,14 +70,9 @@ async def _try(connection: KafkaConnection, host: str, port: int, timeout_s: flo
     except (OSError, TimeoutError) as exc:
         return Reach(False, True, f"cannot reach {where}: {_short(exc)}")
     writer.close()
-    kwargs = connection.client_kwargs()
-    kwargs.pop("bootstrap_servers")
     conn = None
     try:
-        conn = await asyncio.wait_for(
-            create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **kwargs),
-            timeout_s,
-        )
+        conn = await _connect(connection, host, port, timeout_s)
         # A SASL listener answers ApiVersions before authentication: ask for metadata too.
         await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
     except Exception as exc:
@@ -194,14 +190,9 @@ async def _ask_topic(
     connection: KafkaConnection, host: str, port: int, topic: str, timeout_s: float
 ) -> TopicCheck:
     where = f"{host}:{port}"
-    kwargs = connection.client_kwargs()
-    kwargs.pop("bootstrap_servers")
     conn = None
     try:
-        conn = await asyncio.wait_for(
-            create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **kwargs),
-            timeout_s,
-        )
+        conn = await _connect(connection, host, port, timeout_s)
         response = await asyncio.wait_for(conn.send(_TopicMetadata([topic])), timeout_s)
     except Exception as exc:
         return TopicCheck(False, False, f"{where}: {_short(exc)}")
@@ -283,3 +274,12 @@ class _TopicMetadata(Request[MetadataRequest_v5 | _MetadataRequest_v8]):  # type
         if request_struct_class.API_VERSION >= 8:
             return request_struct_class(self._topics, False, False, True)
         return request_struct_class(self._topics, False)
+
+
+async def _connect(connection: KafkaConnection, host: str, port: int, timeout_s: float) -> Any:
+    """One connection to `host:port` with the connection's security settings."""
+    kwargs = connection.client_kwargs()
+    kwargs.pop("bootstrap_servers")
+    return await asyncio.wait_for(
+        create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **kwargs), timeout_s
+    )
