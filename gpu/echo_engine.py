@@ -23,8 +23,9 @@ from pathlib import Path
 from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
 from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError
-from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.loading.model_config import load_hf_config
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import ModelConfig
 
 _HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 

@@ -27,7 +27,7 @@ from gpu.kernels.native import CpuKernels, cpu_kernels
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
-from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
+from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.models.layers import long_rope_rows
 from gpu.prefix_hash import root_key
 from gpu.runner import ModelRunner

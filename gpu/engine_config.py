@@ -11,13 +11,13 @@ from gpu.block_allocator import blocks_for
 from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
 from gpu.loading.loader import LoadedModel
-from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.memory.plan import (
     activation_reserve_bytes,
     decode_graph_reserve_bytes,
     kv_budget_bytes,
     num_kv_blocks,
 )
+from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.scheduler import SchedulerConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048

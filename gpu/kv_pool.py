@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 
 PAD_BLOCK = 0  # always zero; pads block tables, never holds a sequence's K/V
 

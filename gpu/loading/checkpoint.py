@@ -23,8 +23,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from gpu.errors import CheckpointError
-from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.loading.model_config import load_hf_config
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import ModelConfig
 
 
 @dataclass

@@ -25,8 +25,9 @@ from gpu.loading.checkpoint import Checkpoint
 from gpu.loading.gguf_quants import dequantize, to_quantized
 from gpu.loading.gguf_reader import GGUFFormatError, GGUFHeader, GGUFTensorInfo, read_gguf
 from gpu.loading.gguf_tokenizer import build_gguf_tokenizer
-from gpu.loading.model_config import ModelConfig, config_from_hf
+from gpu.loading.model_config import config_from_hf
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import ModelConfig
 from gpu.quant.weight import QuantizedWeight
 
 ARCHITECTURES = ("llama", "qwen2", "gemma3")  # general.architecture values read here

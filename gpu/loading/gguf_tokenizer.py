@@ -17,8 +17,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from gpu.errors import CheckpointError
 from gpu.loading.gguf_sentencepiece import SENTENCEPIECE_ARCHITECTURES, gemma_tokenizer
-from gpu.loading.model_config import ModelConfig
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import ModelConfig
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 _CONTROL = 3

@@ -14,8 +14,8 @@ from gpu.device import default_device, default_dtype
 from gpu.errors import CheckpointError
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.checkpoint import Checkpoint, load_hf_folder
-from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.models.gemma import GemmaForCausalLM
 from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.layers import WeightSource, rope_tables

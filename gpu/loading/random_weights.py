@@ -21,8 +21,9 @@ from gpu.device import default_device, default_dtype, dtype_name
 from gpu.errors import CheckpointError
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, _tie_and_fill_buffers, build_module
-from gpu.loading.model_config import ModelConfig, check_activation, config_from_hf
+from gpu.loading.model_config import check_activation, config_from_hf
 from gpu.loading.tokenizer import Tokenizer
+from gpu.model_config import ModelConfig
 from gpu.models.gemma import GemmaRMSNorm
 from gpu.models.layers import RMSNorm
 from gpu.models.packed_linear import pack_linears, packed_bytes, packing_available

@@ -13,7 +13,7 @@ import torch
 
 from gpu.block_allocator import blocks_for
 from gpu.engine_config import EngineConfig
-from gpu.loading.model_config import ModelConfig, load_hf_config
+from gpu.loading.model_config import load_hf_config
 from gpu.memory.held_bytes import module_bytes
 from gpu.memory.plan import (
     activation_reserve_bytes,
@@ -21,6 +21,7 @@ from gpu.memory.plan import (
     kv_bytes_per_token,
     weights_bytes,
 )
+from gpu.model_config import ModelConfig
 
 
 def engine_bytes(engine: Any) -> int:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpu.errors import MemoryPlanError
-from gpu.loading.model_config import ModelConfig
 from gpu.memory.byte_sizes import format_bytes
+from gpu.model_config import ModelConfig
 
 DTYPE_BYTES: MappingProxyType[str, int] = MappingProxyType(
     {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}

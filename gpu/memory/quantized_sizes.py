@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu.loading.model_config import GEMMA_FAMILY, ModelConfig
+from gpu.model_config import GEMMA_FAMILY, ModelConfig
 
 # bytes per weight of the kernel format each GGUF block type loads into, with `auto`
 # (`gpu.loading.gguf_quants.to_quantized`): integers + float32 scales (+ offsets)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.kv_pool import KVPool, LayerKV
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import WeightSource, copy_into
 

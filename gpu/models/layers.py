@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from gpu.errors import CheckpointError
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.quant.weight import QuantizedWeight, concatenated
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from gpu.kernels.native import CpuKernels
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import KVPool, LayerKV
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import (
     RMSNorm,

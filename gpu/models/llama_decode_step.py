@@ -29,7 +29,7 @@ import torch
 
 from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.models.attention import AttentionMetadata
 from gpu.models.packed_linear import PANEL_ROWS
 from gpu.quant.weight import QuantizedWeight

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.models.layers import WeightSource, copy_into
 
 

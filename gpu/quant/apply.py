@@ -6,7 +6,7 @@ from collections.abc import Collection
 
 from torch import nn
 
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.quant.scheme import Quantization
 

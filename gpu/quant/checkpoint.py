@@ -30,7 +30,7 @@ from torch import nn
 
 from gpu.loading.checkpoint import file_sha256
 from gpu.loading.loader import LoadedModel
-from gpu.loading.model_config import GEMMA_FAMILY, LLAMA_FAMILY, MOE_ARCHS, ModelConfig
+from gpu.model_config import GEMMA_FAMILY, LLAMA_FAMILY, MOE_ARCHS, ModelConfig
 
 WEIGHTS = "model.safetensors"
 QUANT_METHOD = "tokenmill"

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.models.packed_linear import PackedLinear
 from gpu.quant.checkpoint import WEIGHTS, supported, write_checkpoint
 from gpu.quant.evaluate import Comparison, Scores, compare, kl_divergence, perplexity, score

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu.engine import StepStats
-from gpu.loading.model_config import ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.offline import OfflineRun
 
 if TYPE_CHECKING:

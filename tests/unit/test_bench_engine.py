@@ -120,7 +120,7 @@ def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
 
 
 def test_flop_model_counts_the_workload() -> None:
-    from gpu.loading.model_config import ModelConfig
+    from gpu.model_config import ModelConfig
     from ops.bench.workload import BenchRequest
 
     config = ModelConfig(

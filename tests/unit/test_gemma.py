@@ -12,7 +12,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpu.loading.model_config import FULL, SLIDING, ModelConfig, config_from_hf, load_hf_config
+from gpu.loading.model_config import config_from_hf, load_hf_config
+from gpu.model_config import FULL, SLIDING, ModelConfig
 from ops.models.plan_cli import plan
 
 # google/gemma-3-270m's config.json as published (transformers 4.55: rope settings flat).

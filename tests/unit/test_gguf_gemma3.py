@@ -14,7 +14,7 @@ import torch
 import gpu.loading.gguf
 from gpu.errors import CheckpointError
 from gpu.loading.gguf import GGUFTensors, load_gguf, read_gguf_config
-from gpu.loading.model_config import FULL, SLIDING
+from gpu.model_config import FULL, SLIDING
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, WINDOW = 7, 16, 2, 1, 8, 24, 4
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]

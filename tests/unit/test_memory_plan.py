@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu.errors import MemoryPlanError
-from gpu.loading.model_config import ModelConfig
 from gpu.memory.plan import (
     activation_reserve_bytes,
     canonical_dtype,
@@ -24,6 +23,7 @@ from gpu.memory.plan import (
     plan_memory,
     weights_bytes,
 )
+from gpu.model_config import ModelConfig
 
 GiB = 2**30
 MiB = 2**20
