@@ -1,6 +1,6 @@
-"""The Triton paged-attention kernels (`gpu.kernels.triton.paged_attention`) against plain-torch
-references that gather each sequence's blocks and attend in float32, run on the CPU through
-Triton's interpreter.
+"""The Triton paged-attention kernels (`gpu.kernels.triton.paged_decode`, `paged_prefill`)
+against plain-torch references that gather each sequence's blocks and attend in float32, run on
+the CPU through Triton's interpreter.
 
 TRITON_INTERPRET=1 must be set before `triton` is first imported, and torch can import triton
 first in a pytest process, so the kernels run in one child process with the variable set: this
@@ -15,13 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from gpu.kernels.triton.paged_attention import (
-    _decode_splits,
-    _keys_per_tile,
-    available,
-    paged_decode_attention,
-    paged_prefill_attention,
-)
+from gpu.kernels.triton.paged_attention import available, keys_per_tile
+from gpu.kernels.triton.paged_decode import _decode_splits, paged_decode_attention
+from gpu.kernels.triton.paged_prefill import paged_prefill_attention
 from tests.unit.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
@@ -32,20 +28,20 @@ CHILD = """
 import sys
 import torch
 before = "triton" in sys.modules
-from gpu.kernels.triton import paged_attention as pa
-assert ("triton" in sys.modules) == before, "importing the module imported triton"
+from gpu.kernels.triton import paged_attention as pa, paged_decode, paged_prefill
+assert ("triton" in sys.modules) == before, "importing the modules imported triton"
 assert pa.available(), "TRITON_INTERPRET=1 but the interpreter is not in force"
 cases = torch.load(sys.argv[1])
 outputs = {}
 for name, c in cases.items():
     out = torch.full_like(c["q"], float("nan"))  # every element must be written
     if c["kind"] == "decode":
-        pa.paged_decode_attention(
+        paged_decode.paged_decode_attention(
             c["q"], c["k"], c["v"], c["tables"], c["lengths"], c["scale"], out,
             starts=c["starts"], softcap=c["softcap"],
         )
     else:
-        pa.paged_prefill_attention(
+        paged_prefill.paged_prefill_attention(
             c["q"], c["k"], c["v"], c["table"], c["context"], c["scale"], out,
             window=c["window"], softcap=c["softcap"],
         )
@@ -271,7 +267,7 @@ def test_long_tables_split_and_a_full_batch_does_not() -> None:
         c = CASES[name]
         seqs, width = c["tables"].shape
         block_size, kv_heads = c["k"].shape[1:3]
-        keys = _keys_per_tile(block_size)
+        keys = keys_per_tile(block_size)
         assert _decode_splits(seqs, kv_heads, width * block_size, keys)[0] == splits
     assert _decode_splits(512, 8, 4096 * 16, 16) == (1, 4096)
     splits, tiles = _decode_splits(1, 8, 4096 * 16, 16)
@@ -345,11 +341,11 @@ def test_builds_for_cuda_without_a_gpu(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gpu.kernels.triton import paged_attention
+    from gpu.kernels.triton import paged_decode, paged_prefill
 
-    split, reduce = paged_attention._decode_kernels(False)
+    split, reduce = paged_decode._decode_kernels(False)
     kernel = {"decode_split": split, "decode_reduce": reduce}.get(name)
-    kernel = kernel or paged_attention._prefill_kernel(False)
+    kernel = kernel or paged_prefill._prefill_kernel(False)
     pointers, constants, warps = BUILDS[name]
     names = kernel.arg_names
     # Scalars: ints as i32, the two floats as fp32.

@@ -85,8 +85,8 @@ class TritonKernels:
         softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
     ) -> None:
         """Each sequence's one query attends to positions `starts .. lengths - 1` of its
-        blocks, read where they lie in the pool (`paged_attention.py`)."""
-        from gpu.kernels.triton.paged_attention import paged_decode_attention
+        blocks, read where they lie in the pool (`paged_decode.py`)."""
+        from gpu.kernels.triton.paged_decode import paged_decode_attention
 
         paged_decode_attention(q, k, v, tables, lengths, scale, out, starts=starts, softcap=softcap)
 
@@ -104,8 +104,8 @@ class TritonKernels:
         softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
     ) -> None:
         """Causal attention of one prefill chunk over its sequence's cached context and
-        itself, read through the block table (`paged_attention.py`)."""
-        from gpu.kernels.triton.paged_attention import paged_prefill_attention
+        itself, read through the block table (`paged_prefill.py`)."""
+        from gpu.kernels.triton.paged_prefill import paged_prefill_attention
 
         paged_prefill_attention(q, k, v, table, context, scale, out, window=window, softcap=softcap)
 
