@@ -26,7 +26,7 @@ from ops.worker.startup_signals import (
 
 if TYPE_CHECKING:
     from actors.kafka.connection import KafkaConnection
-    from gpu.echo_engine import EchoEngine
+    from ops.bench.echo_engine import EchoEngine
 
 
 @click.command()
@@ -52,7 +52,10 @@ def worker(**kwargs: Any) -> None:
     SIGTERM or SIGINT while it is still starting (loading the model, say) exits 0 at once,
     logging `worker_stopped_during_startup`.
     """
-    signals = StartupSignals().install()  # before anything slow: ops/worker/startup_signals.py
+    # Installed by `tokenmill`'s entry point already (ops/cli.py `main`); else now, before
+    # anything slow: ops/worker/startup_signals.py.
+    installed = click.get_current_context().find_object(StartupSignals)
+    signals = installed or StartupSignals().install()
     try:
         _start_and_serve(kwargs, signals)
     except StartupInterrupted as stop:
@@ -133,7 +136,7 @@ def _registry_alias(name: str) -> Path | None:
 
 def _echo_builder(choice: EngineChoice) -> Callable[[Path], EchoEngine]:
     def build(path: Path) -> EchoEngine:
-        from gpu.echo_engine import EchoEngine, load_echo_model
+        from ops.bench.echo_engine import EchoEngine, load_echo_model
 
         return EchoEngine(load_echo_model(path), choice.engine)
 
@@ -144,8 +147,8 @@ def _echo_engine(choice: EngineChoice) -> EchoEngine:
     """The benchmark-only engine over the model's tokenizer and config; no weights are read."""
     import structlog
 
-    from gpu.echo_engine import EchoEngine, load_echo_model
     from gpu.errors import EngineError
+    from ops.bench.echo_engine import EchoEngine, load_echo_model
     from ops.errors import ModelFetchError
     from ops.models.registry import resolve_model
 

@@ -1,12 +1,14 @@
 """SIGTERM or SIGINT while a worker starts: exit 0 with one log line, not a death by signal.
 
 A worker takes a while to start: its imports, the broker preflight, loading the model (17-32 s
-on a busy machine). From the moment the command runs (after the `tokenmill` group's own imports,
-well under a second) until its event loop serves, Python's default handlers would end it with
+on a busy machine). Until its event loop serves, Python's default handlers would end it with
 exit 143 (SIGTERM: killed, nothing logged) or a KeyboardInterrupt traceback (SIGINT), and an
-orchestrator that stops a worker still starting would count a failure.
+orchestrator that stops a worker still starting would count a failure. So `tokenmill`'s entry
+point (ops/cli.py `main`) installs the handler before it imports the command, and the command
+takes that one over; run any other way (a test's `CliRunner`), the command installs its own.
+This module imports nothing slow, so that it can come first.
 
-    signals = StartupSignals().install()       # first thing in the command
+    signals = StartupSignals().install()       # first thing
     try:
         ... start up ...                         # a signal raises StartupInterrupted here
         asyncio.run(serve(service, signals))     # signals.hand_to(loop, service.drain) first
@@ -29,19 +31,19 @@ that kill.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
-from concurrent.futures import Future
-from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-import structlog
+if TYPE_CHECKING:  # importing this module must cost nothing: `tokenmill` imports it first
+    import asyncio
+    from concurrent.futures import Future
+    from types import FrameType
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGINT first: once SIGTERM is caught (as /proc/PID/status shows), both are.
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 WAKE_S = 0.2  # how late, at worst, a signal caught by another thread stops a wait
 
 T = TypeVar("T")
@@ -105,6 +107,14 @@ def stopped_during_startup(stop: StartupInterrupted) -> NoReturn:
     offset is owed), and the log is flushed first."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a second signal cannot cut the line short
+    import logging
+
+    import structlog
+
+    if not structlog.is_configured():  # stopped before the command configured its logging
+        from ops.worker.logging_setup import configure_logging
+
+        configure_logging()
     structlog.get_logger("tokenmill.worker").info(
         "worker_stopped_during_startup", signal=stop.signal.name
     )

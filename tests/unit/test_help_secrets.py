@@ -31,6 +31,13 @@ def secret_options(command: click.Command) -> list[click.Option]:
     ]
 
 
+def commands() -> dict[str, click.Command]:
+    """Every command of `tokenmill`, imported (the group imports each only when asked)."""
+    ctx = click.Context(cli)
+    found = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}
+
+
 def envvar_of(option: click.Option) -> str:
     assert isinstance(option.envvar, str), option.name
     return option.envvar
@@ -40,14 +47,14 @@ def all_env_unset() -> dict[str, str | None]:
     """Every option's variable unset, so the shell running the tests cannot leak in."""
     return {
         option.envvar: None
-        for command in cli.commands.values()
+        for command in commands().values()
         for option in command.params
         if isinstance(option, click.Option) and isinstance(option.envvar, str)
     }
 
 
 def test_every_secret_option_of_the_worker_is_masked() -> None:
-    secrets = secret_options(cli.commands["worker"])
+    secrets = secret_options(commands()["worker"])
     assert {option.name for option in secrets} >= KNOWN  # the grep finds what it must
     for option in secrets:
         assert isinstance(option, SecretOption), option.name
@@ -57,7 +64,7 @@ def test_every_secret_option_of_the_worker_is_masked() -> None:
 def test_worker_help_shows_no_secret_from_the_config_file_or_the_env(
     tmp_path: Path, table: str
 ) -> None:
-    secrets = secret_options(cli.commands["worker"])
+    secrets = secret_options(commands()["worker"])
     from_file = {option.name: f"file-secret-{option.name}" for option in secrets}
     config = tmp_path / "tokenmill.toml"
     config.write_text(table + "".join(f'{name} = "{value}"\n' for name, value in from_file.items()))
@@ -86,10 +93,10 @@ def test_an_unset_secret_shows_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", sorted(name for name, command in cli.commands.items() if secret_options(command))
+    "name", sorted(name for name, command in commands().items() if secret_options(command))
 )
 def test_no_commands_help_shows_a_secret_from_the_env(name: str) -> None:
-    command = cli.commands[name]
+    command = commands()[name]
     env = {envvar_of(option): f"env-secret-{option.name}" for option in secret_options(command)}
 
     result = CliRunner().invoke(cli, [name, "--help"], env={**all_env_unset(), **env})

@@ -114,6 +114,28 @@ def closed_port() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler of its own for `sig` (its SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_signal_as_soon_as_the_handler_is_in_place_exits_0(
+    run_worker: Callable[..., Worker], tmp_path: Path, sig: signal.Signals
+) -> None:
+    """`tokenmill`'s entry point installs the handler before it imports the worker command
+    (ops/cli.py `main`): a signal the moment the process catches SIGTERM (and so SIGINT, put
+    in place first), while the command's modules are still being imported, exits 0 too."""
+    worker = run_worker(tmp_path / "no-model", closed_port())
+    worker.wait_for(lambda: catches(worker.process.pid, signal.SIGTERM), "a SIGTERM handler")
+    assert worker.stop_with(sig) == 0, worker.log()
+    assert f'"signal": "{sig.name}", "event": "worker_stopped_during_startup"' in worker.log()
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_a_signal_during_the_broker_preflight_exits_0(
     run_worker: Callable[..., Worker], tmp_path: Path, sig: signal.Signals
