@@ -1,5 +1,5 @@
 /* What tokenmill's CPU kernels share (the .c files beside it, built into one library by
- * gpu/kernels/native.py with -O3 -march=native -fopenmp): the host's vector type (AVX-512,
+ * gpu/kernels/native_build.py with -O3 -march=native -fopenmp): the host's vector type (AVX-512,
  * AVX2 or none), e^x in scalar and 16-lane forms, and the row operations the kernels are made
  * of. OpenMP is the runtime PyTorch itself loaded (same soname, libgomp.so.1), so the kernels
  * share its thread pool and its torch.set_num_threads setting. All arithmetic is float32; only

@@ -8,7 +8,7 @@
  *   scales float32 [out, in / group]; offsets the same, or NULL for 0.
  *   panels: for bits 32, the same W in panel_linear.c's panels, or NULL (then data alone).
  *
- * `in` and `group` are multiples of 16 (gpu/kernels/native.py checks), so a group never
+ * `in` and `group` are multiples of 16 (gpu/kernels/native_weight.py checks), so a group never
  * splits a vector of 16 or 8 lanes. The 4-bit kernels unpack a block of bytes into the low
  * nibbles' vector and the high nibbles' one and keep each in place; what they multiply is x
  * permuted the same way, block by block (`block4`, `permuted`), which costs nothing per weight. */

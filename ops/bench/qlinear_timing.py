@@ -21,7 +21,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from gpu.kernels.native import CpuKernels, build, cache_dir, cpu_kernels, find_compiler
+from gpu.kernels.native import CpuKernels, cpu_kernels
+from gpu.kernels.native_build import build, cache_dir, find_compiler
 from gpu.models.packed_linear import PackedLinear
 from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from gpu.kernels import native
-from gpu.kernels.native import CpuKernels, build, cpu_kernels, find_compiler
+from gpu.kernels.native import CpuKernels, cpu_kernels
+from gpu.kernels.native_build import build, find_compiler
 
 # Builds of the same source for the vector paths a host may have: what -march=native finds
 # here, AVX2 only, and no vector intrinsics at all (the plain C loops).
