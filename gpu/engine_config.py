@@ -11,12 +11,8 @@ from gpu.block_allocator import blocks_for
 from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
 from gpu.loading.loader import LoadedModel
-from gpu.memory.plan import (
-    activation_reserve_bytes,
-    decode_graph_reserve_bytes,
-    kv_budget_bytes,
-    num_kv_blocks,
-)
+from gpu.memory.activation_reserve import activation_reserve_bytes, decode_graph_reserve_bytes
+from gpu.memory.kv_budget import kv_budget_bytes, num_kv_blocks
 from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.scheduler import SchedulerConfig
 

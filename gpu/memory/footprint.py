@@ -14,13 +14,9 @@ import torch
 from gpu.block_allocator import blocks_for
 from gpu.engine_config import EngineConfig
 from gpu.loading.model_config import load_hf_config
+from gpu.memory.activation_reserve import activation_reserve_bytes
 from gpu.memory.held_bytes import module_bytes
-from gpu.memory.plan import (
-    activation_reserve_bytes,
-    dtype_bytes,
-    kv_bytes_per_token,
-    weights_bytes,
-)
+from gpu.memory.model_sizes import dtype_bytes, kv_bytes_per_token, weights_bytes
 from gpu.model_config import ModelConfig
 
 

@@ -14,7 +14,8 @@ from rich.table import Table
 from gpu.errors import EngineError
 from gpu.loading.model_config import load_hf_config
 from gpu.memory.byte_sizes import format_bytes, parse_size
-from gpu.memory.plan import DTYPE_BYTES, MemoryPlan, dtype_bytes, plan_memory, weights_bytes
+from gpu.memory.model_sizes import DTYPE_BYTES, dtype_bytes, weights_bytes
+from gpu.memory.plan import MemoryPlan, plan_memory
 from gpu.model_config import ModelConfig
 from ops.errors import OpsError
 from ops.models.engine_options import QUANTIZATION_CHOICES

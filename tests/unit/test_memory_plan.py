@@ -11,18 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu.errors import MemoryPlanError
-from gpu.memory.plan import (
-    activation_reserve_bytes,
-    canonical_dtype,
-    decode_graph_reserve_bytes,
-    default_max_batched_tokens,
-    dtype_bytes,
-    kv_budget_bytes,
-    kv_bytes_per_token,
-    num_kv_blocks,
-    plan_memory,
-    weights_bytes,
-)
+from gpu.memory.activation_reserve import activation_reserve_bytes, decode_graph_reserve_bytes
+from gpu.memory.kv_budget import kv_budget_bytes, num_kv_blocks
+from gpu.memory.model_sizes import canonical_dtype, dtype_bytes, kv_bytes_per_token, weights_bytes
+from gpu.memory.plan import default_max_batched_tokens, plan_memory
 from gpu.model_config import ModelConfig
 
 GiB = 2**30
@@ -305,7 +297,7 @@ def test_num_kv_blocks() -> None:
 
 
 def test_planner_does_not_import_torch() -> None:
-    code = "import sys, gpu.memory.plan; assert 'torch' not in sys.modules"
+    code = "import sys, gpu.memory.plan, gpu.memory.kv_budget; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

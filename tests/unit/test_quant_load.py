@@ -15,7 +15,7 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from gpu.memory.held_bytes import weight_bytes
-from gpu.memory.plan import weights_bytes
+from gpu.memory.model_sizes import weights_bytes
 from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
 from gpu.offline import run_all
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
