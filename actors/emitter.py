@@ -13,8 +13,9 @@ No record and no failed send crashes it (see `actors.send_errors`):
   one refused even so is sent again every few seconds (`dead_letter_blocked`) until the DLQ
   takes it. Until then its outcome is not reported delivered, so its partition's commits stop
   there (other outcomes go on; a blocked one keeps its place in the in-flight window, so a DLQ
-  that refuses everything stops the emitter once the window is full, never its memory). A
-  `stop()` gives a blocked one up, undelivered: its record is read again after a restart;
+  that refuses everything stops the emitter once the window is full, never its memory). The
+  ingest is told (`OutcomeBlocked`), so that a drain does not wait for it. A `stop()` gives a
+  blocked one up, undelivered: its record is read again after a restart;
 - a send that fails because the broker is away is sent again, with backoff, for as long as
   it takes; the outcomes behind it wait in the mailbox (the ingest's backpressure pauses
   fetching), none is lost; starting the producer waits for the broker the same way.
@@ -32,7 +33,7 @@ At its first start it checks that the DLQ topic exists and that this worker may 
 stops with that reason (a worker that cannot write a dead letter would stall its commits).
 
 Mailbox: `Outcome`s from the ingest and the GPU actor, `StreamChunk`s from the GPU actor.
-Sends: `Delivered` to the ingest.
+Sends: `Delivered` to the ingest; `OutcomeBlocked` first when a dead letter blocks one.
 `stop()`: produce what is queued, wait for every acknowledgement (blocked dead letters are
 given up, undelivered), close.
 """
@@ -52,7 +53,7 @@ from actors.config import WorkerConfig
 from actors.kafka.broker_wait import started
 from actors.kafka.errors import KafkaUnusable
 from actors.kafka.preflight import topic_check
-from actors.mail import Delivered, Outcome, RecordRef, StreamChunk
+from actors.mail import Delivered, Outcome, OutcomeBlocked, RecordRef, StreamChunk
 from actors.results import undeliverable
 from actors.runtime import Actor, Address, Mailbox
 from actors.send_errors import (
@@ -131,10 +132,11 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
         config: WorkerConfig,
         mailbox: Mailbox[Outcome | StreamChunk] | None = None,
         *,
-        delivered: Address[Delivered] | None = None,
+        delivered: Address[Delivered | OutcomeBlocked] | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        """`delivered`: the ingest's mailbox, told of each acknowledged outcome (None: no one)."""
+        """`delivered`: the ingest's mailbox, told of each acknowledged outcome and of each
+        blocked one (None: no one)."""
         super().__init__("emitter", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
         self.delivered = delivered
@@ -400,14 +402,16 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
             del self._chunks[request_id]
 
     async def _unblock(self, producer: AIOKafkaProducer, p: _Pending) -> None:
-        """Send `p`'s blocked dead letter again every few seconds until the DLQ takes it,
-        then report `p` delivered. Given up at `stop()`: never reported, so its offset is
-        never committed (its record is read again: at-least-once). Holds `p`'s place in the
-        window until then."""
+        """Tell the ingest `p` is blocked, send its dead letter again every few seconds until
+        the DLQ takes it, then report `p` delivered. Given up at `stop()`: never reported, so
+        its offset is never committed (its record is read again: at-least-once). Holds `p`'s
+        place in the window until then."""
         source = p.outcome.record
         self.blocked[p.key] = source
         attempt, cap = 0, self.blocked_retry_s
         try:
+            if self.delivered is not None:
+                await self.delivered.send(OutcomeBlocked(source))
             while p.blocked is not None:
                 record = p.records[p.blocked]
                 delay = backoff_s(attempt, first_s=min(1.0, cap), cap_s=cap)

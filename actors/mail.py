@@ -4,6 +4,9 @@
          │                          └─StreamChunk─┘ (streamed requests, before their Outcome)
          └──────────────── Outcome (rejected at the door) ──────┘
 
+An outcome whose dead letter the DLQ refuses is announced to the ingest first
+(`OutcomeBlocked`), its `Delivered` coming once the DLQ takes the letter.
+
 A record's `RecordRef` travels with it end to end, so the ingest can mark its offset done
 once the emitter reports the result delivered.
 
@@ -175,3 +178,13 @@ class Delivered:
     record: RecordRef
     admitted: bool
     cost_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeBlocked:
+    """Emitter → ingest: this record's outcome is made but held back, its dead letter refused
+    by the DLQ and sent again until taken (then `Delivered` follows). Its offset still stops
+    the partition's commits, but a drain does not wait for it: the emitter gives it up at
+    its stop, and the record is read again by the partition's next owner."""
+
+    record: RecordRef

@@ -4,7 +4,10 @@ Owns the consumer, the `OffsetTracker` and the backpressure state. Every record 
 in exactly one `Outcome` (a result or an error result, plus a dead letter when undecodable);
 its offset is committed only after the emitter reports that outcome delivered.
 
-Mailbox: `Delivered` notices from the emitter; `UseModel` from the GPU actor after a model flip.
+Mailbox: `Delivered` and `OutcomeBlocked` notices from the emitter; `UseModel` from the GPU
+actor after a model flip. A drain waits for every outcome but the blocked ones (a dead letter
+the DLQ refuses): it commits up to the first of those, which the partition's next owner reads
+again (`offset_left_uncommitted`).
 `cancels`, a second mailbox: `Cancel`s from the cancel actor. A cancelled request still in a
 length bucket is answered here (cancelled, no tokens); any other cancel is passed on to the
 GPU actor behind the batches already handed over, so it finds the request if it is there.
@@ -38,7 +41,16 @@ from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
 from actors.kafka import record_reader
 from actors.kafka.broker_wait import started
-from actors.mail import Admitted, Batch, Cancel, Delivered, Outcome, RecordRef, UseModel
+from actors.mail import (
+    Admitted,
+    Batch,
+    Cancel,
+    Delivered,
+    Outcome,
+    OutcomeBlocked,
+    RecordRef,
+    UseModel,
+)
 from actors.results import cancelled_before_engine
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
@@ -55,12 +67,12 @@ log = structlog.get_logger("tokenmill.ingest")
 _POLL_MS = 100
 
 
-class IngestActor(Actor[Delivered | UseModel]):
+class IngestActor(Actor[Delivered | OutcomeBlocked | UseModel]):
     def __init__(
         self,
         config: WorkerConfig,
         front: ModelFront,
-        mailbox: Mailbox[Delivered | UseModel] | None = None,
+        mailbox: Mailbox[Delivered | OutcomeBlocked | UseModel] | None = None,
         *,
         batches: Address[Batch | Cancel],
         outcomes: Address[Outcome],
@@ -99,7 +111,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         self.joined = False  # the consumer joined its group (has had an assignment, maybe empty)
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._bucket_added = asyncio.Event()
-        self._quiet = asyncio.Event()  # set by deliveries that leave nothing in flight
+        self._quiet = asyncio.Event()  # set when all in flight is delivered, or blocked
         self._delivered = asyncio.Event()  # set by every delivery
         # Bumped by every rebalance: a fetch made under an older assignment is not tracked
         # past the rebalance (its partitions may have been revoked and handed back, with
@@ -134,7 +146,7 @@ class IngestActor(Actor[Delivered | UseModel]):
         return len(consumer.paused()) if consumer is not None and self.joined else 0
 
     @staticmethod
-    def new_mailbox(config: WorkerConfig) -> Mailbox[Delivered | UseModel]:
+    def new_mailbox(config: WorkerConfig) -> Mailbox[Delivered | OutcomeBlocked | UseModel]:
         """Room for a `Delivered` of every outcome the emitter may have in flight."""
         return Mailbox(max(config.emit_max_in_flight, 1024))
 
@@ -206,9 +218,16 @@ class IngestActor(Actor[Delivered | UseModel]):
         return set(await self.consumer.topics())
 
     async def _wait_quiet(self) -> None:
-        while self.tracker.in_flight() > 0:
+        """Until every outcome is delivered but those the emitter holds back (`OutcomeBlocked`),
+        for which nothing more comes in this run: each such partition's commits stop at its
+        first blocked offset."""
+        while self.tracker.waiting() > 0:
             self._quiet.clear()
             await self._quiet.wait()
+        for tp, offsets in self.tracker.blocked().items():
+            log.warning("offset_left_uncommitted", topic=tp.topic, partition=tp.partition,
+                        offset=offsets[0], blocked=len(offsets), reason="dead letter blocked",
+                        detail="read again by the partition's next owner")  # fmt: skip
 
     # -- fetching ------------------------------------------------------------------------
 
@@ -509,16 +528,19 @@ class IngestActor(Actor[Delivered | UseModel]):
     async def _mail_loop(self) -> None:
         while True:
             first = await self.mailbox.get()
-            for delivered in [first, *self.drain_mailbox()]:
-                if isinstance(delivered, UseModel):
-                    self.front = delivered.front
-                    log.info("ingest_model", model=self.front.name, digest=self.front.digest)
-                    continue
-                self.tracker.done(delivered.record.tp, delivered.record.offset)
-                if delivered.admitted:
-                    self._account(self.backpressure.release(1, delivered.cost_tokens))
+            for mail in [first, *self.drain_mailbox()]:
+                match mail:
+                    case UseModel(front=front):
+                        self.front = front
+                        log.info("ingest_model", model=front.name, digest=front.digest)
+                    case OutcomeBlocked(record=ref):
+                        self.tracker.block(ref.tp, ref.offset)
+                    case Delivered(record=ref, admitted=admitted, cost_tokens=cost):
+                        self.tracker.done(ref.tp, ref.offset)
+                        if admitted:
+                            self._account(self.backpressure.release(1, cost))
             self._delivered.set()
-            if self.tracker.in_flight() == 0:
+            if self.tracker.waiting() == 0:
                 self._quiet.set()
 
     def _account(self, decision: Decision) -> None:

@@ -11,12 +11,13 @@ __all__ = ["OffsetTracker"]
 
 
 class _Partition:
-    __slots__ = ("committed", "last", "open")
+    __slots__ = ("blocked", "committed", "last", "open")
 
     def __init__(self) -> None:
         # Tracked-but-not-done offsets in tracking (= ascending) order: the first is the commit
         # point. An OrderedDict, not a heap or a deque, so that any offset leaves in O(1).
         self.open: OrderedDict[int, None] = OrderedDict()
+        self.blocked: set[int] = set()  # open offsets whose outcome waits only to be delivered
         self.last = -1
         self.committed: int | None = None
 
@@ -28,6 +29,7 @@ class _Partition:
         it on is forgotten (it is read again), and so is the last commit."""
         for tracked in [o for o in self.open if o >= offset]:
             del self.open[tracked]
+            self.blocked.discard(tracked)
         self.last = offset - 1
         self.committed = None
 
@@ -64,6 +66,10 @@ class OffsetTracker:
     the old one then marks it done too. Offsets carry no more than that to tell them apart,
     and the truncation itself has already lost records.)
 
+    An unfinished offset may be blocked (`block()`): its outcome is made but cannot be delivered
+    yet (a dead letter the DLQ refuses). It still stops the commit point, but `waiting()`,
+    which a drain waits on, leaves it out: nothing more comes for it in this run.
+
     Keys are `TopicPartition`s; plain `(topic, partition)` tuples work too.
     """
 
@@ -97,6 +103,18 @@ class OffsetTracker:
         if state is None or offset not in state.open:
             return False
         del state.open[offset]
+        state.blocked.discard(offset)
+        return True
+
+    def block(self, tp: TopicPartition, offset: int) -> bool:
+        """Mark a tracked, unfinished offset blocked: its outcome is made and nothing runs for
+        it, but it cannot be delivered yet (its dead letter waits for the DLQ). It still
+        stops the commit point; `waiting()` no longer counts it. `done()` ends it as any other.
+        True when it was in flight (False, and nothing changes, as for `done()`)."""
+        state = self._partitions.get(tp)
+        if state is None or offset not in state.open:
+            return False
+        state.blocked.add(offset)
         return True
 
     def commit_point(self, tp: TopicPartition) -> int | None:
@@ -134,6 +152,17 @@ class OffsetTracker:
             return sum(len(state.open) for state in self._partitions.values())
         state = self._partitions.get(tp)
         return 0 if state is None else len(state.open)
+
+    def waiting(self) -> int:
+        """Offsets tracked and not done, less the blocked ones: those whose work is still on its
+        way (what a drain waits for)."""
+        return sum(len(state.open) - len(state.blocked) for state in self._partitions.values())
+
+    def blocked(self) -> dict[TopicPartition, list[int]]:
+        """The blocked offsets (see `block`), ascending, of each partition that has any."""
+        return {
+            tp: sorted(state.blocked) for tp, state in self._partitions.items() if state.blocked
+        }
 
     def partitions(self) -> set[TopicPartition]:
         return set(self._partitions)

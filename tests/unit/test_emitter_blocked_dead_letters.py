@@ -1,6 +1,7 @@
 """Dead letters are never dropped: one the DLQ refuses even trimmed is sent again until the DLQ
-takes it, and its outcome is reported delivered (its offset committable) only then. Others go
-on meanwhile; a stop gives it up, undelivered. A fake producer stands in for the broker."""
+takes it, and its outcome is reported delivered (its offset committable) only then; the ingest
+is told at once that it is blocked (`OutcomeBlocked`, so a drain does not wait for it). Others
+go on meanwhile; a stop gives it up, undelivered. A fake producer stands in for the broker."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.kafka.errors import KafkaUnusable
 from actors.kafka.preflight import TopicCheck
-from actors.mail import Delivered, Outcome, RecordRef
+from actors.mail import Delivered, Outcome, OutcomeBlocked, RecordRef
 from actors.results import rejected_at_door
 from actors.runtime import Mailbox
 from messages.codec import JSON
@@ -56,15 +57,27 @@ def dead_letter_outcome(partition: int, offset: int) -> Outcome:
     )  # fmt: skip
 
 
-def emitter(**overrides: Any) -> tuple[EmitterActor, FakeProducer, Mailbox[Delivered]]:
+Notice = Delivered | OutcomeBlocked
+
+
+def emitter(**overrides: Any) -> tuple[EmitterActor, FakeProducer, Mailbox[Notice]]:
     config = WorkerConfig(results_topic="lane.results", dlq_topic=DLQ, **overrides)
-    delivered: Mailbox[Delivered] = Mailbox(64)
+    delivered: Mailbox[Notice] = Mailbox(64)
     actor = EmitterActor(config, delivered=delivered)
     producer = FakeProducer()
     actor._new_producer = lambda: producer  # type: ignore[method-assign]
     actor._dlq_checked = True  # the start-up check has its own tests
     actor.blocked_retry_s = 0.02
     return actor, producer, delivered
+
+
+def waiting(mailbox: Mailbox[Notice]) -> list[tuple[str, int, int]]:
+    """What the ingest was told so far, taken: (kind, partition, offset) each."""
+    out = []
+    while not mailbox.empty():
+        notice = mailbox.get_nowait()
+        out.append((type(notice).__name__, notice.record.partition, notice.record.offset))
+    return out
 
 
 async def until(condition: Any) -> None:
@@ -80,10 +93,12 @@ async def test_a_blocked_dead_letter_is_delivered_only_once_the_dlq_takes_it() -
         task = asyncio.create_task(actor.run())
         await actor.send(dead_letter_outcome(0, 7))
         await until(lambda: sum(e["event"] == "dead_letter_blocked" for e in logs) >= 3)
-        assert delivered.empty(), "not delivered: its offset must not be committed"
+        # Told blocked once, not delivered: its offset must not be committed.
+        assert waiting(delivered) == [("OutcomeBlocked", 0, 7)]
         assert actor.blocked and next(iter(actor.blocked.values())).offset == 7
         producer.dlq_refuses = False
         done = await asyncio.wait_for(delivered.get(), 10)
+        assert isinstance(done, Delivered)
         actor.stop()
         await task
     assert (done.record.partition, done.record.offset) == (0, 7)
@@ -105,8 +120,10 @@ async def test_other_outcomes_are_delivered_while_one_is_blocked() -> None:
     fine = dead_letter_outcome(1, 3)
     fine.dead_letter = None  # a plain error result: nothing for the DLQ
     await actor.send(fine)
-    done = await asyncio.wait_for(delivered.get(), 10)
-    assert (done.record.partition, done.record.offset) == (1, 3)
+    told = [await asyncio.wait_for(delivered.get(), 10) for _ in range(2)]
+    assert {(type(n).__name__, n.record.partition, n.record.offset) for n in told} == {
+        ("Delivered", 1, 3), ("OutcomeBlocked", 0, 7),
+    }  # fmt: skip
     assert delivered.empty() and len(actor.blocked) == 1
     actor.stop()
     await task
@@ -120,7 +137,8 @@ async def test_stop_gives_a_blocked_dead_letter_up_undelivered() -> None:
         await until(lambda: actor.blocked)
         actor.stop()
         await asyncio.wait_for(task, 10)
-    assert delivered.empty() and actor.blocked == {}
+    assert waiting(delivered) == [("OutcomeBlocked", 0, 7)], "never delivered"
+    assert actor.blocked == {}
     assert actor.dead_letters_abandoned == 1
     (abandoned,) = [e for e in logs if e["event"] == "dead_letter_abandoned"]
     assert (abandoned["partition"], abandoned["offset"]) == (0, 7)
@@ -137,10 +155,11 @@ async def test_a_blocked_dead_letter_keeps_its_place_in_the_window() -> None:
     fine.dead_letter = None
     await actor.send(fine)
     await asyncio.sleep(0.1)
-    assert delivered.empty(), "the next one waits for the window"
+    assert waiting(delivered) == [("OutcomeBlocked", 0, 7)], "the next one waits for the window"
     producer.dlq_refuses = False
     got = [await asyncio.wait_for(delivered.get(), 10) for _ in range(2)]
     assert [(d.record.partition, d.record.offset) for d in got] == [(0, 7), (1, 3)]
+    assert all(isinstance(d, Delivered) for d in got)
     actor.stop()
     await task
 
