@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from gpu.engine import Engine, EngineRequest
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from ops.bench.workload import BenchRequest
 from ops.models.engine_options import EngineChoice
+from ops.models.offline import run_all
 
 
 def with_kv_pool_of(choice: EngineChoice, engine: Engine) -> EngineChoice:

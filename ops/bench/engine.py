@@ -26,7 +26,6 @@ import torch
 
 from gpu.engine import Engine, EngineRequest, StepOutput
 from gpu.loading.random_weights import has_random_weights
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from ops.bench.flops import (
     FLOP_FORMULA,
@@ -40,6 +39,7 @@ from ops.bench.narrate import Narrate
 from ops.bench.profile import profile_engine
 from ops.bench.step_time import BATCH1_NEW_TOKENS, BATCH1_PROMPT_TOKENS, batch1, timed
 from ops.bench.workload import BenchOptions, BenchRequest, host_load, make_workload
+from ops.models.offline import run_all
 
 TARGET_VS_SEQUENTIAL = 15.0
 TARGET_VS_STATIC = 2.5  # issue 15: static batches of transformers

@@ -17,7 +17,7 @@ import torch
 
 from gpu.engine import StepStats
 from gpu.model_config import ModelConfig
-from gpu.offline import OfflineRun
+from ops.models.offline import OfflineRun
 
 if TYPE_CHECKING:
     from ops.bench.workload import BenchRequest

@@ -33,8 +33,8 @@ from torch import nn
 from gpu.block_allocator import blocks_for
 from gpu.engine import Engine, EngineRequest
 from gpu.memory.held_bytes import weight_bytes
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 
 CUDA_COPY_BYTES = 1 << 30  # 1 GiB each way: far past any cache
 HOST_COPY_BYTES = 1 << 26  # 64 MiB: past the last-level cache, quick on a small CPU

@@ -45,11 +45,11 @@ from typing import Any, cast
 import numpy as np
 
 from actors.engine_thread import engine_thread
-from gpu.echo_engine import EchoEngine, load_echo_model
 from gpu.engine import Engine
 from messages.request import GenerateRequest
 from ops.bench.broker import broker, delete_topics, kafka_facts
 from ops.bench.direct import direct_latency, warm_direct, with_kv_pool_of
+from ops.bench.echo_engine import EchoEngine, load_echo_model
 from ops.bench.kafka import (
     LoadClient,
     ceiling_run,

@@ -5,7 +5,7 @@ kept quantized, `mixed`: a `tokenmill quantize` checkpoint), in one process, one
 the weight bytes the model holds, batch-1 decode tokens/s (`bench engine`'s `batch1`), the
 tokens/s of a short workload of `--batch` requests decoding together (`bench engine`'s
 `bench_engine`), and, over a held-out text, perplexity and greedy top-1 agreement with fp32
-(`gpu.quant.evaluate`). Each figure also as a ratio to the same run's fp32 row; targets are
+(`ops.quant.evaluate`). Each figure also as a ratio to the same run's fp32 row; targets are
 reported (met or not), never asserted.
 
 `run_quant_bench(options)` returns one JSON-ready dict (ratios and targets:
@@ -39,7 +39,7 @@ from ops.bench.step_time import BATCH1_NEW_TOKENS, batch1
 from ops.bench.workload import BenchOptions, host_load, make_workload
 
 if TYPE_CHECKING:
-    from gpu.quant.evaluate import Scores
+    from ops.quant.evaluate import Scores
 
 SCHEMES = ("fp32", "bf16", "int8", "int4", "gguf", "mixed")
 # scheme -> (compute dtype, `load_model`'s quantization); mixed loads its checkpoint with auto
@@ -202,7 +202,7 @@ def quality(
     """Perplexity of the held-out text, and top-1 agreement with `reference` (fp32's scores
     of the same tokens; None: not measured): the share of positions whose greedy next token,
     the text's true tokens fed in (teacher forcing), is fp32's."""
-    from gpu.quant.evaluate import perplexity, score, top1_agreement
+    from ops.quant.evaluate import perplexity, score, top1_agreement
 
     scores = score(model, model.tokenizer.encode(text), keep=False)
     agreement = None if reference is None else top1_agreement(reference, scores)
@@ -226,7 +226,7 @@ def mixed_checkpoint(
     if given is not None:
         yield given, {"checkpoint": str(given), "made_here": False}
         return
-    from gpu.quant.sensitivity import quantize_checkpoint
+    from ops.quant.sensitivity import quantize_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-mixed-") as tmp:
         say(f"  quantize_checkpoint({source.name}, to={MIXED_TO}) into {tmp}")

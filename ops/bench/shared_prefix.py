@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from gpu.engine import Engine, EngineRequest
-from gpu.offline import OfflineRun, run_all
 from gpu.sequence import SamplingParams
 from ops.bench.engine import percentiles
 from ops.bench.narrate import Narrate
 from ops.bench.workload import BenchOptions, allowed_token_ids, host_load
+from ops.models.offline import OfflineRun, run_all
 
 QUESTION_TOKENS = (16, 64)
 OUTPUT_TOKENS = 32

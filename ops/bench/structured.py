@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu.engine import Engine, EngineRequest
-from gpu.offline import run_all
 from gpu.sequence import JsonConstraint, SamplingParams
 from ops.bench.step_time import timed
+from ops.models.offline import run_all
 
 MIN_ITEMS = 1000  # more items than any budget can emit: every constrained run hits its length
 ITEM_SCHEMA = {

@@ -49,8 +49,8 @@ def generate(**kwargs: Any) -> None:
     """
     from gpu.engine import EngineRequest
     from gpu.errors import RequestRejected
-    from gpu.offline import run_all
     from gpu.sequence import SamplingParams
+    from ops.models.offline import run_all
 
     choice = engine_choice(kwargs)
     prompts = read_prompts(kwargs["prompts"], kwargs["prompt_file"])

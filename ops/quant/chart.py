@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpu.quant.evaluate import Comparison
-    from gpu.quant.sensitivity import LayerSensitivity, QuantizeReport
+    from ops.quant.evaluate import Comparison
+    from ops.quant.sensitivity import LayerSensitivity, QuantizeReport
 
 BAR_WIDTH = 32
 _EIGHTHS = " ▏▎▍▌▋▊▉"  # partial blocks: a bar's length in eighths of a character

@@ -12,9 +12,9 @@ import click
 from ops.quant.chart import report_text
 
 if TYPE_CHECKING:
-    from gpu.quant.sensitivity import QuantizeReport
+    from ops.quant.sensitivity import QuantizeReport
 
-# `gpu.quant.sensitivity`'s TARGETS, DEFAULT_KEEP_THRESHOLD, DEFAULT_TOKENS and MIN_TOKENS,
+# `ops.quant.sensitivity`'s TARGETS, DEFAULT_KEEP_THRESHOLD, DEFAULT_TOKENS and MIN_TOKENS,
 # spelled here so `--help` does not import torch (tests hold them equal).
 TARGETS = ("int8", "int4", "int4-g32", "int4-g128")
 DEFAULT_KEEP_THRESHOLD = 0.02
@@ -103,9 +103,9 @@ def quantize(**kwargs: Any) -> None:
 def _run(kwargs: dict[str, Any]) -> QuantizeReport:
     from gpu.device import parse_device
     from gpu.errors import EngineError
-    from gpu.quant.sensitivity import quantize_checkpoint
     from ops.errors import ModelFetchError
     from ops.models.registry import resolve_model
+    from ops.quant.sensitivity import quantize_checkpoint
 
     try:
         device = parse_device(kwargs["device"]) if kwargs["device"] else None

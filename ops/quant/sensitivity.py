@@ -5,7 +5,7 @@ scores the calibration text, and the float layer is put back: how much its quant
 raises perplexity, and the KL divergence of its next-token distributions from the float
 model's. Layers whose relative perplexity increase (ppl_layer / ppl_float - 1) is above the
 keep threshold stay in full precision; every other one is quantized, the checkpoint is
-written (`gpu.quant.checkpoint`), loaded back as it will be served, and compared with the
+written (`ops.quant.checkpoint`), loaded back as it will be served, and compared with the
 float model on the calibration tokens (and on a held-out text, when given).
 
 With a tied LM head (SmolLM2, Gemma), quantizing `lm_head` quantizes the embedding table too
@@ -28,11 +28,11 @@ from torch import nn
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.model_config import ModelConfig
 from gpu.models.packed_linear import PackedLinear
-from gpu.quant.checkpoint import WEIGHTS, supported, write_checkpoint
-from gpu.quant.evaluate import Comparison, Scores, compare, kl_divergence, perplexity, score
-from gpu.quant.evaluate import top1_agreement as agreement
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.quant.scheme import Quantization
+from ops.quant.checkpoint import WEIGHTS, supported, write_checkpoint
+from ops.quant.evaluate import Comparison, Scores, compare, kl_divergence, perplexity, score
+from ops.quant.evaluate import top1_agreement as agreement
 
 # Keep a layer in float when quantizing it alone raises calibration perplexity by more than 2%.
 # It keeps the outliers, not the bulk (SmolLM2-135M, 512 tokens, measured 2026-12-01): in int8

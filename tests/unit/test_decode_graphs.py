@@ -15,8 +15,8 @@ from gpu.decode_graphs import DecodeLayout, graph_sizes
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 from tests.tiny_models import ARCHS
 from tests.unit.test_gpu_engine import CHUNKY, random_prompts
 

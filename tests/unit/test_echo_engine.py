@@ -1,4 +1,5 @@
-"""gpu.echo_engine: the benchmark-only engine answers each request with its prompt's tokens."""
+"""ops.bench.echo_engine: the benchmark-only engine answers each request with its prompt's
+tokens."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from actors.ingest.model_front import ModelFront
-from gpu.echo_engine import EchoEngine, EchoModel, load_echo_model
 from gpu.engine import EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError, RequestRejected
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
+from ops.bench.echo_engine import EchoEngine, EchoModel, load_echo_model
+from ops.models.offline import run_all
 
 CONFIG = EngineConfig(max_model_len=128, max_prompt_tokens=100, max_new_tokens=64, max_num_seqs=4)
 

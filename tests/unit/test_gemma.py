@@ -133,9 +133,9 @@ def test_all_local_layers_release_blocks_and_still_match_transformers(
     from gpu.engine_config import EngineConfig
     from gpu.kv_pool import PAD_BLOCK
     from gpu.loading.loader import load_model
-    from gpu.offline import run_all
     from gpu.scheduler import RELEASED_BLOCK
     from gpu.sequence import SamplingParams
+    from ops.models.offline import run_all
     from tests.tiny_models import build_tiny_checkpoint
     from tests.unit.test_gpu_engine import hf_greedy, random_prompts
 

@@ -20,8 +20,8 @@ from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.models.llama import LlamaForCausalLM
 from gpu.models.llama_decode_step import implements
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 from tests.tiny_models import ARCHS, EXTRA_ARCHS, LONGROPE_ORIGINAL
 
 # Small blocks, a small per-step budget: long prompts are prefilled in several chunks that

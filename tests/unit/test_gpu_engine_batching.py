@@ -9,8 +9,8 @@ import pytest
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, random_prompts
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)

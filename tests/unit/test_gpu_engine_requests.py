@@ -10,10 +10,10 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.errors import RequestRejected
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from ops.models.offline import run_all
 
 SAMPLING = ErrorCode.INVALID_SAMPLING_PARAMS
 

@@ -21,10 +21,10 @@ from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import StepMask, TokenMasks, banned_bits_table, expand_banned
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.offline import run_all
 from gpu.sampling import sample
 from gpu.sequence import JsonConstraint, SamplingParams
 from messages.error_codes import ErrorCode
+from ops.models.offline import run_all
 from tests.unit.test_gpu_engine import CHUNKY, random_prompts
 
 SCHEMAS: dict[str, dict[str, Any]] = {

@@ -278,8 +278,8 @@ def test_varied_batches_and_lengths_build_one_binary(
     from gpu.engine import Engine, EngineRequest
     from gpu.engine_config import EngineConfig
     from gpu.loading.loader import load_model
-    from gpu.offline import run_all
     from gpu.sequence import SamplingParams
+    from ops.models.offline import run_all
 
     if find_compiler() is None:
         pytest.skip("no C compiler on this host")

@@ -128,7 +128,8 @@ def test_gpu_uses_only_the_engine_libraries_and_none_of_the_service(module: str)
     # Of the service, only `messages/` modules that themselves need the standard library alone
     # (the admission rules and error codes): msgspec is not installed where `gpu/` runs.
     outside = {m for m in ours(module) if not m.startswith("gpu")}
-    assert {m.split(".")[0] for m in outside} <= {"messages"}, (module, outside)
+    service = sorted(m for m in outside if m.split(".")[0] != "messages")
+    assert not service, f"{module} imports {service}: gpu/ imports nothing of ops/ or actors/"
     for m in outside:
         assert needs(m) == set(), f"{module} imports {m}, which needs {needs(m)}"
 
@@ -140,6 +141,72 @@ def test_a_library_behind_a_messages_import_would_be_found() -> None:
     assert "messages.limits" in ours("messages.admission")
     assert needs("messages.admission") == set()
     assert needs("messages.admission", libraries=with_msgspec) == {"msgspec"}
+
+
+# The gpu/ core: the modules directly in gpu/, gpu/memory/ and gpu/kernels/. It imports nothing
+# from the layers above it; the engine's base values (`gpu.model_config`) sit at its base.
+ABOVE_THE_CORE = ("gpu.loading", "gpu.models", "gpu.quant")
+ASSEMBLERS = {
+    "gpu.engine": "builds the engine from a loaded model and its layers",
+    "gpu.engine_config": "checks the quantization choice; sizes the KV pool for a loaded model",
+}
+# Edges from the core up that stand today, each with why. An entry goes when its import does.
+CORE_MAY_IMPORT = {
+    # QuantizedWeight is the layout the C kernels read (a value); it belongs at the base.
+    ("gpu.kernels.native_bindings", "gpu.quant.weight"): "the C kernels' quantized weights",
+    ("gpu.kernels.native_weight", "gpu.quant.weight"): "tm_weight describes a QuantizedWeight",
+    # Violations to mend: sizing a model reads its config.json or GGUF header through loading/'s
+    # parsers; the sizes should take a parsed ModelConfig (or header) from the caller instead.
+    ("gpu.memory.footprint", "gpu.loading.model_config"): "load_hf_config, to size a folder",
+    ("gpu.memory.footprint", "gpu.loading.gguf"): "read_gguf_config, to size a GGUF file",
+    ("gpu.memory.quantized_sizes", "gpu.loading.gguf_reader"): "read_gguf, a GGUF's tensor sizes",
+}
+
+
+def in_core(module: str) -> bool:
+    parts = modules()[module].relative_to(ROOT).parts
+    return parts[0] == "gpu" and (len(parts) == 2 or parts[1] in ("memory", "kernels"))
+
+
+def climbs(module: str, edges: Callable[[str], set[str]] = ours) -> list[str]:
+    """What `module` imports from above the core, less the allowed edges."""
+    above = [
+        m for m in edges(module) if any(m == a or m.startswith(f"{a}.") for a in ABOVE_THE_CORE)
+    ]
+    return sorted(m for m in above if (module, m) not in CORE_MAY_IMPORT)
+
+
+@pytest.mark.parametrize("module", [m for m in modules() if in_core(m) and m not in ASSEMBLERS])
+def test_the_gpu_core_imports_nothing_above_it(module: str) -> None:
+    found = climbs(module)
+    assert not found, (
+        f"{module} imports {', '.join(found)}: the gpu/ core (gpu/*.py, gpu/memory/, gpu/kernels/)"
+        f" imports nothing from {', '.join(ABOVE_THE_CORE)}"
+    )
+
+
+def test_an_import_above_the_core_would_be_found() -> None:
+    up = {"gpu.kv_pool": {"gpu.models.llama"}, "gpu.kernels.native_weight": {"gpu.quant.linear"}}
+    assert climbs("gpu.kv_pool", lambda m: ours(m) | up.get(m, set())) == ["gpu.models.llama"]
+    found = climbs("gpu.kernels.native_weight", lambda m: ours(m) | up.get(m, set()))
+    assert found == ["gpu.quant.linear"]  # the allowed edge to gpu.quant.weight is not reported
+
+
+@pytest.mark.parametrize(("module", "target"), sorted(CORE_MAY_IMPORT))
+def test_every_allowed_edge_is_still_an_import(module: str, target: str) -> None:
+    assert module in modules() and target in ours(module), (
+        f"{module} no longer imports {target}: remove the entry from CORE_MAY_IMPORT"
+    )
+
+
+def test_the_assemblers_exist() -> None:
+    assert set(ASSEMBLERS) <= set(modules()), set(ASSEMBLERS) - set(modules())
+
+
+def test_the_model_config_imports_nothing_of_gpu() -> None:
+    """`ModelConfig`, the value every layer uses, sits at the base of gpu/."""
+    found = sorted(m for m in ours("gpu.model_config") if m.split(".")[0] == "gpu")
+    assert not found, f"gpu.model_config imports {found}: it imports nothing of gpu/"
 
 
 @pytest.mark.parametrize("module", PURE)

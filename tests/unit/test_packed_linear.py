@@ -154,8 +154,8 @@ def test_varied_steps_reach_onednn_in_few_shapes(
     """oneDNN caches a primitive per input shape: a run of many batch sizes and lengths must
     reach it in a bounded set of shapes, or its cache (and the worker's memory) grows."""
     from gpu.engine import EngineRequest
-    from gpu.offline import run_all
     from gpu.sequence import SamplingParams
+    from ops.models.offline import run_all
 
     shapes: set[tuple[int, ...]] = set()
     product = torch.ops.mkldnn._linear_pointwise

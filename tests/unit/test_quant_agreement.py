@@ -12,9 +12,9 @@ import pytest
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
-from gpu.offline import run_all
-from gpu.quant.evaluate import compare
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
+from ops.quant.evaluate import compare
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""gpu.quant.evaluate: perplexity, KL divergence and top-1 agreement on small tensors worked
+"""ops.quant.evaluate: perplexity, KL divergence and top-1 agreement on small tensors worked
 out by hand; `score` and `compare` on a tiny checkpoint (windows and chunks change nothing)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpu.loading.loader import LoadedModel, load_model
-from gpu.quant.evaluate import (
+from ops.quant.evaluate import (
     Scores,
     compare,
     kl_divergence,

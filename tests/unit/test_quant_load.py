@@ -17,9 +17,9 @@ from gpu.loading.loader import load_model
 from gpu.memory.held_bytes import weight_bytes
 from gpu.memory.model_sizes import weights_bytes
 from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
-from gpu.offline import run_all
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 
 pytestmark = pytest.mark.slow
 

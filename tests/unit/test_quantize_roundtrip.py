@@ -19,12 +19,13 @@ from gpu.errors import CheckpointError
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.loading.model_config import config_from_hf, load_hf_config
 from gpu.models.packed_linear import PackedLinear
-from gpu.quant import sensitivity
-from gpu.quant.checkpoint import WEIGHTS, hf_config
-from gpu.quant.evaluate import score
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.quant.scheme import Quantization
-from gpu.quant.sensitivity import (
+from ops.quant import sensitivity
+from ops.quant.chart import THRESHOLD_MARK, bar, layer_table
+from ops.quant.checkpoint import WEIGHTS, hf_config
+from ops.quant.evaluate import score
+from ops.quant.sensitivity import (
     LayerSensitivity,
     QuantizeReport,
     default_calibration,
@@ -32,7 +33,6 @@ from gpu.quant.sensitivity import (
     quantize_checkpoint,
     quantized_layers,
 )
-from ops.quant.chart import THRESHOLD_MARK, bar, layer_table
 
 TAMPERED = "does not match the sha256 its config.json records"
 

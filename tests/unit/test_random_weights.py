@@ -13,8 +13,8 @@ from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.loading.random_weights import has_random_weights, load_random_model, read_random_config
 from gpu.memory.held_bytes import weight_bytes
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 from tests import tiny_models
 
 CONFIGS = Path(__file__).resolve().parents[1] / "gpu" / "configs"

@@ -9,9 +9,9 @@ import pytest
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
 from gpu.step_clock import PHASES, StepClock
+from ops.models.offline import run_all
 
 
 def test_breakdown_splits_forward_into_dense_and_attention() -> None:

@@ -21,8 +21,8 @@ import pytest
 
 from gpu.engine import Engine, EngineRequest
 from gpu.loading.loader import load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 from tests.unit.test_gpu_engine import random_prompts
 
 pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
@@ -43,8 +43,8 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.kernels.triton.kernels import TritonKernels, triton_kernels
 from gpu.loading.loader import load_model
-from gpu.offline import run_all
 from gpu.sequence import SamplingParams
+from ops.models.offline import run_all
 
 assert triton_kernels() is not None, "TRITON_INTERPRET=1 but Triton cannot run"
 gpu.engine.step_kernels = lambda model, config: TritonKernels()
