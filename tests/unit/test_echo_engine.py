@@ -175,12 +175,12 @@ def test_a_path_that_is_no_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_smollm2_gguf_reads_only_the_header(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpu.loading.gguf
+    import gpu.loading.gguf_tensors
 
     def no_tensors(*_: object) -> None:
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr(gpu.loading.gguf, "_checked_tensors", no_tensors)
+    monkeypatch.setattr(gpu.loading.gguf_tensors, "_checked_tensors", no_tensors)
 
     model = load_echo_model(smollm2_path, name="smollm2-135m")
     engine = EchoEngine(model)

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import gpu.loading.gguf
+import gpu.loading.gguf_tensors
 from gpu.errors import CheckpointError
-from gpu.loading.gguf import GGUFTensors, load_gguf, read_gguf_config
+from gpu.loading.gguf import load_gguf, read_gguf_config
+from gpu.loading.gguf_quants import dequantize
+from gpu.loading.gguf_tensors import GGUFTensors
 from gpu.model_config import FULL, SLIDING
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, WINDOW = 7, 16, 2, 1, 8, 24, 4
@@ -163,13 +165,13 @@ def test_tensors_are_dequantized_when_read_not_when_loaded(
     tiny: tuple[Path, dict[str, np.ndarray]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real = gpu.loading.gguf.dequantize
+    real = dequantize  # what gguf_tensors calls, patched below
 
     def counting(data: np.ndarray, *args: object) -> torch.Tensor:
         calls.append(str(args[1]))
         return real(data, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(gpu.loading.gguf, "dequantize", counting)
+    monkeypatch.setattr(gpu.loading.gguf_tensors, "dequantize", counting)
     checkpoint = load_gguf(tiny[0], dtype=torch.bfloat16)
     assert isinstance(checkpoint.tensors, GGUFTensors) and calls == []
     assert "model.norm.weight" in checkpoint.tensors and calls == []  # membership reads no data

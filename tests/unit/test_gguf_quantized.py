@@ -17,9 +17,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize
 
 import gpu.loading.gguf_quants
-from gpu.loading.gguf import GGUFTensors, load_gguf, read_gguf_config
+from gpu.loading.gguf import load_gguf, read_gguf_config
 from gpu.loading.gguf_quants import QUANTIZED_TYPES, dequantize, to_quantized
 from gpu.loading.gguf_reader import read_gguf
+from gpu.loading.gguf_tensors import GGUFTensors
 from gpu.quant.weight import QuantizedWeight
 
 Q = GGMLQuantizationType
