@@ -17,19 +17,14 @@ Policy, in order, each step:
 Effective priority = `priority` + seconds since arrival / `aging_seconds`: a request that has
 waited long enough outranks any newcomer, so constant arrivals cannot starve anyone.
 
-With a `prefix_key` (prefix caching on), every full block a step computes is registered in the
-allocator under its chained content hash (`gpu.prefix_hash`), and a sequence admitted with
-nothing computed first maps the longest run of cached blocks that starts its tokens into its
-block table (shared, read-only) and prefills only the rest; at least its last token is always
-computed, since sampling needs its logits. Admission counts a cached block as taken only if
-nothing else holds it (reviving it uses up a free block). A waiting sequence whose next
-uncached block another sequence is computing right now waits for it rather than compute it
-again: requests that arrive together with one system prompt compute it once.
-
-With `window` set (every layer of the model attends through a sliding window of that many
-positions), blocks no future query can see are released as soon as a step computes past
-them: their table entries become `RELEASED_BLOCK` (the pool's zeroed padding block), so a
-sequence holds about window / block_size blocks however long it grows.
+Blocks are the KV-cache manager's (`gpu.kv_cache_manager`): the scheduler asks it whether a
+chunk's blocks are there, takes them, and gives them back on preemption and finish. With a
+`prefix_key` (prefix caching on), a sequence admitted with nothing computed first takes the
+longest run of cached blocks that starts its tokens and prefills only the rest; admission
+counts a cached block as taken only if nothing else holds it (reviving it uses up a free
+block). A waiting sequence whose next uncached block another sequence is computing right now
+waits for it rather than compute it again: requests that arrive together with one system
+prompt compute it once. With `window` set, the manager releases blocks behind the window.
 """
 
 from __future__ import annotations
@@ -37,11 +32,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpu.block_allocator import BlockAllocator, blocks_for
-from gpu.prefix_hash import extend_hashes
+from gpu.block_allocator import BlockAllocator
+from gpu.kv_cache_manager import RELEASED_BLOCK, KVCacheManager
 from gpu.sequence import Sequence, SequenceStatus
 
-RELEASED_BLOCK = 0  # gpu.kv_pool.PAD_BLOCK: never handed out, so never a sequence's own
+__all__ = [
+    "RELEASED_BLOCK",  # where tests and the engine have always found it
+    "ScheduledBatch",
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerConfig",
+]
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,12 @@ class Scheduler:
     waiting: list[Sequence] = field(default_factory=list)
     running: list[Sequence] = field(default_factory=list)
     prefix_key: bytes | None = None  # root of the block hash chain; None: no prefix caching
+    kv_cache: KVCacheManager = field(init=False, repr=False)  # the blocks: tables, prefixes
 
     def __post_init__(self) -> None:
-        if self.prefix_key is not None and self.config.window is not None:
-            # Released blocks would leave holes in the chain; all-local models do without.
-            raise ValueError("prefix caching and block release behind a window do not mix")
+        self.kv_cache = KVCacheManager(
+            self.allocator, self.config.block_size, self.prefix_key, self.config.window
+        )
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -145,9 +147,6 @@ class Scheduler:
     def _order(self, seqs: list[Sequence], now: float) -> list[Sequence]:
         # Most urgent first: highest effective priority, then oldest arrival.
         return sorted(seqs, key=lambda s: (-self.effective_priority(s, now), s.arrival_time))
-
-    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        return max(blocks_for(num_tokens, self.config.block_size) - len(seq.block_table), 0)
 
     def schedule(self) -> ScheduledBatch:
         now = self.clock()
@@ -165,16 +164,16 @@ class Scheduler:
                 n = min(n, budget - sum(1 for s in queue if s.num_uncomputed_tokens == 1))
             if n <= 0:
                 continue
-            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
-            while need > self.allocator.num_free and queue:
+            end = seq.num_computed_tokens + n
+            while not self.kv_cache.can_allocate(seq, end) and queue:
                 victim = queue.pop()  # lowest effective priority, newest
                 self._preempt(victim)
                 preempted.append(victim)
-            if need > self.allocator.num_free:
+            if not self.kv_cache.can_allocate(seq, end):
                 self._preempt(seq)
                 preempted.append(seq)
                 continue
-            self._allocate(seq, need)
+            self.kv_cache.allocate(seq, end)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
 
@@ -187,98 +186,42 @@ class Scheduler:
         """Admit waiting sequences into `chunks`; returns (prompt tokens, cached tokens) of
         those admitted for the first time."""
         prompt_tokens = cached_tokens = 0
-        watermark = int(self.allocator.num_blocks * self.config.admission_watermark)
-        in_flight = self._blocks_in_flight()
+        kv = self.kv_cache
+        watermark = int(kv.num_blocks * self.config.admission_watermark)
+        in_flight = kv.blocks_in_flight()
         for seq in self._order(self.waiting, now):
             # Keep a little room for running sequences to grow; with none running, a request
             # that needs the whole pool must still get in.
             reserve = watermark if self.running else 0
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            hits = self._cached_prefix(seq)
-            if len(seq.block_hashes) > len(hits) and seq.block_hashes[len(hits)] in in_flight:
+            hits = kv.cached_prefix(seq)
+            if kv.waits_for(seq, hits, in_flight):
                 continue  # its next block is being computed: it will be a hit next step
-            # A cached block nothing holds counts as free until this sequence revives it.
-            revived = sum(1 for b in hits if self.allocator.is_cached(b))
             # Admit only when the whole prompt (or recompute) fits: admitting on the first
             # chunk alone lets a long sequence join, then be preempted again at its next chunk.
-            new_blocks = self.blocks_needed(seq, seq.num_tokens) - len(hits)
-            if new_blocks + revived > self.allocator.num_free - reserve:
+            if not kv.can_allocate(seq, seq.num_tokens, prefix=hits, reserve=reserve):
                 break  # the most urgent waiting request goes first; nothing jumps it
             if hits:
-                seq.block_table = [self.allocator.acquire(b) for b in hits]
-                seq.num_computed_tokens = seq.num_registered_blocks = len(hits)
-                seq.num_computed_tokens *= self.config.block_size
+                seq.num_computed_tokens = kv.take_prefix(seq, hits)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
                 prompt_tokens += seq.num_prompt_tokens
                 cached_tokens += seq.num_cached_tokens
             n = min(seq.num_uncomputed_tokens, budget)
-            need = self.blocks_needed(seq, seq.num_computed_tokens + n)
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
-            self._allocate(seq, need)
+            kv.allocate(seq, seq.num_computed_tokens + n)
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
             budget -= n
-            if self.prefix_key is not None:
-                in_flight.update(seq.block_hashes[len(hits) :])
+            in_flight.update(kv.hashes_in_flight(seq))
         return prompt_tokens, cached_tokens
-
-    def _blocks_in_flight(self) -> set[bytes]:
-        """The hashes of full blocks running sequences are prefilling and have not yet
-        offered the cache (empty without prefix caching)."""
-        if self.prefix_key is None:
-            return set()
-        pending: set[bytes] = set()
-        for seq in self.running:
-            if seq.num_uncomputed_tokens > 1:
-                full = (seq.num_tokens - 1) // self.config.block_size
-                pending.update(self._hashes(seq, full)[seq.num_registered_blocks : full])
-        return pending
-
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """The cached blocks that start `seq`'s tokens, in order (none without caching, or
-        when `seq` already holds blocks). Its last token is left to compute."""
-        if self.prefix_key is None or seq.block_table or seq.num_computed_tokens:
-            return []
-        full = (seq.num_tokens - 1) // self.config.block_size
-        hashes = self._hashes(seq, full)
-        hits: list[int] = []
-        for content in hashes[:full]:
-            block = self.allocator.lookup(content)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        assert self.prefix_key is not None
-        return extend_hashes(
-            seq.block_hashes, self.prefix_key, num_blocks, self.config.block_size, seq.token_slice
-        )
-
-    def _register_full_blocks(self, seq: Sequence) -> None:
-        """Offer the cache every block of `seq` that is now full and not yet offered."""
-        full = min(seq.num_computed_tokens // self.config.block_size, len(seq.block_table))
-        if full <= seq.num_registered_blocks:
-            return
-        hashes = self._hashes(seq, full)
-        for index in range(seq.num_registered_blocks, full):
-            self.allocator.register(seq.block_table[index], hashes[index])
-        seq.num_registered_blocks = full
-
-    def _allocate(self, seq: Sequence, count: int) -> None:
-        for _ in range(count):
-            block = self.allocator.allocate()
-            if block == RELEASED_BLOCK and self.config.window is not None:
-                raise RuntimeError(f"block {block} marks released entries: hold it first")
-            seq.block_table.append(block)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it waits and is recomputed from its tokens."""
-        self._free_table(seq)
-        seq.num_computed_tokens = seq.num_registered_blocks = 0
+        self.kv_cache.free(seq)
+        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.running.remove(seq)
@@ -288,28 +231,7 @@ class Scheduler:
         """Record that the batch's chunks were computed (their K/V are now in the pool)."""
         for chunk in batch.chunks:
             chunk.seq.num_computed_tokens = chunk.end
-            if self.prefix_key is not None:
-                self._register_full_blocks(chunk.seq)
-            if self.config.window is not None:
-                self._release_behind_window(chunk.seq, self.config.window)
-
-    def _release_behind_window(self, seq: Sequence, window: int) -> None:
-        """Free the blocks wholly before the window of the next query (at num_computed_tokens:
-        it sees positions from num_computed_tokens - window + 1 on; later queries see less)."""
-        table = seq.block_table
-        dead = max(0, seq.num_computed_tokens - window + 1) // self.config.block_size
-        for index in range(min(dead, len(table)) - 1, -1, -1):  # newest first: stop at the
-            if table[index] == RELEASED_BLOCK:  # ones an earlier step released
-                break
-            self.allocator.free(table[index])
-            table[index] = RELEASED_BLOCK
-
-    def _free_table(self, seq: Sequence) -> None:
-        table = seq.block_table
-        if self.config.window is not None:  # without one, no entry is ever released
-            table = [b for b in table if b != RELEASED_BLOCK]
-        self.allocator.free_all(table)
-        seq.block_table.clear()
+            self.kv_cache.computed(chunk.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take a sequence out of the scheduler for good and return its blocks."""
@@ -317,6 +239,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._free_table(seq)
+        self.kv_cache.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

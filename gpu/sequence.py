@@ -64,18 +64,13 @@ class Sequence:
     priority: int = 0  # larger runs first
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # written by gpu.kv_cache_manager
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
-    # Prefix caching (gpu.prefix_hash): the chained hashes of its full blocks so far, how many
-    # entries of its block table the cache knows, and how many prompt tokens its first
-    # admission found cached.
-    block_hashes: list[bytes] = field(default_factory=list)
-    num_registered_blocks: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -133,7 +133,7 @@ def decode_step_table(kernels: CpuKernels, trials: int, clock: Callable[[], floa
         setattr(parent, name, child)
     engine = Engine(model, EngineConfig())
     seq = Sequence("s", list(range(1, 65)), SamplingParams(), arrival_time=0.0)
-    engine.scheduler._allocate(seq, engine.scheduler.blocks_needed(seq, 64))
+    engine.scheduler.kv_cache.allocate(seq, 64)
     with torch.inference_mode():
         ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 0, 63)])
         module(ids, positions, engine.kv, meta, torch.arange(1))

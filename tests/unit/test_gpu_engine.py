@@ -80,7 +80,7 @@ def engine_logits(
     for start in range(0, len(prompt), 7):
         seq.output_token_ids = []
         end = min(start + 7, len(prompt))
-        engine.scheduler._allocate(seq, engine.scheduler.blocks_needed(seq, end))
+        engine.scheduler.kv_cache.allocate(seq, end)
         chunk = ScheduledChunk.of(seq, start, end - start)
         ids, positions, meta, _ = engine.runner.prepare([chunk])
         with torch.inference_mode():

@@ -27,7 +27,8 @@ GPU_MAY_USE = {
     "triton",
     "llguidance",  # structured output's grammars (gpu/grammar/)
 }
-PURE = ("gpu.scheduler", "gpu.block_allocator", "gpu.sequence")  # no torch, no I/O
+# No torch, no I/O.
+PURE = ("gpu.scheduler", "gpu.kv_cache_manager", "gpu.block_allocator", "gpu.sequence")
 
 
 @cache

@@ -193,7 +193,7 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
     with torch.inference_mode():
         for seq in seqs:  # the context, through the layers
             n = seq.num_tokens
-            engine.scheduler._allocate(seq, engine.scheduler.blocks_needed(seq, n))
+            engine.scheduler.kv_cache.allocate(seq, n)
             ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 0, n - 1)])
             model.module(ids, positions, engine.kv, meta, torch.arange(1))
         for count in (1, 2):
