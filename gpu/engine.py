@@ -16,25 +16,22 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from gpu.backends.choose import build_backend
 from gpu.block_allocator import BlockAllocator, blocks_for
-from gpu.decode_graphs import DecodeGraphs
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import JsonMatcher
-from gpu.kernels.native import CpuKernels, cpu_kernels
-from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
-from gpu.model_config import GEMMA_FAMILY, ModelConfig
+from gpu.model_config import GEMMA_FAMILY
 from gpu.models.layers import long_rope_rows
 from gpu.prefix_hash import root_key
-from gpu.runner import ModelRunner
-from gpu.scheduler import Scheduler
+from gpu.scheduler import ScheduledBatch, ScheduledChunk, Scheduler
 from gpu.sequence import SamplingParams
 from gpu.sequence import Sequence as Seq
-from gpu.step_clock import StepClock
+from gpu.step_observer import StepObserver
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
@@ -151,39 +148,19 @@ class Engine:
         if self.prefix_caching:
             prefix_key = root_key(model.digest, model.quantization, str(model.dtype))
         self.scheduler = Scheduler(scheduling, self.allocator, clock, prefix_key=prefix_key)
-        kernels = step_kernels(model, config)
         window = max((w for w in windows if w is not None), default=None)
-        graphs = None
-        if kernels is not None and _static_decodes(config, model.device, model.config):
-            graphs = DecodeGraphs(
-                model.module,
-                self.kv,
-                model.device,
-                max_seqs=config.max_num_seqs,
-                max_blocks=blocks_for(self.max_model_len, config.block_size),
-                kernels=kernels,
-                window=window,
-                long_rope=self.long_rope is not None,
-            )
-            if model.device.type == "cuda":
-                with torch.inference_mode():
-                    graphs.capture()  # at start, on the thread that steps the engine
-        self.graphs = graphs
-        self.runner = ModelRunner(
-            model.module,
+        self.backend = build_backend(
+            model,
             self.kv,
-            model.device,
-            seed=config.seed,
-            kernels=kernels,
+            config,
             window=window,
             long_rope=self.long_rope,
-            graphs=graphs,
+            max_blocks=blocks_for(self.max_model_len, config.block_size),
         )
-        # What decode attention runs on: the kernels read the pool in place.
-        self.attention_kernel = "sdpa-gather"
-        if kernels is not None:
-            native = isinstance(kernels, CpuKernels)
-            self.attention_kernel = "native-paged" if native else "triton-paged"
+        self.backend.capture()  # CUDA graphs, where taken: at start, on the stepping thread
+        self._ops = self.backend.ops  # as built: an observer may wrap them
+        # What decode attention runs on ("native-paged", "triton-paged", "sdpa-gather").
+        self.attention_kernel = self.backend.name
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
@@ -193,7 +170,7 @@ class Engine:
         )
         self.matchers: dict[str, JsonMatcher] = {}  # constrained requests' grammar state
         self._masks: TokenMasks | None = None  # built with the first constrained request
-        self.timing: StepClock | None = None  # set by a benchmark: time each step's phases
+        self.observer: StepObserver | None = None  # `observe`: told each step's phases
 
     # -- admission ---------------------------------------------------------------------
 
@@ -250,17 +227,22 @@ class Engine:
 
     # -- the step ------------------------------------------------------------------------
 
+    def observe(self, observer: StepObserver | None) -> None:
+        """Tell `observer` where each step's time goes (`gpu.step_observer`); None: stop."""
+        self.observer = observer
+        self.backend.ops = self._ops if observer is None else observer.wrap(self._ops)
+
     def step(self) -> StepOutput:
         start_ns = time.time_ns()
-        timing = self.timing
-        began = timing.now() if timing is not None else 0.0
+        observer = self.observer
+        if observer is not None:
+            observer.step_began()
         batch = self.scheduler.schedule()
-        if timing is not None:
-            timing.lap("schedule", began)
+        if observer is not None:
+            observer.phase_done("schedule")
         sampled = []
         if not batch.is_empty:
-            sampled = self.runner.run(batch, timing, self.matchers, self._masks)
-        collecting = timing.now() if timing is not None else 0.0
+            sampled = self._run(batch, observer)
         self.scheduler.advance(batch)
         self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
         now = self.clock()
@@ -280,9 +262,9 @@ class Engine:
                 # factors, and its K/V (short-rotated) are recomputed as transformers does.
                 # Its blocks stay; the scheduler prefills it again from position 0.
                 seq.num_computed_tokens = 0
-        if timing is not None:
-            timing.lap("collect", collecting)
-            timing.step_done(began)
+        if observer is not None:
+            observer.phase_done("collect")
+            observer.step_done()
         stats = StepStats(
             start_ns=start_ns,
             end_ns=time.time_ns(),
@@ -299,6 +281,22 @@ class Engine:
             cached_prompt_tokens=batch.cached_tokens,
         )
         return StepOutput(new_tokens, finished, stats)
+
+    @torch.inference_mode()
+    def _run(
+        self, batch: ScheduledBatch, observer: StepObserver | None
+    ) -> list[tuple[ScheduledChunk, int]]:
+        """The batch through the backend: its sampled tokens."""
+        backend = self.backend
+        if observer is None:
+            return backend.run(batch, self.matchers, self._masks)
+        step = backend.prepare(batch)
+        observer.phase_done("prepare")
+        logits = backend.compute(step)
+        observer.phase_done("forward")
+        sampled = backend.sample(step, logits, self.matchers, self._masks)
+        observer.phase_done("sample")
+        return sampled
 
     def _stop_reason(self, seq: Seq, token: int) -> str | None:
         p = seq.params
@@ -358,27 +356,6 @@ class Engine:
             num_kv_blocks=kv_blocks,
             cached_tokens=seq.num_cached_tokens,
         )
-
-
-def step_kernels(model: LoadedModel, config: EngineConfig) -> StepKernels | None:
-    """The kernel library the model's steps use: tokenmill's native kernels on float32 CPU
-    models (where a C compiler builds them), Triton's on CUDA (where Triton imports); None:
-    PyTorch's ops, with attention over gathered blocks."""
-    if not config.native_kernels:
-        return None
-    if model.device.type == "cpu":
-        return cpu_kernels() if model.dtype == torch.float32 else None
-    from gpu.kernels.triton.kernels import triton_kernels
-
-    return triton_kernels()
-
-
-def _static_decodes(config: EngineConfig, device: torch.device, model: ModelConfig) -> bool:
-    """Whether decode-only steps take the static path (`EngineConfig.decode_graphs`). Not
-    captured for sparse-MoE models: their routing reads expert counts back each layer."""
-    if config.decode_graphs == "auto":
-        return device.type == "cuda" and not model.num_experts
-    return config.decode_graphs == "eager"
 
 
 def check_admission(

@@ -12,8 +12,9 @@ block (`PAD_BLOCK`, never a sequence's) and attending to that one slot. Rows do 
 any op of the forward (projections, norms, attention), so a padded row can never change a
 real one; their logits are dropped.
 
-Attention needs a kernel library that takes the lengths as tensors (`StepKernels`): there
-are no masks here, because a mask's shape would follow the contexts.
+Attention needs a backend whose decode attention takes the lengths as tensors (a kernel
+library's, `in_place`): there are no masks here, because a mask's shape would follow the
+contexts. The forward run (and captured) is the backend's, whole-step fast paths included.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.kernels.step_kernels import StepKernels
-from gpu.kv_pool import KVPool
-from gpu.models.attention import AttentionMetadata, DecodeGroup
+from gpu.backends.metadata import AttentionMetadata, DecodeGroup, ModelInputs
+from gpu.backends.step_batch import StepBuilder
+from gpu.sampling import SamplingRows
+from gpu.scheduler import ScheduledChunk
 
 # Batch sizes a decode step is padded to, up to the engine's max_num_seqs (then every 32).
 BASE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -80,23 +82,19 @@ class DecodeLayout:
 class DecodeGraphs:
     def __init__(
         self,
-        model: Callable[..., torch.Tensor],
-        kv: KVPool,
+        forward: Callable[[ModelInputs], torch.Tensor],
         device: torch.device,
         *,
         max_seqs: int,
         max_blocks: int,
-        kernels: StepKernels,
         window: int | None = None,
         long_rope: bool = False,
     ) -> None:
-        """`max_blocks`: block-table width, enough for a sequence of max_model_len. `window`:
-        the model's sliding window, if some layers have one. `long_rope`: the model reads its
-        rope tables by row (LongRoPE), not by position."""
-        self.model = model
-        self.kv = kv
+        """`forward`: the backend's step forward. `max_blocks`: block-table width, enough for a
+        sequence of max_model_len. `window`: the model's sliding window, if some layers have
+        one. `long_rope`: the model reads its rope tables by row (LongRoPE), not by position."""
+        self.forward = forward
         self.device = device
-        self.kernels = kernels
         self.window = window
         self.sizes = graph_sizes(max_seqs)
         self.layouts = {
@@ -122,6 +120,40 @@ class DecodeGraphs:
     def layout(self, size: int) -> DecodeLayout:
         return self.layouts[size]
 
+    def stage(
+        self,
+        builder: StepBuilder,
+        chunks: list[ScheduledChunk],
+        size: int,
+        sampling: SamplingRows | None = None,
+    ) -> torch.Tensor:
+        """A decode-only step's inputs in `layout(size)`, padded rows after the real ones; on
+        the device as one [words] tensor (`builder`'s one copy, the sampled rows' parameters
+        with it)."""
+        layout, bs = self.layout(size), builder.block_size
+        pad = size - len(chunks)
+        positions = [c.start for c in chunks]
+        lengths = [c.end for c in chunks]
+        tables = [c.seq.block_table for c in chunks]
+        fields = {
+            "ids": [c.seq.token_slice(c.start, c.end)[0] for c in chunks] + [PAD_TOKEN] * pad,
+            "positions": positions + [0] * pad,
+            "slots": [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+            + [PAD_SLOT] * pad,
+            "lengths": lengths + [PAD_LENGTH] * pad,
+        }
+        if layout.window:
+            assert self.window is not None
+            fields["starts"] = [max(0, n - self.window) for n in lengths] + [0] * pad
+        if layout.long_rope:
+            fields["rope_rows"] = [
+                builder.rope_rows(c.seq.num_tokens, c.start, c.end)[0] for c in chunks
+            ] + [0] * pad
+        ordered = {name: fields[name] for name in layout.fields[:-1]}
+        return builder.stage_padded_decodes(
+            chunks, ordered, tables + [[]] * pad, layout.width, sampling
+        )
+
     def run(self, size: int, staged: torch.Tensor) -> torch.Tensor:
         """The logits [size, vocab] of a padded decode step whose inputs `staged` [words]
         hold in `layout(size)`'s order (rows past the real ones padded as above)."""
@@ -142,19 +174,14 @@ class DecodeGraphs:
                 slot_mapping=f["slots"],
                 decodes=(DecodeGroup(0, size, group.blocks, group.lengths, None, f["starts"]),),
                 prefills=(),
-                kernels=self.kernels,
                 window=self.window,
             )
         meta = AttentionMetadata(
-            slot_mapping=f["slots"],
-            decodes=(group,),
-            prefills=(),
-            kernels=self.kernels,
-            local=local,
-            rope_rows=f.get("rope_rows"),
+            slot_mapping=f["slots"], decodes=(group,), prefills=(), local=local
         )
         rows = torch.arange(size, device=self.device)
-        return self.model(f["ids"], f["positions"], self.kv, meta, rows)
+        rope_rows = f.get("rope_rows", f["positions"])
+        return self.forward(ModelInputs(f["ids"], f["positions"], rope_rows, meta, rows))
 
     def capture(self) -> None:
         """Capture every size's forward as a CUDA graph (largest first, one memory pool):

@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import torch
 
+from gpu.backends.metadata import AttentionMetadata
 from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
 from gpu.model_config import ModelConfig
-from gpu.models.attention import AttentionMetadata
 from gpu.models.packed_linear import PANEL_ROWS
 from gpu.quant.weight import QuantizedWeight
 
@@ -39,6 +39,7 @@ class LlamaWeights(Protocol):
     """What the step reads of a Llama-family model (`gpu/models/llama.py`)."""
 
     config: ModelConfig
+    embed_tokens: Any  # .weight [vocab, hidden]
     norm: Any  # .weight [hidden]
     lm_head: Any  # .weight [vocab, hidden]
     rope_cos: torch.Tensor  # [positions, head_dim] float32
@@ -58,17 +59,6 @@ def implements(config: ModelConfig) -> bool:
     partial rotary). LongRoPE (Phi-3) is only other rope tables and rows, which the step
     takes as given."""
     return not config.qk_norm and not config.num_experts and config.rotary_dim == config.head_dim
-
-
-def small_decode_step(meta: AttentionMetadata, tokens: int, max_rows: int) -> bool:
-    """Whether a step is decodes only (one group, as the native kernels make), at most
-    `max_rows` (`DecodeStep.max_rows`)."""
-    return (
-        tokens <= max_rows
-        and not meta.prefills
-        and len(meta.decodes) == 1
-        and meta.decodes[0].end - meta.decodes[0].begin == tokens
-    )
 
 
 class DecodeStep:

@@ -1,12 +1,10 @@
 """Attention over the paged KV pool, for a step that mixes decodes and prefill chunks.
 
-The runner builds one `AttentionMetadata` per step (all index tensors, on the device); every
-layer reuses it. Tokens of the step are laid out flat: the decode tokens first (one per
-sequence), then each prefill chunk's tokens in order.
-
-On float32 CPU models, decodes attend with tokenmill's native kernel (`gpu/kernels`), which
-reads each sequence's blocks where they lie in the pool: no copy, one call for all decodes.
-Otherwise (GPUs, other dtypes, no C compiler) and for prefill chunks that continue a context,
+The backend builds one `AttentionMetadata` per step (`gpu/backends/metadata.py`); every layer
+reuses it. Given a kernel library (`kernels`: the native CPU kernels, or Triton's), decodes
+attend with its kernel, which reads each sequence's blocks where they lie in the pool: no
+copy, one call for all decodes. Without one (the torch backend) and for prefill chunks that
+continue a context (unless the library attends those too),
 a sequence's context is read block by block into the pool's gather workspace (`index_select`
 into preallocated memory), then attended with SDPA. Decodes then share one SDPA call per group
 of similar context lengths; their query heads are grouped by KV head, so grouped-query
@@ -22,69 +20,15 @@ those models attend over the same gathered blocks with the scores computed in to
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
+from gpu.backends.metadata import AttentionMetadata
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import LayerKV
-from gpu.step_clock import StepClock
-
-
-@dataclass(frozen=True)
-class PrefillSpan:
-    """One prefill chunk: rows `begin:end` of the step, at positions `start .. start + n - 1`."""
-
-    begin: int
-    end: int
-    context: int  # start + n: how many positions the chunk attends to
-    blocks: torch.Tensor | None  # [ceil(context / block_size)] the block table's head; None
-    # when the chunk is the whole context (start == 0): it attends to its own K/V directly.
-    mask: torch.Tensor | None  # [n, context] bool, True = may attend; None = causal, from
-    # the lower right: query i, at position context - n + i, sees keys 0 .. context - n + i
-
-
-@dataclass(frozen=True)
-class DecodeGroup:
-    """Decodes, rows `begin:end`, attended in one call.
-
-    Each sequence's block table is padded to the group's widest (with block 0). The native
-    kernel reads each table up to its length, so all decodes form one group; SDPA attends
-    the gathered padding too (masked out), so for it decodes are grouped by similar length,
-    keeping that padding, copied and attended for nothing, small.
-    """
-
-    begin: int
-    end: int
-    blocks: torch.Tensor  # [sequences * width] block tables, padded with block 0
-    lengths: torch.Tensor  # [sequences] int64 positions each sequence attends to
-    mask: torch.Tensor | None  # [sequences, 1, 1, width * block_size] bool, False past each
-    # length; None where the native kernel attends (it needs none)
-    starts: torch.Tensor | None = None  # [sequences] int64 first position attended (a window)
-
-
-@dataclass(frozen=True)
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [tokens] flat slot receiving each new token's K/V
-    decodes: tuple[DecodeGroup, ...]
-    prefills: tuple[PrefillSpan, ...]
-    timing: StepClock | None = None  # a benchmark's: adds each layer's attention time
-    kernels: StepKernels | None = None  # decode attention that reads the pool in place
-    rope_rows: torch.Tensor | None = None  # [tokens] int64 rows of the rope tables, where
-    # they are not the positions (LongRoPE: `gpu.models.layers.long_rope_rows`)
-    window: int | None = None  # the sliding window these groups and spans see; None: all
-    local: AttentionMetadata | None = None  # the step through the sliding window, if any
-
-    def for_window(self, window: int | None) -> AttentionMetadata:
-        """The view a layer with this sliding window (None: full attention) attends through."""
-        if window is None:
-            return self
-        if self.local is None or self.local.window != window:
-            raise ValueError(f"this step was not prepared for a sliding window of {window}")
-        return self.local
 
 
 def gather_blocks(
@@ -106,18 +50,16 @@ def paged_attention(
     scale: float,
     softcap: float | None = None,  # scores = softcap · tanh(scores / softcap) before softmax
     *,
+    kernels: StepKernels | None = None,  # decode (and prefill) attention in place in the pool
     kv_written: bool = False,  # k and v are already in the pool (a fused rotary + write)
 ) -> torch.Tensor:  # [tokens, heads, head_dim]
-    began = meta.timing.now() if meta.timing is not None else 0.0
     if not kv_written:
         kv.k.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
         kv.v.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
     out = q.new_empty(q.shape)  # contiguous, whatever q's strides
     with _pinned_sdpa(q.device):
-        _decode_groups(q, kv, meta, scale, softcap, out)
-        _prefill_spans(q, k, v, kv, meta, scale, softcap, out)
-    if meta.timing is not None:
-        meta.timing.lap("attention", began)
+        _decode_groups(q, kv, meta, scale, softcap, kernels, out)
+        _prefill_spans(q, k, v, kv, meta, scale, softcap, kernels, out)
     return out
 
 
@@ -127,6 +69,7 @@ def _decode_groups(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None,
+    kernels: StepKernels | None,
     out: torch.Tensor,  # [tokens, heads, head_dim], the decodes' rows written
 ) -> None:
     kv_heads, head_dim = kv.k.shape[2:]
@@ -134,8 +77,8 @@ def _decode_groups(
     for group in meta.decodes:
         d = group.end - group.begin
         if group.mask is None:
-            assert meta.kernels is not None, "a decode group without a mask needs the kernel"
-            meta.kernels.paged_decode_attention(
+            assert kernels is not None, "a decode group without a mask needs the kernel"
+            kernels.paged_decode_attention(
                 q[group.begin : group.end].contiguous(),
                 kv.k,
                 kv.v,
@@ -171,11 +114,12 @@ def _prefill_spans(
     meta: AttentionMetadata,
     scale: float,
     softcap: float | None,
+    kernels: StepKernels | None,
     out: torch.Tensor,  # [tokens, heads, head_dim], the prefills' rows written
 ) -> None:
     kv_heads, head_dim = kv.k.shape[2:]
     per_kv_head = q.shape[1] // kv_heads
-    prefill_kernel = getattr(meta.kernels, "paged_prefill_attention", None)
+    prefill_kernel = getattr(kernels, "paged_prefill_attention", None)
     for span in meta.prefills:
         n = span.end - span.begin
         if span.blocks is not None and prefill_kernel is not None:

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.backends.layer_ops import AttentionShape, LayerOps, Rope, split_heads
+from gpu.backends.metadata import AttentionMetadata, ModelInputs
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.model_config import ModelConfig
-from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import (
     WeightSource,
-    apply_rope,
     copy_into,
     fill_embedding,
     fill_linear,
@@ -61,6 +61,7 @@ class GemmaAttention(nn.Module):
         super().__init__()
         self.config = config
         self.window = config.layer_window(index)
+        self.shape = AttentionShape.of(config, window=self.window)
         self.qkv_proj = nn.Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
         )
@@ -71,28 +72,17 @@ class GemmaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [tokens, hidden]
-        cos: torch.Tensor,  # [tokens, 1, head_dim], this layer type's table
-        sin: torch.Tensor,
+        rope: Rope,  # this layer type's
         kv: LayerKV,
         meta: AttentionMetadata,
+        ops: LayerOps,
     ) -> torch.Tensor:  # [tokens, hidden]
-        c = self.config
-        q, k, v = self.qkv_proj(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.view(-1, c.num_heads, c.head_dim)  # [tokens, heads, head_dim]
-        k = k.view(-1, c.num_kv_heads, c.head_dim)
-        v = v.view(-1, c.num_kv_heads, c.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = paged_attention(
-            q,
-            k,
-            v,
-            kv,
-            meta.for_window(self.window),
-            c.attention_scale,
-            softcap=c.attn_logit_softcapping,
-        )
+        qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
+        if self.q_norm is not None and self.k_norm is not None:  # in place, before the rotation
+            q, k, _ = split_heads(qkv, self.shape)
+            q.copy_(self.q_norm(q))
+            k.copy_(self.k_norm(k))
+        out = ops.attention(qkv, self.shape, rope, kv, meta)  # [tokens, heads, head_dim]
         hidden: torch.Tensor = self.o_proj(out.flatten(1))
         return hidden
 
@@ -124,12 +114,12 @@ class GemmaLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [tokens, hidden] the residual stream
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: Rope,
         kv: LayerKV,
         meta: AttentionMetadata,
+        ops: LayerOps,
     ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, meta)
+        attn = self.self_attn(self.input_layernorm(x), rope, kv, meta, ops)
         x = x + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(x))
         out: torch.Tensor = x + self.post_feedforward_layernorm(mlp)
@@ -164,24 +154,19 @@ class GemmaForCausalLM(nn.Module):
             )
 
     def forward(
-        self,
-        input_ids: torch.Tensor,  # [tokens]
-        positions: torch.Tensor,  # [tokens]
-        kv: KVPool,
-        meta: AttentionMetadata,
-        logits_rows: torch.Tensor,  # [rows] which tokens' next-token logits are needed
+        self, inputs: ModelInputs, kv: KVPool, ops: LayerOps
     ) -> torch.Tensor:  # [rows, vocab] float32
-        x = self.embed_tokens(input_ids)  # [tokens, hidden]
+        x = self.embed_tokens(inputs.input_ids)  # [tokens, hidden]
         # The scale rounded to the model's dtype first, as transformers does (bf16: 55.5, not
         # sqrt(3072) = 55.43), so the embeddings match its bits.
         x = x * _embedding_scale(self.config.hidden_size, x.dtype)
-        full = (self.rope_cos[positions], self.rope_sin[positions])
-        local = (self.local_rope_cos[positions], self.local_rope_sin[positions])
-        ropes = [tuple(t.unsqueeze(1).to(x.dtype) for t in pair) for pair in (full, local)]
+        rows = inputs.rope_rows
+        full = ops.rope(self.rope_cos, self.rope_sin, rows, x.dtype)
+        local = ops.rope(self.local_rope_cos, self.local_rope_sin, rows, x.dtype)
         for index, layer in enumerate(self.typed_layers()):
-            cos, sin = ropes[layer.self_attn.window is not None]  # [tokens, 1, head_dim]
-            x = layer(x, cos, sin, kv.layer(index), meta)
-        logits: torch.Tensor = self.lm_head(self.norm(x[logits_rows])).float()  # [rows, vocab]
+            rope = local if layer.self_attn.window is not None else full
+            x = layer(x, rope, kv.layer(index), inputs.attention, ops)
+        logits: torch.Tensor = self.lm_head(self.norm(x[inputs.logits_rows])).float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

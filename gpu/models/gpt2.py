@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.backends.layer_ops import AttentionShape, LayerOps
+from gpu.backends.metadata import AttentionMetadata, ModelInputs
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.model_config import ModelConfig
-from gpu.models.attention import AttentionMetadata, paged_attention
 from gpu.models.layers import WeightSource, copy_into
 
 
@@ -27,18 +28,17 @@ class GPT2Layer(nn.Module):
         self.ln_2 = nn.LayerNorm(h, eps=config.norm_eps)
         self.c_fc = nn.Linear(h, config.intermediate_size)
         self.mlp_proj = nn.Linear(config.intermediate_size, h)
-        self.scale = config.head_dim**-0.5
+        self.shape = AttentionShape.of(config, rotary=False)
 
     def forward(
         self,
         x: torch.Tensor,  # [tokens, hidden]
         kv: LayerKV,
         meta: AttentionMetadata,
+        ops: LayerOps,
     ) -> torch.Tensor:
-        c = self.config
-        q, k, v = self.c_attn(self.ln_1(x)).split(c.hidden_size, dim=-1)
-        shape = (-1, c.num_heads, c.head_dim)
-        attn = paged_attention(q.view(shape), k.view(shape), v.view(shape), kv, meta, self.scale)
+        qkv = self.c_attn(self.ln_1(x))  # [tokens, 3 * hidden]
+        attn = ops.attention(qkv, self.shape, None, kv, meta)  # [tokens, heads, head_dim]
         x = x + self.attn_proj(attn.flatten(1))
         mlp: torch.Tensor = self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
         return x + mlp
@@ -58,17 +58,12 @@ class GPT2ForCausalLM(nn.Module):
             self.lm_head.weight = self.wte.weight
 
     def forward(
-        self,
-        input_ids: torch.Tensor,  # [tokens]
-        positions: torch.Tensor,  # [tokens]
-        kv: KVPool,
-        meta: AttentionMetadata,
-        logits_rows: torch.Tensor,  # [rows]
+        self, inputs: ModelInputs, kv: KVPool, ops: LayerOps
     ) -> torch.Tensor:  # [rows, vocab] float32
-        x = self.wte(input_ids) + self.wpe(positions)  # [tokens, hidden]
+        x = self.wte(inputs.input_ids) + self.wpe(inputs.positions)  # [tokens, hidden]
         for index, layer in enumerate(self.typed_layers()):
-            x = layer(x, kv.layer(index), meta)
-        logits: torch.Tensor = self.lm_head(self.ln_f(x[logits_rows]))
+            x = layer(x, kv.layer(index), inputs.attention, ops)
+        logits: torch.Tensor = self.lm_head(self.ln_f(x[inputs.logits_rows]))
         return logits.float()
 
     def typed_layers(self) -> list[GPT2Layer]:

@@ -22,11 +22,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
-        # Normalise in float32 whatever the compute dtype, as the reference implementation does.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(
+    x: torch.Tensor,  # [..., size]
+    weight: torch.Tensor,  # [size]
+    eps: float,
+) -> torch.Tensor:  # [..., size]
+    # Normalise in float32 whatever the compute dtype, as the reference implementation does.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:  # [rotary_dim / 2]

@@ -101,11 +101,11 @@ def linear_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -
 def decode_step_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -> None:
     """SmolLM2-135M's batch-1 decode step as one native call (DecodeStep), its linears float32
     or held quantized (every linear, the tied LM head too)."""
+    from gpu.backends.native_decode_step import DecodeStep
     from gpu.engine import Engine
     from gpu.engine_config import EngineConfig
     from gpu.loading.loader import load_model
     from gpu.models.llama import LlamaForCausalLM
-    from gpu.models.llama_decode_step import DecodeStep
     from gpu.scheduler import ScheduledChunk
     from gpu.sequence import SamplingParams, Sequence
 
@@ -135,12 +135,12 @@ def decode_step_table(kernels: CpuKernels, trials: int, clock: Callable[[], floa
     seq = Sequence("s", list(range(1, 65)), SamplingParams(), arrival_time=0.0)
     engine.scheduler.kv_cache.allocate(seq, 64)
     with torch.inference_mode():
-        ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 0, 63)])
-        module(ids, positions, engine.kv, meta, torch.arange(1))
-        ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 63, 1)])
-        x = module.embed_tokens(ids)  # [1, hidden] (becomes the step's residual stream)
+        engine.backend.run_model(engine.backend.build([ScheduledChunk.of(seq, 0, 63)]))
+        inputs = engine.backend.build([ScheduledChunk.of(seq, 63, 1)])
+        x = module.embed_tokens(inputs.input_ids)  # [1, hidden] (becomes the residual stream)
+        meta, rows = inputs.attention, inputs.rope_rows
         calls: dict[str, Callable[[], object]] = {
-            scheme: partial(step, x, positions, engine.kv, meta) for scheme, step in steps.items()
+            scheme: partial(step, x, rows, engine.kv, meta) for scheme, step in steps.items()
         }
         ms = median_ms(calls, trials, clock)
     print("batch-1 decode step, one native call (SmolLM2-135M, context 64), ms:")

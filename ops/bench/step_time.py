@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from gpu.engine import Engine, EngineRequest
 from gpu.sequence import SamplingParams
-from gpu.step_clock import StepClock
+from ops.bench.step_clock import StepClock
 from ops.bench.workload import BenchOptions, make_workload
 
 T = TypeVar("T")
@@ -46,9 +46,9 @@ def batch1(engine: Engine, options: BenchOptions) -> dict[str, Any]:
         "decode_tokens_per_s": round(len(bare) / decode_s, 2) if decode_s else None,
         "decode_step_ms": round(decode_s / len(bare) * 1e3, 3) if bare else None,
         "breakdown": clock.breakdown(),
-        # the decode steps ran as one native call (gpu/models/llama_decode_step.py), so their
-        # attention is inside "dense"
-        "one_native_call": getattr(engine.model.module, "decode_step", None) is not None,
+        # the decode steps ran as one native call (gpu/backends/native_decode_step.py), so
+        # their attention is inside "dense"
+        "one_native_call": getattr(engine.backend, "decode_step", None) is not None,
     }
 
 
@@ -73,17 +73,17 @@ def _decode_steps(
             if out.new_tokens:
                 steps.append(time.perf_counter() - start)
                 if len(steps) == 1:
-                    engine.timing = clock  # from the first decode step on
+                    engine.observe(clock)  # from the first decode step on
     finally:
-        engine.timing = None
+        engine.observe(None)
     return steps[1:]
 
 
 @contextmanager
 def _clocked(engine: Engine) -> Iterator[StepClock]:
     clock = StepClock(engine.model.device)
-    engine.timing = clock
+    engine.observe(clock)
     try:
         yield clock
     finally:
-        engine.timing = None
+        engine.observe(None)

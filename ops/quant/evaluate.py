@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from gpu.backends.backend import Backend
+from gpu.backends.native import NativeBackend
+from gpu.backends.torch_backend import TorchBackend
 from gpu.block_allocator import blocks_for
 from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import KVPool
 from gpu.loading.loader import LoadedModel
 from gpu.models.layers import long_rope_rows
-from gpu.runner import ModelRunner
 from gpu.scheduler import ScheduledChunk
 from gpu.sequence import SamplingParams
 from gpu.sequence import Sequence as Seq
@@ -180,13 +183,14 @@ def logprob_chunks(
     kernels = None
     if model.device.type == "cpu" and model.dtype == torch.float32:
         kernels = cpu_kernels()  # as the engine: the layers' fused native ops
-    runner = ModelRunner(
-        model.module,
-        kv,
-        model.device,
-        kernels=kernels,
-        window=max(windows) if windows else None,
-        long_rope=long_rope_rows(config),
+    options: dict[str, Any] = {
+        "window": max(windows) if windows else None,
+        "long_rope": long_rope_rows(config),
+    }
+    backend: Backend = (
+        TorchBackend(model.module, kv, model.device, **options)
+        if kernels is None
+        else NativeBackend(model.module, kv, kernels, model.device, **options)
     )
     for begin in range(0, len(ids) - 1, context):
         window = ids[begin : begin + context]
@@ -196,9 +200,9 @@ def logprob_chunks(
         seq.block_table = list(range(1, blocks_for(len(window), _BLOCK) + 1))  # 0 pads
         for start in range(0, len(window) - 1, chunk):
             n = min(chunk, len(window) - start)
-            input_ids, positions, meta, _ = runner.prepare([ScheduledChunk.of(seq, start, n)])
+            inputs = backend.build([ScheduledChunk.of(seq, start, n)])
             predicting = min(n, len(window) - 1 - start)  # the window's last token: no target
             rows = torch.arange(predicting, device=model.device)
-            logits = model.module(input_ids, positions, kv, meta, rows)  # [rows, vocab]
+            logits = backend.run_model(replace(inputs, logits_rows=rows))  # [rows, vocab]
             targets = torch.tensor(window[start + 1 : start + 1 + predicting])
             yield torch.log_softmax(logits.float(), -1).cpu(), targets

@@ -29,7 +29,7 @@ class PhaseTimeout(Exception):
 
 
 class LogitsRecorder:
-    """Stands in for the runner's model: forwards each call, keeps the logits on the host."""
+    """Stands in for the backend's forward: forwards each call, keeps the logits on the host."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -43,12 +43,12 @@ class LogitsRecorder:
 
 def greedy(model: LoadedModel, prompt: list[int], new_tokens: int) -> tuple[list[int], Any]:
     """`prompt` alone, greedy, EOS ignored: its tokens and each step's logits ([steps, vocab],
-    None when the runner's model call could not be watched)."""
+    None when the backend's forward could not be watched)."""
     engine = Engine(model, EngineConfig(max_num_seqs=2, num_kv_blocks=32, max_model_len=256))
-    runner: Any = engine.runner
-    recorder = LogitsRecorder(runner.model)
-    runner.model = recorder
-    graphs = runner.graphs  # decode steps replayed as CUDA graphs bypass runner.model
+    backend: Any = engine.backend
+    recorder = LogitsRecorder(backend.forward)
+    backend.forward = recorder  # an instance attribute over the method
+    graphs = backend.graphs  # decode steps replayed as CUDA graphs bypass the forward
     if graphs is not None:
         replay = graphs.run
 
@@ -144,7 +144,7 @@ def _check_arch(folder: Path, device: torch.device) -> dict[str, Any]:
             close = None
             if diffs and scales:
                 close = max(diffs) <= BF16_TOLERANCE * max(scales)
-            summary["logits_close"] = close  # None: the runner's model call was not seen
+            summary["logits_close"] = close  # None: the backend's forward was not seen
             summary["ok"] = bool(close)
             result["bfloat16"] = summary
     result["ok"] = result["float32"]["ok"] and result["bfloat16"]["ok"]

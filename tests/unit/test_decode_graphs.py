@@ -1,5 +1,5 @@
-"""The static decode path (`gpu.decode_graphs`): padded to a few batch sizes, through buffers
-whose addresses never change. On CUDA it runs as captured graphs; here it runs eagerly, and
+"""The static decode path (`gpu.backends.decode_graphs`): padded to a few batch sizes, through
+buffers whose addresses never change. On CUDA it runs as captured graphs; here it runs eagerly, and
 must give the dynamic path's tokens bit for bit, for every architecture, greedy and seeded,
 with padded rows that never change real ones."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu.decode_graphs import DecodeLayout, graph_sizes
+from gpu.backends.decode_graphs import DecodeLayout, graph_sizes
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
@@ -45,9 +45,11 @@ def test_the_engine_takes_the_static_path_only_when_asked_on_a_cpu(
     tiny_checkpoints: dict[str, Path],
 ) -> None:
     model = load_model(tiny_checkpoints["llama"])
-    assert Engine(model, CHUNKY).graphs is None  # auto: CPU steps stay dynamic
-    assert Engine(model, STATIC).graphs is not None
-    assert Engine(model, replace(STATIC, native_kernels=False)).graphs is None  # needs kernels
+    assert Engine(model, CHUNKY).backend.graphs is None  # auto: CPU steps stay dynamic
+    assert Engine(model, STATIC).backend.graphs is not None
+    assert (
+        Engine(model, replace(STATIC, native_kernels=False)).backend.graphs is None
+    )  # needs kernels
     with pytest.raises(ValueError, match="decode_graphs"):
         EngineConfig(decode_graphs="always")
 
@@ -57,7 +59,7 @@ def _tokens(model: LoadedModel, config: EngineConfig, params: list[SamplingParam
     requests = [EngineRequest(str(i), p, params[i]) for i, p in enumerate(prompts)]
     engine = Engine(model, config)
     taken = 0
-    step = engine.runner.graphs
+    step = engine.backend.graphs
     if step is not None:  # count the steps that went through the static path
         original = step.run
 
@@ -104,7 +106,7 @@ def test_padded_rows_never_change_real_rows(tiny_checkpoints: dict[str, Path]) -
     engine.add(EngineRequest("x", prompt, SamplingParams(max_new_tokens=8, ignore_eos=True)))
     while not any(seq.output_token_ids for seq in engine.sequences.values()):
         engine.step()  # the prompt, until the first token
-    graphs = engine.runner.graphs
+    graphs = engine.backend.graphs
     assert graphs is not None
     chunks = list(engine.scheduler.schedule().chunks)
     assert len(chunks) == 1 and chunks[0].is_decode
@@ -112,7 +114,7 @@ def test_padded_rows_never_change_real_rows(tiny_checkpoints: dict[str, Path]) -
     rows = []
     with torch.inference_mode():
         for size in graphs.sizes:
-            staged = engine.runner._stage_padded_decodes(chunks, size).clone()
+            staged = graphs.stage(engine.backend.builder, chunks, size).clone()
             inert = graphs.run(size, staged)[0].clone()
             busy = staged.clone()
             fields = graphs.layout(size).views(busy)

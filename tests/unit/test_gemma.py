@@ -171,9 +171,9 @@ def test_all_local_layers_release_blocks_and_still_match_transformers(
 def test_the_window_view_of_a_step_reads_only_the_windows_blocks(native: bool) -> None:
     """Window 10, blocks of 4: a decode at position 40 sees 31-40, in blocks 7-10 of its table;
     a prefill chunk of 37-44 sees 28-44, blocks 7-11. Nothing before is gathered or read."""
+    from gpu.backends.step_batch import StepBuilder
     from gpu.kernels.native import cpu_kernels
     from gpu.kv_pool import KVPool
-    from gpu.runner import ModelRunner
     from gpu.scheduler import ScheduledChunk
     from gpu.sequence import SamplingParams, Sequence
 
@@ -182,7 +182,7 @@ def test_the_window_view_of_a_step_reads_only_the_windows_blocks(native: bool) -
         pytest.skip("no C compiler here: the native kernels are off")
     config = config_from_hf(GEMMA3_270M, Path("config.json"))
     kv = KVPool(config, 64, 4, 32, torch.float32, torch.device("cpu"))
-    runner = ModelRunner(None, kv, torch.device("cpu"), kernels=kernels, window=10)  # type: ignore[arg-type]
+    builder = StepBuilder(kv, torch.device("cpu"), in_place=native, window=10)
     decode = Sequence("d", list(range(41)), SamplingParams(), arrival_time=0.0)
     decode.block_table = list(range(1, 12))  # positions 0-43
     decode.num_computed_tokens = 40
@@ -190,7 +190,7 @@ def test_the_window_view_of_a_step_reads_only_the_windows_blocks(native: bool) -
     prefill.block_table = list(range(20, 32))
     prefill.num_computed_tokens = 37
     chunks = [ScheduledChunk.of(decode, 40, 1), ScheduledChunk.of(prefill, 37, 8)]
-    _, _, meta, _ = runner.prepare(chunks)
+    meta = builder.build(chunks).attention
     local = meta.for_window(10)
     assert local.window == 10 and meta.for_window(None) is meta
     (group,) = local.decodes

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpu.backends.native_decode_step import implements
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.models.llama import LlamaForCausalLM
-from gpu.models.llama_decode_step import implements
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
 from tests.tiny_models import ARCHS, EXTRA_ARCHS, LONGROPE_ORIGINAL
@@ -61,8 +61,11 @@ def engine_tokens(
     prompts: list[list[int]],
     params: SamplingParams,
     config: EngineConfig = CHUNKY,
+    engines: list[Engine] | None = None,  # given: the engine built is appended
 ) -> list[list[int]]:
     engine = Engine(model, config)
+    if engines is not None:
+        engines.append(engine)
     run = run_all(engine, [EngineRequest(str(i), p, params) for i, p in enumerate(prompts)])
     return [c.token_ids for c in run.completions]
 
@@ -82,9 +85,9 @@ def engine_logits(
         end = min(start + 7, len(prompt))
         engine.scheduler.kv_cache.allocate(seq, end)
         chunk = ScheduledChunk.of(seq, start, end - start)
-        ids, positions, meta, _ = engine.runner.prepare([chunk])
+        inputs = replace(engine.backend.build([chunk]), logits_rows=torch.arange(end - start))
         with torch.inference_mode():
-            rows.append(model.module(ids, positions, engine.kv, meta, torch.arange(end - start)))
+            rows.append(engine.backend.run_model(inputs))
     return torch.cat(rows)
 
 
@@ -141,19 +144,22 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
     model, hf = models[arch, "packed"]
     prompts = random_prompts(model.config.vocab_size, 4, seed=3)
     alone = replace(attention_config("native-paged"), max_num_seqs=1)
-    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), alone)
+    engines: list[Engine] = []
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ours = engine_tokens(model, prompts, params, alone, engines)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
     if isinstance(model.module, LlamaForCausalLM) and cpu_kernels() is not None:
         # The native step runs only what it implements: not q/k norms, experts, partial rotary.
-        assert (model.module.decode_step is not None) == implements(model.config)
+        decode_step = getattr(engines[0].backend, "decode_step", None)
+        assert (decode_step is not None) == implements(model.config)
 
 
 @pytest.mark.parametrize("arch", ("llama", "llama_tied", "qwen2"))
 def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Decode steps of many sequences take the one-call step over the panels (up to
     `PANEL_ROWS` rows), and give transformers' tokens."""
-    from gpu.models.llama_decode_step import DecodeStep
+    from gpu.backends.native_decode_step import DecodeStep
     from gpu.models.packed_linear import PANEL_ROWS
 
     model, hf = models[arch, "packed"]
@@ -168,8 +174,10 @@ def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) 
 
     monkeypatch.setattr(DecodeStep, "__call__", counted)
     prompts = random_prompts(model.config.vocab_size, 12, seed=7)
-    ours = engine_tokens(model, prompts, SamplingParams(max_new_tokens=16, ignore_eos=True), config)
-    assert model.module.decode_step.max_rows == PANEL_ROWS
+    engines: list[Engine] = []
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    ours = engine_tokens(model, prompts, params, config, engines)
+    assert engines[0].backend.decode_step.max_rows == PANEL_ROWS  # type: ignore[attr-defined]
     assert max(rows) == len(prompts), rows  # every sequence decoding, in one call
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 16), f"prompt of {len(prompt)} tokens diverged"

@@ -312,13 +312,13 @@ def test_engine_tokens_on_every_vector_path_match_transformers(
 
     from transformers import AutoModelForCausalLM
 
-    import gpu.engine
+    import gpu.backends.choose
     import gpu.loading.loader
     from gpu.loading.loader import load_model
     from gpu.sequence import SamplingParams
     from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, hf_greedy, random_prompts
 
-    monkeypatch.setattr(gpu.engine, "cpu_kernels", lambda: kernels)
+    monkeypatch.setattr(gpu.backends.choose, "cpu_kernels", lambda: kernels)
     monkeypatch.setattr(gpu.loading.loader, "cpu_kernels", lambda: kernels)  # the panels
     path = tiny_checkpoints["llama"]
     model = load_model(path, device="cpu")

@@ -173,15 +173,14 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
 ) -> None:
     """One and two decode tokens: the native step's logits against the layers' path run on
     the same quantized weights (dequantized, through F.linear)."""
-    import gpu.engine
-    import gpu.models.llama
+    import gpu.backends.choose
     from gpu.engine import Engine
     from gpu.loading.loader import load_model
     from gpu.scheduler import ScheduledChunk
     from gpu.sequence import SamplingParams, Sequence
     from tests.unit.test_gpu_engine import CHUNKY, LOGITS_ATOL, random_prompts
 
-    monkeypatch.setattr(gpu.engine, "cpu_kernels", lambda: kernels)
+    monkeypatch.setattr(gpu.backends.choose, "cpu_kernels", lambda: kernels)
     model = load_model(tiny_checkpoints[arch], device="cpu")
     per_layer = len(names - {"lm_head"})
     assert hold_quantized(model.module, names) == per_layer * model.config.num_layers + (
@@ -194,16 +193,11 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
         for seq in seqs:  # the context, through the layers
             n = seq.num_tokens
             engine.scheduler.kv_cache.allocate(seq, n)
-            ids, positions, meta, _ = engine.runner.prepare([ScheduledChunk.of(seq, 0, n - 1)])
-            model.module(ids, positions, engine.kv, meta, torch.arange(1))
+            engine.backend.run_model(engine.backend.build([ScheduledChunk.of(seq, 0, n - 1)]))
         for count in (1, 2):
             chunks = [ScheduledChunk.of(seq, seq.num_tokens - 1, 1) for seq in seqs[:count]]
-            ids, positions, meta, rows = engine.runner.prepare(chunks)
-            sampled = torch.tensor(rows)
-            model.module.decode_step = None  # type: ignore[assignment]
-            native = model.module(ids, positions, engine.kv, meta, sampled)
-            assert model.module.decode_step is not None  # the one-call step ran
-            with monkeypatch.context() as patch:
-                patch.setattr(gpu.models.llama, "small_decode_step", lambda *_: False)
-                layered = model.module(ids, positions, engine.kv, meta, sampled)
+            inputs = engine.backend.build(chunks)
+            native = engine.backend.forward(inputs)
+            assert engine.backend.decode_step is not None  # type: ignore[attr-defined]
+            layered = engine.backend.run_model(inputs)  # the model's layers
             torch.testing.assert_close(native, layered, atol=LOGITS_ATOL, rtol=0)

@@ -10,7 +10,7 @@ from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from gpu.sequence import SamplingParams
-from gpu.step_clock import PHASES, StepClock
+from ops.bench.step_clock import PHASES, StepClock
 from ops.models.offline import run_all
 
 
@@ -32,7 +32,7 @@ def test_breakdown_splits_forward_into_dense_and_attention() -> None:
 def test_a_timed_run_gives_the_same_tokens(tiny_checkpoints: dict[str, Path]) -> None:
     def tokens(timing: StepClock | None) -> list[list[int]]:
         engine = Engine(load_model(tiny_checkpoints["llama"]), EngineConfig(max_num_seqs=4))
-        engine.timing = timing
+        engine.observe(timing)
         requests = [
             EngineRequest(f"r{i}", [5 + i, 6, 7, 8] * (i + 1), SamplingParams(max_new_tokens=6))
             for i in range(5)

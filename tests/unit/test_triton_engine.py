@@ -38,16 +38,16 @@ CONFIG = {"block_size": 4, "max_num_batched_tokens": 12, "num_kv_blocks": 256, "
 
 CHILD = """
 import json, sys
-import gpu.engine
+import gpu.backends.choose
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.kernels.triton.kernels import TritonKernels, triton_kernels
 from gpu.loading.loader import load_model
-from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
+from gpu.sequence import SamplingParams
 
 assert triton_kernels() is not None, "TRITON_INTERPRET=1 but Triton cannot run"
-gpu.engine.step_kernels = lambda model, config: TritonKernels()
+gpu.backends.choose.step_kernels = lambda model, config: TritonKernels()
 job = json.loads(open(sys.argv[1]).read())
 out = {}
 for arch, path in job["models"].items():
