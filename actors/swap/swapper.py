@@ -34,7 +34,8 @@ from actors.mail import SwapOrder
 from actors.swap.model_slots import ModelSlots
 from actors.telemetry.metrics import SwapOutcome
 from gpu.host_heap import loading_weights
-from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes, read_config
+from gpu.loading.checkpoint_header import planned_gguf_weights, read_config
+from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes
 from gpu.memory.swap_plan import SwapPlan, plan_swap
 from gpu.model_holder import free_device_memory
 from gpu.smoke_test import smoke_test
@@ -221,13 +222,13 @@ class Swapper:
         device = getattr(active.model, "device", None)
         packed = getattr(active.model, "packed_bytes", 0) > 0  # the new one will be too
         quantization = active.config.quantization
-        new = (
-            planned_engine_bytes(
-                config, active.config, dtype, max_len, packed, quantization, target
+        new = 0
+        if dtype:
+            name = str(dtype).removeprefix("torch.")
+            gguf = await asyncio.to_thread(planned_gguf_weights, target, quantization, name)
+            new = planned_engine_bytes(
+                config, active.config, dtype, max_len, packed, quantization, gguf
             )
-            if dtype
-            else 0
-        )
         return plan_swap(
             active_bytes=engine_bytes(active),
             standby_bytes=0,

@@ -32,7 +32,7 @@ from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
 from gpu.model_config import ModelConfig
 from gpu.models.packed_linear import PANEL_ROWS
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 
 class LlamaWeights(Protocol):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gpu.kernels.native_weight import INPUT_MULTIPLE, TmWeight, check_float32, tm_weight
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p

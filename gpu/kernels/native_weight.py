@@ -7,7 +7,7 @@ import ctypes
 
 import torch
 
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
@@ -16,7 +16,7 @@ INPUT_MULTIPLE = 16  # weight.h: input features and groups are multiples of 16
 
 class TmWeight(ctypes.Structure):
     """weight.h's `tm_weight`: a weight matrix [out, in] as the kernels read it (bits 32: a
-    float32 matrix, and its panels or NULL; 8, 4: gpu/quant/weight.py's layout). Raw addresses:
+    float32 matrix, and its panels or NULL; 8, 4: gpu/quantized_weight.py's layout). Raw addresses:
     whoever holds one keeps the tensors it points into alive."""
 
     _fields_ = (

@@ -1,5 +1,5 @@
 /* A linear layer's weight matrix W [out, in] as the kernels take it: float32, or held
- * quantized in gpu/quant/weight.py's layout (w = scale · q + offset per group of inputs).
+ * quantized in gpu/quantized_weight.py's layout (w = scale · q + offset per group of inputs).
  *
  *   bits 32: data float32 [out, in]; group, scales and offsets unused.
  *   bits 8:  data int8 [out, in], q in [-128, 127].

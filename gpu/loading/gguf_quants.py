@@ -18,7 +18,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 _CHUNK_ELEMENTS = 1 << 21  # elements per slice: 8 MiB of float32 scratch at most
 _QK_K = 256

@@ -20,7 +20,7 @@ from gpu.errors import CheckpointError
 from gpu.loading.gguf_quants import dequantize, to_quantized
 from gpu.loading.gguf_reader import GGUFHeader, GGUFTensorInfo
 from gpu.model_config import ModelConfig
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 _PERMUTED_QK = ("llama",)  # convert_hf_to_gguf.py permutes q/k rows only for LlamaModel
 _NORM_SHIFTED = ("gemma3",)  # convert_hf_to_gguf.py stores Gemma's norm weights as 1 + w

@@ -5,7 +5,6 @@ Used by the swap planner: both numbers are bytes of device memory (host memory o
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import torch
 
 from gpu.block_allocator import blocks_for
 from gpu.engine_config import EngineConfig
-from gpu.loading.model_config import load_hf_config
 from gpu.memory.activation_reserve import activation_reserve_bytes
 from gpu.memory.held_bytes import module_bytes
 from gpu.memory.model_sizes import dtype_bytes, kv_bytes_per_token, weights_bytes
@@ -31,27 +29,6 @@ def engine_bytes(engine: Any) -> int:
     return total
 
 
-def read_config(path: Path) -> ModelConfig:
-    """A checkpoint's config without reading its weights (HF folder or .gguf).
-
-    Remembered per file version: a GGUF header parse costs seconds (its tokenizer arrays) and
-    leaves heap behind, and swaps back and forth plan for the same files again and again.
-    """
-    path = Path(path).resolve()
-    stat = path.stat() if path.exists() else None
-    version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
-    return _read_config(path, version)
-
-
-@functools.lru_cache(maxsize=16)
-def _read_config(path: Path, _version: tuple[int, int] | None) -> ModelConfig:
-    if path.is_file() and path.suffix == ".gguf":
-        from gpu.loading.gguf import read_gguf_config
-
-        return read_gguf_config(path)
-    return load_hf_config(path)
-
-
 def planned_engine_bytes(
     config: ModelConfig,
     engine: EngineConfig,
@@ -59,14 +36,15 @@ def planned_engine_bytes(
     max_model_len: int,
     packed: bool = False,
     quantization: str = "none",
-    path: Path | None = None,
+    gguf_weights: int | None = None,
 ) -> int:
     """What an engine for `config` would hold: weights, a full KV pool and its workspace,
     and the activation reserve of one step. `packed`: its linear weights will be held a
     second time, packed for oneDNN (float32 on CPU; `gpu/models/packed_linear.py`).
-    `quantization`: the engine's (`gpu.quant.scheme`); with `auto`, a GGUF at `path` counts
-    its blocks in the formats they load into. Packed copies are then not counted: the
-    quantized layers are not packed (what stays float is, a small share)."""
+    `quantization`: the engine's (`gpu.quant.scheme`); with `auto`, a GGUF's weights count as
+    `gguf_weights` (`gpu.loading.checkpoint_header.planned_gguf_weights`: its blocks in the
+    formats they load into). Packed copies are then not counted: the quantized layers are not
+    packed (what stays float is, a small share)."""
     name = str(dtype).removeprefix("torch.")
     per_token = kv_bytes_per_token(config, name)
     blocks = engine.max_num_seqs * blocks_for(max_model_len, engine.block_size)
@@ -81,10 +59,8 @@ def planned_engine_bytes(
         max_batch=engine.max_num_seqs,
         max_context_len=max_model_len,
     )
-    if quantization == "auto" and path is not None and path.suffix == ".gguf":
-        from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
-
-        return gguf_kept_weights_bytes(path, dtype_bytes(name)) + kv + workspace + reserve
+    if quantization == "auto" and gguf_weights is not None:
+        return gguf_weights + kv + workspace + reserve
     if quantization not in ("none", "auto"):
         return weights_bytes(config, name, quantization) + kv + workspace + reserve
     weights = config.num_parameters() * dtype_bytes(name)

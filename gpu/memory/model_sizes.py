@@ -42,7 +42,7 @@ def weights_bytes(config: ModelConfig, dtype: str, quantization: str = "none") -
     """All parameters held in `dtype`: `config.num_parameters()` × dtype bytes; with
     `quantization` int8 or int4[-gN] the linear layers held quantized instead
     (`gpu.memory.quantized_sizes`). `none` and `auto` count floats: what `auto` keeps depends
-    on the file (`quantized_sizes.gguf_kept_weights_bytes`)."""
+    on the file (`gpu.loading.checkpoint_header.gguf_kept_weights_bytes`)."""
     method, _, group = quantization.partition("-g")
     if method in ("int8", "int4"):
         from gpu.memory.quantized_sizes import quantized_weights_bytes

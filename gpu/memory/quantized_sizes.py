@@ -1,14 +1,12 @@
 """Bytes a model's weights take when its linear layers are held quantized: pure arithmetic
 over its shapes (the planner's), and over a GGUF header's tensor types (`auto`).
 
-A quantized [out, in] matrix (`gpu/quant/weight.py`) holds its integers (in bytes at 8 bits,
+A quantized [out, in] matrix (`gpu/quantized_weight.py`) holds its integers (in bytes at 8 bits,
 in / 2 at 4) and a float32 scale per group, plus a float32 offset per group at 4 bits (the
 zero point). With tied embeddings the quantized head and the table are one matrix.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from gpu.model_config import GEMMA_FAMILY, ModelConfig
 
@@ -64,19 +62,3 @@ def quantized_weights_bytes(
     floats = config.num_parameters() - sum(o * i for o, i in linears)
     quantized = sum(matrix_bytes(o, i, method, group) for o, i in linears)
     return floats * dtype_bytes + quantized
-
-
-def gguf_kept_weights_bytes(path: Path, dtype_bytes: int) -> int:
-    """A GGUF's weights as `auto` holds them: block types in their kernel formats, the other
-    tensors (norms, F16/F32 matrices) in the compute dtype. Reads the header only."""
-    from gpu.loading.gguf_reader import read_gguf
-
-    total = 0.0
-    for tensor in read_gguf(path).tensors:
-        count = 1
-        for dim in tensor.shape:
-            count *= dim
-        per_weight = GGUF_KEPT_BYTES_PER_WEIGHT.get(tensor.tensor_type.name)
-        two_d = len(tensor.shape) == 2
-        total += count * (per_weight if per_weight is not None and two_d else dtype_bytes)
-    return int(total)

@@ -12,7 +12,7 @@ from torch import nn
 
 from gpu.errors import CheckpointError
 from gpu.model_config import ModelConfig
-from gpu.quant.weight import QuantizedWeight, concatenated
+from gpu.quantized_weight import QuantizedWeight, concatenated
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
 CHOICES = ("none", "auto", "int8", "int4", "int4-g32", "int4-g128")
 

@@ -18,7 +18,7 @@ import torch
 
 from gpu.kernels.triton.runtime import available as available  # re-exported: callers ask here
 from gpu.kernels.triton.runtime import interpreting, triton_module
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_N = 64

@@ -24,7 +24,7 @@ from torch import nn
 from gpu.kernels.native import CpuKernels, cpu_kernels
 from gpu.kernels.native_build import build, cache_dir, find_compiler
 from gpu.models.packed_linear import PackedLinear
-from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
 SHAPES = {  # name: (in, out)
     "qkv": (576, 960),

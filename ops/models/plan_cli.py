@@ -104,7 +104,7 @@ def plan(
     path, config = _load_config(model)
     weights_of = None
     if quantization == "auto" and path.suffix == ".gguf":
-        from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
+        from gpu.loading.checkpoint_header import gguf_kept_weights_bytes
 
         def weights_of(d: str) -> int:
             return gguf_kept_weights_bytes(path, dtype_bytes(d))

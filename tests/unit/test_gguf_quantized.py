@@ -21,7 +21,7 @@ from gpu.loading.gguf import load_gguf, read_gguf_config
 from gpu.loading.gguf_quants import QUANTIZED_TYPES, dequantize, to_quantized
 from gpu.loading.gguf_reader import read_gguf
 from gpu.loading.gguf_tensors import GGUFTensors
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 
 Q = GGMLQuantizationType
 # type → (bits, group, has offsets, q's range): what each type maps onto

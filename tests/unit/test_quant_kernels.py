@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.kernels.native import CpuKernels
-from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from tests.unit import test_kernels_native
 
 kernels = test_kernels_native.kernels  # the fixture: these kernels on every build

@@ -13,10 +13,10 @@ from torch import nn
 
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
+from gpu.loading.checkpoint_header import gguf_kept_weights_bytes
 from gpu.loading.loader import load_model
 from gpu.memory.held_bytes import weight_bytes
 from gpu.memory.model_sizes import weights_bytes
-from gpu.memory.quantized_sizes import gguf_kept_weights_bytes
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all

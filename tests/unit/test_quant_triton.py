@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gpu.quant.triton_linear import available, triton_qlinear
-from gpu.quant.weight import QuantizedWeight, quantize_int4, quantize_int8
+from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from tests.unit.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
@@ -30,7 +30,7 @@ import sys
 import torch
 before = "triton" in sys.modules
 from gpu.quant.triton_linear import available, triton_qlinear
-from gpu.quant.weight import QuantizedWeight
+from gpu.quantized_weight import QuantizedWeight
 assert ("triton" in sys.modules) == before, "importing the module imported triton"
 assert available(), "TRITON_INTERPRET=1 but the interpreter is not in force"
 cases = torch.load(sys.argv[1])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpu.quant.scheme import Quantization
-from gpu.quant.weight import QuantizedWeight, concatenated, quantize_int4, quantize_int8
+from gpu.quantized_weight import QuantizedWeight, concatenated, quantize_int4, quantize_int8
 
 
 @pytest.fixture
