@@ -2,7 +2,7 @@
 
 `ModelConfig` is what the model code, the KV pool, the backends and the memory planner read.
 It imports nothing of gpu/: the parsers that build it from a Hugging Face `config.json`
-(`gpu/loading/model_config.py`) or from GGUF metadata (`gpu/loading/gguf.py`) sit above it.
+(`gpu/loading/model_config.py`) or from GGUF metadata (`gpu/loading/gguf_config.py`) sit above it.
 """
 
 from __future__ import annotations
