@@ -37,7 +37,8 @@ class EngineConfig:
     native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
     quantization: str = "none"  # how weights are held: `gpu.quant.scheme` (none, auto, int8, int4)
     prefix_caching: bool = True  # reuse the K/V of full blocks a prompt shares with earlier ones
-    # Decode-only steps through static buffers padded to a few batch sizes (`gpu.decode_graphs`):
+    # Decode-only steps through static buffers padded to a few batch sizes
+    # (`gpu.backends.decode_graphs`):
     # "auto": on CUDA, as CUDA graphs captured at engine start; elsewhere off. "eager": the
     # static path without capture, on any device with kernels (the tests' check). "off".
     decode_graphs: str = "auto"

@@ -3,7 +3,7 @@
 Pure Python, no torch, no I/O. The scheduler decides who runs and how many tokens; it asks this
 manager whether blocks are there (`can_allocate`), takes them (`allocate`, `take_prefix`),
 reports progress (`computed`) and gives them back (`free`). The manager is the one writer of
-`Sequence.block_table` (entry i holds positions i * block_size ..; the runner reads it).
+`Sequence.block_table` (entry i holds positions i * block_size ..; the backend reads it).
 
 With a `prefix_key` (prefix caching on), the manager keeps each sequence's chained block
 hashes (`gpu.prefix_hash`) and offers the allocator's cache every full block a step computes.

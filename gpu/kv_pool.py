@@ -46,7 +46,7 @@ class KVPool:
         # Allocated, not zeroed: on a host, pages are committed as blocks are first used, so a
         # large pool costs memory only as work fills it. Decodes read whole blocks, masking the
         # unwritten tail; masked values must still be finite (0 × NaN is NaN), and nothing one
-        # request left in a block may reach another. So the runner zeroes each block that a
+        # request left in a block may reach another. So the backend zeroes each block that a
         # step starts and leaves partly written (`zero`), and block 0, the padding of ragged
         # block tables, is zeroed here and never handed out (`PAD_BLOCK`).
         self.cache = torch.empty(config.num_layers, 2, *shape, dtype=dtype, device=device)

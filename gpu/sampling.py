@@ -42,7 +42,7 @@ class SamplingTensors:
 
 @dataclass(frozen=True)
 class SamplingRows:
-    """`SamplingTensors`' values as host lists, for a runner to write into its own (pinned,
+    """`SamplingTensors`' values as host lists, for a backend to write into its own (pinned,
     static) staging buffers; `any_sampled` is False when every row is greedy, `any_filtered`
     when no sampled row has top-k or top-p."""
 

@@ -1,6 +1,6 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each.
 
-Pure Python, no torch, no I/O. `schedule()` returns a `ScheduledBatch` value; the runner
+Pure Python, no torch, no I/O. `schedule()` returns a `ScheduledBatch` value; the backend
 computes it and the engine reports back with `advance()`/`finish()`.
 
 Policy, in order, each step:

@@ -5,7 +5,7 @@ host buffer, one row per constrained sequence; it is copied to the device once p
 expanded there to a [constrained, vocab] bool mask of the banned tokens (a byte → 8 bits
 lookup, no per-bit arithmetic), which the sampler applies to those rows in one `masked_fill`.
 Nothing here reads a device tensor back, so the masks cost no device→host sync; on CUDA the
-host work overlaps the forward pass, which the runner launches first.
+host work overlaps the forward pass, which the backend launches first.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class CpuKernels:
         self._noise = lib.tm_exponential_noise
         self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
         self._noise.restype = None
-        self.llama_decode = lib.tm_llama_decode  # called by gpu/models/llama_decode_step.py
+        self.llama_decode = lib.tm_llama_decode  # called by gpu/backends/native_decode_step.py
         self.llama_decode.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
         self.llama_decode.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float]
         self.llama_decode.argtypes += [_ptr] * 5 + [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]

@@ -77,7 +77,7 @@ def activation_reserve_bytes(
 
 
 def decode_graph_reserve_bytes(config: ModelConfig, dtype: str, max_batch: int) -> int:
-    """The memory CUDA graphs of decode steps hold for good (`gpu.decode_graphs`): one pool
+    """The memory CUDA graphs of decode steps hold for good (`gpu.backends.decode_graphs`): one pool
     shared by all captured sizes, as large as the largest size's forward needs, B = max_batch
     tokens: its per-token intermediates and its logits (the terms of
     `activation_reserve_bytes` for a step of B decodes, without attention's, which reads the

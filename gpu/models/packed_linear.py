@@ -53,7 +53,7 @@ class PackedLinear(nn.Module):
     tokenmill's native kernel (given `kernels`), else in oneDNN's opaque blocked layout.
 
     The plain weight stays, the same parameter (so a tied LM head still shares the embedding
-    table): the native decode step (`gpu/models/llama_decode_step.py`) reads it where a weight
+    table): the native decode step (`gpu/backends/native_decode_step.py`) reads it where a weight
     has no panels.
     """
 
