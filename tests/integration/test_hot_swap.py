@@ -211,7 +211,7 @@ def broken_models(models: Path, tiny_checkpoints, outside: Path) -> None:
     shutil.copytree(tiny_checkpoints["gpt2"], truncated)
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    from tests.unit.test_gguf import HEAD_DIM, HIDDEN, KV_HEADS, write_tiny
+    from tests.unit.gpu.loading.test_gguf import HEAD_DIM, HIDDEN, KV_HEADS, write_tiny
 
     bad = np.zeros((KV_HEADS * HEAD_DIM + 1, HIDDEN), dtype=np.float32)
     write_tiny(models / "bad-shape.gguf", tensors={"blk.1.attn_k.weight": bad})

@@ -16,7 +16,7 @@ from actors.mail import Cancel
 from actors.runtime import Mailbox
 from messages.cancel import MAX_CANCEL_BYTES, CancelRequest, cancel_codec
 from messages.limits import MAX_ID_BYTES
-from tests.unit.test_scheduler import FakeClock
+from tests.unit.gpu.test_scheduler import FakeClock
 
 
 def test_a_cancel_record_over_the_limit_is_refused_unread() -> None:

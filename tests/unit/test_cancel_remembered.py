@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.cancel.remembered import RecentCancels
-from tests.unit.test_scheduler import FakeClock
+from tests.unit.gpu.test_scheduler import FakeClock
 
 
 def test_an_id_is_remembered_until_its_time_is_up() -> None:

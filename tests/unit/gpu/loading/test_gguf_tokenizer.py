@@ -11,7 +11,7 @@ import pytest
 from gpu.errors import CheckpointError
 from gpu.loading.gguf import load_gguf
 from gpu.loading.tokenizer import Tokenizer
-from tests.unit.test_gguf import IM_END, IM_START, THINK, TOKENS, VOCAB, write_tiny
+from tests.unit.gpu.loading.test_gguf import IM_END, IM_START, THINK, TOKENS, VOCAB, write_tiny
 
 # --- tiny synthetic GGUFs -------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from gpu.loading.loader import LoadedModel, load_model
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
 from tests.tiny_models import ARCHS
-from tests.unit.test_gpu_engine import CHUNKY, random_prompts
+from tests.unit.gpu.test_engine import CHUNKY, random_prompts
 
 STATIC = replace(CHUNKY, decode_graphs="eager", max_num_seqs=12)
 DYNAMIC = replace(STATIC, decode_graphs="off")

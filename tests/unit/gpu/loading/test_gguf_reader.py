@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from gpu.loading.gguf_reader import GGUFFormatError, read_gguf
-from tests.unit.test_gguf import write_tiny
-from tests.unit.test_gguf_gemma3 import write_tiny_gemma3
+from tests.unit.gpu.loading.test_gguf import write_tiny
+from tests.unit.gpu.loading.test_gguf_gemma3 import write_tiny_gemma3
 
 
 def _assert_same_as_gguf_py(path: Path, *, nested: tuple[str, ...] = ()) -> None:

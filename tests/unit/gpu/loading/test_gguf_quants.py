@@ -11,7 +11,7 @@ from gguf.quants import quantize
 
 import gpu.loading.gguf_quants
 from gpu.loading.gguf_quants import TORCH_TYPES, dequantize
-from tests.unit.test_gguf_quantized import random_blocks
+from tests.unit.gpu.loading.test_gguf_quantized import random_blocks
 
 Q = GGMLQuantizationType
 

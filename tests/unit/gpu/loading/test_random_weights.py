@@ -17,7 +17,7 @@ from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
 from tests import tiny_models
 
-CONFIGS = Path(__file__).resolve().parents[1] / "gpu" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "gpu" / "configs"
 
 
 def tiny_config(folder: Path, **changes: Any) -> Path:

@@ -11,7 +11,7 @@ from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
-from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, random_prompts
+from tests.unit.gpu.test_engine import CHUNKY, engine_tokens, random_prompts
 
 GREEDY = SamplingParams(max_new_tokens=16, ignore_eos=True)
 

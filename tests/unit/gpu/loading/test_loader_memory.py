@@ -35,7 +35,7 @@ from gpu.loading.loader import load_checkpoint, load_model
 
 ALLOWANCE = 320 << 20
 RATIO = 1.3
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 _MEASURE = """
 import json, sys

@@ -316,7 +316,7 @@ def test_engine_tokens_on_every_vector_path_match_transformers(
     import gpu.loading.loader
     from gpu.loading.loader import load_model
     from gpu.sequence import SamplingParams
-    from tests.unit.test_gpu_engine import CHUNKY, engine_tokens, hf_greedy, random_prompts
+    from tests.unit.gpu.test_engine import CHUNKY, engine_tokens, hf_greedy, random_prompts
 
     monkeypatch.setattr(gpu.backends.choose, "cpu_kernels", lambda: kernels)
     monkeypatch.setattr(gpu.loading.loader, "cpu_kernels", lambda: kernels)  # the panels

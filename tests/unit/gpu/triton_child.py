@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_interpreted(code: str, cases: Any, folder: Path, timeout_s: float = 180) -> Any:

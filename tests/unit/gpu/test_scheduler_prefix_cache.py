@@ -19,7 +19,7 @@ from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.prefix_hash import root_key
 from gpu.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from gpu.sequence import SamplingParams, Sequence, SequenceStatus
-from tests.unit.test_scheduler import FakeClock
+from tests.unit.gpu.test_scheduler import FakeClock
 
 BLOCK = 4
 ROOT = root_key("sha256:test", "none", "float32")

@@ -14,7 +14,7 @@ import pytest
 
 from gpu import host_heap
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_glibc = pytest.mark.skipif(host_heap.mapped_bytes() is None, reason="needs glibc malloc")
 
 

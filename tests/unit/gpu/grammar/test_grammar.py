@@ -25,7 +25,7 @@ from gpu.sampling import sample
 from gpu.sequence import JsonConstraint, SamplingParams
 from messages.error_codes import ErrorCode
 from ops.models.offline import run_all
-from tests.unit.test_gpu_engine import CHUNKY, random_prompts
+from tests.unit.gpu.test_engine import CHUNKY, random_prompts
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "nested": {

@@ -13,7 +13,7 @@ from gpu.engine_config import EngineConfig
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.sequence import SamplingParams
 from ops.models.offline import OfflineRun, run_all
-from tests.unit.test_gpu_engine import ATTENTIONS, random_prompts
+from tests.unit.gpu.test_engine import ATTENTIONS, random_prompts
 
 GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kernels.triton.kernels import TritonKernels, triton_kernels
 from gpu.models.layers import RMSNorm, apply_rope
-from tests.unit.triton_child import run_interpreted
+from tests.unit.gpu.triton_child import run_interpreted
 
 pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[5]
 
 CHILD = """
 import sys

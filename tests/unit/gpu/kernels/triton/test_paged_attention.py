@@ -18,11 +18,11 @@ import torch
 from gpu.kernels.triton.paged_attention import available, keys_per_tile
 from gpu.kernels.triton.paged_decode import _decode_splits, paged_decode_attention
 from gpu.kernels.triton.paged_prefill import paged_prefill_attention
-from tests.unit.triton_child import run_interpreted
+from tests.unit.gpu.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[5]
 
 CHILD = """
 import sys

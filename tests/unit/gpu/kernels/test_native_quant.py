@@ -23,9 +23,9 @@ from torch import nn
 
 from gpu.kernels.native import CpuKernels
 from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
-from tests.unit import test_kernels_native
+from tests.unit.gpu.kernels import test_native
 
-kernels = test_kernels_native.kernels  # the fixture: these kernels on every build
+kernels = test_native.kernels  # the fixture: these kernels on every build
 ATOL_UNIT = 2.0**-20
 ROWS = (1, 2, 3, 5, 17, 64, 130)  # decode, the streaming kernels' edge, tiles and their tails
 
@@ -178,7 +178,7 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
     from gpu.loading.loader import load_model
     from gpu.scheduler import ScheduledChunk
     from gpu.sequence import SamplingParams, Sequence
-    from tests.unit.test_gpu_engine import CHUNKY, LOGITS_ATOL, random_prompts
+    from tests.unit.gpu.test_engine import CHUNKY, LOGITS_ATOL, random_prompts
 
     monkeypatch.setattr(gpu.backends.choose, "cpu_kernels", lambda: kernels)
     model = load_model(tiny_checkpoints[arch], device="cpu")

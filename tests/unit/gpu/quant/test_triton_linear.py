@@ -19,11 +19,11 @@ import torch
 
 from gpu.quant.triton_linear import available, triton_qlinear
 from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
-from tests.unit.triton_child import run_interpreted
+from tests.unit.gpu.triton_child import run_interpreted
 
 triton = pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 CHILD = """
 import sys

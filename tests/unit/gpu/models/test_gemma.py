@@ -1,6 +1,7 @@
 """Gemma's config.json read into a ModelConfig (both the flat and the transformers-5 layout),
 its parameter count against transformers' own, and `tokenmill plan` on a config-only folder.
-The engine's parity with transformers is in test_gpu_engine.py (ARCHS has gemma2, gemma3)."""
+The engine's parity with transformers is in tests/unit/gpu/test_engine.py (ARCHS has gemma2,
+gemma3)."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def test_all_local_layers_release_blocks_and_still_match_transformers(
     from gpu.sequence import SamplingParams
     from ops.models.offline import run_all
     from tests.tiny_models import build_tiny_checkpoint
-    from tests.unit.test_gpu_engine import hf_greedy, random_prompts
+    from tests.unit.gpu.test_engine import hf_greedy, random_prompts
 
     assert RELEASED_BLOCK == PAD_BLOCK
     path = build_tiny_checkpoint("gemma3_local", tmp_path / "gemma3_local")

@@ -4,7 +4,7 @@ SwiGLU and attention (decode from the pool, prefill chunks over cached context) 
 Its tokens must equal the engine's PyTorch path, itself checked against transformers, both
 with decodes through the static (graph) path and without.
 
-TRITON_INTERPRET=1 must be set before triton is first imported (see test_quant_triton), so
+TRITON_INTERPRET=1 must be set before triton is first imported (see quant/test_triton_linear), so
 the Triton engine runs in one child process; the comparison happens here.
 """
 
@@ -23,11 +23,11 @@ from gpu.engine import Engine, EngineRequest
 from gpu.loading.loader import load_model
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
-from tests.unit.test_gpu_engine import random_prompts
+from tests.unit.gpu.test_engine import random_prompts
 
 pytest.importorskip("triton", reason="triton is not importable", exc_type=ImportError)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 # llama: the fused layers; qwen3: q/k norms before the fused rotary; gemma2: soft-capped
 # scores and a window; gemma3: q/k norms, local and global layers (attention kernels only).
 ARCHS = ("llama", "qwen3", "gemma2", "gemma3")

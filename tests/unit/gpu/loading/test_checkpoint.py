@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from gpu.errors import CheckpointError, UnsupportedArchitecture
 from gpu.loading.loader import load_checkpoint, load_model
 from gpu.sequence import SamplingParams
-from tests.unit.test_gpu_engine import engine_tokens, random_prompts
+from tests.unit.gpu.test_engine import engine_tokens, random_prompts
 
 
 @pytest.fixture
