@@ -34,7 +34,6 @@ from gpu.block_allocator import blocks_for
 from gpu.engine import Engine, EngineRequest
 from gpu.memory.held_bytes import weight_bytes
 from gpu.sequence import SamplingParams
-from ops.models.offline import run_all
 
 CUDA_COPY_BYTES = 1 << 30  # 1 GiB each way: far past any cache
 HOST_COPY_BYTES = 1 << 26  # 64 MiB: past the last-level cache, quick on a small CPU
@@ -192,7 +191,10 @@ def _warm_up(engine: Engine, batch: int, prompt_tokens: int, seed: int) -> None:
     one-time costs (kernel selection, autotuning, allocator growth) stay out of the timing."""
     prompts = _prompts(engine, batch, prompt_tokens, seed - 1 - batch)
     with torch.inference_mode():
-        run_all(engine, _requests(prompts, 4, f"warm{batch}"))
+        for request in _requests(prompts, 4, f"warm{batch}"):
+            engine.add(request)
+        while engine.has_work():
+            engine.step()
 
 
 def run_decode_roofline(engine: Engine, options: DecodeOptions | None = None) -> dict[str, Any]:
