@@ -4,9 +4,9 @@ The backend builds one `AttentionMetadata` per step (`gpu/backends/metadata.py`)
 reuses it. Given a kernel library (`kernels`: the native CPU kernels, or Triton's), decodes
 attend with its kernel, which reads each sequence's blocks where they lie in the pool: no
 copy, one call for all decodes. Without one (the torch backend) and for prefill chunks that
-continue a context (unless the library attends those too),
-a sequence's context is read block by block into the pool's gather workspace (`index_select`
-into preallocated memory), then attended with SDPA. Decodes then share one SDPA call per group
+continue a context (unless the library attends those too), a sequence's context is read block
+by block into the pool's gather workspace (`index_select` into preallocated memory), then
+attended with SDPA. Decodes then share one SDPA call per group
 of similar context lengths; their query heads are grouped by KV head, so grouped-query
 attention needs no copy of K/V per query head.
 
