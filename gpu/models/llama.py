@@ -114,8 +114,7 @@ class LlamaForCausalLM(nn.Module):
             hidden = layer.self_attn(normed, rope, kv.layer(index), meta, ops)
             post = layer.post_attention_layernorm.weight
             normed = ops.rms_norm(hidden, post, c.norm_eps, residual=residual)
-            mlp = layer.mlp
-            hidden = mlp(normed) if isinstance(mlp, SparseMoE) else mlp(normed, ops)
+            hidden = layer.mlp(normed, ops)  # SwiGLU, or a mixture of SwiGLU experts
             if index + 1 < len(layers):
                 following = layers[index + 1].input_layernorm.weight
                 normed = ops.rms_norm(hidden, following, c.norm_eps, residual=residual)

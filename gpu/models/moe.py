@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.backends.layer_ops import LayerOps
 from gpu.model_config import ModelConfig
 from gpu.models.layers import WeightSource, copy_into
 
@@ -31,7 +32,11 @@ class SparseMoE(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(e, 2 * i, h))  # [experts, 2 * i, hidden]
         self.down = nn.Parameter(torch.empty(e, h, i))  # [experts, hidden, i]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
+    def forward(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        ops: LayerOps | None = None,  # unused: the experts' products are grouped matmuls here
+    ) -> torch.Tensor:  # [tokens, hidden]
         tokens = x.shape[0]
         probs = F.softmax(F.linear(x, self.router).float(), dim=-1)  # [tokens, experts]
         weights, experts = probs.topk(self.top_k, dim=-1)  # [tokens, top_k]
