@@ -4,7 +4,7 @@ TOOLS := $(HOME)/.cache/tokenmill/tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 RUN := $(UV) run --locked
 
-.PHONY: env test lint demo bench clean
+.PHONY: env test test-fast lint demo bench clean
 
 $(TOOLS)/bin/uv:
 	python3 -m venv $(TOOLS)
@@ -15,6 +15,11 @@ env: $(if $(shell command -v uv 2>/dev/null),,$(TOOLS)/bin/uv)
 
 test: env
 	$(RUN) pytest
+
+# The inner loop, a few minutes: unit tests that load no model (tests/conftest.py marks the ones
+# that do) and are not marked slow; no broker, no Jaeger. `make test` still runs everything.
+test-fast: env
+	$(RUN) pytest tests/unit -m "not slow and not model" -q
 
 lint: env
 	$(RUN) ruff check .

@@ -6,6 +6,16 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures that load a model (tiny random-weight checkpoints or a real one): a test that takes
+# one is marked `model`, and `make test-fast` leaves it out.
+MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "tiny_checkpoints"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
