@@ -133,7 +133,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         r["kafka"]["outputs_matching_direct"] for r in rounds
     )
     # The worker is started with the direct engine's pool size (ENGINE fixes it here; that it
-    # is taken from the direct engine when none is given: tests/unit/test_bench_direct.py).
+    # is taken from the direct engine when none is given: tests/unit/ops/bench/test_direct.py).
     argv = report["worker"]["argv"]["torch"]
     assert argv[argv.index("--num-kv-blocks") + 1] == str(report["worker"]["kv_blocks"])
     latency = report["latency"]

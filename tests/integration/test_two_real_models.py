@@ -19,7 +19,7 @@ from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from tests.integration.pipeline import WorkerProcess, new_lane, produce, results_by_id
 from tests.integration.test_hot_swap import Rig, start_rig
-from tests.unit.test_generate_cli import hf_generate
+from tests.unit.ops.models.test_generate_cli import hf_generate
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from ops.bench.gpu_decode import (
 )
 from tests.tiny_models import tiny_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "gpu" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "gpu" / "configs"
 OPTIONS = DecodeOptions(prompt_tokens=6, new_tokens=4, batches=(2, 3), copy_bytes=1 << 20)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_generate_cli import hf_generate, run_generate
+from tests.unit.ops.models.test_generate_cli import hf_generate, run_generate
 
 PROMPTS = [
     "The capital of France is",

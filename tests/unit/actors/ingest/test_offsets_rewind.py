@@ -11,7 +11,7 @@ from aiokafka.structs import TopicPartition
 from actors.ingest.committer import Committer
 from actors.ingest.crash_guard import CrashGuard
 from actors.ingest.offsets import OffsetTracker
-from tests.unit.test_committer import Consumer
+from tests.unit.actors.ingest.test_committer import Consumer
 
 TP = TopicPartition("requests", 0)
 OTHER = TopicPartition("requests", 1)

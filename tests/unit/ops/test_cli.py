@@ -16,7 +16,7 @@ import pytest
 
 from ops.cli import COMMANDS, cli, invoked
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

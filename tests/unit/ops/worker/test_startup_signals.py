@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from ops.worker.startup_signals import StartupInterrupted, StartupSignals, result_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 WITHIN_S = 120.0  # only to catch a hang; every wait ends on an event
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 

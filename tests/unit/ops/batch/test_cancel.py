@@ -12,7 +12,7 @@ from messages.openai_batch import BatchOutputLine
 from messages.result import ErrorInfo, FinishReason
 from ops.batch.cancel import cancel_marker, request_cancel, run_holds
 from ops.batch.output import OutputWriter
-from tests.unit.test_batch_plan import in_flight, line, new_run, result
+from tests.unit.ops.batch.test_plan import in_flight, line, new_run, result
 
 
 def choice(written: object) -> dict[str, object]:

@@ -14,7 +14,7 @@ from gpu.engine import StepStats
 from messages.error_codes import ErrorCode
 from messages.result import ErrorInfo, FinishReason, GenerateResult, Timings, Usage
 
-README = Path(__file__).resolve().parents[2] / "compose" / "README.md"
+README = Path(__file__).resolve().parents[4] / "compose" / "README.md"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

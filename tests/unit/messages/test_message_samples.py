@@ -26,7 +26,7 @@ from messages.request_decoding import decode_request
 from messages.result import FinishReason, GenerateResult
 from messages.validation import check_request
 
-SAMPLES = Path(__file__).parent.parent / "samples" / "messages" / "v1"
+SAMPLES = Path(__file__).parent.parent.parent / "samples" / "messages" / "v1"
 
 SAMPLE_FILES = {
     "chunk_stream.json",

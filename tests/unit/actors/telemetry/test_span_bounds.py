@@ -211,7 +211,7 @@ def test_a_records_estimated_bytes_grow_with_its_strings() -> None:
 
 def test_a_typical_requests_spans_fit_the_default_byte_budget_well() -> None:
     """The byte budget holds back long spans, not the record count's worth of usual ones."""
-    from tests.unit.test_telemetry_tracing import outcome
+    from tests.unit.actors.telemetry.test_tracing import outcome
 
     capture = SpanCapture()
     start_request_spans(outcome(), group="workers", now_ns=NOW, recorder=capture.recorder).end()

@@ -13,7 +13,7 @@ from actors.gpu_actor import GpuActor
 from actors.mail import Batch, Outcome, RecordRef
 from gpu.engine import Engine
 from messages.error_codes import ErrorCode
-from tests.unit.test_gpu_actor import Collector, engine, item
+from tests.unit.actors.test_gpu_actor import Collector, engine, item
 
 __all__ = ["engine"]  # the fixture
 

@@ -20,7 +20,7 @@ from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from messages.events import ModelSwapFailed, ModelSwapStarted
 from ops.cli import cli
-from tests.unit.test_swapper import Inbox
+from tests.unit.actors.swap.test_swapper import Inbox
 
 
 @pytest.fixture(scope="module")

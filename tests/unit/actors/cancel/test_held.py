@@ -17,8 +17,8 @@ from messages.cancel import CancelRequest, cancel_codec
 from messages.codec import MSGPACK
 from messages.request import GenerateRequest
 from messages.result import FinishReason
+from tests.unit.actors.telemetry.test_tracing import NOW, outcome
 from tests.unit.span_capture import SpanCapture
-from tests.unit.test_telemetry_tracing import NOW, outcome
 
 
 class FakeClock:

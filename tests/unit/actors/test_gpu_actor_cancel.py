@@ -10,7 +10,7 @@ from actors.gpu_actor import GpuActor
 from actors.mail import Batch, Cancel, CancelledIn, RecordRef
 from gpu.engine import Engine, StepOutput
 from messages.result import FinishReason
-from tests.unit.test_gpu_actor import Collector, engine, item
+from tests.unit.actors.test_gpu_actor import Collector, engine, item
 
 __all__ = ["engine"]  # the fixture
 
