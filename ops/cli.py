@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from ops.worker.startup_signals import StartupInterrupted, StartupSignals, stopped_during_startup
+from ops.worker.startup_signals import StartupSignals, stopped_during_startup
 
 
 class LazyCommand(NamedTuple):
@@ -155,5 +155,8 @@ def main() -> None:
     signals = StartupSignals().install()  # the worker command takes it over (`find_object`)
     try:
         cli(obj=signals)
-    except StartupInterrupted as stop:  # before the command ran: while importing it, say
+    except BaseException as error:  # before the command ran: while importing it, say
+        stop = signals.stop_for(error)
+        if stop is None:
+            raise
         stopped_during_startup(stop)

@@ -18,7 +18,6 @@ from ops.models.engine_options import (
 )
 from ops.worker.settings import worker_config, worker_options
 from ops.worker.startup_signals import (
-    StartupInterrupted,
     StartupSignals,
     result_of,
     stopped_during_startup,
@@ -58,7 +57,10 @@ def worker(**kwargs: Any) -> None:
     signals = installed or StartupSignals().install()
     try:
         _start_and_serve(kwargs, signals)
-    except StartupInterrupted as stop:
+    except BaseException as error:
+        stop = signals.stop_for(error)
+        if stop is None:
+            raise
         stopped_during_startup(stop)
 
 

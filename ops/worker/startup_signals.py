@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
@@ -52,8 +53,10 @@ T = TypeVar("T")
 class StartupInterrupted(BaseException):
     """SIGTERM or SIGINT before the worker serves. A BaseException, as KeyboardInterrupt is,
     so that no `except Exception` on the way (the preflight calls any failure "broker away")
-    takes it for a failure and carries on. Kept here, beside its only raiser and catcher,
-    rather than in `ops/errors.py`, which holds the errors `ops/` reports."""
+    takes it for a failure and carries on (one that lands in an asyncio callback is logged and
+    swallowed there: `StartupSignals.stop_for` still counts the start-up's end a stop). Kept
+    here, beside its only raiser and catcher, rather than in `ops/errors.py`, which holds the
+    errors `ops/` reports."""
 
     def __init__(self, sig: signal.Signals) -> None:
         super().__init__(sig.name)
@@ -65,6 +68,7 @@ class StartupSignals:
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
+        self.serving = False  # `hand_to` ran: the signals drain the worker from then on
 
     def install(self) -> StartupSignals:
         for sig in SIGNALS:
@@ -74,6 +78,7 @@ class StartupSignals:
     def hand_to(self, loop: asyncio.AbstractEventLoop, drain: Callable[[], None]) -> None:
         """From now on the signals drain the worker, in `loop`; drains at once when one came
         and was swallowed."""
+        self.serving = True
         for sig in SIGNALS:
             loop.add_signal_handler(sig, drain)
         if self.received is not None:
@@ -83,6 +88,29 @@ class StartupSignals:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
+
+    def stop_for(self, error: BaseException) -> StartupInterrupted | None:
+        """Whether start-up ending with `error` is a stop: the error is (or was raised from)
+        the handler's `StartupInterrupted`, or a signal came before serving and the error
+        followed it (the handler's raise swallowed on the way, e.g. logged by an asyncio
+        callback, and the start-up failed after it). None: a failure of its own."""
+        stop = self.interruption(error)
+        if stop is None and self.received is not None and not self.serving:
+            stop = StartupInterrupted(self.received)
+        return stop
+
+    @staticmethod
+    def interruption(error: BaseException) -> StartupInterrupted | None:
+        """The `StartupInterrupted` that `error` is or was raised from: Python wraps one raised
+        inside some import machinery (a class body's `__set_name__`, say) in a RuntimeError."""
+        seen: set[int] = set()
+        cause: BaseException | None = error
+        while cause is not None and id(cause) not in seen:
+            if isinstance(cause, StartupInterrupted):
+                return cause
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        return None
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is None:
@@ -100,6 +128,20 @@ def result_of(future: Future[T]) -> T:
             continue
 
 
+def startup_stop_line(sig: signal.Signals) -> str:
+    """`worker_stopped_during_startup` as one JSON line, in the configured logger's shape
+    (ops/worker/logging_setup.py), built from strings alone."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    fields = {
+        "signal": sig.name,
+        "event": "worker_stopped_during_startup",
+        "logger": "tokenmill.worker",
+        "level": "info",
+        "timestamp": stamp,
+    }
+    return "{" + ", ".join(f'"{key}": "{value}"' for key, value in fields.items()) + "}\n"
+
+
 def stopped_during_startup(stop: StartupInterrupted) -> NoReturn:
     """Log the stop and exit 0 at once. `os._exit`: the engine thread may be in the middle of
     loading the model, and a normal exit would wait for it (the interpreter joins that thread);
@@ -107,19 +149,21 @@ def stopped_during_startup(stop: StartupInterrupted) -> NoReturn:
     offset is owed), and the log is flushed first."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a second signal cannot cut the line short
-    import logging
+    structlog = sys.modules.get("structlog")
+    is_configured = getattr(structlog, "is_configured", None)
+    if structlog is not None and is_configured is not None and is_configured():
+        import logging
 
-    import structlog
-
-    if not structlog.is_configured():  # stopped before the command configured its logging
-        from ops.worker.logging_setup import configure_logging
-
-        configure_logging()
-    structlog.get_logger("tokenmill.worker").info(
-        "worker_stopped_during_startup", signal=stop.signal.name
-    )
-    for handler in logging.getLogger().handlers:
-        handler.flush()
+        structlog.get_logger("tokenmill.worker").info(
+            "worker_stopped_during_startup", signal=stop.signal.name
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    else:
+        # Stopped before the command configured its logging, maybe in the middle of an import:
+        # a module half imported (asyncio, say) would break any import that needs it, so the
+        # line is written as the configured logger writes it, with nothing imported.
+        sys.stderr.write(startup_stop_line(stop.signal))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -213,3 +213,19 @@ def test_a_signal_another_thread_takes_still_stops_the_wait_for_the_engine_threa
             signal.signal(sig, handler)
         release.set()
         thread.shutdown()
+
+
+def test_an_interruption_wrapped_by_the_import_machinery_is_still_found() -> None:
+    """Python wraps an exception raised in a class body's `__set_name__` (a signal landing
+    while `ipaddress` is imported, say) in a RuntimeError: the stop is found behind it."""
+    from ops.worker.startup_signals import StartupInterrupted, StartupSignals
+
+    stop = StartupInterrupted(signal.SIGTERM)
+    try:
+        try:
+            raise stop
+        except StartupInterrupted as inner:
+            raise RuntimeError("Error calling __set_name__") from inner
+    except RuntimeError as wrapped:
+        assert StartupSignals.interruption(wrapped) is stop
+    assert StartupSignals.interruption(ValueError("other")) is None
