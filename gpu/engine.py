@@ -159,8 +159,6 @@ class Engine:
         )
         self.backend.capture()  # CUDA graphs, where taken: at start, on the stepping thread
         self._ops = self.backend.ops  # as built: an observer may wrap them
-        # What decode attention runs on ("native-paged", "triton-paged", "sdpa-gather").
-        self.attention_kernel = self.backend.name
         self.clock = clock
         self.sequences: dict[str, Seq] = {}
         self.eos_token_ids = frozenset(model.eos_token_ids)
@@ -219,6 +217,11 @@ class Engine:
         """Drop every cached prefix no running request holds (a benchmark's cold start);
         returns how many blocks were freed."""
         return self.allocator.drop_cached()
+
+    @property
+    def attention_kernel(self) -> str:
+        """What decode attention runs on: "native-paged", "triton-paged" or "sdpa-gather"."""
+        return self.backend.name
 
     @property
     def blocks_used(self) -> int:

@@ -35,8 +35,8 @@ class NativeBackend(Backend):
     ) -> None:
         super().__init__(model, kv, KernelOps(kernels), device, **options)
         self.kernels = kernels
-        config = getattr(model, "config", None)
-        self._one_call = config is not None and config.arch in LLAMA_FAMILY and implements(config)
+        config = model.config
+        self._one_call = config.arch in LLAMA_FAMILY and implements(config)
         self.decode_step: DecodeStep | None = None  # built on first use
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [rows, vocab] float32

@@ -22,9 +22,13 @@ def read_config(path: Path) -> ModelConfig:
     leaves heap behind, and swaps back and forth plan for the same files again and again.
     """
     path = Path(path).resolve()
+    return _read_config(path, _version(path))
+
+
+def _version(path: Path) -> tuple[int, int] | None:
+    """A file's (mtime, size): the key a remembered header is kept under."""
     stat = path.stat() if path.exists() else None
-    version = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
-    return _read_config(path, version)
+    return (stat.st_mtime_ns, stat.st_size) if stat is not None else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -52,4 +56,11 @@ def planned_gguf_weights(path: Path, quantization: str, dtype_name: str) -> int 
     """`gguf_kept_weights_bytes` where the engine keeps a GGUF's blocks (`auto`); else None."""
     if quantization != "auto" or path.suffix != ".gguf":
         return None
-    return gguf_kept_weights_bytes(path, dtype_bytes(dtype_name))
+    path = Path(path).resolve()
+    return _kept_weights(path, _version(path), dtype_bytes(dtype_name))
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_weights(path: Path, _version: tuple[int, int] | None, dtype_bytes: int) -> int:
+    """Remembered per file version, as `read_config` is: a swap plans for the same files again."""
+    return gguf_kept_weights_bytes(path, dtype_bytes)

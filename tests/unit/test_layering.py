@@ -151,8 +151,6 @@ ASSEMBLERS = {
     "gpu.engine": "builds the engine from a loaded model and its layers",
     "gpu.engine_config": "checks the quantization choice; sizes the KV pool for a loaded model",
 }
-# Edges from the core up that stand today, each with why. An entry goes when its import does.
-CORE_MAY_IMPORT: dict[tuple[str, str], str] = {}  # none stands today
 
 
 def in_core(module: str) -> bool:
@@ -161,11 +159,10 @@ def in_core(module: str) -> bool:
 
 
 def climbs(module: str, edges: Callable[[str], set[str]] = ours) -> list[str]:
-    """What `module` imports from above the core, less the allowed edges."""
-    above = [
+    """What `module` imports from above the core (no edge up is allowed)."""
+    return sorted(
         m for m in edges(module) if any(m == a or m.startswith(f"{a}.") for a in ABOVE_THE_CORE)
-    ]
-    return sorted(m for m in above if (module, m) not in CORE_MAY_IMPORT)
+    )
 
 
 @pytest.mark.parametrize("module", [m for m in modules() if in_core(m) and m not in ASSEMBLERS])
@@ -182,13 +179,6 @@ def test_an_import_above_the_core_would_be_found() -> None:
     assert climbs("gpu.kv_pool", lambda m: ours(m) | up.get(m, set())) == ["gpu.models.llama"]
     found = climbs("gpu.kernels.native_weight", lambda m: ours(m) | up.get(m, set()))
     assert found == ["gpu.quant.linear"]
-
-
-def test_every_allowed_edge_is_still_an_import() -> None:
-    for module, target in sorted(CORE_MAY_IMPORT):
-        assert module in modules() and target in ours(module), (
-            f"{module} no longer imports {target}: remove the entry from CORE_MAY_IMPORT"
-        )
 
 
 def test_the_assemblers_exist() -> None:
