@@ -89,6 +89,11 @@ def test_a_load_on_another_thread_maps_its_weights_alone_too() -> None:
 
 
 def test_without_the_policy_loading_weights_changes_nothing() -> None:
-    # This process never turned the policy on: no load is counted, no threshold is set.
-    with host_heap.loading_weights():
-        assert host_heap._loads == 0
+    # A fresh interpreter that never turned the policy on (another test of this process may
+    # have): no load is counted, no threshold is set.
+    seen = _run(
+        "with host_heap.loading_weights():\n"
+        "    loads = host_heap._loads\n"
+        "print(json.dumps(dict(loads=loads)))\n"
+    )
+    assert seen["loads"] == 0
