@@ -13,8 +13,10 @@ $(TOOLS)/bin/uv:
 env: $(if $(shell command -v uv 2>/dev/null),,$(TOOLS)/bin/uv)
 	$(UV) sync --locked
 
+# Both cores (at most 4 workers), a test file per worker at a time: each worker starts its own
+# broker and Jaeger on free ports, so files stay independent.
 test: env
-	$(RUN) pytest
+	$(RUN) pytest -n auto --maxprocesses 4 --dist loadfile
 
 # The inner loop, a few minutes: unit tests that load no model (tests/conftest.py marks the ones
 # that do) and are not marked slow; no broker, no Jaeger. `make test` still runs everything.
