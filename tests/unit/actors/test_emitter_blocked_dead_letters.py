@@ -12,7 +12,7 @@ import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
 from structlog.testing import capture_logs
 
-import actors.emitter as emitter_module
+import actors.emit.dead_letters as dead_letters_module
 from actors.config import WorkerConfig
 from actors.emitter import EmitterActor
 from actors.kafka.errors import KafkaUnusable
@@ -184,7 +184,7 @@ async def test_the_first_start_refuses_a_dlq_it_cannot_write(
         asked.append(topic)
         return check
 
-    monkeypatch.setattr(emitter_module, "topic_check", topic_check)
+    monkeypatch.setattr(dead_letters_module, "topic_check", topic_check)
     if refused:
         with pytest.raises(KafkaUnusable, match=r"dead-letter topic: .*lane\.dlq"):
             await actor.run()

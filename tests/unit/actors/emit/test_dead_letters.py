@@ -1,10 +1,11 @@
-"""The emitter's dead letters: one the DLQ refuses is trimmed to tokenmill's own headers."""
+"""Dead letters: one the DLQ refuses is trimmed to tokenmill's own headers."""
 
 from __future__ import annotations
 
 from aiokafka.errors import MessageSizeTooLargeError
 
-from actors.emitter import _Record, _trimmed_dead_letter
+from actors.emit.dead_letters import trimmed_dead_letter
+from actors.emit.records import Record
 from actors.mail import RecordRef
 from actors.results import rejected_at_door
 from messages import headers as h
@@ -14,7 +15,7 @@ from messages.error_codes import ErrorCode
 RECORD = RecordRef("tokenmill.requests", 3, 1041, timestamp_ms=1_767_225_600_000, key=b"k-1")
 
 
-def dead_letter_record(code: ErrorCode, headers: list[tuple[str, bytes]]) -> _Record:
+def dead_letter_record(code: ErrorCode, headers: list[tuple[str, bytes]]) -> Record:
     outcome = rejected_at_door(
         RECORD,
         code,
@@ -28,10 +29,10 @@ def dead_letter_record(code: ErrorCode, headers: list[tuple[str, bytes]]) -> _Re
     )
     letter = outcome.dead_letter
     assert letter is not None
-    return _Record("tokenmill.dlq", letter.value or b"", letter.key, letter.headers, False)
+    return Record("tokenmill.dlq", letter.value or b"", letter.key, letter.headers, False)
 
 
-def test_a_trimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> None:
+def test_atrimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> None:
     originals = [
         ("x-team", b"search"),
         ("x-blob", b"b" * 30_000),
@@ -41,7 +42,7 @@ def test_a_trimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> N
         (h.DLQ_CRASHES, b"3"),
     ]
     record = dead_letter_record(ErrorCode.QUARANTINED, originals)
-    trimmed = _trimmed_dead_letter(record, MessageSizeTooLargeError())
+    trimmed = trimmed_dead_letter(record, MessageSizeTooLargeError())
     assert trimmed is not None
     assert (trimmed.value, trimmed.key, trimmed.is_result) == (b"", b"k-1", False)
     names = [name for name, _ in trimmed.headers]
@@ -61,12 +62,12 @@ def test_a_trimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> N
     assert (kept[h.CONNECT_CONNECTOR_NAME], kept[h.CONNECT_TASK_ID]) == (b"tokenmill", b"w1")
     assert trimmed.size < 4096, "far within what any DLQ topic takes"
     # Refused again as it is: nothing left to trim, it waits for the DLQ (see _unblock).
-    assert _trimmed_dead_letter(trimmed, MessageSizeTooLargeError()) is None
+    assert trimmed_dead_letter(trimmed, MessageSizeTooLargeError()) is None
 
 
 def test_a_dead_letter_with_only_its_own_headers_is_trimmed_of_its_value() -> None:
     record = dead_letter_record(ErrorCode.INVALID_JSON, [])
-    trimmed = _trimmed_dead_letter(record, MessageSizeTooLargeError())
+    trimmed = trimmed_dead_letter(record, MessageSizeTooLargeError())
     assert trimmed is not None and trimmed.value == b""
     assert list(trimmed.headers) == list(record.headers)
-    assert _trimmed_dead_letter(trimmed, MessageSizeTooLargeError()) is None
+    assert trimmed_dead_letter(trimmed, MessageSizeTooLargeError()) is None

@@ -1,0 +1,10 @@
+"""The emitter's parts (`actors.emitter.EmitterActor` is their wiring).
+
+- `records`: an outcome's records on their way, their sizes, and how one is handed to the
+  producer;
+- `planning`: an outcome's records, its result within the producer's limit or answered
+  instead with an error result;
+- `chunks`: streamed requests' chunks, kept until their request's outcome is delivered;
+- `delivery`: waiting for the broker's acknowledgements, and what each failed send becomes;
+- `dead_letters`: the DLQ check at the first start, and trimming a refused dead letter.
+"""

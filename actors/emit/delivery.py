@@ -1,0 +1,121 @@
+"""Waiting for the broker's acknowledgements, and what each failed send becomes.
+
+A send that fails because the broker is away is sent again, with backoff, for as long as it
+takes; a result the broker refuses for good is answered instead; a dead letter it refuses is
+trimmed, then left blocked (for the emitter to send again until the DLQ takes it); a chunk it
+refuses is dropped. A producer that is itself broken raises `ProducerBroken`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from actors.config import WorkerConfig
+from actors.emit.dead_letters import trimmed_dead_letter
+from actors.emit.planning import OutcomePlanner
+from actors.emit.records import Pending, SentChunk, send
+from actors.send_errors import ProducerBroken, Verdict, backoff_s, refusal_code, verdict
+
+log = structlog.get_logger("tokenmill.emitter")
+
+
+class Delivery:
+    """Settles an outcome's records (and its chunks) with the broker.
+
+    `count(action)` is told of each retried send; `chunk_confirmed()` of each chunk
+    acknowledged."""
+
+    def __init__(
+        self,
+        planner: OutcomePlanner,
+        *,
+        count: Callable[[str], None],
+        chunk_confirmed: Callable[[], None],
+    ) -> None:
+        self.planner = planner
+        self.count = count
+        self.chunk_confirmed = chunk_confirmed
+
+    async def settle(self, producer: AIOKafkaProducer, p: Pending, config: WorkerConfig) -> bool:
+        """Return True once every record of `p` (and every chunk before it) is acknowledged,
+        or answered instead; False when its dead letter is refused even trimmed (`p.blocked`
+        says which record)."""
+        for sent in p.chunks:
+            await self.settle_chunk(producer, sent)
+        i, attempt = 0, 0
+        while i < len(p.records):
+            record = p.records[i]
+            try:
+                await p.acks[i]
+                i += 1
+                continue
+            except KafkaError as exc:
+                failure = exc
+            judged = verdict(failure)
+            if judged is Verdict.BROKEN:
+                # Its sequence numbers lost after an outage, say: a new producer sends again
+                # what this one left unconfirmed (duplicates possible, nothing lost).
+                raise ProducerBroken(repr(failure)) from failure
+            if judged is Verdict.REFUSED and record.is_result and p.answered is None:
+                # A dead letter it already had is kept, and not sent a second time.
+                letter_acks = p.acks[1:]
+                message = f"{record.topic}: {failure!r}"
+                self.planner.answer_instead(p, refusal_code(failure), message, config)
+                self.planner.plan(p, config)
+                p.acks = [await send(producer, p.records[0])]
+                p.acks += letter_acks or [await send(producer, r) for r in p.records[1:]]
+                i = 0
+                continue
+            if judged is Verdict.REFUSED and not record.is_result:
+                trimmed = trimmed_dead_letter(record, failure)
+                if trimmed is None:  # refused as small as it gets: it waits for the DLQ
+                    p.blocked, p.refusal = i, failure
+                    return False
+                p.records[i] = trimmed
+                p.acks[i] = await send(producer, trimmed)
+                continue
+            if judged is Verdict.REFUSED:
+                # Even the small error result is refused: the results topic is misconfigured
+                # (or not writable); wait for an operator rather than lose the answer.
+                log.error("results_topic_refused", topic=record.topic, error=repr(failure))
+            delay = backoff_s(attempt)
+            attempt += 1
+            self.count("retried")
+            log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
+            await asyncio.sleep(delay)
+            p.acks[i] = await send(producer, record)
+        return True
+
+    async def settle_chunk(self, producer: AIOKafkaProducer, sent: SentChunk) -> None:
+        """Return once `sent` is acknowledged, or refused for good (then it is dropped)."""
+        attempt = 0
+        while True:
+            if sent.confirmed:
+                return
+            if sent.ack is None:
+                sent.ack = await send(producer, sent.record)
+            try:
+                await sent.ack
+                sent.confirmed = True
+                self.chunk_confirmed()
+                return
+            except KafkaError as exc:
+                failure = exc
+            judged = verdict(failure)
+            if judged is Verdict.BROKEN:
+                raise ProducerBroken(repr(failure)) from failure
+            if judged is Verdict.REFUSED:
+                log.warning("chunk_refused", topic=sent.record.topic, error=repr(failure))
+                sent.confirmed = True  # nothing more to do for it
+                return
+            delay = backoff_s(attempt)
+            attempt += 1
+            self.count("retried")
+            log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
+            await asyncio.sleep(delay)
+            sent.ack = await send(producer, sent.record)
