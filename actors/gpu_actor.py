@@ -25,6 +25,8 @@ request): a queued request is answered cancelled with no tokens, a running one i
 and answered with what it made; an id held nowhere here is left alone (a debug event).
 If `run()` itself crashes, the supervisor calls `recover()` (each held request is queued
 again once, or failed) and runs it again.
+
+Its parts are in `actors.generate`: admission, and the answers sent to the emitter.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,7 +43,9 @@ import structlog
 from actors.cancel.held import take_from_batches
 from actors.engine_thread import engine_thread
 from actors.faults import Faults
-from actors.in_flight import EngineLike, InFlight, engine_request
+from actors.generate.admission import admit
+from actors.generate.answers import CRASHED, DEADLINE, SHUTDOWN, Answers
+from actors.in_flight import EngineLike, InFlight
 from actors.ingest.model_front import ModelFront
 from actors.mail import (
     Admitted,
@@ -54,18 +57,13 @@ from actors.mail import (
     SwapOrder,
     UseModel,
 )
-from actors.results import cancelled_before_engine, engine_outcome
+from actors.results import cancelled_before_engine
 from actors.runtime import Actor, Address, Mailbox
 from actors.streaming.policy import StreamPolicy
-from actors.streaming.token_stream import TokenStream
 from actors.swap.model_slots import ModelSlots
 from actors.swap.swapper import Swapper
-from actors.telemetry.tracing import record_batch_span
 from gpu.engine import Completion, StepOutput
-from gpu.errors import RequestRejected
-from messages.chunk import GenerateChunk
 from messages.error_codes import ErrorCode
-from messages.errors import InvalidRequest
 from messages.events import Event
 from messages.result import ErrorInfo, ModelRef
 
@@ -119,12 +117,11 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         self.faults = faults or Faults()
         self.on_step = on_step
         self.streaming = streaming or StreamPolicy()
-        self.chunks_sent = 0
         self.on_cancel = on_cancel
         self.in_flight: dict[str, InFlight] = {}  # request id → what an engine runs for it
         self.held: list[Batch] = []  # batches received while not admitting
         self.steps = 0
-        self.failed_on_shutdown = 0
+        self.answers = Answers(outcomes, self.slots, worker_id)
 
     # -- what others may read ------------------------------------------------------------
 
@@ -155,6 +152,16 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
     def standby(self) -> ModelRef | None:
         """The model kept in standby (for a rollback, or finishing its sequences), if any."""
         return self.slots.standby_ref
+
+    @property
+    def chunks_sent(self) -> int:
+        """Streamed requests' chunks sent to the emitter."""
+        return self.answers.chunks_sent
+
+    @property
+    def failed_on_shutdown(self) -> int:
+        """Requests answered `shutting_down`."""
+        return self.answers.failed_on_shutdown
 
     @property
     def kv_blocks(self) -> tuple[int, int]:
@@ -192,7 +199,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
                     self.mailbox.wakeup.clear()
                     if self.mailbox.empty() and not self.slots.pending():
                         await self.mailbox.wakeup.wait()
-            await self._abort_all("shutting_down", _SHUTDOWN)
+            await self._abort_all("shutting_down", SHUTDOWN)
             await self.fail_queued()
         finally:
             self.slots.cancel_all()
@@ -229,7 +236,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
                 entry.stream.add(token)
         for completion in out.finished:
             await self._finished(completion)
-        await self._send_due_chunks()
+        await self.answers.due_chunks(self.in_flight.values())
         self.faults.after_gpu_step(self.steps)  # test-only; raises when a test asked for it
 
     async def fail_queued(self) -> None:
@@ -238,7 +245,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         for message in [*batches, *self.drain_mailbox()]:
             if isinstance(message, Batch):
                 for item in message.items:
-                    await self._send_error(item, _SHUTDOWN)
+                    await self.answers.error(item, SHUTDOWN)
 
     def recover(self) -> list[Outcome]:
         """After `run()` crashed: take back what the engines held.
@@ -255,7 +262,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
             except Exception:
                 log.exception("engine_abort_failed", request_id=entry.item.request.id)
             if entry.requeued:
-                failed += [self._error_outcome(c, _CRASHED) for c in entry.everyone]
+                failed += [self.answers.error_outcome(c, CRASHED) for c in entry.everyone]
             else:
                 again += entry.everyone
         self.in_flight.clear()
@@ -280,109 +287,15 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         engine = await asyncio.get_running_loop().run_in_executor(thread, self.swapper.build, path)
         self.slots.restore_active(engine)
 
-    # -- admission ----------------------------------------------------------------------
-
     async def _admit(self, batch: Batch) -> None:
-        now = time.monotonic()
-        batch_span = record_batch_span(batch) if batch.reason != "requeued" else None
-        for item in batch.items:
-            if batch_span is not None:
-                item.batch_span = batch_span
-            request = item.request
-            self.faults.on_admit(request.id)  # test-only; ends the process when asked to
-            running = self.in_flight.get(request.id)
-            if running is not None and running.is_copy(item):
-                running.copies.append(item)
-                continue
-            if running is not None:
-                await self._send_error(item, self._duplicate(item, running))
-                continue
-            engine, prompt = self._engine_for(item)
-            if engine is None:
-                await self._send_error(item, prompt)
-                continue
-            try:
-                runs = engine_request(item, prompt)
-                if runs.params.json is not None:
-                    # Compiling a grammar can take a while (the first builds the library's view
-                    # of the vocabulary: seconds for a large one), so not on the event loop.
-                    await asyncio.to_thread(engine.prepare, runs)
-                engine.add(runs)
-            except RequestRejected as exc:
-                await self._send_error(item, ErrorInfo(code=exc.code, message=str(exc)))
-                continue
-            except Exception as exc:  # never lose an item: it is answered, the actor goes on
-                log.exception("admit_failed", request_id=request.id)
-                error = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))
-                await self._send_error(item, error)
-                continue
-            self.in_flight[request.id] = InFlight(
-                item,
-                engine,
-                model=self.slots.front_of(engine).ref,
-                admitted_at=now,
-                requeued=batch.reason == "requeued",
-                stream=self._stream_for(item, engine, now) if request.stream else None,
-            )
-
-    @staticmethod
-    def _duplicate(item: Admitted, running: InFlight) -> ErrorInfo:
-        """The error for `item`, which reuses the id of another request that runs now."""
-        log.warning(
-            "duplicate_request",
-            request_id=item.request.id[:128],
-            topic=item.record.topic,
-            partition=item.record.partition,
-            offset=item.record.offset,
-            running_offset=running.item.record.offset,
+        await admit(
+            batch,
+            self.in_flight,
+            slots=self.slots,
+            answers=self.answers,
+            faults=self.faults,
+            streaming=self.streaming,
         )
-        message = (
-            f"request {item.request.id[:128]!r} is already running on this worker as another "
-            "request; use a new id (or send the same request, to the same reply topic, again)"
-        )
-        return ErrorInfo(code=ErrorCode.DUPLICATE_REQUEST, message=message)
-
-    def _stream_for(self, item: Admitted, engine: Any, now: float) -> TokenStream:
-        """The chunk state of a streamed request's run (a run again gets a new one)."""
-        tokens, interval_s, floor_s = self.streaming.intervals(item.request)
-        return TokenStream(
-            item.request.id,
-            uuid.uuid4().hex[:16],
-            engine.model.tokenizer.decode,
-            stop=item.request.stop,
-            interval_tokens=tokens,
-            interval_s=interval_s,
-            min_interval_s=floor_s,
-            started=now,
-        )
-
-    async def _send_due_chunks(self) -> None:
-        now = time.monotonic()
-        for entry in list(self.in_flight.values()):
-            if entry.stream is not None and entry.stream.due(now):
-                chunk = entry.stream.take(now)
-                if chunk is not None:
-                    await self._send_chunk(entry.item, chunk)
-
-    async def _send_chunk(self, item: Admitted, chunk: GenerateChunk) -> None:
-        self.chunks_sent += 1
-        await self.outcomes.send(
-            StreamChunk(chunk, item.reply_topic, item.content_type, trace=item.trace)
-        )
-
-    def _engine_for(self, item: Admitted) -> tuple[Any, Any]:
-        """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).
-
-        An item tokenized for another model (queued before a flip) is tokenized again.
-        """
-        if item.model_digest in ("", self.engine.model.digest):
-            return self.engine, item.prompt_token_ids
-        try:
-            return self.engine, self.front.prompt_tokens(item.request)
-        except InvalidRequest as exc:
-            return None, ErrorInfo(code=exc.code, message=str(exc))
-        except Exception as exc:  # the new model's tokenizer or template failed on it
-            return None, ErrorInfo(code=ErrorCode.INVALID_PROMPT, message=repr(exc))
 
     async def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -391,7 +304,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
             if deadline and deadline <= now:
                 completion = entry.engine.abort(entry.item.request.id, "deadline")
                 if completion is not None:
-                    await self._finished(completion, _DEADLINE)
+                    await self._finished(completion, DEADLINE)
 
     async def _cancel(self, cancel: Cancel) -> None:
         """Answer request `cancel.request_id` (and its copies) as cancelled wherever it is held
@@ -438,67 +351,9 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
             else:
                 del self.in_flight[request_id]
                 for copy in entry.everyone:
-                    await self._send_error(copy, error)
+                    await self.answers.error(copy, error)
 
     async def _finished(self, completion: Completion, error: ErrorInfo | None = None) -> None:
         entry = self.in_flight.pop(completion.request_id, None)
-        if entry is None:
-            return
-        if entry.stream is not None:  # its last chunk goes before its result
-            last = entry.stream.finish(completion.text, completion.token_ids, time.monotonic())
-            if entry.stream.diverged:
-                log.warning("stream_diverged", request_id=completion.request_id)
-            if last is not None:
-                await self._send_chunk(entry.item, last)
-        for copy in entry.everyone:
-            if error is _SHUTDOWN:
-                self.failed_on_shutdown += 1
-            await self.outcomes.send(
-                engine_outcome(
-                    copy,
-                    text=completion.text,
-                    token_ids=completion.token_ids,
-                    reason=completion.finish_reason,
-                    model=entry.model,
-                    worker=self.worker_id,
-                    queued_ms=(entry.admitted_at - copy.consumed_at) * 1000,
-                    ttft_ms=completion.ttft_ms,
-                    tpot_ms=completion.tpot_ms,
-                    error=error,
-                    prompt_tokens=completion.prompt_tokens,
-                    preemptions=completion.num_preemptions,
-                    kv_blocks=completion.num_kv_blocks,
-                    cached_tokens=completion.cached_tokens,
-                )
-            )
-
-    async def _send_error(self, item: Admitted, error: ErrorInfo) -> None:
-        if error is _SHUTDOWN:
-            self.failed_on_shutdown += 1
-        await self.outcomes.send(self._error_outcome(item, error))
-
-    def _error_outcome(self, item: Admitted, error: ErrorInfo) -> Outcome:
-        return engine_outcome(
-            item,
-            text="",
-            token_ids=[],
-            reason="error",
-            model=self.front.ref,
-            worker=self.worker_id,
-            queued_ms=(time.monotonic() - item.consumed_at) * 1000,
-            ttft_ms=None,
-            tpot_ms=None,
-            error=error,
-        )
-
-
-_SHUTDOWN = ErrorInfo(
-    code=ErrorCode.SHUTTING_DOWN, message="the worker shut down before the request finished"
-)
-_DEADLINE = ErrorInfo(
-    code=ErrorCode.DEADLINE_EXCEEDED, message="the request's deadline passed while it ran"
-)
-_CRASHED = ErrorInfo(
-    code=ErrorCode.ENGINE_ERROR,
-    message="the GPU actor crashed twice while running this request",
-)
+        if entry is not None:
+            await self.answers.finished(entry, completion, error)
