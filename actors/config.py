@@ -1,6 +1,7 @@
 """The worker's settings as the actors see them: plain frozen values, validated on creation.
 
-`ops/worker/settings.py` fills these from flags, `TOKENMILL_*` env vars and a TOML file.
+Each is declared once, here; `ops/settings.py` derives the worker's flags, `TOKENMILL_*` env
+vars and TOML keys from the declarations.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from actors.ingest.backpressure import Watermarks
 from actors.ingest.buckets import BucketConfig, default_boundaries
+from actors.ingest.reply_topics import DEFAULT_ALLOWED_PATTERNS
 from actors.kafka.connection import KafkaConnection
 from actors.streaming.policy import StreamPolicy
 
@@ -33,72 +35,190 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    kafka: KafkaConnection = field(default_factory=KafkaConnection)  # brokers, TLS, SASL
-    group: str = "tokenmill"
-    # Static membership (KIP-345): a worker restarted under the same id within the session
-    # timeout gets its partitions back, and no other worker's assignment moves meanwhile.
-    group_instance_id: str | None = None
-    session_timeout_ms: int = 10_000
-    # How long a starting client waits for its broker before the worker gives up (exit 1);
-    # None: as long as it takes.
-    connect_timeout_s: float | None = None
-    requests_topic: str = DEFAULT_REQUESTS_TOPIC
-    results_topic: str = DEFAULT_RESULTS_TOPIC
-    dlq_topic: str = DEFAULT_DLQ_TOPIC
-    events_topic: str = DEFAULT_EVENTS_TOPIC
-    worker_id: str = field(default_factory=default_worker_id)
-    max_request_bytes: int = 1 << 20  # larger records are refused with message_too_large
+    """Each field with a "help" is also a `tokenmill worker` setting: flag, `TOKENMILL_*` env
+    var and TOML key, derived by `ops/settings.py` (see there for the metadata's keys)."""
+
+    kafka: KafkaConnection = field(default_factory=KafkaConnection)  # ops/connection's options
+    group: str = field(default="tokenmill", metadata={"help": "Consumer group."})
+    group_instance_id: str | None = field(
+        default=None,
+        metadata={
+            "help": "Static membership (KIP-345): a stable name per worker, unique in the group "
+            "(`{hostname}` is replaced by the host's name: a StatefulSet pod's or a "
+            "container's). Restarted within the session timeout, it gets its partitions back "
+            "and no other worker's assignment moves."
+        },
+    )
+    session_timeout_ms: int = field(
+        default=10_000,
+        metadata={
+            "help": "How long the group waits for a silent worker before moving its partitions."
+        },
+    )
+    connect_timeout_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds to wait for the broker at start before exiting 1 [default: wait "
+            "as long as it takes, not ready meanwhile].",
+            "old": "connect_timeout",
+        },
+    )
+    requests_topic: str = field(
+        default=DEFAULT_REQUESTS_TOPIC, metadata={"help": "Where requests are read from."}
+    )
+    results_topic: str = field(
+        default=DEFAULT_RESULTS_TOPIC, metadata={"help": "Default reply topic."}
+    )
+    dlq_topic: str = field(
+        default=DEFAULT_DLQ_TOPIC, metadata={"help": "Dead letters: records that cannot be read."}
+    )
+    events_topic: str = field(
+        default=DEFAULT_EVENTS_TOPIC, metadata={"help": "Lifecycle and swap events."}
+    )
+    worker_id: str = field(
+        default_factory=default_worker_id, metadata={"help": "Default: host-pid."}
+    )
+    max_request_bytes: int = field(
+        default=1 << 20, metadata={"help": "Larger records are refused with message_too_large."}
+    )
     fetch_max_records: int = 500  # per getmany
-    commit_interval_s: float = 1.0
-    shutdown_timeout_s: float = 30.0
-    bucket_boundaries: tuple[int, ...] | None = None  # None: powers of two up to max_model_len
-    max_batch_tokens: int = 8192
-    max_batch_size: int = 64
-    max_wait_ms: float = 10.0
-    watermarks: Watermarks = field(default_factory=Watermarks)
+    commit_interval_s: float = field(
+        default=1.0, metadata={"help": "Seconds between commits.", "old": "commit_interval"}
+    )
+    shutdown_timeout_s: float = field(
+        default=30.0, metadata={"help": "Seconds to drain.", "old": "shutdown_timeout"}
+    )
+    bucket_boundaries: tuple[int, ...] | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated prompt lengths (default: powers of two to max_model_len)."
+        },
+    )
+    max_batch_tokens: int = field(default=8192, metadata={"help": "Bucket flush: tokens."})
+    max_batch_size: int = field(default=64, metadata={"help": "Bucket flush: requests."})
+    max_wait_ms: float = field(default=10.0, metadata={"help": "Bucket flush: oldest wait."})
+    watermarks: Watermarks = field(
+        default_factory=Watermarks,
+        metadata={
+            "parts": {
+                "high_requests": {
+                    "help": "Pause fetching above this many queued requests.",
+                    "old": "high_watermark_requests",
+                },
+                "high_tokens": {
+                    "help": "Pause fetching above this many queued tokens.",
+                    "old": "high_watermark_tokens",
+                },
+            }
+        },
+    )
     emit_max_in_flight: int = 4096  # results sent but not yet acknowledged
-    # How long the producer tries to deliver a record before its send fails (and the emitter
-    # sends it again, after a backoff): aiokafka's request_timeout_ms.
-    delivery_timeout_ms: int = 40_000
-    # The largest record the emitter's producer sends (None: 4 MiB, or more when a dead letter
-    # of max_request_bytes needs it). Checked at start against the largest possible result.
-    max_message_bytes: int | None = None
-    # Patterns (fnmatch) a request's reply_to must match, beside the results topic; None:
-    # `*.results`. Internal topics and the worker's own are refused whatever the patterns.
-    allowed_reply_to: tuple[str, ...] | None = None
+    delivery_timeout_ms: int = field(
+        default=40_000,
+        metadata={
+            "help": "How long a result's send may take before it is sent again (the broker is "
+            "waited for as long as it is away); aiokafka's request_timeout_ms."
+        },
+    )
+    max_message_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Largest record the worker produces (default: 4 MiB, more if dead letters "
+            "need it); the largest possible result must fit, checked at start."
+        },
+    )
+    allowed_reply_to: tuple[str, ...] | None = field(
+        default=None,  # None: DEFAULT_ALLOWED_PATTERNS
+        metadata={
+            "help": "Comma-separated patterns (fnmatch) a request's reply_to may match, beside "
+            "the results topic; internal (__*) and the worker's own topics never.",
+            "cli": DEFAULT_ALLOWED_PATTERNS,
+        },
+    )
     linger_ms: int = 2
     # How long the broker may hold a fetch that has no data yet. 10 ms instead of aiokafka's
     # 500 cut a record's trip to the worker from ~38 to ~18 ms (p50, 3 partitions), but the
     # idle fetches it adds slowed a CPU engine sharing 2 cores with the broker by ~40%
     # (measured with `bench pipeline --only latency`). Lower it where cores are not scarce.
     fetch_max_wait_ms: int = 500
-    log_sample_rate: float = 0.01  # share of successful requests logged as request_done
-    log_payloads: bool = False  # prompt and output text in request logs (never by default)
-    # Control plane: commands on `control_topic` are applied only when signed with this secret
-    # (HMAC-SHA256); None refuses every command. Swapped-to models must lie in `models_dir`.
-    control_topic: str | None = None  # None: no control plane (the CLI defaults it on)
-    control_secret: str | None = field(default=None, repr=False)
-    models_dir: str | None = (
-        None  # None: the model cache (`ops.models.registry.cache_dir()/models`)
+    log_sample_rate: float = field(
+        default=0.01,
+        metadata={
+            "help": "Share of successful requests logged (request_done); failures always are."
+        },
+    )
+    log_payloads: bool = field(
+        default=False,
+        metadata={"help": "Put prompts and outputs in request logs (off: never logged)."},
+    )
+    # Control plane: commands on `control_topic` are applied only when signed with
+    # `control_secret` (HMAC-SHA256). A library user opts in; the CLI turns it on.
+    control_topic: str | None = field(
+        default=None, metadata={"help": "Signed commands; '': off.", "cli": DEFAULT_CONTROL_TOPIC}
+    )
+    control_secret: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "help": "Shared HMAC secret of control commands (unset: every command is refused)."
+        },
+    )
+    models_dir: str | None = field(
+        default=None,  # None: no swaps from a path (the CLI gives the model cache)
+        metadata={"help": "Swaps may load only from here (default: the model cache)."},
     )
     # Cancellation: `CancelRequest`s on this topic stop requests wherever this worker holds
     # them (every worker reads it, in a group of its own). None: no cancel reader.
-    cancel_topic: str | None = None  # the CLI defaults it on
-    # Swaps: None lets the device's free memory decide whether both models fit; a number of
-    # bytes caps what all loaded models plus their KV pools may hold (below it: drain mode).
-    swap_memory_budget_bytes: int | None = None
-    keep_previous_model: bool = True  # keep the old model in standby so rollback is a flip
-    # Health and metrics over HTTP (/healthz, /readyz, /metrics); None: no HTTP server.
-    http_host: str = "0.0.0.0"
-    http_port: int | None = None
-    # Supervision: a child that crashes more than `max_restarts` times in `restart_window_s`
-    # makes the worker drain and exit non-zero.
-    max_restarts: int = 5
-    restart_window_s: float = 60.0
-    # A record in flight when this many workers died in a row is quarantined (crash_guard).
-    max_record_crashes: int = 3
-    # Streamed requests: default chunk intervals, and the floor between two chunks.
-    streaming: StreamPolicy = field(default_factory=StreamPolicy)
+    cancel_topic: str | None = field(
+        default=None, metadata={"help": "Cancel records; '': off.", "cli": DEFAULT_CANCEL_TOPIC}
+    )
+    swap_memory_budget_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Bytes all loaded models + KV may use; below it a swap drains first "
+            "(default: free device memory decides).",
+            "old": "swap_memory_budget",
+        },
+    )
+    keep_previous_model: bool = field(
+        default=True,
+        metadata={"help": "Keep the old model loaded after a swap so rollback is a flip."},
+    )
+    http_host: str = field(default="0.0.0.0", metadata={"help": "Address the HTTP server binds."})
+    http_port: int | None = field(
+        default=None,  # None: no HTTP server
+        metadata={"help": "/healthz, /readyz, /metrics; -1: off.", "cli": 9464, "off": -1},
+    )
+    max_restarts: int = field(
+        default=5, metadata={"help": "Crashes of one actor per window, then drain and exit 1."}
+    )
+    restart_window_s: float = field(
+        default=60.0, metadata={"help": "The window's seconds.", "old": "restart_window"}
+    )
+    max_record_crashes: int = field(
+        default=3,
+        metadata={
+            "help": "Workers that may die in a row with a record in flight before it is "
+            "quarantined (answered `quarantined`, sent to the DLQ, never run again)."
+        },
+    )
+    streaming: StreamPolicy = field(
+        default_factory=StreamPolicy,
+        metadata={
+            "prefix": "stream_",
+            "parts": {
+                "interval_tokens": {
+                    "help": "Streamed requests naming none: a chunk after this many new tokens..."
+                },
+                "interval_ms": {
+                    "help": "...or this long after the previous chunk, whichever comes first."
+                },
+                "min_interval_ms": {
+                    "help": "No two chunks of one request closer than this, whatever it asks."
+                },
+            },
+        },
+    )
 
     @property
     def producer_max_bytes(self) -> int:

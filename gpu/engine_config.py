@@ -1,47 +1,88 @@
-"""Engine limits and sizes, and how the KV pool is sized from the memory plan."""
+"""Engine limits and sizes, and how the KV pool is sized from the memory plan.
+
+Imports no torch at module level: the CLI derives its engine options from `EngineConfig`'s
+declarations (the "help" in a field's metadata; `ops/settings.py`) without loading torch.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpu.block_allocator import blocks_for
-from gpu.device import dtype_name
 from gpu.errors import OutOfKVBlocks
-from gpu.loading.loader import LoadedModel
 from gpu.memory.activation_reserve import activation_reserve_bytes, decode_graph_reserve_bytes
 from gpu.memory.kv_budget import kv_budget_bytes, num_kv_blocks
 from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.scheduler import SchedulerConfig
 
+if TYPE_CHECKING:
+    from gpu.loading.loader import LoadedModel
+
 DEFAULT_MAX_MODEL_LEN = 2048
 DECODE_GRAPH_MODES = ("auto", "eager", "off")
+# `gpu.quant.scheme.CHOICES`, spelled here too: that module imports torch.
+QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4", "int4-g32", "int4-g128")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_model_len: int | None = None  # None: the model's context, capped at 2048
+    """A field with a "help" in its metadata is also a setting of every command that builds an
+    engine (`ops/settings.py` derives its flag, env var and TOML key)."""
+
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "Context limit (default: model's, capped at 2048)."}
+    )
     max_prompt_tokens: int | None = None  # None: max_model_len - 1
-    max_new_tokens: int = 4096  # the largest max_new_tokens a request may ask for
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
+    max_new_tokens: int = field(
+        default=4096,
+        metadata={
+            "help": "The most new tokens a request may ask for (bounds a result's size).",
+            # not `--max-new-tokens`: `tokenmill generate`'s asks that many of each prompt
+            "name": "max_new_tokens_limit",
+        },
+    )
+    max_num_seqs: int = field(default=64, metadata={"help": "Sequences per step."})
+    max_num_batched_tokens: int = field(
+        default=1024, metadata={"help": "Token budget per step.", "old": "max_batched_tokens"}
+    )
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: from the memory plan
+    num_kv_blocks: int | None = field(
+        default=None, metadata={"help": "KV pool size in blocks (default: memory plan)."}
+    )
     kv_cache_memory: int | None = None  # bytes for the KV pool; None: from the device
     memory_utilization: float = 0.9  # share of device memory the worker may use (CUDA)
     host_memory_fraction: float = 0.25  # share of RAM for weights + KV + activations (CPU)
     aging_seconds: float = 10.0
     seed: int = 0  # for unseeded sampling
     native_kernels: bool = True  # tokenmill's C kernels on float32 CPU models, where they build
-    quantization: str = "none"  # how weights are held: `gpu.quant.scheme` (none, auto, int8, int4)
-    prefix_caching: bool = True  # reuse the K/V of full blocks a prompt shares with earlier ones
-    # Decode-only steps through static buffers padded to a few batch sizes
-    # (`gpu.backends.decode_graphs`):
-    # "auto": on CUDA, as CUDA graphs captured at engine start; elsewhere off. "eager": the
-    # static path without capture, on any device with kernels (the tests' check). "off".
-    decode_graphs: str = "auto"
+    quantization: str = field(  # `gpu.quant.scheme`
+        default="none",
+        metadata={
+            "help": "Weights held quantized: int8 (per output channel), int4 (groups of 32; "
+            "int4-g128), quantized at load; auto keeps a GGUF's (or a `tokenmill quantize` "
+            "checkpoint's) quantized tensors as they are; none dequantizes everything.",
+            "choices": QUANTIZATION_CHOICES,
+        },
+    )
+    prefix_caching: bool = field(
+        default=True,
+        metadata={
+            "help": "Reuse the K/V of full blocks a prompt shares with earlier ones (a system "
+            "prompt, a few-shot header); outputs are the same either way."
+        },
+    )
+    # `gpu.backends.decode_graphs`; "eager" is the tests' check of the static path.
+    decode_graphs: str = field(
+        default="auto",
+        metadata={
+            "help": "Decode-only steps through static buffers at padded batch sizes: auto = as "
+            "CUDA graphs captured at start, on CUDA only; eager = without capture, on any "
+            "device with kernels; off. Outputs are the same either way.",
+            "choices": DECODE_GRAPH_MODES,
+        },
+    )
 
     def __post_init__(self) -> None:
         from gpu.quant.scheme import Quantization
@@ -101,6 +142,8 @@ def size_kv_pool(model: LoadedModel, config: EngineConfig, max_model_len: int) -
 
     The pool must hold at least one sequence of `max_model_len`; else `OutOfKVBlocks`.
     """
+    from gpu.device import dtype_name
+
     per_seq = blocks_for(max_model_len, config.block_size)
     wanted = config.max_num_seqs * per_seq
     if config.num_kv_blocks is not None:
@@ -129,6 +172,8 @@ def _kv_budget_from_device(
     model: LoadedModel, config: EngineConfig, dtype: str, max_model_len: int
 ) -> int:
     if model.device.type == "cuda":
+        import torch
+
         free, total = torch.cuda.mem_get_info(model.device)
         reserve = activation_reserve_bytes(
             model.config,

@@ -6,14 +6,15 @@
 
 Each setting comes from its flag, else its `TOKENMILL_*` env var (or, for the worker, its TOML
 file), else the client properties file (`--kafka-config`), else the default. A secret's option
-is a `SecretOption`: `--help` never shows its value, whatever gives it (the worker's TOML file,
-an env var); a password is best given by file or env var (a flag shows in `ps`).
+(a field with `repr=False`) is a `SecretOption`: `--help` never shows its value, whatever gives
+it (the worker's TOML file, an env var); a password is best given by file or env var (a flag
+shows in `ps`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,110 +30,95 @@ from actors.kafka.connection import (
 )
 from actors.kafka.errors import KafkaSettingError
 from ops.connection.properties import read_properties
+from ops.settings import build, options
 
 log = structlog.get_logger("tokenmill.kafka")
 
-_FIELDS = (
-    "bootstrap_servers",
-    "security_protocol",
-    "sasl_mechanism",
-    "sasl_username",
-    "sasl_password",
-    "oauth_token_file",
-    "oauth_token_command",
-    "ssl_ca_file",
-    "ssl_cert_file",
-    "ssl_key_file",
-    "ssl_key_password",
-    "ssl_check_hostname",
-    "compression_type",
-)
-_OPTION_NAMES = (*_FIELDS, "kafka_config", "sasl_password_file")
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    """The connection as the command line gives it (`ops/settings.py` derives the options);
+    None: not given, so the properties file, then `KafkaConnection`'s default, decide. A
+    secret is a field with `repr=False`."""
+
+    bootstrap_servers: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Kafka bootstrap addresses, comma-separated [default: {DEFAULT_BOOTSTRAP}].",
+            "short": "-b",
+        },
+    )
+    kafka_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Kafka client properties file (Java or librdkafka keys: "
+            "bootstrap.servers, security.protocol, sasl.*, ssl.*); the options here override it.",
+            "file": True,
+        },
+    )
+    security_protocol: str | None = field(
+        default=None, metadata={"help": "[default: PLAINTEXT]", "choices": SECURITY_PROTOCOLS}
+    )
+    sasl_mechanism: str | None = field(
+        default=None, metadata={"help": "How the client authenticates.", "choices": SASL_MECHANISMS}
+    )
+    sasl_username: str | None = field(default=None, metadata={"help": "The SASL user name."})
+    sasl_password: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "help": "Prefer TOKENMILL_SASL_PASSWORD or --sasl-password-file: a flag shows in `ps`."
+        },
+    )
+    sasl_password_file: str | None = field(
+        default=None, metadata={"help": "A file holding the SASL password.", "file": True}
+    )
+    oauth_token_file: str | None = field(
+        default=None,
+        metadata={"help": "OAUTHBEARER token, re-read when it changes.", "file": True},
+    )
+    oauth_token_command: str | None = field(
+        default=None,
+        repr=False,  # its arguments may hold a credential
+        metadata={
+            "help": "A command printing an OAUTHBEARER token; run again before the token expires."
+        },
+    )
+    ssl_ca_file: str | None = field(
+        default=None,
+        metadata={"help": "CA certificates (PEM) [default: system trust store].", "file": True},
+    )
+    ssl_cert_file: str | None = field(
+        default=None, metadata={"help": "Client certificate (PEM), for mTLS.", "file": True}
+    )
+    ssl_key_file: str | None = field(
+        default=None, metadata={"help": "Client private key (PEM), for mTLS.", "file": True}
+    )
+    ssl_key_password: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "Password of an encrypted client key (prefer the env var)."},
+    )
+    ssl_check_hostname: bool | None = field(
+        default=None,
+        metadata={"help": "Check that the broker's certificate names its host [default: on]."},
+    )
+    compression_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "Compression of what tokenmill produces [default: none].",
+            "choices": COMPRESSION_TYPES,
+        },
+    )
 
 
-class SecretOption(click.Option):
-    """An option whose value is a secret. `--help` shows `(set)` where another option shows
-    its default, when a default, the worker's TOML file or the env var gives one; never the
-    value. Declare every secret with `cls=SecretOption`."""
-
-    def get_help_extra(self, ctx: click.Context) -> click.types.OptionHelpExtra:
-        extra = super().get_help_extra(ctx)
-        extra.pop("default", None)
-        if self.get_default(ctx, call=False) or self.resolve_envvar_value(ctx):
-            extra["default"] = "(set)"
-        return extra
+kafka_options = options(KafkaOptions)  # adds the connection options to a click command
 
 
-def _opt(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    name = decls[0].split("/")[0]
-    kwargs.setdefault("envvar", "TOKENMILL_" + name.lstrip("-").replace("-", "_").upper())
-    kwargs.setdefault("default", None)
-    return click.option(*decls, show_envvar=True, **kwargs)
-
-
-_FILE = click.Path(exists=True, dir_okay=False)
-_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    _opt(
-        "--bootstrap-servers",
-        "-b",
-        help=f"Kafka bootstrap addresses, comma-separated [default: {DEFAULT_BOOTSTRAP}].",
-    ),
-    _opt(
-        "--kafka-config",
-        type=_FILE,
-        help="A Kafka client properties file (Java or librdkafka keys: bootstrap.servers, "
-        "security.protocol, sasl.*, ssl.*); the options here override it.",
-    ),
-    _opt(
-        "--security-protocol",
-        type=click.Choice(SECURITY_PROTOCOLS, case_sensitive=False),
-        help="[default: PLAINTEXT]",
-    ),
-    _opt("--sasl-mechanism", type=click.Choice(SASL_MECHANISMS, case_sensitive=False)),
-    _opt("--sasl-username"),
-    _opt(
-        "--sasl-password",
-        cls=SecretOption,
-        help="Prefer TOKENMILL_SASL_PASSWORD or --sasl-password-file: a flag shows in `ps`.",
-    ),
-    _opt("--sasl-password-file", type=_FILE, help="A file holding the SASL password."),
-    _opt("--oauth-token-file", type=_FILE, help="OAUTHBEARER token, re-read when it changes."),
-    _opt(
-        "--oauth-token-command",
-        cls=SecretOption,  # its arguments may hold a credential
-        help="A command printing an OAUTHBEARER token; run again before the token expires.",
-    ),
-    _opt("--ssl-ca-file", type=_FILE, help="CA certificates (PEM) [default: system trust store]."),
-    _opt("--ssl-cert-file", type=_FILE, help="Client certificate (PEM), for mTLS."),
-    _opt("--ssl-key-file", type=_FILE, help="Client private key (PEM), for mTLS."),
-    _opt(
-        "--ssl-key-password",
-        cls=SecretOption,
-        help="Password of an encrypted client key (prefer the env var).",
-    ),
-    _opt(
-        "--ssl-check-hostname/--no-ssl-check-hostname",
-        help="Check that the broker's certificate names its host [default: on].",
-    ),
-    _opt(
-        "--compression-type",
-        type=click.Choice(COMPRESSION_TYPES, case_sensitive=False),
-        help="Compression of what tokenmill produces [default: none].",
-    ),
-]
-
-
-def kafka_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the connection options to a click command (see `kafka_connection`)."""
-    for option in reversed(_OPTIONS):
-        command = option(command)
-    return command
-
-
-def kafka_connection(kwargs: dict[str, Any]) -> KafkaConnection:
-    """Pop the connection options out of a command's kwargs; a setting that cannot work is a
-    usage error naming it (never its value)."""
-    given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
+def kafka_connection(values: dict[str, Any]) -> KafkaConnection:
+    """Pop the connection options out of a command's option values; a setting that cannot
+    work is a usage error naming it (never its value)."""
+    given = asdict(build(KafkaOptions, values))
     ctx = click.get_current_context(silent=True)
     # The password flag beats the file; the file beats TOKENMILL_SASL_PASSWORD (or TOML).
     if (
@@ -164,9 +150,9 @@ def connection_from(given: dict[str, Any]) -> KafkaConnection:
             )
     if given.get("sasl_password_file"):
         settings["sasl_password"] = _read_secret(Path(given["sasl_password_file"]))
-    for name in _FIELDS:
-        if given.get(name) is not None:
-            settings[name] = given[name]
+    for name, value in given.items():
+        if value is not None and name not in ("kafka_config", "sasl_password_file"):
+            settings[name] = value
     if isinstance(settings.get("compression_type"), str):
         settings["compression_type"] = str(settings["compression_type"]).lower()
     return KafkaConnection(**settings)  # type: ignore[arg-type]

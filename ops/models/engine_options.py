@@ -1,39 +1,51 @@
-"""Click options shared by every command that builds an engine, and the builder itself."""
+"""The engine's settings, as options of every command that builds one, and the builder.
+
+`EngineChoice` holds the model and device settings and nests `gpu.engine_config.EngineConfig`,
+whose fields declare the engine's own (`ops/settings.py` derives the options from both).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpu.engine_config import DECODE_GRAPH_MODES as DECODE_GRAPH_MODES  # for plan_cli's
+from gpu.engine_config import QUANTIZATION_CHOICES as QUANTIZATION_CHOICES
+from gpu.engine_config import EngineConfig
+from ops.settings import build, options
+
 if TYPE_CHECKING:
     from gpu.engine import Engine
-    from gpu.engine_config import EngineConfig
 
-
-# `gpu.quant.scheme.CHOICES`, spelled here so `--help` does not import torch
-QUANTIZATION_CHOICES = ("none", "auto", "int8", "int4", "int4-g32", "int4-g128")
-DECODE_GRAPH_MODES = ("auto", "eager", "off")  # gpu.engine_config's; kept here, torch-free
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
 class EngineChoice:
-    model: str
-    dtype: str | None
-    device: str | None
-    engine: EngineConfig
+    model: str = field(
+        metadata={"help": "Alias (smollm2-135m), HF folder or .gguf.", "short": "-m"}
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata={"help": "float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)."},
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "cpu | cuda (default: cuda when present)."}
+    )
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"prefix": ""})
     # A config.json whose shapes are built with random weights (`--random-weights`); `model`
     # is then only a label.
     random_weights: Path | None = None
 
 
-def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def engine_options(command: F) -> F:
     """The engine's options (model, limits, quantization, prefix caching) for `command`, and
     `--random-weights`, which makes `--model` optional."""
-    return _with_options(command, [*_engine_options(envvars=False), _random_weights_option])
+    return _random_weights_option(options(EngineChoice, envvars=False, required=False)(command))
 
 
 _random_weights_option = click.option(
@@ -45,126 +57,20 @@ _random_weights_option = click.option(
 )
 
 
-def worker_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def worker_engine_options(command: F) -> F:
     """The same options, each also read from its TOKENMILL_* env var (`--max-num-seqs`:
-    TOKENMILL_MAX_NUM_SEQS), as every worker setting is."""
-    return _with_options(command, _engine_options(envvars=True))
+    TOKENMILL_MAX_NUM_SEQS), as every worker setting is; `--model` is required."""
+    return options(EngineChoice)(command)
 
 
-def _with_options(
-    command: Callable[..., Any], options: list[Callable[[Callable[..., Any]], Callable[..., Any]]]
-) -> Callable[..., Any]:
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def _engine_options(envvars: bool) -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
-    def option(*decls: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        if envvars:
-            name = decls[0].split("/")[0].lstrip("-").replace("-", "_").upper()
-            kwargs.update(envvar="TOKENMILL_" + name, show_envvar=True)
-        return click.option(*decls, **kwargs)
-
-    return [
-        option(
-            "--model",
-            "-m",
-            required=envvars,  # the worker's; elsewhere --random-weights may stand in
-            default=None,
-            help="Alias (smollm2-135m), HF folder or .gguf.",
-        ),
-        option(
-            "--dtype",
-            default=None,
-            help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU).",
-        ),
-        option("--device", default=None, help="cpu | cuda (default: cuda when present)."),
-        option(
-            "--max-model-len",
-            type=int,
-            default=None,
-            help="Context limit (default: model's, capped at 2048).",
-        ),
-        option(
-            "--max-new-tokens-limit",
-            type=int,
-            default=4096,
-            show_default=True,
-            help="The most new tokens a request may ask for (bounds a result's size).",
-        ),
-        option(
-            "--max-num-seqs", type=int, default=64, show_default=True, help="Sequences per step."
-        ),
-        option(
-            "--max-batched-tokens",
-            type=int,
-            default=1024,
-            show_default=True,
-            help="Token budget per step.",
-        ),
-        option(
-            "--quantization",
-            type=click.Choice(QUANTIZATION_CHOICES),
-            default="none",
-            show_default=True,
-            help="Weights held quantized: int8 (per output channel), int4 (groups of 32; "
-            "int4-g128), quantized at load; auto keeps a GGUF's (or a `tokenmill quantize` "
-            "checkpoint's) quantized tensors as they are; none dequantizes everything.",
-        ),
-        option(
-            "--num-kv-blocks",
-            type=int,
-            default=None,
-            help="KV pool size in blocks (default: memory plan).",
-        ),
-        option(
-            "--prefix-caching/--no-prefix-caching",
-            default=True,
-            show_default=True,
-            help="Reuse the K/V of full blocks a prompt shares with earlier ones (a system "
-            "prompt, a few-shot header); outputs are the same either way.",
-        ),
-        option(
-            "--decode-graphs",
-            type=click.Choice(DECODE_GRAPH_MODES),
-            default="auto",
-            show_default=True,
-            help="Decode-only steps through static buffers at padded batch sizes: auto = as "
-            "CUDA graphs captured at start, on CUDA only; eager = without capture, on any "
-            "device with kernels; off. Outputs are the same either way.",
-        ),
-    ]
-
-
-def engine_choice(kwargs: dict[str, Any]) -> EngineChoice:
-    """Pop the engine options out of a command's kwargs."""
-    from gpu.engine_config import EngineConfig
-
-    try:
-        config = EngineConfig(
-            max_model_len=kwargs.pop("max_model_len"),
-            max_new_tokens=kwargs.pop("max_new_tokens_limit"),
-            max_num_seqs=kwargs.pop("max_num_seqs"),
-            max_num_batched_tokens=kwargs.pop("max_batched_tokens"),
-            num_kv_blocks=kwargs.pop("num_kv_blocks"),
-            quantization=kwargs.pop("quantization"),
-            prefix_caching=kwargs.pop("prefix_caching"),
-            decode_graphs=kwargs.pop("decode_graphs"),
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    random_weights = kwargs.pop("random_weights", None)
-    model = kwargs.pop("model")
-    if model is None and random_weights is None:
-        raise click.UsageError("give --model (or --random-weights CONFIG.json)")
-    return EngineChoice(
-        model=model or f"{random_weights.stem} (random weights)",
-        dtype=kwargs.pop("dtype"),
-        device=kwargs.pop("device"),
-        engine=config,
-        random_weights=random_weights,
-    )
+def engine_choice(values: dict[str, Any]) -> EngineChoice:
+    """Pop the engine's settings out of a command's option values."""
+    random_weights = values.pop("random_weights", None)
+    if values["model"] is None:
+        if random_weights is None:
+            raise click.UsageError("give --model (or --random-weights CONFIG.json)")
+        values["model"] = f"{random_weights.stem} (random weights)"
+    return build(EngineChoice, values, random_weights=random_weights)
 
 
 def build_engine(choice: EngineChoice) -> Engine:

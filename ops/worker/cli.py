@@ -16,7 +16,8 @@ from ops.models.engine_options import (
     engine_choice,
     worker_engine_options,
 )
-from ops.worker.settings import worker_config, worker_options
+from ops.settings import build
+from ops.worker.settings import WorkerCommand, worker_config, worker_options
 from ops.worker.startup_signals import (
     StartupSignals,
     result_of,
@@ -30,21 +31,13 @@ if TYPE_CHECKING:
 
 @click.command()
 @worker_engine_options
-@click.option(
-    "--engine",
-    "engine_kind",
-    type=click.Choice(["torch", "echo"]),
-    default="torch",
-    show_default=True,
-    help="echo: benchmark only, returns the prompt tokens.",
-)
 @worker_options
 def worker(**kwargs: Any) -> None:
     """Consume GenerateRequests from the requests topic and produce GenerateResults.
 
     Every record gets exactly one result (or an error result, plus the raw record on the DLQ
     when it cannot be decoded); offsets are committed only after results are acknowledged.
-    SIGTERM or SIGINT drains: stop fetching, finish in-flight work within --shutdown-timeout,
+    SIGTERM or SIGINT drains: stop fetching, finish in-flight work within --shutdown-timeout-s,
     fail the rest with `shutting_down`, commit, exit 0. Every option can also come from a
     TOKENMILL_* env var or a --config TOML file. `--engine echo` runs no model (each result
     is its request's prompt tokens): it measures the plumbing's ceiling; never serve with it.
@@ -67,7 +60,8 @@ def worker(**kwargs: Any) -> None:
 def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
     from ops.worker.logging_setup import configure_logging
 
-    configure_logging(kwargs.pop("log_level"))  # first: a stop during the imports is logged too
+    command = build(WorkerCommand, kwargs)
+    configure_logging(command.log_level)  # first: a stop during the imports is logged too
 
     from actors.engine_thread import engine_thread
     from actors.faults import Faults
@@ -78,7 +72,7 @@ def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
     from ops.worker.telemetry import setup_worker_tracing, shutdown_worker_tracing
 
     config = worker_config(kwargs)
-    kind = kwargs.pop("engine_kind")
+    kind = command.engine
     choice = engine_choice(kwargs)
     try:
         faults = Faults.from_env()
@@ -87,12 +81,12 @@ def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
     _refuse_unusable_kafka(config.kafka)
     host_heap.keep_step_memory()  # weights map alone (swaps give them back), steps reuse
 
-    def build() -> Any:
+    def load() -> Any:
         with host_heap.loading_weights():
             return build_engine(choice) if kind == "torch" else _echo_engine(choice)
 
     thread = engine_thread()  # the engine is built where it will be stepped
-    engine = result_of(thread.submit(build))  # what `build_on` does, with signals seen
+    engine = result_of(thread.submit(load))  # what `build_on` does, with signals seen
     try:
         service = Worker(
             config,

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from ops.cli import cli
-from ops.connection.options import SecretOption
+from ops.settings import SecretOption
 
 # Options that hold a secret: a secret, a password or a token (not a count of tokens); less
 # those that name a file holding one (a path is no secret).
