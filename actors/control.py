@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import msgspec
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from actors.config import WorkerConfig
-from actors.kafka import record_reader
-from actors.kafka.assignment_ready import ready_on_each_assignment
 from actors.kafka.broker_wait import started
+from actors.kafka.consumers import control_consumer
+from actors.kafka.partition_reader import Consumer, PartitionReader
 from actors.mail import VerifiedCommand
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.lifecycle_spans import record_event_span
@@ -39,7 +39,6 @@ from messages.signing import CommandRefusedError, NonceCache, decode_signed, ver
 
 log = structlog.get_logger("tokenmill.control")
 
-_POLL_MS = 100
 _EVENT_SCHEMA = b"Event/1"
 _encoder = msgspec.json.Encoder()
 
@@ -54,9 +53,11 @@ class ControlActor(Actor[Event]):
         mailbox: Mailbox[Event] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        consumer: Callable[[], Consumer] | None = None,
     ) -> None:
         """`commands`: the supervisor's mailbox, where verified commands go; `mailbox`: this
-        actor's own, where every actor's events arrive for the events topic."""
+        actor's own, where every actor's events arrive for the events topic; `consumer`: makes
+        the control topic's consumer (default: `actors.kafka.consumers`)."""
         super().__init__("control", mailbox or Mailbox(self.MAILBOX_SIZE))
         if config.control_topic is None:
             raise ValueError("a ControlActor needs config.control_topic")
@@ -69,7 +70,7 @@ class ControlActor(Actor[Event]):
         self.accepted = 0
         self.refused = 0
         self.published = 0
-        self._assigned = asyncio.Event()  # set by the rebalance listener
+        self.make_consumer = consumer or (lambda: control_consumer(config))
 
     @property
     def listening(self) -> bool:
@@ -88,24 +89,8 @@ class ControlActor(Actor[Event]):
             enable_idempotence=True,
         )
 
-    def _new_consumer(self) -> AIOKafkaConsumer:
-        # A record no one can read (record_reader) reaches `_verdict` and is refused there.
-        record_reader.install()
-        consumer = AIOKafkaConsumer(
-            **self.config.kafka.client_kwargs(),
-            group_id=f"{self.config.group}.control.{self.config.worker_id}",
-            client_id=f"tokenmill-{self.config.worker_id}-control",
-            # Never committed: every start reads from the end, so a restarted worker
-            # does not apply again what it applied (or was killed by) before.
-            auto_offset_reset="latest",
-            enable_auto_commit=False,
-        )
-        consumer.subscribe([self.topic], listener=_Assigned(self))
-        return consumer
-
     async def run(self) -> None:
         self.ready.clear()
-        self._assigned.clear()
         async with contextlib.AsyncExitStack() as stack:
             producer = await started(
                 self._new_producer, name="events", stopping=self.stopping, settings=self.config
@@ -113,17 +98,24 @@ class ControlActor(Actor[Event]):
             if producer is None:
                 return
             stack.push_async_callback(producer.stop)
-            consumer = await started(
-                self._new_consumer, name="control", stopping=self.stopping, settings=self.config
+            reader = PartitionReader(
+                self.make_consumer,
+                name="control",
+                settings=self.config,
+                stopping=self.stopping,
+                failed_event="control_fetch_failed",
+                ready=self.ready,
             )
-            if consumer is None:
+            if await reader.open(self.topic) is None:
                 return
-            stack.push_async_callback(consumer.stop)
+            stack.push_async_callback(reader.close)
             log.info("control_started", topic=self.topic)
             try:
                 async with asyncio.TaskGroup() as tg:
-                    reading = tg.create_task(self._read_loop(consumer))
-                    positions = tg.create_task(self._ready_loop(consumer))
+                    reading = tg.create_task(self._read_loop(reader))
+                    positions = tg.create_task(
+                        reader.keep_ready(lambda n: log.info("control_ready", partitions=n))
+                    )
                     tg.create_task(self._publish_loop(producer))
                     await reading
                     positions.cancel()
@@ -142,12 +134,10 @@ class ControlActor(Actor[Event]):
 
     # -- commands in -----------------------------------------------------------------------
 
-    async def _read_loop(self, consumer: AIOKafkaConsumer) -> None:
-        while not self.stopping.is_set():
-            fetched = await consumer.getmany(timeout_ms=_POLL_MS)
-            for records in fetched.values():
-                for record in records:
-                    await self._handle(record)
+    async def _read_loop(self, reader: PartitionReader) -> None:
+        # A record no one can read (record_reader) reaches `_verdict` and is refused there.
+        async for record in reader.records():
+            await self._handle(record)
 
     def _verdict(self, value: bytes | None) -> VerifiedCommand | CommandRefusedError:
         """What to do with one control record's value: the decision, without the effects."""
@@ -185,21 +175,6 @@ class ControlActor(Actor[Event]):
             record_event_span(refusal)
             await self.send(refusal)
 
-    async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
-        """Set `ready` whenever a new assignment has every position resolved."""
-        await ready_on_each_assignment(
-            consumer,
-            self._assigned,
-            self.ready,
-            lambda partitions: log.info("control_ready", partitions=partitions),
-        )
-
-    def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._assigned.set()
-
-    def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.ready.clear()
-
     # -- events out ------------------------------------------------------------------------
 
     async def _publish_loop(self, producer: AIOKafkaProducer) -> None:
@@ -214,14 +189,3 @@ class ControlActor(Actor[Event]):
             headers=[(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, _EVENT_SCHEMA)],
         )
         self.published += 1
-
-
-class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, control: ControlActor) -> None:
-        self.control = control
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.control.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.control.on_assigned(assigned)

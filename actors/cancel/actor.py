@@ -27,20 +27,19 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from actors.cancel.remembered import REMEMBER_S
 from actors.config import WorkerConfig
 from actors.kafka import record_reader
-from actors.kafka.assignment_ready import ready_on_each_assignment
-from actors.kafka.broker_wait import started
+from actors.kafka.consumers import cancel_consumer
+from actors.kafka.partition_reader import Consumer, PartitionReader
 from actors.mail import Cancel
 from actors.runtime import Actor, Address
 from messages import headers as h
@@ -51,7 +50,6 @@ from messages.limits import MAX_ID_BYTES
 
 log = structlog.get_logger("tokenmill.cancel")
 
-_POLL_MS = 100
 TOPIC_RECHECK_S = 10.0
 
 
@@ -87,8 +85,15 @@ def decode_cancel(value: bytes | None, content_type: bytes | None) -> CancelRequ
 
 
 class CancelActor(Actor[None]):
-    def __init__(self, config: WorkerConfig, cancels: Address[Cancel]) -> None:
-        """`cancels`: the ingest's mailbox."""
+    def __init__(
+        self,
+        config: WorkerConfig,
+        cancels: Address[Cancel],
+        *,
+        consumer: Callable[[], Consumer] | None = None,
+    ) -> None:
+        """`cancels`: the ingest's mailbox; `consumer`: makes the consumer (default: the cancel
+        topic's, `actors.kafka.consumers`)."""
         super().__init__("cancel", 1)
         if config.cancel_topic is None:
             raise ValueError("a CancelActor needs config.cancel_topic")
@@ -98,7 +103,7 @@ class CancelActor(Actor[None]):
         self.ready = asyncio.Event()
         self.received = 0
         self.refused: Counter[str] = Counter()  # records not acted on, by `Refused.reason`
-        self._assigned = asyncio.Event()  # set by the rebalance listener
+        self.make_consumer = consumer or (lambda: cancel_consumer(config))
         self.clock = time.time
         self.topic_recheck_s = TOPIC_RECHECK_S
 
@@ -112,18 +117,7 @@ class CancelActor(Actor[None]):
         """Assigned the cancel topic with its positions resolved (for readiness)."""
         return self.ready.is_set()
 
-    def _new_consumer(self) -> AIOKafkaConsumer:
-        record_reader.install()  # a record it cannot read reaches `_handle`, marked
-        consumer = AIOKafkaConsumer(
-            **self.config.kafka.client_kwargs(),
-            group_id=f"{self.config.group}.cancel.{self.config.worker_id}",
-            client_id=f"tokenmill-{self.config.worker_id}-cancel",
-            auto_offset_reset="latest",  # never committed: positions come from `_rewind`
-            enable_auto_commit=False,
-        )
-        return consumer  # subscribed by `run` once the topic exists
-
-    async def _topic_found(self, consumer: AIOKafkaConsumer) -> bool:
+    async def _topic_found(self, consumer: Consumer) -> bool:
         """True once the cancel topic exists (one metadata request every `topic_recheck_s`,
         one warning while it is missing); False if the actor is stopped first."""
         missing_since: float | None = None
@@ -145,7 +139,7 @@ class CancelActor(Actor[None]):
                 await asyncio.wait_for(self.stopping.wait(), self.topic_recheck_s)
         return False
 
-    async def _rewind(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+    async def _rewind(self, consumer: Consumer, assigned: set[TopicPartition]) -> None:
         """Start each assigned partition at its first cancel of the last REMEMBER_S seconds
         (at its end when it has none that recent)."""
         if not assigned:
@@ -160,43 +154,38 @@ class CancelActor(Actor[None]):
 
     async def run(self) -> None:
         self.ready.clear()
-        self._assigned.clear()
-        consumer = await started(
-            self._new_consumer, name="cancel", stopping=self.stopping, settings=self.config
+        reader = PartitionReader(
+            self.make_consumer,
+            name="cancel",
+            settings=self.config,
+            stopping=self.stopping,
+            partitions=self,
+            failed_event="cancel_fetch_failed",
+            ready=self.ready,
         )
-        if consumer is None:
+        if (consumer := await reader.open()) is None:
             return
         try:
             if not await self._topic_found(consumer):
                 return
-            consumer.subscribe([self.topic], listener=_Assigned(self, consumer))
+            reader.subscribe(self.topic)
             log.info("cancel_started", topic=self.topic)
             async with asyncio.TaskGroup() as tg:
-                positions = tg.create_task(self._ready_loop(consumer))
-                await self._read_loop(consumer)
+                positions = tg.create_task(
+                    reader.keep_ready(lambda n: log.info("cancel_ready", partitions=n))
+                )
+                async for record in reader.records():
+                    await self._handle(record)
                 positions.cancel()
         finally:
-            self.ready.clear()
-            await consumer.stop()
+            await reader.close()
             log.info("cancel_stopped", received=self.received, refused=dict(self.refused))
 
-    async def _read_loop(self, consumer: AIOKafkaConsumer) -> None:
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
-            except KafkaError:
-                raise  # the broker's side: the supervisor's restart and backoff
-            except Exception as exc:  # a record aiokafka cannot hand out (record_reader's gap)
-                failures += 1
-                log.error("cancel_fetch_failed", error=repr(exc)[:500], failures=failures)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), min(0.1 * 2**failures, 5.0))
-                continue
-            failures = 0
-            for records in fetched.values():
-                for record in records:
-                    await self._handle(record)
+    async def assigned(self, consumer: Consumer, assigned: set[TopicPartition]) -> None:
+        await self._rewind(consumer, assigned)
+
+    async def revoked(self, consumer: Consumer, revoked: set[TopicPartition]) -> None:
+        pass  # the reader clears `ready`
 
     async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
         cancel = _read(record)
@@ -230,15 +219,6 @@ class CancelActor(Actor[None]):
                 sending.cancel()
                 log.warning("cancel_dropped", request_id=cancel.request_id, reason="stopping")
 
-    async def _ready_loop(self, consumer: AIOKafkaConsumer) -> None:
-        """Set `ready` whenever a new assignment has every position resolved."""
-        await ready_on_each_assignment(
-            consumer,
-            self._assigned,
-            self.ready,
-            lambda partitions: log.info("cancel_ready", partitions=partitions),
-        )
-
 
 _REFUSAL_EVENTS = {"malformed": "cancel_malformed", "unreadable": "cancel_unreadable"}
 
@@ -249,16 +229,3 @@ def _read(record: ConsumerRecord[bytes, bytes]) -> CancelRequest | Refused:
         return Refused("unreadable", reason)
     headers = record_reader.readable_headers(record.headers)
     return decode_cancel(record.value, h.header(headers, h.CONTENT_TYPE))
-
-
-class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, actor: CancelActor, consumer: AIOKafkaConsumer) -> None:
-        self.actor = actor
-        self.consumer = consumer
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.actor.ready.clear()
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.actor._rewind(self.consumer, assigned)
-        self.actor._assigned.set()

@@ -23,10 +23,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BucketConfig:
+    """The buckets' shape; the worker's come from `WorkerConfig.bucket_config`, which holds
+    the defaults."""
+
     boundaries: tuple[int, ...]  # ascending upper bounds of prompt length, in tokens
-    max_batch_tokens: int = 8192
-    max_batch_size: int = 64
-    max_wait_s: float = 0.010
+    max_batch_tokens: int
+    max_batch_size: int
+    max_wait_s: float
 
     def __post_init__(self) -> None:
         if not self.boundaries:

@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import structlog
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from actors.ingest.crash_guard import RELEASED, CrashGuard, parse
 from actors.ingest.offsets import OffsetTracker
+from actors.kafka.partition_reader import Consumer, names
 
 log = structlog.get_logger("tokenmill.ingest")
 
@@ -52,7 +53,7 @@ class Committer:
         self._in_flight_to: dict[TopicPartition, int] = {}  # the "fetched" on record
         self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
 
-    async def take_over(self, consumer: AIOKafkaConsumer, assigned: set[TopicPartition]) -> None:
+    async def take_over(self, consumer: Consumer, assigned: set[TopicPartition]) -> None:
         """Read the last commit of each newly assigned partition, metadata and all, and hand
         it to the crash guard."""
         if not assigned:
@@ -60,7 +61,8 @@ class Committer:
         try:
             # The consumer's `committed()` returns the offset only; its coordinator has the
             # metadata beside it (the same OffsetFetch request).
-            commits = await consumer._coordinator.fetch_committed_offsets(list(assigned))
+            coordinator = cast(Any, consumer)._coordinator
+            commits = await coordinator.fetch_committed_offsets(list(assigned))
         except KafkaError as exc:  # no guard this time: the records run as usual
             log.warning("commits_unread", error=repr(exc))
             return
@@ -94,7 +96,7 @@ class Committer:
 
     async def fetched(
         self,
-        consumer: AIOKafkaConsumer,
+        consumer: Consumer,
         first: Mapping[TopicPartition, int],
         to: Mapping[TopicPartition, int],
         *,
@@ -116,7 +118,7 @@ class Committer:
 
     async def commit(
         self,
-        consumer: AIOKafkaConsumer,
+        consumer: Consumer,
         partitions: Iterable[TopicPartition],
         fetched_to: Mapping[TopicPartition, int],
         *,
@@ -153,7 +155,7 @@ class Committer:
                 # Fenced: the group moved on without this member (a pause that outlived its
                 # session). Nothing was written; the partitions' new owners answer again
                 # what this worker had not committed (at most duplicates).
-                log.warning("commit_fenced", partitions=_names(offsets), error=repr(exc))
+                log.warning("commit_fenced", partitions=names(offsets), error=repr(exc))
                 return False
             except KafkaError as exc:  # a rebalance in progress: the next commit catches up
                 log.warning("commit_failed", error=repr(exc))
@@ -162,7 +164,3 @@ class Committer:
                 self._written[tp] = (o.offset, o.metadata)
             self.tracker.mark_committed({tp: o.offset for tp, o in offsets.items()})
             return True
-
-
-def _names(tps: Iterable[TopicPartition]) -> list[str]:
-    return sorted(f"{tp.topic}/{tp.partition}" for tp in tps)

@@ -1,8 +1,9 @@
 """Refusals: how the ingest answers a record it will not run, without the engine.
 
 An undecodable record, a request that breaks a rule, one whose deadline passed, a quarantined
-record: each gets one `Outcome` (an error result, plus a dead letter when it cannot be read
-as a request) sent straight to the emitter, so its offset is committed like any other.
+record, one whose admission failed on a bug: each gets one `Outcome` (an error result, plus a
+dead letter when it cannot be read as a request) sent straight to the emitter, so its offset
+is committed like any other. What the record's headers say comes from its `Envelope`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import structlog
 
 from actors.config import WorkerConfig
-from actors.ingest.door import key_text
+from actors.ingest.envelope import Envelope
 from actors.ingest.reply_topics import ReplyTopics
-from actors.mail import Outcome, RecordRef
+from actors.ingest.rules import key_text
+from actors.mail import Outcome
 from actors.results import rejected_at_door
 from actors.runtime import Address
-from actors.telemetry.request_log import request_context
+from actors.telemetry.request_log import bound_request
 from messages import headers as h
-from messages.codec import JSON, normalize_content_type
 from messages.error_codes import ErrorCode
-from messages.errors import InvalidRequest, UndecodableRequest, UnsupportedContentType
+from messages.errors import InvalidRequest, UndecodableRequest
 from messages.headers import Headers
 from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
@@ -38,14 +39,17 @@ class Refusals:
 
     async def reject(
         self,
-        ref: RecordRef,
+        envelope: Envelope,
         exc: UndecodableRequest | InvalidRequest,
         value: bytes | None,
-        headers: Headers,
         request: GenerateRequest | None = None,
+        *,
+        headers: Headers | None = None,
     ) -> None:
         """Answer a record that cannot run: an error result (to its `reply_to` when that is
-        usable) and, when it is undecodable, its dead letter."""
+        usable) and, when it is undecodable, its dead letter (with `headers`, by default the
+        record's own)."""
+        ref = envelope.record
         if isinstance(exc, UndecodableRequest):
             request_id = exc.request_id or key_text(ref.key)
             reply_to = exc.reply_to
@@ -54,11 +58,7 @@ class Refusals:
             reply_to = request.reply_to if request else None
         if not (reply_to and await self.reply_topics.usable(reply_to)):
             reply_to = self.config.results_topic
-        try:
-            ctype = normalize_content_type(h.header(headers, h.CONTENT_TYPE))
-        except UnsupportedContentType:
-            ctype = JSON
-        with request_context(ref, request_id, h.trace_headers(headers)):
+        with bound_request(ref, request_id, envelope.trace_ids):
             log.info("request_rejected", code=exc.code.value)
         outcome = rejected_at_door(
             ref,
@@ -66,48 +66,46 @@ class Refusals:
             exc.message,
             request_id=request_id,
             reply_topic=reply_to,
-            content_type=ctype,
+            content_type=envelope.reply_content_type,
             worker=self.config.worker_id,
             value=value,
-            headers=headers,
+            headers=envelope.headers if headers is None else headers,
             metadata=request.metadata if request else None,
             max_dead_letter_bytes=self.config.max_request_bytes,
             request=request,
         )
         await self.outcomes.send(outcome)
 
-    async def unreadable(
-        self, ref: RecordRef, value: bytes | None, headers: Headers, reason: str
-    ) -> None:
+    async def unreadable(self, envelope: Envelope, value: bytes | None, reason: str) -> None:
         """Answer a record the Kafka client could not read as sent (`record_reader`): a
         header key that is not UTF-8, a corrupt batch. Not run; its bytes to the DLQ."""
+        ref = envelope.record
         log.warning("record_unreadable", topic=ref.topic, partition=ref.partition,
                     offset=ref.offset, reason=reason)  # fmt: skip
-        request = self._salvage(value, headers)
+        request = self._salvage(envelope, value)
         error = UndecodableRequest(
             ErrorCode.UNREADABLE_RECORD,
             f"the record cannot be read as sent: {reason} (the record is on the DLQ)",
             request_id=request.id if request is not None else "",
             reply_to=request.reply_to if request is not None else None,
         )
-        await self.reject(ref, error, value, headers)
+        await self.reject(envelope, error, value)
 
-    def _salvage(self, value: bytes | None, headers: Headers) -> GenerateRequest | None:
+    def _salvage(self, envelope: Envelope, value: bytes | None) -> GenerateRequest | None:
         """The request in `value`, for its id and reply_to, if it is one."""
         try:
             return decode_request(
-                value, h.header(headers, h.CONTENT_TYPE), max_bytes=self.config.max_request_bytes
+                value, envelope.raw_content_type, max_bytes=self.config.max_request_bytes
             )
         except UndecodableRequest:
             return None
 
-    async def quarantine(
-        self, ref: RecordRef, value: bytes | None, headers: Headers, deaths: int
-    ) -> None:
+    async def quarantine(self, envelope: Envelope, value: bytes | None, deaths: int) -> None:
         """Answer a record that was in flight when `deaths` workers died, without running it."""
+        ref = envelope.record
         log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
                   offset=ref.offset, deaths=deaths)  # fmt: skip
-        request = self._salvage(value, headers)  # its id and reply_to, if it has them
+        request = self._salvage(envelope, value)  # its id and reply_to, if it has them
         error = UndecodableRequest(
             ErrorCode.QUARANTINED,
             f"quarantined: {deaths} workers died while this record was the oldest one running "
@@ -115,4 +113,17 @@ class Refusals:
             request_id=request.id if request is not None else "",
             reply_to=request.reply_to if request is not None else None,
         )
-        await self.reject(ref, error, value, [*headers, (h.DLQ_CRASHES, str(deaths).encode())])
+        crashes = (h.DLQ_CRASHES, str(deaths).encode())
+        await self.reject(envelope, error, value, headers=[*envelope.headers, crashes])
+
+    async def internal_error(self, envelope: Envelope, exc: Exception) -> None:
+        """Answer a record whose admission failed unexpectedly (`internal_error`); the ingest
+        goes on with the next one."""
+        ref = envelope.record
+        log.exception("record_internal_error", topic=ref.topic, partition=ref.partition,
+                      offset=ref.offset)  # fmt: skip
+        error = InvalidRequest(
+            ErrorCode.INTERNAL_ERROR,
+            f"the worker failed admitting this record ({type(exc).__name__}); it was not run",
+        )
+        await self.reject(envelope, error, None)

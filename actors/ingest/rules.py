@@ -1,8 +1,8 @@
-"""The checks at the ingest's door that need no model state: rules, deadline, tokens, key.
+"""The checks of the ingest's door that need no model state: rules, deadline, tokens, key.
 
 Pure functions over one request; the ingest calls them for every record it reads. `check` is
 total: whatever `messages.request_decoding.decode_request` returns leads to a deadline or an
-`InvalidRequest`, never another exception (`tests/unit/test_door_total.py`).
+`InvalidRequest`, never another exception (`tests/unit/actors/ingest/test_door_total.py`).
 """
 
 from __future__ import annotations

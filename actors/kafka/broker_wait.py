@@ -27,7 +27,7 @@ from actors.send_errors import backoff_s
 log = structlog.get_logger("tokenmill.kafka")
 
 
-class _Settings(Protocol):
+class Settings(Protocol):
     """What a start needs of the worker's settings (`WorkerConfig`)."""
 
     @property
@@ -51,7 +51,7 @@ async def started(
     *,
     name: str,
     stopping: asyncio.Event,
-    settings: _Settings,
+    settings: Settings,
 ) -> C | None:
     """A client from `make()`, started once the broker answers; None if `stopping` is set
     first. A client whose start failed is stopped and a new one made for the next try.

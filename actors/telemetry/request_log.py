@@ -38,7 +38,14 @@ def trace_ids(headers: Headers) -> tuple[str, str]:
 
 @contextmanager
 def request_context(record: RecordRef, request_id: str, headers: Headers) -> Iterator[None]:
-    trace_id, span_id = trace_ids(headers)
+    with bound_request(record, request_id, trace_ids(headers)):
+        yield
+
+
+@contextmanager
+def bound_request(record: RecordRef, request_id: str, ids: tuple[str, str]) -> Iterator[None]:
+    """`request_context` for a request whose (trace id, span id) were read already."""
+    trace_id, span_id = ids
     with structlog.contextvars.bound_contextvars(
         request_id=request_id,
         trace_id=trace_id,

@@ -71,22 +71,3 @@ def test_a_cancel_with_a_header_key_that_is_not_utf8_is_counted_and_skipped() ->
     assert event["offset"] == 1 and event["reason"] == "unreadable"
     assert "not UTF-8" in event["detail"]
 
-
-def test_a_fetch_that_raises_on_its_records_is_tried_again_not_a_crash() -> None:
-    actor = CancelActor(WorkerConfig(cancel_topic=TP.topic), Mailbox(8))
-
-    class Consumer:
-        calls = 0
-
-        async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[object]]:
-            self.calls += 1
-            if self.calls == 1:
-                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
-            actor.stop()
-            return {}
-
-    consumer = Consumer()
-    with capture_logs() as logs:
-        asyncio.run(actor._read_loop(consumer))
-    assert consumer.calls == 2
-    assert [e["event"] for e in logs] == ["cancel_fetch_failed"]

@@ -17,6 +17,7 @@ from actors.ingest.crash_guard import RELEASED
 from actors.ingest.model_front import ModelFront, TokenizerLike
 from actors.mail import Batch, Cancel, Delivered, Outcome, OutcomeBlocked
 from actors.runtime import Mailbox
+from tests.unit.actors.kafka.fake_consumer import FakeConsumer
 
 TP = TopicPartition("lane.requests", 0)
 WITHIN_S = 60  # only to catch a hang: every wait ends on an event
@@ -28,41 +29,6 @@ def undecodable(offset: int) -> ConsumerRecord[bytes, bytes]:
         key=None, value=b"{x", checksum=None, serialized_key_size=-1, serialized_value_size=2,
         headers=[],
     )  # fmt: skip
-
-
-class FakeConsumer:
-    """Owns `TP`; hands out `records` in one fetch, then nothing; keeps every commit."""
-
-    def __init__(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
-        self.records = records
-        self.commits: list[dict[TopicPartition, tuple[int, str]]] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def assignment(self) -> set[TopicPartition]:
-        return {TP}
-
-    async def getmany(
-        self, *, timeout_ms: int, max_records: int
-    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        if self.records:
-            fetched, self.records = self.records[:max_records], self.records[max_records:]
-            return {TP: fetched}
-        await asyncio.sleep(timeout_ms / 1000)  # a poll that finds nothing
-        return {}
-
-    async def commit(self, offsets: dict[TopicPartition, tuple[int, str]]) -> None:
-        self.commits.append(dict(offsets))
-
-    def pause(self, *tps: TopicPartition) -> None:
-        pass
-
-    def resume(self, *tps: TopicPartition) -> None:
-        pass
 
 
 def ingest_over(consumer: FakeConsumer) -> tuple[IngestActor, Mailbox[Outcome]]:
@@ -81,13 +47,14 @@ def ingest_over(consumer: FakeConsumer) -> tuple[IngestActor, Mailbox[Outcome]]:
     )  # fmt: skip: no record here reaches the tokenizer
     outcomes: Mailbox[Outcome] = Mailbox(64)
     batches: Mailbox[Batch | Cancel] = Mailbox(64)
-    ingest = IngestActor(config, front, batches=batches, outcomes=outcomes)
-    ingest._new_consumer = lambda: cast(Any, consumer)  # type: ignore[method-assign]
+    ingest = IngestActor(
+        config, front, batches=batches, outcomes=outcomes, consumer=lambda: cast(Any, consumer)
+    )
     return ingest, outcomes
 
 
 async def test_a_drain_commits_up_to_a_blocked_dead_letter_and_stops() -> None:
-    consumer = FakeConsumer([undecodable(offset) for offset in range(3)])
+    consumer = FakeConsumer([TP], [undecodable(offset) for offset in range(3)])
     ingest, outcomes = ingest_over(consumer)
     with capture_logs() as logs:
         async with asyncio.timeout(WITHIN_S):
@@ -110,7 +77,7 @@ async def test_a_drain_commits_up_to_a_blocked_dead_letter_and_stops() -> None:
 
 
 async def test_a_blocked_outcome_delivered_before_the_drain_ends_is_committed_past() -> None:
-    consumer = FakeConsumer([undecodable(offset) for offset in range(2)])
+    consumer = FakeConsumer([TP], [undecodable(offset) for offset in range(2)])
     ingest, outcomes = ingest_over(consumer)
     with capture_logs() as logs:
         async with asyncio.timeout(WITHIN_S):

@@ -20,6 +20,9 @@ class FakeClock:
         return self.now
 
 
+SHAPE: dict[str, Any] = {"max_batch_tokens": 1000, "max_batch_size": 4, "max_wait_s": 0.010}
+
+
 def make(
     boundaries: tuple[int, ...] = (32, 64, 128),
     max_batch_tokens: int = 1000,
@@ -44,7 +47,7 @@ def make(
 )
 def test_default_boundaries(max_model_len: int, expected: tuple[int, ...]) -> None:
     assert default_boundaries(max_model_len) == expected
-    BucketConfig(default_boundaries(max_model_len))
+    BucketConfig(default_boundaries(max_model_len), **SHAPE)
 
 
 def test_default_boundaries_need_a_positive_length() -> None:
@@ -67,11 +70,11 @@ def test_default_boundaries_need_a_positive_length() -> None:
 )
 def test_a_bad_config_is_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        BucketConfig(**kwargs)
+        BucketConfig(**{**SHAPE, **kwargs})
 
 
 def test_a_zero_wait_is_allowed() -> None:
-    assert BucketConfig((32,), max_wait_s=0).max_wait_s == 0
+    assert BucketConfig((32,), **{**SHAPE, "max_wait_s": 0}).max_wait_s == 0
 
 
 @pytest.mark.parametrize(
@@ -308,7 +311,7 @@ def test_every_item_comes_out_exactly_once_within_the_limits(
 
 
 def test_drain_can_name_its_reason() -> None:
-    buckets: LengthBuckets[str] = LengthBuckets(BucketConfig(boundaries=(32,)))
+    buckets: LengthBuckets[str] = LengthBuckets(BucketConfig((32,), **SHAPE))
     buckets.add("a", 3)
     (flushed,) = buckets.drain("idle")
     assert flushed.reason == "idle" and flushed.items == ["a"]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.ingest.door import check
+from actors.ingest.rules import check
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest

@@ -1,0 +1,109 @@
+"""The door: one record in → a request to tokenize, or its refusal sent to the emitter.
+
+    door = Door(config, outcomes, list_topics)
+    entry = await door.enter(record, deaths)        # None: answered here (refused)
+    item = door.admitted(entry, token_ids, front, now)   # once tokenized
+
+A record's headers are read once, into its `Envelope`, which travels with the request: the
+admitted request's content type and trace headers, and every refusal's, come from it. The
+checks run in order: quarantined (the crash guard's verdict), unreadable (the Kafka client's),
+decoded (`decode_request`), the model-independent rules and deadline (`rules.check`), the
+reply topic (`ReplyTopics`). Tokenizing, which needs the model, comes after, for a whole fetch
+at once, off the event loop (`rules.tokenize_all`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.config import WorkerConfig
+from actors.ingest.envelope import Envelope
+from actors.ingest.model_front import ModelFront
+from actors.ingest.refusals import Refusals
+from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
+from actors.ingest.rules import check
+from actors.mail import Admitted, Outcome
+from actors.runtime import Address
+from messages.errors import InvalidRequest, UndecodableRequest
+from messages.request import GenerateRequest
+from messages.request_decoding import decode_request
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A record that passed the door: its request, waiting to be tokenized."""
+
+    envelope: Envelope
+    request: GenerateRequest
+    content_type: str
+    deadline: float | None  # monotonic seconds
+
+
+class Door:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        outcomes: Address[Outcome],
+        list_topics: Callable[[], Awaitable[set[str]]],
+    ) -> None:
+        """`outcomes`: the emitter's mailbox, where refusals go; `list_topics`: the broker's
+        topics (for `reply_to`)."""
+        self.config = config
+        own = (
+            config.requests_topic,
+            config.dlq_topic,
+            config.control_topic,
+            config.events_topic,
+            config.cancel_topic,
+        )
+        policy = ReplyPolicy.of(
+            results_topic=config.results_topic, own_topics=own, allowed=config.allowed_reply_to
+        )
+        self.reply_topics = ReplyTopics(policy, KnownTopics(list_topics))
+        self.refusals = Refusals(config, self.reply_topics, outcomes)
+
+    async def enter(self, record: Any, envelope: Envelope, deaths: int | None) -> Entry | None:
+        """One record (a `ConsumerRecord`) at the door: what to tokenize, or None when it was
+        answered here. `deaths`: the crash guard's count when the record is quarantined."""
+        value: bytes | None = record.value
+        if deaths is not None:
+            await self.refusals.quarantine(envelope, value, deaths)
+            return None
+        if envelope.unreadable is not None:
+            await self.refusals.unreadable(envelope, value, envelope.unreadable)
+            return None
+        try:
+            request = decode_request(
+                value,
+                envelope.raw_content_type,
+                max_bytes=self.config.max_request_bytes,
+                key=envelope.record.key,
+            )
+        except UndecodableRequest as exc:
+            await self.refusals.reject(envelope, exc, value)
+            return None
+        try:
+            deadline = check(request, envelope.record.timestamp_ms)
+            await self.reply_topics.check(request.reply_to)
+        except InvalidRequest as exc:
+            await self.refusals.reject(envelope, exc, None, request)
+            return None
+        return Entry(envelope, request, envelope.content_type, deadline)
+
+    def admitted(
+        self, entry: Entry, token_ids: list[int], front: ModelFront, now: float
+    ) -> Admitted:
+        """The request, tokenized by `front`, ready for a bucket."""
+        return Admitted(
+            request=entry.request,
+            record=entry.envelope.record,
+            prompt_token_ids=token_ids,
+            reply_topic=entry.request.reply_to or self.config.results_topic,
+            content_type=entry.content_type,
+            trace=entry.envelope.trace,
+            consumed_at=now,
+            deadline=entry.deadline,
+            model_digest=front.digest,
+        )

@@ -1,0 +1,63 @@
+"""Envelope: a request record's headers, read once at the door and carried to its answer.
+
+    envelope = Envelope.of(record)   # the one pass over the record's headers
+    envelope.content_type            # the wire format (normalised), for the request and result
+    envelope.trace                   # the W3C trace headers to pass on to the result
+    envelope.trace_ids               # (trace id, span id) for the request's log lines
+
+Everything after the door (refusals, the admitted request, its outcome) takes these values
+from the envelope instead of reading the headers again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from actors.kafka import record_reader
+from actors.mail import RecordRef
+from actors.telemetry.request_log import trace_ids
+from messages import headers as h
+from messages.codec import JSON, normalize_content_type
+from messages.errors import UnsupportedContentType
+from messages.headers import Headers
+
+
+@dataclass(frozen=True)
+class Envelope:
+    record: RecordRef
+    headers: Headers  # the readable ones (`record_reader.readable_headers`): a dead letter's
+    raw_content_type: bytes | None  # the `content-type` header as sent
+    trace: Headers  # `traceparent` / `tracestate`, within their size limits
+    unreadable: str | None = None  # why the Kafka client could not read the record as sent
+
+    @classmethod
+    def of(cls, record: Any) -> Envelope:
+        """The envelope of `record` (a `ConsumerRecord` of the requests topic)."""
+        headers = record_reader.readable_headers(record.headers)
+        ref = RecordRef(record.topic, record.partition, record.offset, record.timestamp, record.key)
+        return cls(
+            record=ref,
+            headers=headers,
+            raw_content_type=h.header(headers, h.CONTENT_TYPE),
+            trace=h.trace_headers(headers),
+            unreadable=record_reader.unreadable(record),
+        )
+
+    @property
+    def content_type(self) -> str:
+        """The request's wire format; `UnsupportedContentType` when it names none we speak."""
+        return normalize_content_type(self.raw_content_type)
+
+    @property
+    def reply_content_type(self) -> str:
+        """The format of a refusal's result: the request's, or JSON when it has none we speak."""
+        try:
+            return self.content_type
+        except UnsupportedContentType:
+            return JSON
+
+    @cached_property
+    def trace_ids(self) -> tuple[str, str]:
+        return trace_ids(self.trace)
