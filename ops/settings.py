@@ -105,11 +105,13 @@ class Setting:
         if envvars:
             env = [ENV_PREFIX + n.upper() for n in names]
             extra = {"envvar": env if self.old else env[0], "show_envvar": True}
+        if required and default is None and not self.has_default:
+            extra["required"] = True  # (click takes an explicit default=None for a value)
+        else:
+            extra["default"] = default
         return click.option(
             *decls,
             type=_click_type(self),
-            default=default,
-            required=required and default is None and not self.has_default,
             show_default=True,
             help=self.meta["help"],
             cls=click.Option if self.field.repr else SecretOption,

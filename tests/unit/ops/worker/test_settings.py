@@ -1,4 +1,5 @@
-"""Worker settings: default < TOML `--config` < `TOKENMILL_*` env < flag; bad value: exit 2."""
+"""Worker settings: default < TOML `--config` < `TOKENMILL_*` env < flag; bad value: exit 2;
+one name from flag to field, former names still read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner, Result
 from actors.config import WorkerConfig
 from actors.ingest.backpressure import Watermarks
 from actors.kafka.connection import KafkaConnection
+from ops.settings import settings
 from ops.worker.settings import default_models_dir, worker_config, worker_options
 
 
@@ -207,3 +209,60 @@ def test_the_kafka_settings_come_from_a_properties_file_and_flags(tmp_path: Path
         compression_type="zstd",
     )
     assert "from-the-file" not in repr(config)
+
+
+def test_each_flag_is_its_fields_name() -> None:
+    """One name from flag to field: `--commit-interval-s` sets `commit_interval_s`; a nested
+    setting is its field's name after its prefix (`--stream-interval-ms`: streaming's)."""
+    for setting in settings(WorkerConfig):
+        assert setting.name.endswith(setting.field.name), setting.name
+        option = next(p for p in show.params if p.name == setting.name)
+        assert option.opts[0] == "--" + setting.name.replace("_", "-")
+
+
+@pytest.mark.parametrize(
+    ("old", "value", "field", "expected"),
+    [
+        ("commit-interval", "0.5", "commit_interval_s", 0.5),
+        ("shutdown-timeout", "5", "shutdown_timeout_s", 5.0),
+        ("connect-timeout", "3", "connect_timeout_s", 3.0),
+        ("restart-window", "9", "restart_window_s", 9.0),
+        ("swap-memory-budget", "100", "swap_memory_budget_bytes", 100),
+    ],
+)
+def test_former_names_still_work(
+    tmp_path: Path, old: str, value: str, field: str, expected: object
+) -> None:
+    """Flags renamed after their fields keep their old spelling as flag, env var and TOML key."""
+    env_name = "TOKENMILL_" + old.replace("-", "_").upper()
+    toml = write_toml(tmp_path, f"{old.replace('-', '_')} = {value}\n")
+    assert getattr(config_of(f"--{old}", value), field) == expected
+    assert getattr(config_of(env={env_name: value}), field) == expected
+    assert getattr(config_of("--config", toml), field) == expected
+    new_env = "TOKENMILL_" + field.upper()
+    both = config_of(env={env_name: "1", new_env: value})
+    assert getattr(both, field) == expected, "the new env var wins over the old"
+
+
+def test_former_watermark_flags_still_work() -> None:
+    config = config_of("--high-watermark-requests", "100", "--high-watermark-tokens", "5000")
+    assert config.watermarks == Watermarks(high_requests=100, high_tokens=5000)
+    new = config_of("--watermarks-high-requests", "100", "--watermarks-high-tokens", "5000")
+    assert new.watermarks == config.watermarks
+
+
+def test_off_values() -> None:
+    """`--http-port -1`, `--control-topic ''`: the setting is off (None)."""
+    config = config_of("--http-port", "-1", "--control-topic", "", "--group-instance-id", "")
+    assert (config.http_port, config.control_topic, config.group_instance_id) == (None,) * 3
+
+
+def test_help_lists_every_option_with_its_env_vars() -> None:
+    result = run("--help", env={"TOKENMILL_CONTROL_SECRET": "hush-Xq9"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    for param in show.params:
+        for name in envvars(param):
+            assert name in text, name
+    assert "hush-Xq9" not in result.output
+    assert "--commit-interval-s, --commit-interval" in text
