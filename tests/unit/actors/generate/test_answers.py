@@ -1,0 +1,110 @@
+"""What the GPU actor sends the emitter: a finished run's result to the request and each of its
+copies, a streamed request's last chunk before its result, errors naming the active model,
+and a count of those failed by a shutdown."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any, cast
+
+from actors.generate.answers import SHUTDOWN, Answers
+from actors.in_flight import InFlight
+from actors.mail import Admitted, Outcome, RecordRef, StreamChunk
+from actors.runtime import Mailbox
+from actors.streaming.token_stream import TokenStream
+from gpu.engine import Completion
+from messages.error_codes import ErrorCode
+from messages.request import GenerateRequest
+from messages.result import ErrorInfo, ModelRef
+
+ACTIVE = ModelRef(name="active", digest="sha-active")
+RAN_ON = ModelRef(name="older", digest="sha-older")
+
+
+def item(offset: int, request_id: str = "r-1", stream: bool = False) -> Admitted:
+    request = GenerateRequest(id=request_id, prompt_token_ids=[5], max_new_tokens=4, stream=stream)
+    return Admitted(
+        request=request,
+        record=RecordRef("lane.requests", 0, offset, 0),
+        prompt_token_ids=[5],
+        reply_topic="lane.results",
+        content_type="application/json",
+        trace=[],
+        consumed_at=time.monotonic(),
+        deadline=None,
+    )
+
+
+def completion(request_id: str = "r-1") -> Completion:
+    now = time.monotonic()
+    return Completion(
+        request_id=request_id, prompt_tokens=1, token_ids=[7, 8], text="ab",
+        finish_reason="length", arrival_time=now, first_token_time=now, finish_time=now,
+        num_preemptions=0,
+    )  # fmt: skip
+
+
+def answers() -> tuple[Answers, Mailbox[Outcome | StreamChunk]]:
+    outcomes: Mailbox[Outcome | StreamChunk] = Mailbox(64)
+    slots = SimpleNamespace(front=SimpleNamespace(ref=ACTIVE))  # only the active model is read
+    return Answers(outcomes, cast(Any, slots), "w1"), outcomes
+
+
+def sent(outcomes: Mailbox[Outcome | StreamChunk]) -> list[Outcome | StreamChunk]:
+    out = []
+    while not outcomes.empty():
+        out.append(outcomes.get_nowait())
+    return out
+
+
+async def test_a_finished_run_answers_the_request_and_each_copy_naming_its_model() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    entry.copies.append(item(2))
+    await answer.finished(entry, completion())
+    results = sent(outcomes)
+    assert [cast(Outcome, o).record.offset for o in results] == [1, 2]
+    for outcome in results:
+        assert isinstance(outcome, Outcome)
+        assert outcome.result.text == "ab" and outcome.result.token_ids == [7, 8]
+        assert outcome.result.model == RAN_ON and outcome.result.error is None
+    assert answer.failed_on_shutdown == 0
+
+
+async def test_a_streamed_requests_last_chunk_goes_before_its_result() -> None:
+    answer, outcomes = answers()
+    stream = TokenStream(
+        "r-1", "run-1", lambda ids: "".join(chr(96 + i % 26) for i in ids), stop=[],
+        interval_tokens=100, interval_s=60.0, min_interval_s=0.0, started=time.monotonic(),
+    )  # fmt: skip
+    entry = InFlight(item(1, stream=True), cast(Any, None), model=RAN_ON, admitted_at=0.0)
+    entry.stream = stream
+    for token in (7, 8):
+        stream.add(token)
+    await answer.finished(entry, completion())
+    first, last = sent(outcomes)
+    assert isinstance(first, StreamChunk) and first.chunk.token_ids == [7, 8]
+    assert isinstance(last, Outcome) and last.result.token_ids == [7, 8]
+    assert answer.chunks_sent == 1
+
+
+async def test_an_error_names_the_active_model_and_a_shutdown_is_counted() -> None:
+    answer, outcomes = answers()
+    refused = ErrorInfo(code=ErrorCode.DUPLICATE_REQUEST, message="in use")
+    await answer.error(item(1), refused)
+    await answer.error(item(2), SHUTDOWN)
+    first, second = sent(outcomes)
+    assert isinstance(first, Outcome) and isinstance(second, Outcome)
+    assert first.result.error == refused and first.result.model == ACTIVE
+    assert first.result.text == "" and first.result.token_ids == []
+    assert second.result.error == SHUTDOWN
+    assert answer.failed_on_shutdown == 1, "only the shutdown's"
+
+
+async def test_a_run_failed_by_the_shutdown_counts_each_copy() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    entry.copies.append(item(2))
+    await answer.finished(entry, completion(), SHUTDOWN)
+    assert len(sent(outcomes)) == 2 and answer.failed_on_shutdown == 2
