@@ -61,7 +61,7 @@ def test_atrimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> No
     )
     assert (kept[h.CONNECT_CONNECTOR_NAME], kept[h.CONNECT_TASK_ID]) == (b"tokenmill", b"w1")
     assert trimmed.size < 4096, "far within what any DLQ topic takes"
-    # Refused again as it is: nothing left to trim, it waits for the DLQ (see _unblock).
+    # Refused again as it is: nothing left to trim, it waits for the DLQ (EmitterActor._unblock).
     assert trimmed_dead_letter(trimmed, MessageSizeTooLargeError()) is None
 
 
