@@ -1,18 +1,10 @@
-"""The batch benchmark: what `tokenmill batch run` costs over raw Kafka clients, and its memory.
+"""`bench batch`: what `tokenmill batch run` costs over a raw Kafka client, and its memory.
 
-On one real broker (a local one on free ports unless a connection is given) and topics
-named for this run, one `tokenmill worker --engine echo` subprocess (no model: the plumbing
-alone) answers, in turn:
-
-- baseline: the same requests (`prompt_token_ids`, 2 new tokens) produced as fast as this
-  process's raw aiokafka producer takes them, results collected by id (`bench pipeline`'s
-  ceiling client): requests/s from the first send to the last result.
-- batch: the same requests as OpenAI Batch lines through `tokenmill batch run` subprocesses,
-  once for the full file and once for a tenth of it: requests/s and the client's peak RSS
-  (VmHWM), both from the run's own summary, and its CPU seconds (from `wait4`).
-
-Reports the ratio of the batch client's rate to the baseline's and how much the peak RSS grows
-from the small file to the large one; never asserts.
+One `tokenmill worker --engine echo` subprocess (no model: the plumbing alone) answers the same
+short requests (4 prompt token ids, 2 new tokens): first from this process's load client as
+fast as it produces (the baseline), then as OpenAI Batch lines through `tokenmill batch run`
+subprocesses, for a tenth of the file and for all of it: requests/s and peak RSS from the run's
+own summary, CPU seconds from `wait4`. Reports the ratio and how the peak RSS grows.
 """
 
 from __future__ import annotations
@@ -24,21 +16,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors.kafka.connection import KafkaConnection
 from messages.request import GenerateRequest
-from ops.bench.broker import broker, kafka_facts
-from ops.bench.kafka import LoadClient, ceiling_run, warm_up
-from ops.bench.narrate import Narrate
-from ops.bench.worker import CpuMeter, child_env, worker_argv, worker_process
-from ops.bench.workload import host_load
+from ops.bench.load import LoadClient, flood, warm_up
+from ops.bench.report import Narrate, Report, quiet, ratio
+from ops.bench.rig import Rig, child_env, rig, worker_argv, worker_process
 from ops.connection.options import connection_argv
 from ops.models.engine_options import EngineChoice
-from ops.services.topics import create_topics
 
 
 @dataclass(frozen=True)
@@ -83,84 +71,106 @@ def run_measured(
         )
 
 
-def prompt_ids(i: int) -> list[int]:
-    return [100 + i % 50, 7, 8, 9]
+def _request(request_id: str, i: int) -> GenerateRequest:
+    return GenerateRequest(
+        id=request_id, prompt_token_ids=[100 + i % 50, 7, 8, 9], max_new_tokens=2
+    )
 
 
-def write_batch_file(path: Path, lines: int, model: str) -> Path:
-    """`lines` completions with short token-id prompts, 2 new tokens each."""
-    with path.open("w") as f:
-        for i in range(lines):
-            body = {"model": model, "prompt": prompt_ids(i), "max_tokens": 2}
-            line = {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions"}
-            f.write(json.dumps({**line, "body": body}) + "\n")
-    return path
-
-
-async def run_batch_bench(options: BatchBenchOptions, say: Narrate) -> dict[str, Any]:
-    o = options
-    run_id = uuid.uuid4().hex[:8]
-    report: dict[str, Any] = {
-        "benchmark": "batch",
-        "run_id": run_id,
+async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
+    report = Report("batch")
+    small = max(o.lines // 10, 1)
+    report |= {
         "lines": o.lines,
-        "small_lines": max(o.lines // 10, 1),
+        "small_lines": small,
         "max_inflight": o.max_inflight,
         "engine": "echo (no model; each result is its prompt's tokens)",
-        "host_load_1m": [host_load()],
     }
-    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-batch-") as tmp_name:
-        tmp = Path(tmp_name)
-        async with broker(o.kafka, tmp / "kafka", say) as (kafka, broker_pid):
-            report["kafka"] = kafka_facts(o.kafka is not None, kafka) | {"partitions": o.partitions}
-            base = f"tokenmill-bench-{run_id}-batch"
-            topics = {role: f"{base}.{role}" for role in ("requests", "results", "dlq")}
-            await create_topics(kafka, requests_partitions=o.partitions, names=topics)
-            argv, secrets = worker_argv(o.engine, "echo", kafka, topics)
-            log = tmp / "worker.log"
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-batch-") as tmp:
+        async with rig(o.kafka, Path(tmp), say, o.partitions) as r:
+            report["kafka"] = r.facts()
+            topics = await r.topics("batch", ("requests", "results", "dlq"))
+            argv, secrets = worker_argv(o.engine, "echo", r.kafka, topics)
+            log = r.tmp / "worker.log"
             async with (
                 worker_process(argv, log, env=secrets) as proc,
-                LoadClient(kafka, topics, linger_ms=5) as client,
+                LoadClient(r.kafka, topics, linger_ms=5) as client,
             ):
                 say("worker (echo): starting and warming up")
-                warm = [_request(f"warm-{i}", i) for i in range(2000)]
+                warm = [_request(f"warm-{i}", i) for i in range(min(2000, o.lines))]
                 report["warm_up_s"] = await warm_up(client, proc, log, warm, o.timeout_s)
                 say(f"baseline: {o.lines} requests from a raw aiokafka client")
-                meter = CpuMeter({"worker": proc.pid, "client": os.getpid(), "broker": broker_pid})
                 requests = [_request(f"raw-{i}", i) for i in range(o.lines)]
-                report["baseline"] = await ceiling_run(client, requests, meter, o.timeout_s)
+                report["baseline"] = await flood(client, requests, r.meter(proc), o.timeout_s)
                 del requests
                 report["batch"] = {}
-                for lines in (report["small_lines"], o.lines):
+                for lines in (small, o.lines):
                     say(f"batch: {lines} lines through `tokenmill batch run`")
                     report["batch"][str(lines)] = await asyncio.to_thread(
-                        _batch_run, o, kafka, topics, tmp, lines
+                        _batch_run, o, r, topics, lines
                     )
             report["worker_exit_code"] = proc.returncode
-    report["host_load_1m"].append(host_load())
-    report["results"] = _results(report)
-    return report
-
-
-def _request(request_id: str, i: int) -> GenerateRequest:
-    return GenerateRequest(id=request_id, prompt_token_ids=prompt_ids(i), max_new_tokens=2)
-
-
-def _batch_run(
-    o: BatchBenchOptions, kafka: KafkaConnection, topics: dict[str, str], tmp: Path, lines: int
-) -> dict[str, Any]:
-    source = write_batch_file(tmp / f"in-{lines}.jsonl", lines, o.engine.model)
-    connection, secrets = connection_argv(kafka)
-    argv = [
-        sys.executable, "-m", "ops", "batch", "run", str(source),
-        "-o", str(tmp / f"out-{lines}.jsonl"), "--json", "--no-progress",
-        *connection, "--max-inflight", str(o.max_inflight),
-        "--topic", topics["requests"], "--results-topic", topics["results"],
-        "--stall-timeout", str(o.timeout_s),
-    ]  # fmt: skip
-    measured = run_measured(
-        argv, cwd=Path(__file__).resolve().parent.parent, env=child_env(secrets)
+    raw, big = report["baseline"]["requests_per_s"], report["batch"][str(o.lines)]
+    rss = {"small": report["batch"][str(small)]["peak_rss_mb"], "large": big["peak_rss_mb"]}
+    report["results"] = {
+        "baseline_requests_per_s": raw,
+        "batch_requests_per_s": big["requests_per_s"],
+        "batch_vs_raw_client": ratio(big["requests_per_s"], raw),
+        "peak_rss_mb": rss,
+        "peak_rss_growth_mb": round(rss["large"] - rss["small"], 1),
+        "client_cpu_us_per_line": round(big["cpu_s"] / o.lines * 1e6, 1),
+    }
+    res = report["results"]
+    report.headline(
+        "requests/s",
+        f"raw client {raw} · batch run {big['requests_per_s']} · ratio "
+        f"{res['batch_vs_raw_client']}",
     )
+    report.headline(
+        "peak RSS", f"{rss['small']} MB ({small} lines) → {rss['large']} MB ({o.lines} lines)"
+    )
+    return report.finish()
+
+
+def _batch_run(o: BatchBenchOptions, r: Rig, topics: dict[str, str], lines: int) -> dict[str, Any]:
+    source = r.tmp / f"in-{lines}.jsonl"
+    with source.open("w") as f:
+        for i in range(lines):
+            body = {"model": o.engine.model, "prompt": [100 + i % 50, 7, 8, 9], "max_tokens": 2}
+            f.write(
+                json.dumps(
+                    {
+                        "custom_id": f"line-{i}",
+                        "method": "POST",
+                        "url": "/v1/completions",
+                        "body": body,
+                    }
+                )
+                + "\n"
+            )
+    connection, secrets = connection_argv(r.kafka)
+    argv = [
+        sys.executable,
+        "-m",
+        "ops",
+        "batch",
+        "run",
+        str(source),
+        "-o",
+        str(r.tmp / f"out-{lines}.jsonl"),
+        "--json",
+        "--no-progress",
+        *connection,
+        "--max-inflight",
+        str(o.max_inflight),
+        "--topic",
+        topics["requests"],
+        "--results-topic",
+        topics["results"],
+        "--stall-timeout",
+        str(o.timeout_s),
+    ]
+    measured = run_measured(argv, cwd=Path(__file__).resolve().parents[2], env=child_env(secrets))
     if measured.returncode != 0:
         raise RuntimeError(f"tokenmill batch run failed:\n{measured.stderr[-3000:]}")
     summary = json.loads(measured.stdout)
@@ -172,18 +182,4 @@ def _batch_run(
         "process_wall_s": measured.wall_s,  # with interpreter start-up and reading the file
         "peak_rss_mb": summary["peak_rss_mb"],
         "cpu_s": measured.cpu_s,
-    }
-
-
-def _results(report: dict[str, Any]) -> dict[str, Any]:
-    raw = report["baseline"]["requests_per_s"]
-    small = report["batch"][str(report["small_lines"])]
-    large = report["batch"][str(report["lines"])]
-    return {
-        "baseline_requests_per_s": raw,
-        "batch_requests_per_s": large["requests_per_s"],
-        "batch_vs_raw_client": round(large["requests_per_s"] / raw, 3) if raw else None,
-        "peak_rss_mb": {"small": small["peak_rss_mb"], "large": large["peak_rss_mb"]},
-        "peak_rss_growth_mb": round(large["peak_rss_mb"] - small["peak_rss_mb"], 1),
-        "client_cpu_us_per_line": round(large["cpu_s"] / report["lines"] * 1e6, 1),
     }

@@ -17,6 +17,7 @@ import torch
 
 from gpu.engine import StepStats
 from gpu.model_config import ModelConfig
+from ops.bench.report import significant
 from ops.models.offline import OfflineRun
 
 if TYPE_CHECKING:
@@ -152,9 +153,3 @@ def steady_decode(
         "gflop": significant(flops / 1e9),
         "gflops": significant(flops / ns) if ns else None,
     }
-
-
-def significant(value: float, digits: int = 3) -> float:
-    """`value` to `digits` significant digits: a tiny model's small rate stays above zero
-    (rounding to fixed decimals made a slow run's 0.004 GFLOP/s read 0.0)."""
-    return float(f"{value:.{digits}g}")

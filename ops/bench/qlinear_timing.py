@@ -1,7 +1,7 @@
 """Time the native quantized linear kernels against oneDNN's float32 product (a script, not a
 test): SmolLM2-135M's shapes at 1, 2, 16 and 64 rows, and a whole batch-1 decode step.
 
-    python -m ops.bench.qlinear_timing [--threads 2] [--trials 15] [--step] [--cpu-time]
+    python -m ops.bench.qlinear_timing [--threads 2] [--trials 15] [--cpu-time]
         [--no-avx512]
 
 Each figure is the median over `trials` of the mean time of a call in a trial; the variants of
@@ -15,8 +15,6 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-from typing import cast
 
 import torch
 from torch import nn
@@ -98,61 +96,10 @@ def linear_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -
             print(f"{name:9s} {m:4d}  {figures}{note}")
 
 
-def decode_step_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -> None:
-    """SmolLM2-135M's batch-1 decode step as one native call (DecodeStep), its linears float32
-    or held quantized (every linear, the tied LM head too)."""
-    from gpu.backends.native_decode_step import DecodeStep
-    from gpu.engine import Engine
-    from gpu.engine_config import EngineConfig
-    from gpu.loading.loader import load_model
-    from gpu.models.llama import LlamaForCausalLM
-    from gpu.scheduler import ScheduledChunk
-    from gpu.sequence import SamplingParams, Sequence
-
-    model = load_model(Path(SMOLLM2).expanduser(), device="cpu")
-    module = cast(LlamaForCausalLM, model.module)
-    linears = [
-        (parent, name, child)
-        for parent in list(module.modules())
-        for name, child in list(parent.named_children())
-        if isinstance(child, (nn.Linear, PackedLinear))
-    ]
-    schemes: dict[str, Callable[[torch.Tensor], QuantizedWeight] | None] = {
-        "fp32": None,
-        "int8": quantize_int8,
-        "int4-g32": partial(quantize_int4, group=32),
-        "int4-g64": partial(quantize_int4, group=64),
-    }
-    steps = {}
-    for scheme, quantize in schemes.items():
-        for parent, name, child in linears:
-            held = child if quantize is None else Held(quantize(child.weight), child.bias)
-            setattr(parent, name, held)
-        steps[scheme] = DecodeStep(module, kernels)  # holds the weights it was built on
-    for parent, name, child in linears:  # float again, for the context's prefill
-        setattr(parent, name, child)
-    engine = Engine(model, EngineConfig())
-    seq = Sequence("s", list(range(1, 65)), SamplingParams(), arrival_time=0.0)
-    engine.scheduler.kv_cache.allocate(seq, 64)
-    with torch.inference_mode():
-        engine.backend.run_model(engine.backend.build([ScheduledChunk.of(seq, 0, 63)]))
-        inputs = engine.backend.build([ScheduledChunk.of(seq, 63, 1)])
-        x = module.embed_tokens(inputs.input_ids)  # [1, hidden] (becomes the residual stream)
-        meta, rows = inputs.attention, inputs.rope_rows
-        calls: dict[str, Callable[[], object]] = {
-            scheme: partial(step, x, rows, engine.kv, meta) for scheme, step in steps.items()
-        }
-        ms = median_ms(calls, trials, clock)
-    print("batch-1 decode step, one native call (SmolLM2-135M, context 64), ms:")
-    for scheme, figure in ms.items():
-        print(f"  {scheme:9s} {figure:7.3f}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trials", type=int, default=15)
-    parser.add_argument("--step", action="store_true", help="also a whole decode step")
     parser.add_argument(
         "--cpu-time",
         action="store_true",
@@ -173,8 +120,6 @@ def main() -> None:
     if kernels is None:
         raise SystemExit("the native kernels did not build")
     linear_table(kernels, args.trials, clock)
-    if args.step:
-        decode_step_table(kernels, args.trials, clock)
 
 
 if __name__ == "__main__":

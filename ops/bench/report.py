@@ -1,143 +1,177 @@
-"""The pipeline benchmark's JSON report: its skeleton, the targets and whether each is met, and
-warnings about a noisy host.
+"""The one report every `tokenmill bench` command makes: a JSON-ready dict with the run's date,
+host and commit, its figures, its targets (each met or not, never asserted), warnings about a
+busy host, and a few headline lines for a person. `--out` writes it to a result file.
 
-`ops/bench/pipeline.py` fills the skeleton's sections as it runs them, then adds `targets` and
-`warnings` from what they measured.
+    report = Report("engine")
+    report["contenders"] = {...}
+    report.target("engine_vs_static", 7.4, 2.5)
+    report.headline("engine", "583.9 tok/s")
+    print(report.text())          # or report.json(); report.write(Path("docs/results"))
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-import aiokafka
-import torch
+import numpy as np
 
-from actors.config import WorkerConfig
-from ops.bench.broker import kafka_facts
-from ops.bench.workload import host_load
-
-if TYPE_CHECKING:
-    from ops.bench.pipeline_run import PipelineOptions
-
-TARGET_THROUGHPUT_RATIO = 0.95
-TARGET_ADDED_P50_MS = 10.0
-TARGET_CEILING_RPS = 10_000.0
-WORKER_MODE = "subprocess: `tokenmill worker`, its own process (no GIL shared with the client)"
+# Called with one line of text, such as "kafka: 64 requests at once"; the CLI prints to stderr.
+Narrate = Callable[[str], None]
+REPO = Path(__file__).resolve().parents[2]
 
 
-def skeleton(o: PipelineOptions, run_id: str) -> dict[str, Any]:
-    """The report before any section runs: the environment and settings, every section skipped."""
-    w = o.workload
-    defaults = WorkerConfig()
-    skipped = {"skipped": "not selected (--only)"}
+def quiet(_: str) -> None:
+    """A `Narrate` that says nothing."""
+
+
+class Report(dict[str, Any]):
+    """A benchmark's report: a dict (what the JSON holds), with targets, warnings and headline
+    lines kept apart until `finish()` or `json()` puts them in."""
+
+    def __init__(self, benchmark: str) -> None:
+        super().__init__(benchmark=benchmark, **provenance())
+        self["host_load_1m"] = [host_load()]
+        self["targets"] = {}
+        self["warnings"] = []
+        self._headline: list[tuple[str, str]] = []
+
+    def target(
+        self, name: str, value: float | None, target: float, *, at_most: bool = False
+    ) -> None:
+        """Record a target and whether `value` meets it (None: not measured)."""
+        met = None if value is None else (value <= target if at_most else value >= target)
+        side = "at_most" if at_most else "at_least"
+        self["targets"][name] = {"target": target, side: True, "value": value, "met": met}
+
+    def headline(self, label: str, text: str) -> None:
+        """One line of the text form: the figure a person looks for first."""
+        self._headline.append((label, text))
+
+    def finish(self) -> Report:
+        """The last load sample, and a warning when the host's load passed its CPUs."""
+        loads = [x for x in [*self["host_load_1m"], host_load()] if x is not None]
+        self["host_load_1m"] = loads
+        cpus = len(os.sched_getaffinity(0))
+        if loads and max(loads) > cpus:
+            self["warnings"].append(
+                f"the host's 1-minute load average reached {max(loads)} on {cpus} CPUs: other "
+                "work competed for them, so wall-clock figures are noisy (CPU seconds less so)"
+            )
+        return self
+
+    def json(self) -> str:
+        return json.dumps(self, indent=2, ensure_ascii=False, default=str)
+
+    def text(self) -> str:
+        """A few lines for a person; the JSON holds everything."""
+        host = self["host"]
+        lines = [f"{self['benchmark']} · {self['date']} · {host['name']} ({host['cpus']} CPUs)"]
+        width = max((len(label) for label, _ in self._headline), default=0)
+        lines += [f"  {label:<{width}}  {text}" for label, text in self._headline]
+        for name, t in self["targets"].items():
+            verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+            sign = "≤" if t.get("at_most") else "≥"
+            lines.append(f"  {name}: {t['value']} (target {sign} {t['target']}: {verdict})")
+        lines += [f"  warning: {w}" for w in self["warnings"]]
+        return "\n".join(lines)
+
+    def write(self, out: Path) -> Path:
+        """The JSON to `out`, or into the folder `out` as `<date>-<benchmark>-<host>.json`."""
+        if out.is_dir():
+            stamp = self["date"].replace(":", "").split("+")[0]
+            out = out / f"{stamp}-{self['benchmark']}-{self['host']['name']}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(self.json() + "\n")
+        return out
+
+
+def provenance() -> dict[str, Any]:
+    """When, where and on what code a report was made."""
+    import torch
+
     return {
-        "benchmark": "pipeline",
-        "run_id": run_id,
-        "model": None,
-        "environment": {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": {
+            "name": socket.gethostname(),
+            "cpu": _cpu_model(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "aiokafka": aiokafka.__version__,
-            "cpu_count": os.cpu_count(),
-            "cpus_usable": len(os.sched_getaffinity(0)),
             "torch_threads": torch.get_num_threads(),
-            "host_load_1m_at_start": host_load(),
         },
-        "kafka": {
-            **kafka_facts(o.kafka is not None, o.kafka),  # bootstrap: set once the broker is up
-            "partitions": o.partitions,
-            "client": "aiokafka, acks=all, idempotent; linger 0 ms, 5 ms for the ceiling's floods",
-        },
-        "worker": {
-            "mode": WORKER_MODE,
-            "engine_options": asdict(o.engine.engine),
-            "settings": {
-                "max_wait_ms": defaults.max_wait_ms,
-                "max_batch_size": defaults.max_batch_size,
-                "max_batch_tokens": defaults.max_batch_tokens,
-                "fetch_max_records": defaults.fetch_max_records,
-                "emit_linger_ms": defaults.linger_ms,
-                "high_watermark_requests": defaults.watermarks.high_requests,
-            },
-            "argv": {},
-            "warm_up_s": {},
-            "exit_code": {},
-        },
-        "workload": {
-            "seed": w.seed,
-            "requests": w.requests,
-            "prompt_len_range": [w.min_prompt, w.max_prompt],
-            "output_len_range": [w.min_output, w.max_output],
-            "prompts": "uniform random token ids (bench engine's), sent as prompt_token_ids",
-            "sampling": "greedy; EOS honoured on both paths (the wire has no ignore_eos)",
-            **_model_seeds(o),
-        },
-        "sections": list(o.sections),
-        "throughput": skipped,
-        "latency": skipped,
-        "ceiling": skipped,
-        "tracing": skipped,
-        "warnings": [],
+        "commit": _commit(),
     }
 
 
-def _model_seeds(o: PipelineOptions) -> dict[str, Any]:
-    """The seeds of the model sections' workloads (`PipelineOptions.round_specs` and the
-    rest), for the sections that run."""
-    seeds: dict[str, Any] = {}
-    if "throughput" in o.sections:
-        seeds["throughput_round_seeds"] = [spec.seed for spec in o.round_specs()]
-    if {"throughput", "latency"} & set(o.sections):
-        warm = o.warm_up_spec()
-        seeds["warm_up"] = {"seed": warm.seed, "requests": warm.requests}
-    if "latency" in o.sections:
-        seeds["latency_seed"] = o.latency_spec().seed
-    return seeds
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
-def _target(value: float | None, target: float, *, at_most: bool = False) -> dict[str, Any]:
-    met = None if value is None else (value <= target if at_most else value >= target)
+def _commit() -> str | None:
+    """This tree's commit, with `-dirty` when it has uncommitted changes; None outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}-dirty" if dirty else head
+
+
+def host_load() -> float | None:
+    """The 1-minute load average: above the CPU count, other work competed for the CPUs."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def percentiles(values: Sequence[float | None], qs: Sequence[int] = (50, 90, 99)) -> dict[str, Any]:
+    """{"p50": …, "p90": …, "p99": …} of the values given (None where there are none)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {f"p{q}": None for q in qs}
     return {
-        "target": target,
-        "at_most" if at_most else "at_least": True,
-        "value": value,
-        "met": met,
+        f"p{q}": round(float(v), 2) for q, v in zip(qs, np.percentile(present, qs), strict=True)
     }
 
 
-def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """Each target, the value measured for it and whether it is met (None: not measured)."""
-    ceiling = report["ceiling"]
-    return {
-        "throughput_ratio_vs_direct": _target(
-            report["throughput"].get("ratio"), TARGET_THROUGHPUT_RATIO
-        ),
-        "latency_added_p50_ms": _target(
-            report["latency"].get("added_ms", {}).get("p50"), TARGET_ADDED_P50_MS, at_most=True
-        ),
-        # Set for 2 cores with the broker on the same machine (see environment for this one's).
-        "ceiling_requests_per_s": _target(
-            ceiling.get("prompt_token_ids", {}).get("requests_per_s"), TARGET_CEILING_RPS
-        ),
-        "ceiling_text_requests_per_s": _target(
-            ceiling.get("text_prompts", {}).get("requests_per_s"), TARGET_CEILING_RPS
-        ),
-    }
+def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
+    return round(a / b, digits) if a is not None and b else None
 
 
-def warnings_for(report: dict[str, Any]) -> list[str]:
-    """A warning when the host's load average passed its usable CPUs at any point measured."""
-    env = report["environment"]
-    cpus = env["cpus_usable"]
-    loads = [env["host_load_1m_at_start"], env["host_load_1m_at_end"]]
-    for section in report["sections"]:  # a section not selected has no loads
-        loads += report[section].get("host_load_1m", [])
-    if any(x is not None and x > cpus for x in loads):
-        return [
-            f"the host's 1-minute load average passed its {cpus} CPUs: other work competed for "
-            "them, so wall-clock figures are noisy (cpu_s figures much less so)"
-        ]
-    return []
+def significant(value: float, digits: int = 3) -> float:
+    """`value` to `digits` significant digits: a tiny model's small rate stays above zero."""
+    return float(f"{value:.{digits}g}")
+
+
+def alternate(names: Sequence[str], repeats: int) -> list[str]:
+    """Run order for comparing settings in one run: a, b, b, a, a, b, …, so that no setting
+    always goes first and drift on a shared host falls on each alike."""
+    return [n for i in range(repeats) for n in (names if i % 2 == 0 else names[::-1])]

@@ -1,81 +1,64 @@
-"""The swap benchmark: one zero-downtime model swap under steady open-loop load.
+"""`bench swap`: one zero-downtime model swap under steady open-loop load.
 
-One `tokenmill worker` subprocess serves `a.gguf` from a models directory in a temp dir that
-also holds `b.gguf`: two hard links (copies across filesystems) to the chosen GGUF file. A real
-broker (a local one on free ports unless a connection is given) carries topics named
-for this run. Requests go out at a fixed rate, open loop (sends are scheduled, never wait for
-answers); at `swap_at` of the run a signed `SwapModel("b.gguf")` goes out on the control topic.
+One `tokenmill worker` serves `a` from a models directory in a temp dir that also holds `b`,
+both hard links (copies across filesystems) to the chosen model (a .gguf file or an HF
+folder), so `b` is a real second load of the same bytes. Requests go out at a fixed rate, open
+loop; at `swap_at` of the run a signed `SwapModel("b")` goes out on the control topic.
 
 Each request falls in a window by its send time: `before` the command, `during` (until the
 worker's `model_swapped` event) and `after`. Per window: latency (send → result fetched here)
-p50/p99/max, throughput (results/s arriving within the window's span) and the models that
-answered. Then requests lost, duplicates, errors by code, p99 during / p99 before, and the
-throughput dip: the slowest 1-s bin from the command to 2 s past the swap, over the before
-window's mean. Windows and bins use unix times (the worker's `at` is one: same host); latency
-uses this process's monotonic clock. CPU seconds of the worker, this client, the broker and
-every other process on the host over the load are reported beside them: on a shared machine
-the others' work is what makes wall-clock figures noisy.
-
-`b` is a real second load (another path, named "b" in results) of the same bytes, so both
-models have the same digest. With `drain` the worker gets a 1-byte swap memory budget: the
-two models cannot both fit, which forces a drain-mode swap (stop admitting, finish, unload,
-load, resume) instead of a flip.
-
-`run_swap_bench(options)` returns one JSON-ready dict; it never asserts.
+p50/p99/max, throughput (results/s arriving within the window) and the models that answered.
+Then requests lost, duplicates, errors by code, p99 during / p99 before, and the throughput
+dip: the slowest 1-s bin from the command to 2 s past the swap over the before window's mean.
+With `drain` the worker gets a 1-byte swap memory budget: a drain-mode swap, not a flip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 import time
-import uuid
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+import msgspec
+import numpy as np
 
 from actors.kafka.connection import KafkaConnection
-from messages.codec import Codec
+from gpu.engine_config import EngineConfig
 from messages.control import Command, Status, SwapModel
-from messages.events import Event, ModelSwapFailed, ModelSwapped, StatusReply
+from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted, StatusReply
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
-from ops.bench.broker import broker, delete_topics, kafka_facts
-from ops.bench.narrate import Narrate
-from ops.bench.swap_report import summarize, warnings_for
-from ops.bench.swap_run import ResultLog, Stamp, SwapRun
-from ops.bench.worker import CpuMeter, log_tail, worker_command, worker_process
-from ops.bench.workload import host_load
+from ops.bench.load import Arrival, LoadClient, Stamp
+from ops.bench.report import Narrate, Report, quiet, ratio
+from ops.bench.rig import Rig, log_tail, rig, worker_argv, worker_process
 from ops.control.client import send_command
+from ops.models.engine_options import EngineChoice
 from ops.models.registry import resolve_model
-from ops.services.topics import create_topics
 
 ROLES = ("requests", "results", "dlq", "control", "events")
-_requests = Codec(GenerateRequest)
-_results = Codec(GenerateResult)
 
 
 @dataclass(frozen=True)
 class SwapBenchOptions:
-    model: str = "smollm2-135m"  # an alias or a .gguf file: both a and b are links to it
-    # requests/s. At 3/s (16 new tokens) SmolLM2 on 2 CPUs already kept both cores ~85% busy
-    # before the swap, leaving the swap's load no room: 1.5 leaves about half of them to it.
+    model: str = "smollm2-135m"  # an alias, a .gguf file or an HF folder: a and b link to it
+    # At 3/s (16 new tokens) SmolLM2 on 2 CPUs kept both cores ~85% busy before the swap,
+    # leaving the swap's load no room: 1.5 leaves about half of them to it.
     rate: float = 1.5
-    duration_s: float = 45.0  # of the steady load
+    duration_s: float = 45.0
     swap_at: float = 0.4  # share of duration_s at which the swap command goes out
     max_new_tokens: int = 16
-    drain: bool = False  # force a drain-mode swap
+    drain: bool = False
     kafka: KafkaConnection | None = None  # None: start a broker for this run
     timeout_s: float = 120.0  # per wait: the worker's start, the swap, the last results
-    # Keep sending past duration_s, at the same rate, until this many requests went out after
-    # the swap was done (within timeout_s more): a slow swap still leaves an "after" window.
-    min_after: int = 0
+    min_after: int = 0  # send on past duration_s until this many went out after the swap
 
     def __post_init__(self) -> None:
         if min(self.rate, self.duration_s, self.timeout_s) <= 0 or self.max_new_tokens < 1:
@@ -88,166 +71,126 @@ class SwapBenchOptions:
         return max(1, round(self.rate * self.duration_s))
 
 
-# -- the run -------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    sent: dict[str, Stamp] = field(default_factory=dict)
+    late_ms: list[float] = field(default_factory=list)
+    command_at: float | None = None  # unix, just before `send_command`
+    events: list[Event] = field(default_factory=list)  # those answering the swap command
 
 
 def link_models(source: Path, models_dir: Path) -> str:
-    """`a.gguf` and `b.gguf` in `models_dir`, hard links to `source` (else copies)."""
-    models_dir.mkdir(parents=True, exist_ok=True)
+    """`a` and `b` in `models_dir` (`a.gguf`, `b.gguf` for a file), hard links to `source`'s
+    files (else copies); how they were made."""
     how = "hard links"
-    for name in ("a.gguf", "b.gguf"):
+    pairs = (
+        [(source, Path(f"{n}.gguf")) for n in "ab"]
+        if source.is_file()
+        else [(f, Path(n) / f.name) for n in "ab" for f in source.iterdir() if f.is_file()]
+    )
+    for src, name in pairs:
+        (models_dir / name).parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(source, models_dir / name)
+            os.link(src, models_dir / name)
         except OSError:  # another filesystem, or links not allowed
-            shutil.copyfile(source, models_dir / name)
+            shutil.copyfile(src, models_dir / name)
             how = "copies"
     return how
 
 
-@dataclass(frozen=True)
-class Rig:
-    """This run's broker, topics (by role) and control secret."""
-
-    kafka: KafkaConnection
-    broker_pid: int | None  # when this run started the broker
-    topics: dict[str, str]
-    secret: str
-
-    async def command(
-        self, command: Command, answered: tuple[type, ...], wait_s: float
-    ) -> list[Event]:
-        """Send a signed command; its events, once one is of an `answered` type (or `wait_s`)."""
-        return await send_command(
-            self.kafka,
-            command,
-            secret=self.secret,
-            control_topic=self.topics["control"],
-            events_topic=self.topics["events"],
-            wait_s=wait_s,
-            until=lambda events: any(isinstance(e, answered) for e in events),
-        )
+async def _command(
+    r: Rig,
+    topics: dict[str, str],
+    secret: str,
+    command: Command,
+    answered: tuple[type, ...],
+    wait_s: float,
+) -> list[Event]:
+    return await send_command(
+        r.kafka,
+        command,
+        secret=secret,
+        control_topic=topics["control"],
+        events_topic=topics["events"],
+        wait_s=wait_s,
+        until=lambda events: any(isinstance(e, answered) for e in events),
+    )
 
 
-def swap_worker_argv(models_dir: Path, rig: Rig, drain: bool) -> tuple[list[str], dict[str, str]]:
-    """The worker under test: a models dir to swap within, the control lane, no HTTP; and the
-    env vars holding the connection's secrets."""
-    flags = {
-        "--model": models_dir / "a.gguf",
-        "--models-dir": models_dir,
-        "--group": f"{rig.topics['requests']}.workers",
-        "--requests-topic": rig.topics["requests"],
-        "--results-topic": rig.topics["results"],
-        "--dlq-topic": rig.topics["dlq"],
-        "--control-topic": rig.topics["control"],
-        "--events-topic": rig.topics["events"],
-        "--control-secret": rig.secret,
-        "--worker-id": "bench-swap",
-        "--http-port": -1,
-        "--swap-memory-budget": 1 if drain else None,  # no room for two models: drain mode
-    }
-    return worker_command(flags, rig.kafka)
-
-
-async def _until_ready(
-    rig: Rig,
-    results: ResultLog,
-    producer: AIOKafkaProducer,
-    proc: asyncio.subprocess.Process,
-    log: Path,
-    o: SwapBenchOptions,
-) -> float:
-    """A warm-up request answered (model loaded, group joined), then a status reply (the
-    control consumer is reading). Seconds it took; RuntimeError if the worker exits or stalls."""
-    start = time.monotonic()
-    warm = _load_request("warm-0", 0, o)
-    await producer.send_and_wait(rig.topics["requests"], _requests.encode(warm), key=b"warm-0")
-    waiting = asyncio.ensure_future(results.missing([warm.id], o.timeout_s))
-    exited = asyncio.ensure_future(proc.wait())
-    await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-    exited.cancel()
-    if not waiting.done() or waiting.result():
-        waiting.cancel()
-        raise RuntimeError(f"the worker did not answer its warm-up request:\n{log_tail(log)}")
-    # A command sent before the control consumer has its positions is never seen: ask again.
-    while time.monotonic() - start < o.timeout_s and proc.returncode is None:
-        if await rig.command(Status(), (StatusReply,), 3.0):
-            return round(time.monotonic() - start, 2)
-    raise RuntimeError(f"the worker never answered a status command:\n{log_tail(log)}")
-
-
-async def _steady_load(
-    producer: AIOKafkaProducer, topic: str, o: SwapBenchOptions, run: SwapRun
-) -> None:
-    """Send at `o.rate` for `o.duration_s` (and on, see `min_after`), each at its scheduled
-    time; wait for the acks."""
-    acks = []
-    start = time.monotonic()
-    i = 0
-    while i < o.requests or _more_after(o, run, start):
-        request_id = f"load-{i}"
-        value = _requests.encode(_load_request(request_id, i, o))
-        due = start + i / o.rate
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        run.sent[request_id] = stamp = Stamp.now()
-        run.late_ms.append((stamp.mono - due) * 1e3)
-        acks.append(await producer.send(topic, value=value, key=request_id.encode()))
-        i += 1
-    await asyncio.gather(*acks)
-    stamps = list(run.sent.values())
-    run.load_span = (stamps[0].unix, stamps[-1].unix)
-
-
-def _more_after(o: SwapBenchOptions, run: SwapRun, start: float) -> bool:
-    """Whether to send on past the planned requests: fewer than `min_after` went out after
-    the swap was done, and the swap has not failed nor the extra time run out."""
-    if o.min_after <= 0 or time.monotonic() > start + o.duration_s + o.timeout_s:
-        return False
-    done = next((e for e in run.events if isinstance(e, ModelSwapped | ModelSwapFailed)), None)
-    if isinstance(done, ModelSwapFailed):
-        return False
-    if done is None:
-        return True
-    return sum(stamp.unix > done.at for stamp in run.sent.values()) < o.min_after
-
-
-def _load_request(request_id: str, i: int, o: SwapBenchOptions) -> GenerateRequest:
-    prompt = f"Write one sentence about the number {i}."
-    return GenerateRequest(id=request_id, prompt=prompt, max_new_tokens=o.max_new_tokens)
-
-
-async def _swap_later(rig: Rig, o: SwapBenchOptions, run: SwapRun) -> None:
-    await asyncio.sleep(o.swap_at * o.duration_s)
-    run.command_at = time.time()
-    answered = (ModelSwapped, ModelSwapFailed)
-    run.events = await rig.command(SwapModel(model="b.gguf"), answered, o.timeout_s)
-
-
-async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -> dict[str, Any]:
-    """Run the load and the swap; a JSON-ready report (see `ops/bench/cli.py`)."""
-    say = progress or (lambda _: None)
-    run_id = uuid.uuid4().hex[:8]
+async def run_swap_bench(o: SwapBenchOptions, say: Narrate = quiet) -> Report:
+    """Run the load and the swap; the report (see `ops/bench/cli.py`)."""
     source = resolve_model(o.model)
-    load_at_start = host_load()
+    report = Report("swap")
+    secret = secrets.token_hex(16)
+    run = _Run()
+    b = "b.gguf" if source.is_file() else "b"
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-swap-") as tmp:
         models_dir = Path(tmp) / "models"
         linked = link_models(source, models_dir)
-        async with broker(o.kafka, Path(tmp) / "kafka", say) as (kafka, pid):
-            topics = {role: f"tokenmill-bench-{run_id}-swap.{role}" for role in ROLES}
-            await create_topics(kafka, requests_partitions=3, names=topics)
-            rig = Rig(kafka, pid, topics, secrets.token_hex(16))
-            try:
-                report = await _measure(o, rig, models_dir, say)
-            finally:
-                if o.kafka is not None:
-                    await delete_topics(kafka, list(topics.values()))
+        async with rig(o.kafka, Path(tmp), say, partitions=3) as r:
+            report["kafka"] = r.facts()
+            topics = await r.topics("swap", ROLES)
+            a_path = models_dir / ("a.gguf" if source.is_file() else "a")
+            a = EngineChoice(model=str(a_path), dtype=None, device=None, engine=EngineConfig())
+            argv, env = worker_argv(
+                a,
+                "torch",
+                r.kafka,
+                topics,
+                models_dir=models_dir,
+                control_secret=secret,
+                events_topic=topics["events"],
+                swap_memory_budget=1 if o.drain else None,
+            )
+            log = r.tmp / "worker.log"
+            async with (
+                worker_process(argv, log, env=env) as proc,
+                LoadClient(r.kafka, topics) as client,
+            ):
+                say("worker: loading a, then a warm-up request and a status command")
+                start = time.monotonic()
+                await _warm_up(r, topics, secret, client, proc, log, o)
+                ready_s = round(time.monotonic() - start, 2)
+                say(f"load: {o.rate}/s for {o.duration_s} s; swap to b at {o.swap_at:.0%}")
+                meter = r.meter(proc).start()
+
+                def request(i: int) -> GenerateRequest:
+                    prompt = f"Write one sentence about the number {i}."
+                    return GenerateRequest(
+                        id=f"load-{i}", prompt=prompt, max_new_tokens=o.max_new_tokens
+                    )
+
+                async def swap_later() -> None:
+                    await asyncio.sleep(o.swap_at * o.duration_s)
+                    run.command_at = time.time()
+                    answer = (ModelSwapped, ModelSwapFailed)
+                    run.events = await _command(
+                        r, topics, secret, SwapModel(model=b), answer, o.timeout_s
+                    )
+
+                async def load() -> None:
+                    deadline = time.monotonic() + o.duration_s + o.timeout_s
+                    more = lambda sent: _more_after(o, run, sent, deadline)  # noqa: E731
+                    run.sent, run.late_ms = await client.at_rate(request, o.rate, o.requests, more)
+
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(load())
+                    tg.create_task(swap_later())
+                say("load: sent; waiting for the last results")
+                await client.missing(run.sent.keys(), o.timeout_s)
+                cpu = meter.read()
+            shown = argv[3:]
+            shown[shown.index("--control-secret") + 1] = "<random, for this run>"
+            report["worker"] = {"argv": shown, "ready_s": ready_s, "exit_code": proc.returncode}
+    report |= summarize(run, client.arrived, client.duplicates) | {"cpu_s": cpu}
     report["config"] = {
         "model": o.model,
-        "model_file": str(source),
+        "model_path": str(source),
         "mode": "drain" if o.drain else "flip",
         "rate_per_s": o.rate,
         "duration_s": o.duration_s,
         "swap_at": o.swap_at,
-        "requests": report.pop("requests_sent"),
+        "requests": len(run.sent),
         "planned_requests": o.requests,
         "min_after": o.min_after,
         "max_new_tokens": o.max_new_tokens,
@@ -255,80 +198,180 @@ async def run_swap_bench(o: SwapBenchOptions, progress: Narrate | None = None) -
     }
     report["models"] = {
         "linked_as": linked,
-        "note": "a.gguf and b.gguf are links to the same file: b is a real second load (another "
-        "path, named b in results) of the same bytes, so both digests are equal",
+        "note": "a and b are links to the same bytes: b is a "
+        "real second load (another path, named b in results), both digests equal",
     }
-    report["kafka"] = kafka_facts(o.kafka is not None, rig.kafka) | {"requests_partitions": 3}
-    report["environment"] = {
-        "python": sys.version.split()[0],
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "host_load_1m": [load_at_start, host_load()],
-    }
-    report["warnings"] = warnings_for(report)
-    return report
-
-
-async def _measure(o: SwapBenchOptions, rig: Rig, models_dir: Path, say: Narrate) -> dict[str, Any]:
-    argv, connection_secrets = swap_worker_argv(models_dir, rig, o.drain)
-    log = models_dir.parent / "worker.log"
-    run = SwapRun()
-    producer = AIOKafkaProducer(
-        **rig.kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=0
-    )
-    await producer.start()
-    try:
-        partitions = await producer.partitions_for(rig.topics["results"])
-        async with (
-            worker_process(argv, log, env=connection_secrets) as proc,
-            ResultLog(rig.kafka, rig.topics["results"], partitions) as results,
-        ):
-            say("worker: loading a.gguf, then a warm-up request and a status command")
-            ready_s = await _until_ready(rig, results, producer, proc, log, o)
-            say(f"load: {o.rate}/s for {o.duration_s} s; swap to b.gguf at {o.swap_at:.0%}")
-            meter = CpuMeter({"worker": proc.pid, "client": os.getpid(), "broker": rig.broker_pid})
-            meter.start()
-            host = host_busy_s()
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(_steady_load(producer, rig.topics["requests"], o, run))
-                tg.create_task(_swap_later(rig, o, run))
-            say("load: sent; waiting for the last results")
-            await results.missing(run.sent.keys(), o.timeout_s)
-            cpu = cpu_use(meter, host, time.time() - run.load_span[0])
-        exit_code = proc.returncode
-    finally:
-        await producer.stop()
-    shown = argv[3:]
-    shown[shown.index("--control-secret") + 1] = "<random, for this run>"
-    worker = {"argv": shown, "ready_s": ready_s, "exit_code": exit_code}
-    return summarize(run, results) | {
-        "cpu_s": cpu,
-        "worker": worker,
-        "requests_sent": len(run.sent),
-    }
-
-
-def host_busy_s() -> float | None:
-    """CPU seconds all of this host's CPUs have been busy since boot (/proc/stat)."""
-    try:
-        user, nice, system, _idle, _iowait, irq, softirq = map(
-            int, Path("/proc/stat").read_text().split()[1:8]
+    if (late := report["send_late_ms"]["max"]) is not None and late > 100:
+        report["warnings"].append(
+            f"a send went out {late} ms behind its schedule: the load was not steady"
         )
-    except (OSError, ValueError):
-        return None
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    if report["lost"]:
+        report["warnings"].append(f"{report['lost']} requests had no result within the timeout")
+    s = report["swap"]
+    report.headline(
+        "swap",
+        f"{s['outcome']}: "
+        + (
+            f"load {s['load_ms']} ms · smoke {s['smoke_ms']} ms · flip {s['flip_ms']} ms · pause "
+            f"{s['pause_ms']} ms · command → swapped {s['command_to_swapped_ms']} ms"
+            if s["outcome"] == "swapped"
+            else s["reason"]
+        ),
+    )
+    for name, w in report["windows"].items():
+        lat = w["latency_ms"]
+        report.headline(
+            name,
+            f"{w['count']} sent · p50 {lat['p50']} / p99 {lat['p99']} / max {lat['max']} ms"
+            f" · {w['throughput_per_s']} results/s · answered by {w['models']}",
+        )
+    report.headline(
+        "lost",
+        f"{report['lost']} · duplicates {report['duplicates']} · errors "
+        f"{report['errors']} · throughput dip {report['throughput_dip']}",
+    )
+    return report.finish()
 
 
-def cpu_use(meter: CpuMeter, host_before: float | None, wall_s: float) -> dict[str, Any]:
-    """CPU seconds of the worker, this client and the broker over the load and its tail, and of
-    everything else on the host: the others compete for the same CPUs."""
-    ours = meter.read()
-    host_now = host_busy_s()
-    host = None if host_now is None or host_before is None else host_now - host_before
-    known = [v for v in ours.values() if v is not None]
-    # The host's counter and each process's are read moments apart: a quiet host can come out
-    # a little below zero.
-    others = round(max(0.0, host - sum(known)), 2) if host is not None else None
-    return {**ours, "other_processes": others, "wall_s": round(wall_s, 2)}
+async def _warm_up(
+    r: Rig,
+    topics: dict[str, str],
+    secret: str,
+    client: LoadClient,
+    proc: asyncio.subprocess.Process,
+    log: Path,
+    o: SwapBenchOptions,
+) -> None:
+    """A warm-up request answered (model loaded, group joined), then a status reply (the
+    control consumer is reading); RuntimeError if the worker exits or stalls."""
+    from ops.bench.load import warm_up
+
+    start = time.monotonic()
+    warm = GenerateRequest(
+        id="warm-0", prompt="Write one sentence.", max_new_tokens=o.max_new_tokens
+    )
+    await warm_up(client, proc, log, [warm], o.timeout_s)
+    # A command sent before the control consumer has its positions is never seen: ask again.
+    while time.monotonic() - start < o.timeout_s and proc.returncode is None:
+        if await _command(r, topics, secret, Status(), (StatusReply,), 3.0):
+            return
+    raise RuntimeError(f"the worker never answered a status command:\n{log_tail(log)}")
 
 
-# -- the report ----------------------------------------------------------------------------
+def _more_after(o: SwapBenchOptions, run: _Run, sent: dict[str, Stamp], deadline: float) -> bool:
+    """Send on: fewer than `min_after` went out after the swap was done, and the swap has not
+    failed nor the extra time run out."""
+    if o.min_after <= 0 or time.monotonic() > deadline:
+        return False
+    done = next((e for e in run.events if isinstance(e, ModelSwapped | ModelSwapFailed)), None)
+    if isinstance(done, ModelSwapFailed):
+        return False
+    return done is None or sum(s.unix > done.at for s in sent.values()) < o.min_after
+
+
+def summarize(run: _Run, arrived: dict[str, Arrival], duplicates: Counter[str]) -> dict[str, Any]:
+    """Windows, losses and the dip from what was sent, answered and the swap's events."""
+    started = next((e for e in run.events if isinstance(e, ModelSwapStarted)), None)
+    outcome = next((e for e in run.events if isinstance(e, ModelSwapped | ModelSwapFailed)), None)
+    command_at = run.command_at if run.command_at is not None else math.inf
+    swapped_at = outcome.at if isinstance(outcome, ModelSwapped) else math.inf
+    mine = {i: arrived[i] for i in run.sent if i in arrived}
+    arrivals = sorted(a.at.unix for a in mine.values())
+    load_end = max((s.unix for s in run.sent.values()), default=0.0)
+    steady = (arrivals[0] if arrivals else math.inf, load_end)  # throughput counts arrivals here
+    windows = {
+        name: _window(run, mine, arrivals, bounds, steady)
+        for name, bounds in {
+            "before": (-math.inf, command_at),
+            "during": (command_at, swapped_at),
+            "after": (swapped_at, math.inf),
+        }.items()
+    }
+    before, during = windows["before"]["latency_ms"]["p99"], windows["during"]["latency_ms"]["p99"]
+    return {
+        "swap": _swap_fields(run, started, outcome),
+        "windows": windows,
+        "lost": len(run.sent) - len(mine),
+        "duplicates": sum(duplicates[i] for i in run.sent),
+        "errors": dict(Counter(str(a.result.error.code) for a in mine.values() if a.result.error)),
+        "p99_during_over_before": ratio(during, before),
+        **_dip(
+            arrivals,
+            command_at,
+            min(swapped_at + 2.0, load_end),
+            windows["before"]["throughput_per_s"],
+        ),
+        "send_late_ms": {"p50": _pct(run.late_ms, 50), "max": _pct(run.late_ms, 100)},
+    }
+
+
+def _swap_fields(run: _Run, started: Event | None, outcome: Event | None) -> dict[str, Any]:
+    def since(at: float | None) -> float | None:
+        return None if at is None or run.command_at is None else round((at - run.command_at) * 1e3)
+
+    fields: dict[str, Any] = {
+        "command_sent_at": run.command_at,
+        "command_to_started_ms": since(started.at if started else None),
+    }
+    match outcome:
+        case ModelSwapped():
+            return fields | {
+                "outcome": "swapped",
+                "from_model": msgspec.to_builtins(outcome.from_model),
+                "to_model": msgspec.to_builtins(outcome.to_model),
+                "digests_equal": outcome.from_model.digest == outcome.to_model.digest,
+                "load_ms": round(outcome.load_ms, 1),
+                "smoke_ms": round(outcome.smoke_ms, 1),
+                "flip_ms": round(outcome.flip_ms, 3),
+                "drained": outcome.drained,
+                "pause_ms": round(outcome.pause_ms, 1),
+                "command_to_swapped_ms": since(outcome.at),
+            }
+        case ModelSwapFailed():
+            return fields | {"outcome": "failed", "reason": outcome.reason}
+        case _:
+            return fields | {"outcome": "no answer", "reason": "no model_swapped event in time"}
+
+
+def _window(
+    run: _Run,
+    arrived: dict[str, Arrival],
+    arrivals: Sequence[float],
+    sent_in: tuple[float, float],
+    steady: tuple[float, float],
+) -> dict[str, Any]:
+    """Requests sent in [start, end); results of any request arriving in it per second."""
+    start, end = sent_in
+    ids = [i for i, s in run.sent.items() if start <= s.unix < end]
+    latency = [(arrived[i].at.mono - run.sent[i].mono) * 1e3 for i in ids if i in arrived]
+    start, end = max(start, steady[0]), min(end, steady[1])
+    span = end - start if math.isfinite(end - start) and end > start else None
+    in_span = sum(1 for t in arrivals if start <= t < end)
+    # The model's file or folder name: the worker names its first model by its --model path.
+    refs = [arrived[i].result.model for i in ids if i in arrived]
+    models = Counter(Path(ref.name).stem if ref is not None else "none" for ref in refs)
+    return {
+        "count": len(ids),
+        "answered": len(latency),
+        "latency_ms": {k: _pct(latency, q) for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
+        "span_s": round(span, 3) if span is not None else None,
+        "throughput_per_s": round(in_span / span, 3) if span else None,
+        "models": dict(models),
+    }
+
+
+def _dip(
+    arrivals: Sequence[float], command_at: float, end: float, mean: float | None
+) -> dict[str, Any]:
+    """The slowest 1-s bin of arrivals from the command to `end`, over `mean` (before's)."""
+    if not (math.isfinite(command_at) and math.isfinite(end)) or not mean:
+        return {"throughput_dip": None, "throughput_bins_per_s": []}
+    counts = [0] * max(1, int(end - command_at))
+    for t in arrivals:
+        if 0 <= (k := int(t - command_at)) < len(counts):
+            counts[k] += 1
+    return {"throughput_dip": round(min(counts) / mean, 3), "throughput_bins_per_s": counts}
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if len(values) else None

@@ -1,32 +1,19 @@
-"""The seeded workload every benchmark runs (`bench engine`, `bench pipeline`, through Kafka),
-and the host load each reports beside its figures."""
+"""The seeded workload every benchmark runs, and the requests made from it: for an engine in
+this process (`engine_requests`) or for a worker over Kafka (`wire_requests`)."""
 
 from __future__ import annotations
 
-import os
 import random
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from gpu.engine import EngineRequest
+from gpu.sequence import SamplingParams
+from messages.request import GenerateRequest
 
 if TYPE_CHECKING:
     from gpu.engine import Engine
-
-
-@dataclass(frozen=True)
-class BenchOptions:
-    requests: int = 64
-    seed: int = 0
-    min_prompt: int = 16
-    max_prompt: int = 256
-    min_output: int = 16
-    max_output: int = 256
-    sequential_requests: int = 8  # transformers batch-1 runs on this many of the requests
-    static_batch: int = 16
-    static_batches: int = 2  # transformers static batching runs on this many whole batches
-    gemm_size: int = 2048
-    profile_dir: Path | None = None
-    profile_decode_steps: int = 8
 
 
 @dataclass(frozen=True)
@@ -35,46 +22,93 @@ class BenchRequest:
     max_new_tokens: int
 
 
-# -- workload ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """Uniform random prompt and output lengths, random non-special token ids, one seed."""
 
+    requests: int = 64
+    seed: int = 0
+    min_prompt: int = 16
+    max_prompt: int = 256
+    min_output: int = 16
+    max_output: int = 256
 
-def make_workload(engine: Engine, options: BenchOptions) -> list[BenchRequest]:
-    """Seeded prompts of random non-special token ids and uniform output lengths."""
-    o = options
-    if not 1 <= o.min_prompt <= o.max_prompt or not 1 <= o.min_output <= o.max_output:
-        raise ValueError("need 1 ≤ min ≤ max for both prompt and output lengths")
-    if o.max_prompt + o.max_output > engine.max_model_len:
-        raise ValueError(
-            f"max prompt ({o.max_prompt}) + max output ({o.max_output}) exceeds the engine's "
-            f"max_model_len {engine.max_model_len}"
+    def with_seed(self, seed: int, requests: int | None = None) -> Workload:
+        return replace(self, seed=seed, requests=self.requests if requests is None else requests)
+
+    def fixed(self, requests: int, prompt: int, output: int) -> Workload:
+        """`requests` requests of exactly `prompt` prompt and `output` new tokens."""
+        return replace(
+            self,
+            requests=requests,
+            min_prompt=prompt,
+            max_prompt=prompt,
+            min_output=output,
+            max_output=output,
         )
-    if o.requests < 1:
-        raise ValueError("--requests must be at least 1")
-    allowed = allowed_token_ids(engine)
-    rng = random.Random(o.seed)
-    return [
-        BenchRequest(
-            prompt_token_ids=rng.choices(allowed, k=rng.randint(o.min_prompt, o.max_prompt)),
-            max_new_tokens=rng.randint(o.min_output, o.max_output),
-        )
-        for _ in range(o.requests)
-    ]
+
+    def build(self, engine: Engine) -> list[BenchRequest]:
+        """The seeded requests; ValueError when they cannot fit the engine."""
+        if (
+            not 1 <= self.min_prompt <= self.max_prompt
+            or not 1 <= self.min_output <= self.max_output
+        ):
+            raise ValueError("need 1 ≤ min ≤ max for both prompt and output lengths")
+        if self.max_prompt + self.max_output > engine.max_model_len:
+            raise ValueError(
+                f"max prompt ({self.max_prompt}) + max output ({self.max_output}) exceeds the "
+                f"engine's max_model_len {engine.max_model_len}"
+            )
+        if self.requests < 1:
+            raise ValueError("--requests must be at least 1")
+        allowed = allowed_token_ids(engine)
+        rng = random.Random(self.seed)
+        return [
+            BenchRequest(
+                prompt_token_ids=rng.choices(
+                    allowed, k=rng.randint(self.min_prompt, self.max_prompt)
+                ),
+                max_new_tokens=rng.randint(self.min_output, self.max_output),
+            )
+            for _ in range(self.requests)
+        ]
 
 
 def allowed_token_ids(engine: Engine) -> list[int]:
     """The token ids a random prompt may use: every id but special, EOS and BOS ones."""
     model = engine.model
-    inner = model.tokenizer.inner
-    special = {*inner.get_added_tokens_decoder(), *model.eos_token_ids}
+    special = {*model.tokenizer.inner.get_added_tokens_decoder(), *model.eos_token_ids}
     if model.config.bos_token_id is not None:
         special.add(model.config.bos_token_id)
     vocab = min(model.config.vocab_size, model.tokenizer.vocab_size)
     return [t for t in range(vocab) if t not in special]
 
 
-def host_load() -> float | None:
-    """The 1-minute load average: above the CPU count, other work competed for the CPUs."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
+def random_prompts(engine: Engine, count: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    allowed = allowed_token_ids(engine)
+    return [rng.choices(allowed, k=length) for _ in range(count)]
+
+
+def engine_requests(
+    workload: Sequence[BenchRequest], prefix: str, *, ignore_eos: bool = True
+) -> list[EngineRequest]:
+    """Greedy requests; with `ignore_eos` each generates exactly its asked length (a request on
+    the wire cannot ignore EOS: runs compared with a worker keep it)."""
+    return [
+        EngineRequest(
+            f"{prefix}{i}",
+            r.prompt_token_ids,
+            SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=ignore_eos),
+        )
+        for i, r in enumerate(workload)
+    ]
+
+
+def wire_requests(workload: Sequence[BenchRequest], prefix: str) -> list[GenerateRequest]:
+    return [
+        GenerateRequest(
+            id=f"{prefix}{i}", prompt_token_ids=r.prompt_token_ids, max_new_tokens=r.max_new_tokens
+        )
+        for i, r in enumerate(workload)
+    ]

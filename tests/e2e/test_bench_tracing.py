@@ -9,8 +9,7 @@ from pathlib import Path
 
 from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
-from ops.bench.pipeline import run_bench
-from ops.bench.pipeline_run import PipelineOptions
+from ops.bench.pipeline import PipelineOptions, run_bench
 from ops.models.engine_options import EngineChoice
 from ops.services.jaeger import LocalJaeger
 
@@ -31,8 +30,9 @@ async def test_tracing_off_and_on_in_one_run(
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         echo_prompt_tokens=8,
-        tracing_requests=300,
-        tracing_model_requests=4,
+        tracing_requests=100,
+        tracing_model_requests=2,
+        tracing_rounds=1,
         timeout_s=120,
     )
 
@@ -42,8 +42,9 @@ async def test_tracing_off_and_on_in_one_run(
     tracing = report["tracing"]
     assert "skipped" not in tracing, tracing
     assert report["ceiling"] == {"skipped": "not selected (--only)"}
-    for workload, n in ((tracing, 300), (tracing["model"], 4)):
+    for workload, n in ((tracing, 100), (tracing["model"], 2)):
         rounds = workload["rounds"]
+        assert rounds == 1
         for mode in ("off", "on"):
             runs = [(r["results"], r["errors"]) for r in workload[mode]]
             assert runs == [(n, 0)] * rounds, workload

@@ -16,7 +16,7 @@ async def test_the_report_compares_the_batch_client_with_a_raw_client(
 ) -> None:
     options = BatchBenchOptions(
         engine=EngineChoice(model="smollm2-135m", dtype=None, device=None, engine=EngineConfig()),
-        lines=600,
+        lines=200,
         max_inflight=64,
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
@@ -26,8 +26,8 @@ async def test_the_report_compares_the_batch_client_with_a_raw_client(
     report = await run_batch_bench(options, said.append)
 
     assert report["worker_exit_code"] == 0
-    assert report["baseline"]["results"] == 600 and report["baseline"]["errors"] == 0
-    assert set(report["batch"]) == {"60", "600"}
+    assert report["baseline"]["results"] == 200 and report["baseline"]["errors"] == 0
+    assert set(report["batch"]) == {"20", "200"}
     for lines, run in report["batch"].items():
         assert run["complete"] and run["ok"] == int(lines)
         assert run["peak_rss_mb"] > 0

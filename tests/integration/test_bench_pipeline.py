@@ -14,9 +14,8 @@ from click.testing import CliRunner
 from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
 from ops.bench.cli import bench
-from ops.bench.pipeline import light_rate, run_bench
-from ops.bench.pipeline_run import PipelineOptions
-from ops.bench.workload import BenchOptions
+from ops.bench.pipeline import PipelineOptions, light_rate, run_bench
+from ops.bench.workload import Workload
 from ops.models.engine_options import EngineChoice
 
 ENGINE = EngineConfig(max_model_len=128, max_num_seqs=8, num_kv_blocks=64)
@@ -45,25 +44,20 @@ def _check_targets(report: dict[str, Any], measured: set[str]) -> None:
             assert (target["value"], target["met"]) == (None, None)
 
 
-async def test_ceiling_through_an_echo_worker(
-    kafka_bootstrap: str, tiny_llama: EngineChoice
+async def test_ceiling_through_an_echo_worker_from_the_cli(
+    kafka_bootstrap: str, tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
-    options = PipelineOptions(
-        engine=tiny_llama,
-        sections=("ceiling",),
-        kafka=KafkaConnection(kafka_bootstrap),
-        partitions=2,
-        echo_requests=300,
-        echo_prompt_tokens=8,
-        rate=20.0,
-        latency_requests=3,
-        timeout_s=120,
-    )
+    args = f"pipeline --model {tiny_checkpoints['llama']} --max-model-len 128 --only ceiling "
+    args += f"--bootstrap-servers {kafka_bootstrap} --partitions 2 --echo-requests 300 "
+    args += f"--echo-prompt-tokens 8 --latency-requests 3 --rate 20 --json --out {tmp_path}"
+    # The command runs its own event loop: off this test's loop, on a thread of its own.
+    result = await asyncio.to_thread(CliRunner().invoke, bench, args.split())
 
-    report = await run_bench(options)
-
-    json.dumps(report)
-    assert report["benchmark"] == "pipeline"
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    (written,) = await asyncio.to_thread(lambda: list(tmp_path.glob("*-pipeline-*.json")))
+    assert report == json.loads(await asyncio.to_thread(written.read_text))
+    assert report["benchmark"] == "pipeline" and report["sections"] == ["ceiling"]
     assert isinstance(report["warnings"], list)
     assert report["model"]["echo_digest"].startswith("echo:sha256:")
     assert report["worker"]["mode"].startswith("subprocess")
@@ -78,7 +72,8 @@ async def test_ceiling_through_an_echo_worker(
         assert (run["requests"], run["results"], run["errors"]) == (300, 300, 0)
         assert {"wall_s", "requests_per_s", "all_sent_and_acked_s"} <= set(run)
         assert set(run["cpu_s"]) == set(run["cores_busy"]) == {"worker", "client", "broker"}
-    assert {"cpu_count", "cpus_usable", "torch_threads"} <= set(report["environment"])
+    assert {"cpus", "cpu_count", "torch_threads"} <= set(report["host"])
+    assert {"date", "commit"} <= set(report)
     _check_targets(report, {"ceiling_requests_per_s", "ceiling_text_requests_per_s"})
 
 
@@ -87,7 +82,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
 ) -> None:
     options = PipelineOptions(
         engine=tiny_llama,
-        workload=BenchOptions(requests=4, min_prompt=4, max_prompt=12, min_output=3, max_output=8),
+        workload=Workload(requests=4, min_prompt=4, max_prompt=12, min_output=3, max_output=8),
         sections=("throughput", "latency"),
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
@@ -133,7 +128,7 @@ async def test_throughput_and_latency_against_the_direct_engine(
         r["kafka"]["outputs_matching_direct"] for r in rounds
     )
     # The worker is started with the direct engine's pool size (ENGINE fixes it here; that it
-    # is taken from the direct engine when none is given: tests/unit/ops/bench/test_direct.py).
+    # is taken from the direct engine when none is given: tests/unit/ops/bench/test_pipeline.py).
     argv = report["worker"]["argv"]["torch"]
     assert argv[argv.index("--num-kv-blocks") + 1] == str(report["worker"]["kv_blocks"])
     latency = report["latency"]
@@ -144,36 +139,6 @@ async def test_throughput_and_latency_against_the_direct_engine(
     assert {"request_leg_ms", "result_leg_ms", "worker_total_ms"} <= set(latency["kafka"])
     assert (latency["rate_per_s"], latency["rate_chosen"]) == (20.0, "given")
     _check_targets(report, {"throughput_ratio_vs_direct", "latency_added_p50_ms"})
-
-
-async def test_cli_prints_the_report_as_json(
-    kafka_bootstrap: str, tiny_checkpoints: dict[str, Path]
-) -> None:
-    args = [
-        "pipeline",
-        "--model",
-        str(tiny_checkpoints["llama"]),
-        "--max-model-len",
-        "128",
-        "--only",
-        "ceiling",
-        "--bootstrap-servers",
-        kafka_bootstrap,
-        "--echo-requests",
-        "50",
-        "--latency-requests",
-        "2",
-        "--rate",
-        "20",
-        "--json",
-    ]
-    # The command runs its own event loop: off this test's loop, on a thread of its own.
-    result = await asyncio.to_thread(CliRunner().invoke, bench, args)
-
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["sections"] == ["ceiling"]
-    assert report["ceiling"]["prompt_token_ids"]["results"] == 50
 
 
 def test_the_default_latency_rate_keeps_requests_apart() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,13 @@ from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from ops.bench.cli import bench
-from ops.bench.engine import run_bench
+from ops.bench.engine import EngineBenchOptions, run_bench
 from ops.bench.flops import FlopModel
-from ops.bench.workload import BenchOptions, make_workload
+from ops.bench.workload import BenchRequest, Workload
 
-OPTIONS = BenchOptions(
-    requests=6,
-    seed=3,
-    min_prompt=4,
-    max_prompt=12,
-    min_output=3,
-    max_output=9,
+WORKLOAD = Workload(requests=6, seed=3, min_prompt=4, max_prompt=12, min_output=3, max_output=9)
+OPTIONS = EngineBenchOptions(
+    workload=WORKLOAD,
     sequential_requests=3,
     static_batch=4,
     static_batches=2,
@@ -45,7 +42,7 @@ def _engine(checkpoint: Path) -> Engine:
 
 @pytest.fixture(scope="module")
 def report(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    options = BenchOptions(**{**OPTIONS.__dict__, "profile_dir": tmp_path_factory.mktemp("prof")})
+    options = replace(OPTIONS, profile_dir=tmp_path_factory.mktemp("prof"))
     result = run_bench(_engine(checkpoint), options)
     json.dumps(result)  # JSON-ready
     return result
@@ -53,13 +50,13 @@ def report(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 def test_workload_is_seeded_and_avoids_special_tokens(checkpoint: Path) -> None:
     engine = _engine(checkpoint)
-    first, again = make_workload(engine, OPTIONS), make_workload(engine, OPTIONS)
+    first, again = WORKLOAD.build(engine), WORKLOAD.build(engine)
     assert first == again
-    assert len(first) == OPTIONS.requests
+    assert len(first) == WORKLOAD.requests
     eos = set(engine.model.eos_token_ids)
     for r in first:
-        assert OPTIONS.min_prompt <= len(r.prompt_token_ids) <= OPTIONS.max_prompt
-        assert OPTIONS.min_output <= r.max_new_tokens <= OPTIONS.max_output
+        assert WORKLOAD.min_prompt <= len(r.prompt_token_ids) <= WORKLOAD.max_prompt
+        assert WORKLOAD.min_output <= r.max_new_tokens <= WORKLOAD.max_output
         assert not eos & set(r.prompt_token_ids)
 
 
@@ -70,7 +67,7 @@ def test_every_contender_generates_exactly_the_asked_tokens(report: dict[str, An
         assert stats["output_tokens"] == stats["expected_output_tokens"] > 0
         assert stats["output_tokens_per_s"] > 0
         assert stats["wall_s"] > 0
-    assert c["engine"]["requests"] == OPTIONS.requests
+    assert c["engine"]["requests"] == WORKLOAD.requests
     assert c["engine"]["output_tokens"] == report["workload"]["output_tokens"]
     assert c["transformers_sequential"]["requests"] == OPTIONS.sequential_requests
     assert c["transformers_sequential"]["batch_size"] == 1
@@ -92,23 +89,27 @@ def test_engine_matches_transformers_greedy(report: dict[str, Any]) -> None:
 def test_report_shape(report: dict[str, Any]) -> None:
     assert set(report["ratios"]) == {"engine_vs_sequential", "engine_vs_static"}
     assert all(v > 0 for v in report["ratios"].values())
-    for key in ("ttft", "tpot"):
-        assert set(report["latency_ms"][key]) == {"p50", "p90", "p99"}
-        assert all(v is not None for v in report["latency_ms"][key].values())
+    for key in ("ttft_ms", "tpot_ms"):
+        latency = report["contenders"]["engine"][key]
+        assert set(latency) == {"p50", "p90", "p99"}
+        assert all(v is not None for v in latency.values())
     kv = report["kv"]
     assert 0 < kv["peak_blocks_used"] <= kv["blocks_allocated"] == 64
     assert kv["block_size"] == 16
     f = report["flops"]
     for key in ("gemm_peak_gflops", "engine_gflops"):
         assert f[key] > 0
-    assert f["steady_decode"]["steps"] > 0 and f["steady_decode_gflops"] > 0
+    assert f["steady_decode"]["steps"] > 0 and f["steady_decode"]["gflops"] > 0
     assert f["steady_decode_fraction"] is not None
     assert "lm_head" in f["formula"]
     for target in report["targets"].values():
-        assert set(target) == {"target", "value", "met"}
+        assert set(target) == {"target", "at_least", "value", "met"}
         assert isinstance(target["met"], bool)
     env = report["environment"]
     assert env["device"] == "cpu" and env["dtype"] == "float32" and env["transformers"]
+    # Every report says when, where and on what code it was made.
+    assert report["date"].startswith("20") and report["host"]["cpus"] >= 1
+    assert "commit" in report and report["benchmark"] == "engine"
 
 
 def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
@@ -121,7 +122,6 @@ def test_profile_writes_chrome_traces(report: dict[str, Any]) -> None:
 
 def test_flop_model_counts_the_workload() -> None:
     from gpu.model_config import ModelConfig
-    from ops.bench.workload import BenchRequest
 
     config = ModelConfig(
         arch="llama",
@@ -148,16 +148,18 @@ def _cli(checkpoint: Path, args: str) -> Any:
     return CliRunner().invoke(bench, ["engine", "--model", str(checkpoint), *args.split()])
 
 
-def test_cli_prints_json(checkpoint: Path) -> None:
+def test_cli_prints_json_and_writes_the_result_file(checkpoint: Path, tmp_path: Path) -> None:
     result = _cli(
         checkpoint,
         "--device cpu --max-num-seqs 4 --num-kv-blocks 64 --requests 3 --min-prompt 4 "
         "--max-prompt 6 --min-output 2 --max-output 4 --sequential-requests 1 "
-        "--static-batch 2 --static-batches 1 --gemm-size 64 --json",
+        f"--static-batch 2 --static-batches 1 --gemm-size 64 --json --out {tmp_path}",
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["contenders"]["engine"]["output_tokens"] == report["workload"]["output_tokens"]
+    (written,) = tmp_path.glob("*-engine-*.json")
+    assert json.loads(written.read_text()) == report
 
 
 def test_cli_prints_a_summary(checkpoint: Path) -> None:
@@ -187,7 +189,7 @@ def test_without_transformers_the_engine_still_runs(
         raise ImportError("No module named 'transformers'")
 
     monkeypatch.setattr("ops.bench.engine._transformers", missing)
-    options = BenchOptions(**{**OPTIONS.__dict__, "requests": 2})
+    options = replace(OPTIONS, workload=replace(WORKLOAD, requests=2))
     report = run_bench(_engine(checkpoint), options)
     c = report["contenders"]
     assert c["engine"]["output_tokens"] == c["engine"]["expected_output_tokens"]
@@ -212,5 +214,3 @@ def test_batch1_and_step_breakdowns(report: dict[str, Any]) -> None:
         assert sum(parts.values()) == pytest.approx(breakdown["step_ms"], rel=0.01, abs=0.01)
     assert one["breakdown"]["steps"] == one["new_tokens"] - 1  # decode steps only
     assert report["contenders"]["engine"]["step_time"]["ms_per_step"]["attention"] > 0
-    # One decode token a step runs as one native call on CPU: its attention is in "dense".
-    assert (one["breakdown"]["ms_per_step"]["attention"] > 0) != one["one_native_call"]

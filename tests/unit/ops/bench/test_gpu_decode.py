@@ -99,8 +99,7 @@ def test_bench_engine_with_random_weights_and_the_roofline(config: Path) -> None
     assert set(report["decode_roofline"]["batches"]) == {"16", "64"}  # skipped: max_num_seqs 2
     text = CliRunner().invoke(bench, args.split())
     assert text.exit_code == 0, text.output
-    assert "decode roofline (cpu float32, perf_counter)" in text.stdout
-    assert "decode batch 64: skipped" in text.stdout
+    assert "decode roofline" in text.stdout and "of the bandwidth bound" in text.stdout
 
 
 def test_bench_engine_needs_a_model_or_random_weights() -> None:

@@ -11,9 +11,8 @@ from click.testing import CliRunner
 
 from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
-from ops.bench.broker import kafka_facts
 from ops.bench.cli import _bench_kafka, bench
-from ops.bench.worker import child_env, worker_argv
+from ops.bench.rig import Rig, child_env, worker_argv
 from ops.models.engine_options import EngineChoice
 
 SECRET = "pw-Hx7-unlikely"
@@ -62,15 +61,15 @@ def test_the_worker_gets_the_connection_with_its_secrets_off_the_command_line() 
     assert child_env(env)["TOKENMILL_SASL_PASSWORD"] == SECRET
 
 
-def test_the_report_names_the_broker_never_a_secret() -> None:
-    facts = kafka_facts(True, SCRAM)
+def test_the_report_names_the_broker_never_a_secret(tmp_path: Path) -> None:
+    facts = Rig(SCRAM, True, None, tmp_path, print, partitions=2).facts()
     assert facts == {
         "broker": "given",
         "bootstrap": "broker:9093",
+        "partitions": 2,
         "security_protocol": "SASL_PLAINTEXT",
         "sasl_mechanism": "SCRAM-SHA-256",
     }
-    started = kafka_facts(False, KafkaConnection("127.0.0.1:40000"))
+    started = Rig(KafkaConnection("127.0.0.1:40000"), False, 123, tmp_path, print).facts()
     assert started["broker"] == "started for this run, on this machine"
     assert "sasl_mechanism" not in started
-    assert kafka_facts(False, None)["bootstrap"] is None

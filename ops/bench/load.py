@@ -1,0 +1,248 @@
+"""The load client every Kafka benchmark drives a worker with: it produces requests (all at once,
+or open loop at a fixed rate) and stamps each result as it is fetched. Then what it measures:
+`warm_up` (a fresh worker's first answers), `flood` (requests/s as fast as this process
+produces), `burst` (a workload at once: output tokens/s) and `latency` (at a light rate, end to
+end and split into its legs). Each measure returns a JSON-ready dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from actors.kafka.connection import KafkaConnection
+from messages.codec import Codec
+from messages.request import GenerateRequest
+from messages.result import GenerateResult
+from ops.bench.report import percentiles
+from ops.bench.rig import CpuMeter, log_tail
+
+_requests = Codec(GenerateRequest)
+_results = Codec(GenerateResult)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """When something happened here: perf_counter seconds for durations, unix for windows."""
+
+    mono: float
+    unix: float
+
+    @staticmethod
+    def now() -> Stamp:
+        return Stamp(time.perf_counter(), time.time())
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: Stamp  # fetched here
+    result: GenerateResult
+    result_leg_ms: float  # from the result record's timestamp (the worker's send) to its fetch
+
+
+class LoadClient:
+    """An idempotent producer of requests, and a task that reads the results topic from its end
+    as it was on entry, keeping each id's first result and counting duplicates."""
+
+    def __init__(
+        self, kafka: KafkaConnection, topics: dict[str, str], *, linger_ms: int = 0
+    ) -> None:
+        self.topics = topics
+        self.producer = AIOKafkaProducer(
+            **kafka.producer_kwargs(),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            max_batch_size=256 << 10,
+        )
+        self.consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
+        self.arrived: dict[str, Arrival] = {}
+        self.duplicates: Counter[str] = Counter()
+        self._fetched = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LoadClient:
+        await self.producer.start()
+        await self.consumer.start()
+        partitions = await self.producer.partitions_for(self.topics["results"])
+        tps = [TopicPartition(self.topics["results"], p) for p in sorted(partitions)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve positions now, not lazily after results arrive
+            await self.consumer.position(tp)
+        self._task = asyncio.create_task(self._collect())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def _collect(self) -> None:
+        while True:
+            fetched = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
+            at = Stamp.now()
+            for records in fetched.values():
+                for record in records:
+                    result = _results.decode(record.value or b"")
+                    if result.id in self.arrived:
+                        self.duplicates[result.id] += 1
+                    else:
+                        leg = at.unix * 1e3 - record.timestamp
+                        self.arrived[result.id] = Arrival(at, result, leg)
+            if fetched:
+                self._fetched.set()
+
+    async def send(self, request: GenerateRequest | tuple[str, bytes]) -> asyncio.Future[Any]:
+        """Queue one request (or an id and its encoded bytes); the future of its ack."""
+        rid, value = (
+            request if isinstance(request, tuple) else (request.id, _requests.encode(request))
+        )
+        ack: asyncio.Future[Any] = await self.producer.send(
+            self.topics["requests"], value=value, key=rid.encode()
+        )
+        return ack
+
+    async def send_all(self, requests: Sequence[GenerateRequest]) -> float:
+        """Every request as fast as the producer takes them (encoded first); returns when the
+        first went out (perf_counter), after every ack."""
+        values = [(r.id, _requests.encode(r)) for r in requests]
+        start = time.perf_counter()
+        await asyncio.gather(*[await self.send(v) for v in values])
+        return start
+
+    async def at_rate(
+        self,
+        make: Callable[[int], GenerateRequest],
+        rate: float,
+        count: int,
+        more: Callable[[dict[str, Stamp]], bool] = lambda _: False,
+    ) -> tuple[dict[str, Stamp], list[float]]:
+        """Open loop: request `i` (`make(i)`) at start + i / rate, never waiting for answers,
+        `count` of them and on while `more(sent)`. Each send's stamp, and how late each went."""
+        sent: dict[str, Stamp] = {}
+        late: list[float] = []
+        acks = []
+        start, i = time.perf_counter(), 0
+        while i < count or more(sent):
+            request = make(i)
+            due = start + i / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            sent[request.id] = stamp = Stamp.now()
+            late.append((stamp.mono - due) * 1e3)
+            acks.append(await self.send(request))
+            i += 1
+        await asyncio.gather(*acks)
+        return sent, late
+
+    async def missing(self, ids: Collection[str], within_s: float) -> set[str]:
+        """The ids still unanswered once all are in, or after `within_s` seconds."""
+        left = set(ids) - self.arrived.keys()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while left:
+                    self._fetched.clear()
+                    await self._fetched.wait()
+                    left -= self.arrived.keys()
+        return left
+
+
+async def warm_up(
+    client: LoadClient,
+    proc: asyncio.subprocess.Process,
+    log: Path,
+    requests: Sequence[GenerateRequest],
+    within_s: float,
+) -> float:
+    """Send `requests` and wait for their results (model load, group join, first steps).
+    Seconds it took; RuntimeError with the worker's log if it exits or times out first."""
+    start = await client.send_all(requests)
+    waiting = asyncio.ensure_future(client.missing([r.id for r in requests], within_s))
+    exited = asyncio.ensure_future(proc.wait())
+    await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+    exited.cancel()
+    if not waiting.done() or waiting.result():
+        waiting.cancel()
+        raise RuntimeError(f"the worker did not answer its warm-up requests:\n{log_tail(log)}")
+    return round(time.perf_counter() - start, 2)
+
+
+async def flood(
+    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float
+) -> dict[str, Any]:
+    """Every request at once; requests/s from the first send to the last result."""
+    meter.start()
+    start = await client.send_all(requests)
+    sent = time.perf_counter() - start
+    await client.missing([r.id for r in requests], within_s)
+    got = [client.arrived[r.id] for r in requests if r.id in client.arrived]
+    wall = max((a.at.mono for a in got), default=start) - start
+    ok = sum(1 for a in got if a.result.ok)
+    cpu = meter.read()
+    return {
+        "requests": len(requests),
+        "results": len(got),
+        "errors": len(got) - ok,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(ok / wall, 1) if wall > 0 else None,
+        "output_tokens": sum(len(a.result.token_ids) for a in got if a.result.ok),
+        # When the producer finishing is near wall_s, this process's producing was the limit.
+        "all_sent_and_acked_s": round(sent, 3),
+        "cpu_s": cpu,
+        # CPU seconds per wall second: near 1.0, a single-threaded process was the limit.
+        "cores_busy": {
+            k: round(v / wall, 2) if v is not None and wall > 0 else None for k, v in cpu.items()
+        },
+    }
+
+
+async def burst(
+    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float
+) -> dict[str, Any]:
+    """`flood` read as a workload: output tokens/s, and each request's tokens (None where lost
+    or failed) under `results_tokens`, to compare with a direct run's."""
+    f = await flood(client, requests, meter, within_s)
+    results = [client.arrived.get(r.id) for r in requests]
+    return {
+        k: f[k] for k in ("requests", "results", "errors", "output_tokens", "wall_s", "cpu_s")
+    } | {
+        "output_tokens_per_s": round(f["output_tokens"] / f["wall_s"], 2) if f["wall_s"] else None,
+        "results_tokens": [a.result.token_ids if a and a.result.ok else None for a in results],
+    }
+
+
+async def latency(
+    client: LoadClient, requests: Sequence[GenerateRequest], rate: float, within_s: float
+) -> dict[str, Any]:
+    """One request every 1/rate s; end to end = just before the send → fetched here."""
+    sent, _ = await client.at_rate(lambda i: requests[i], rate, len(requests))
+    await client.missing(sent, within_s)
+    ok = {i: client.arrived[i] for i in sent if i in client.arrived and client.arrived[i].result.ok}
+    answered = sum(1 for i in sent if i in client.arrived)
+    e2e = {i: (a.at.mono - sent[i].mono) * 1e3 for i, a in ok.items()}
+    return {
+        "requests": len(requests),
+        "results": answered,
+        "errors": answered - len(ok),
+        "end_to_end_ms": percentiles(list(e2e.values())),
+        # Its legs: the way in (produce, fetch, decode, tokenize, queue); the way back (result
+        # sent → fetched here); the worker's own view (consumed → result built).
+        "request_leg_ms": percentiles(
+            [e2e[i] - a.result.timings.total_ms - a.result_leg_ms for i, a in ok.items()]
+        ),
+        "result_leg_ms": percentiles([a.result_leg_ms for a in ok.values()]),
+        "worker_total_ms": percentiles([a.result.timings.total_ms for a in ok.values()]),
+        "worker_queued_ms": percentiles([a.result.timings.queued_ms for a in ok.values()]),
+    }
