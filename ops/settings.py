@@ -92,6 +92,11 @@ class Setting:
         old = self.meta.get("old", ())
         return (old,) if isinstance(old, str) else tuple(old)
 
+    @property
+    def has_default(self) -> bool:
+        f = self.field
+        return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
     def option(self, envvars: bool, required: bool) -> Callable[[F], F]:
         names = (self.name, *self.old)
         dash = [n.replace("_", "-") for n in names]
@@ -117,11 +122,6 @@ class Setting:
             cls=click.Option if self.field.repr else SecretOption,
             **extra,
         )
-
-    @property
-    def has_default(self) -> bool:
-        f = self.field
-        return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
     def value(self, given: Any) -> Any:
         """The field's value from the command line's (None: the dataclass decides)."""

@@ -45,7 +45,7 @@ class EngineChoice:
 def engine_options(command: F) -> F:
     """The engine's options (model, limits, quantization, prefix caching) for `command`, and
     `--random-weights`, which makes `--model` optional."""
-    return _random_weights_option(options(EngineChoice, envvars=False, required=False)(command))
+    return options(EngineChoice, envvars=False, required=False)(_random_weights_option(command))
 
 
 _random_weights_option = click.option(
