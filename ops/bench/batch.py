@@ -22,9 +22,9 @@ from typing import Any
 
 from actors.kafka.connection import KafkaConnection
 from messages.request import GenerateRequest
-from ops.bench.load import LoadClient, flood, warm_up
+from ops.bench.load import flood, worker
 from ops.bench.report import Narrate, Report, quiet, ratio
-from ops.bench.rig import Rig, child_env, rig, worker_argv, worker_process
+from ops.bench.rig import Rig, child_env, rig
 from ops.connection.options import connection_argv
 from ops.models.engine_options import EngineChoice
 
@@ -89,27 +89,21 @@ async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-batch-") as tmp:
         async with rig(o.kafka, Path(tmp), say, o.partitions) as r:
             report["kafka"] = r.facts()
-            topics = await r.topics("batch", ("requests", "results", "dlq"))
-            argv, secrets = worker_argv(o.engine, "echo", r.kafka, topics)
-            log = r.tmp / "worker.log"
-            async with (
-                worker_process(argv, log, env=secrets) as proc,
-                LoadClient(r.kafka, topics, linger_ms=5) as client,
-            ):
-                say("worker (echo): starting and warming up")
-                warm = [_request(f"warm-{i}", i) for i in range(min(2000, o.lines))]
-                report["warm_up_s"] = await warm_up(client, proc, log, warm, o.timeout_s)
+            say("worker (echo): starting and warming up")
+            warm = [_request(f"warm-{i}", i) for i in range(min(2000, o.lines))]
+            roles = ("requests", "results", "dlq")
+            async with worker(r, "batch", o.engine, "echo", warm, o.timeout_s, roles=roles,
+                              linger_ms=5) as w:  # fmt: skip
                 say(f"baseline: {o.lines} requests from a raw aiokafka client")
                 requests = [_request(f"raw-{i}", i) for i in range(o.lines)]
-                report["baseline"] = await flood(client, requests, r.meter(proc), o.timeout_s)
+                report["baseline"] = await flood(w.client, requests, r.meter(w.proc), o.timeout_s)
                 del requests
                 report["batch"] = {}
                 for lines in (small, o.lines):
                     say(f"batch: {lines} lines through `tokenmill batch run`")
-                    report["batch"][str(lines)] = await asyncio.to_thread(
-                        _batch_run, o, r, topics, lines
-                    )
-            report["worker_exit_code"] = proc.returncode
+                    run = await asyncio.to_thread(_batch_run, o, r, w.topics, lines)
+                    report["batch"][str(lines)] = run
+            report["warm_up_s"], report["worker_exit_code"] = w.warm_up_s, w.exit_code
     raw, big = report["baseline"]["requests_per_s"], report["batch"][str(o.lines)]
     rss = {"small": report["batch"][str(small)]["peak_rss_mb"], "large": big["peak_rss_mb"]}
     report["results"] = {
@@ -120,15 +114,7 @@ async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
         "peak_rss_growth_mb": round(rss["large"] - rss["small"], 1),
         "client_cpu_us_per_line": round(big["cpu_s"] / o.lines * 1e6, 1),
     }
-    res = report["results"]
-    report.headline(
-        "requests/s",
-        f"raw client {raw} · batch run {big['requests_per_s']} · ratio "
-        f"{res['batch_vs_raw_client']}",
-    )
-    report.headline(
-        "peak RSS", f"{rss['small']} MB ({small} lines) → {rss['large']} MB ({o.lines} lines)"
-    )
+    report.headline("results", report["results"])
     return report.finish()
 
 

@@ -316,7 +316,9 @@ def quant_bench(**kwargs: Any) -> None:
 
     models, mixed = kwargs["models"] or quant.default_models(), kwargs["mixed_from"]
     if mixed and len(mixed) != len(models):
-        raise click.UsageError(f"{len(mixed)} --mixed-from for {len(models)} models: one each")
+        raise click.UsageError(
+            f"{len(mixed)} --mixed-from for {len(models)} models: one per --model"
+        )
     given = {
         "models": tuple(models),
         "mixed_from": dict(zip(models, mixed, strict=True)) if mixed else {},

@@ -24,7 +24,7 @@ from gpu.engine import Engine
 from gpu.loading.random_weights import has_random_weights
 from ops.bench.flops import FLOP_FORMULA, DecodeTracker, FlopModel, gemm_peak_gflops, steady_decode
 from ops.bench.report import Narrate, Report, quiet, ratio, significant
-from ops.bench.runs import BATCH1_NEW_TOKENS, batch1, measure, profile_engine, warm
+from ops.bench.runs import BATCH1_NEW_TOKENS, batch1, engine_facts, measure, profile_engine, warm
 from ops.bench.workload import BenchRequest, Workload, engine_requests
 
 NO_TRANSFORMERS = "transformers is not installed (a dev dependency: `uv sync --group dev`)"
@@ -48,28 +48,10 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     workload = o.workload.build(engine)
     flop_model = FlopModel.of(m.config)
     report = Report("engine")
-    dtype = str(m.dtype).removeprefix("torch.")
-    report["model"] = {
-        "name": m.name,
-        "digest": m.digest,
-        "arch": m.config.arch,
-        "parameters": m.config.num_parameters(),
-    }
-    report["environment"] = {
-        "device": str(m.device),
-        "dtype": dtype,
-        "linear_kernel": m.linear_kernel,
-        "attention_kernel": engine.attention_kernel,
-        "transformers": _transformers_version(),
-    }
+    report["model"] = engine_facts(engine)
+    report["environment"] = {"transformers": _transformers_version()}
     w = o.workload
-    report["workload"] = {
-        "seed": w.seed,
-        "requests": len(workload),
-        "prompt_len_range": [w.min_prompt, w.max_prompt],
-        "output_len_range": [w.min_output, w.max_output],
-        "prompt_tokens": sum(len(r.prompt_token_ids) for r in workload),
-        "output_tokens": sum(r.max_new_tokens for r in workload),
+    report["workload"] = w.describe(workload) | {
         "prompts": "uniform random token ids, special/EOS/BOS ids excluded",
         "sampling": "greedy, EOS ignored: exactly the asked output length",
     }
@@ -95,14 +77,9 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     engine_gflops = flop_model.workload_flops(workload) / run.wall_s / 1e9
     fraction = ratio(steady["gflops"], peak, 4)
     report["ratios"] = {"engine_vs_sequential": vs_seq, "engine_vs_static": vs_static}
-    report["kv"] = {
-        "peak_blocks_used": stats["peak_kv_blocks"],
-        "blocks_allocated": engine.num_blocks,
-        "block_size": engine.config.block_size,
-    }
     report["flops"] = {
         "formula": FLOP_FORMULA,
-        "gemm": f"{gemm} {o.gemm_size}×{o.gemm_size} {dtype}, best of 5 × 3 products",
+        "gemm": f"{gemm} {o.gemm_size}×{o.gemm_size} {m.dtype}, best of 5 × 3 products",
         "gemm_peak_gflops": round(peak, 2),
         "engine_gflops": significant(engine_gflops),
         "engine_fraction_of_peak": round(engine_gflops / peak, 4),
@@ -113,19 +90,9 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     report.target("engine_vs_static", vs_static, 2.5)  # issue 15: static batches of transformers
     report.target("steady_decode_fraction_of_gemm_peak", fraction, 0.5)
     for name, c in contenders.items():
-        report.headline(
-            name,
-            c.get("skipped")
-            or f"{c['output_tokens_per_s']} output tok/s "
-            f"({c['requests']} requests, {c['wall_s']} s)",
-        )
-    one = report["batch1"]
-    report.headline(
-        "batch 1", f"{one['decode_tokens_per_s']} decode tok/s, {one['decode_step_ms']} ms a step"
-    )
-    report.headline(
-        "GFLOP/s", f"engine {report['flops']['engine_gflops']}, GEMM peak {round(peak, 1)}"
-    )
+        report.headline(name, c, "skipped", "output_tokens_per_s", "requests", "wall_s")
+    report.headline("batch 1", report["batch1"], "decode_tokens_per_s", "decode_step_ms")
+    report.headline("GFLOP/s", report["flops"], "engine_gflops", "gemm_peak_gflops")
     report["profile"] = None
     if o.profile_dir is not None:
         say(f"profiling engine steps into {o.profile_dir}")

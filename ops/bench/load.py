@@ -1,8 +1,8 @@
 """The load client every Kafka benchmark drives a worker with: it produces requests (all at once,
-or open loop at a fixed rate) and stamps each result as it is fetched. Then what it measures:
-`warm_up` (a fresh worker's first answers), `flood` (requests/s as fast as this process
-produces), `burst` (a workload at once: output tokens/s) and `latency` (at a light rate, end to
-end and split into its legs). Each measure returns a JSON-ready dict.
+or open loop at a fixed rate) and stamps each result as it is fetched. `worker` starts a
+`tokenmill worker` with a client of its own and warms it up. Then what they measure: `flood`
+(requests/s as fast as this process produces), `burst` (a workload at once: output tokens/s)
+and `latency` (at a light rate, end to end and split into its legs), each a JSON-ready dict.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from messages.codec import Codec
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.bench.report import percentiles
-from ops.bench.rig import CpuMeter, log_tail
+from ops.bench.rig import ROLES, CpuMeter, Rig, log_tail, worker_argv, worker_process
+from ops.models.engine_options import EngineChoice
 
 _requests = Codec(GenerateRequest)
 _results = Codec(GenerateResult)
@@ -159,24 +160,47 @@ class LoadClient:
         return left
 
 
-async def warm_up(
-    client: LoadClient,
-    proc: asyncio.subprocess.Process,
-    log: Path,
-    requests: Sequence[GenerateRequest],
-    within_s: float,
-) -> float:
-    """Send `requests` and wait for their results (model load, group join, first steps).
-    Seconds it took; RuntimeError with the worker's log if it exits or times out first."""
-    start = await client.send_all(requests)
-    waiting = asyncio.ensure_future(client.missing([r.id for r in requests], within_s))
-    exited = asyncio.ensure_future(proc.wait())
-    await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
-    exited.cancel()
-    if not waiting.done() or waiting.result():
-        waiting.cancel()
-        raise RuntimeError(f"the worker did not answer its warm-up requests:\n{log_tail(log)}")
-    return round(time.perf_counter() - start, 2)
+@dataclass
+class Worker:
+    """A `tokenmill worker` subprocess on topics of its own, and the load client feeding it."""
+
+    proc: asyncio.subprocess.Process
+    client: LoadClient
+    log: Path
+    argv: list[str]  # its flags, for the report
+    topics: dict[str, str]
+    warm_up_s: float | None = None  # first send → all warm-up results in
+    exit_code: int | None = None
+
+
+@contextlib.asynccontextmanager
+async def worker(
+    r: Rig, name: str, choice: EngineChoice, kind: str, warm: Sequence[GenerateRequest],
+    timeout_s: float, *, roles: tuple[str, ...] = ROLES, env: dict[str, str] | None = None,
+    linger_ms: int = 0, **flags: object,
+) -> AsyncIterator[Worker]:  # fmt: skip
+    """Start a `kind` worker of `choice` (its CLI flags, and `flags`) on fresh topics, wait for
+    the answers to `warm` (model load, group join, first steps), yield it; drained on the way
+    out. RuntimeError with the worker's log if it exits or stalls before answering."""
+    topics = await r.topics(name, roles)
+    log = r.tmp / f"worker-{name}.log"
+    argv, secrets = worker_argv(choice, kind, r.kafka, topics, **flags)
+    async with (
+        worker_process(argv, log, env=secrets | (env or {})) as proc,
+        LoadClient(r.kafka, topics, linger_ms=linger_ms) as client,
+    ):
+        w = Worker(proc, client, log, argv[3:], topics)
+        start = await client.send_all(warm)
+        waiting = asyncio.ensure_future(client.missing([q.id for q in warm], timeout_s))
+        exited = asyncio.ensure_future(proc.wait())
+        await asyncio.wait({waiting, exited}, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        if not waiting.done() or waiting.result():
+            waiting.cancel()
+            raise RuntimeError(f"the worker did not answer its warm-up requests:\n{log_tail(log)}")
+        w.warm_up_s = round(time.perf_counter() - start, 2)
+        yield w
+    w.exit_code = proc.returncode
 
 
 async def flood(

@@ -22,7 +22,7 @@ from torch import nn
 from gpu.kernels.native import CpuKernels, cpu_kernels
 from gpu.kernels.native_build import build, cache_dir, find_compiler
 from gpu.models.packed_linear import PackedLinear
-from gpu.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
+from gpu.quantized_weight import quantize_int4, quantize_int8
 
 SHAPES = {  # name: (in, out)
     "qkv": (576, 960),
@@ -32,17 +32,6 @@ SHAPES = {  # name: (in, out)
     "lm_head": (576, 49152),
 }
 ROWS = (1, 2, 16, 64)
-SMOLLM2 = "~/.cache/tokenmill/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class Held(nn.Module):
-    """What DecodeStep reads of a linear held quantized (gpu.quant.linear.QuantizedLinear's
-    `.qweight` and `.bias`), for timing: no forward."""
-
-    def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.qweight = qweight
-        self.bias = bias
 
 
 def median_ms(

@@ -5,7 +5,9 @@ quantized, `mixed`: a `tokenmill quantize` checkpoint), one after another in thi
 bytes the weights hold, batch-1 decode tokens/s (`runs.batch1`), tokens/s of `batch` requests
 decoding together (`runs.measure`, prefill included), and over a held-out text perplexity and
 greedy top-1 agreement with fp32 (`ops.quant.evaluate`); each figure also as a ratio to the
-same run's fp32 row. Targets are reported (met or not), never asserted.
+same run's fp32 row. Targets are reported (met or not), never asserted. Weight bytes: what the
+model module holds (packed copies included); loaded bytes: the weights as loaded; neither counts
+the KV pool. Batch tokens/s: output tokens over the run's wall time, greedy, EOS ignored.
 """
 
 from __future__ import annotations
@@ -35,23 +37,15 @@ if TYPE_CHECKING:
     from ops.quant.evaluate import Scores
 
 SCHEMES = ("fp32", "bf16", "int8", "int4", "gguf", "mixed")
-LOADS: dict[str, tuple[torch.dtype, str]] = {  # scheme -> (compute dtype, load quantization)
-    "fp32": (torch.float32, "none"),
-    "bf16": (torch.bfloat16, "none"),
-    "int8": (torch.float32, "int8"),
-    "int4": (torch.float32, "int4"),
-    "gguf": (torch.float32, "auto"),
-    "mixed": (torch.float32, "auto"),
-}
+F32, BF16 = torch.float32, torch.bfloat16
+LOADS = {  # scheme -> (compute dtype, load quantization); mixed loads its checkpoint with auto
+    "fp32": (F32, "none"), "bf16": (BF16, "none"), "int8": (F32, "int8"),
+    "int4": (F32, "int4"), "gguf": (F32, "auto"), "mixed": (F32, "auto"),
+}  # fmt: skip
 DEFAULT_MODELS = ("smollm2-135m", "gemma3-270m")
 DEFAULT_HELDOUT = Path(__file__).resolve().parents[1] / "samples" / "heldout.txt"
-RATIOS = {
-    "weight_bytes": "weight_bytes",
-    "loaded_bytes": "loaded_bytes",
-    "decode": "decode_tokens_per_s",
-    "batch": "batch_tokens_per_s",
-    "perplexity": "perplexity",
-}
+RATIOS = {"decode": "decode_tokens_per_s", "batch": "batch_tokens_per_s"}  # ratio name -> figure
+RATIOS |= {k: k for k in ("weight_bytes", "loaded_bytes", "perplexity")}
 # name -> (scheme, ratio, target, at_most); issue "Quantized weights that stay quantized"
 TARGETS = {
     "int8_decode_vs_fp32": ("int8", "decode", 1.6, False),
@@ -287,37 +281,18 @@ def run_quant_bench(o: QuantBenchOptions, say: Narrate = quiet) -> Report:
         "quantized_linear_kernel": quantized_kernel(device),
         "native_kernels": os.environ.get("TOKENMILL_NATIVE_KERNELS", "1") != "0",
     }
+    d, b = o.decode_tokens, min(o.decode_tokens, o.bf16_decode_tokens)
     report["settings"] = {
-        "schemes": list(o.schemes),
-        "decode": {
-            "prompt_tokens": o.decode_tokens,
-            "new_tokens": o.decode_tokens,
-            "bf16_tokens": min(o.decode_tokens, o.bf16_decode_tokens),
-        },
-        "batch": {
-            "requests": o.batch,
-            "prompt_tokens": o.batch_prompt_tokens,
-            "new_tokens": o.batch_new_tokens,
-            "what": "output tokens over the run's wall "
-            "time (prefill included), all requests added at once, greedy, EOS ignored",
-        },
-        "weight_bytes": "parameters and buffers the model module holds (packed copies included)"
-        "; loaded_bytes: the weights as loaded; neither counts the KV pool",
-        "heldout": str(o.heldout),
-        "seed": o.seed,
-    }
+        "schemes": list(o.schemes), "heldout": str(o.heldout), "seed": o.seed,
+        "decode": {"prompt_tokens": d, "new_tokens": d, "bf16_tokens": b},
+        "batch": {"requests": o.batch, "prompt_tokens": o.batch_prompt_tokens,
+                  "new_tokens": o.batch_new_tokens},
+    }  # fmt: skip
     report["quality"] = None if o.heldout.is_file() else f"no held-out text at {o.heldout}"
     report["models"] = [bench_model(name, o, say) for name in o.models]
     add_targets(report)
     for model in report["models"]:
         for r in model["rows"]:
-            report.headline(
-                f"{model['name']} {r['scheme']}",
-                r.get("skipped")
-                or (
-                    f"{r['weight_mb']} MB · batch 1 {r['decode_tokens_per_s']} tok/s · batch "
-                    f"{o.batch} {r['batch_tokens_per_s']} tok/s · ppl {r.get('perplexity')} · "
-                    f"top-1 {r.get('top1_agreement')} · vs fp32 {r['vs_fp32']}"
-                ),
-            )
+            keys = ("skipped", "weight_mb", "decode_tokens_per_s", "batch_tokens_per_s")
+            report.headline(f"{model['name']} {r['scheme']}", r, *keys, "perplexity", "vs_fp32")
     return report.finish()

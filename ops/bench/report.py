@@ -51,9 +51,13 @@ class Report(dict[str, Any]):
         side = "at_most" if at_most else "at_least"
         self["targets"][name] = {"target": target, side: True, "value": value, "met": met}
 
-    def headline(self, label: str, text: str) -> None:
-        """One line of the text form: the figure a person looks for first."""
-        self._headline.append((label, text))
+    def headline(self, label: str, figures: str | dict[str, Any], *keys: str) -> None:
+        """One line of the text form, the figures a person looks for first: a text, or those
+        of `keys` (default all) in a dict, as "k v · k v"."""
+        if isinstance(figures, dict):
+            picked = [(k, figures[k]) for k in keys or figures if k in figures]
+            figures = " · ".join(f"{k} {v}" for k, v in picked)
+        self._headline.append((label, figures))
 
     def finish(self) -> Report:
         """The last load sample, and a warning when the host's load passed its CPUs."""

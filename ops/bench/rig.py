@@ -113,6 +113,7 @@ def worker_argv(
         "--worker-id": f"bench-{kind}",
         "--http-port": -1,
         "--control-topic": topics.get("control", ""),
+        "--events-topic": topics.get("events"),
     } | {f"--{k.replace('_', '-')}": v for k, v in more.items()}
     connection, secrets = connection_argv(kafka)
     args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]

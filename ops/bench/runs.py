@@ -29,6 +29,18 @@ BATCH1_PROMPT_TOKENS = 128
 BATCH1_NEW_TOKENS = 128
 
 
+def engine_facts(engine: Engine) -> dict[str, Any]:
+    """The model and how the engine runs it, for a report."""
+    m = engine.model
+    return {
+        "name": m.name, "digest": m.digest, "arch": m.config.arch,
+        "parameters": m.config.num_parameters(), "device": str(m.device),
+        "dtype": str(m.dtype).removeprefix("torch."), "linear_kernel": m.linear_kernel,
+        "attention_kernel": engine.attention_kernel, "block_size": engine.config.block_size,
+        "kv_blocks": engine.num_blocks,
+    }  # fmt: skip
+
+
 class _Recorder:
     """Stands in for the engine inside `run_all`, noting which requests sampled at each step."""
 

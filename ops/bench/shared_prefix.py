@@ -17,7 +17,7 @@ from typing import Any
 from gpu.engine import Engine, EngineRequest
 from gpu.sequence import SamplingParams
 from ops.bench.report import Narrate, Report, alternate, quiet, ratio
-from ops.bench.runs import measure, warm
+from ops.bench.runs import engine_facts, measure, warm
 from ops.bench.workload import allowed_token_ids
 
 QUESTION_TOKENS = (16, 64)
@@ -89,9 +89,8 @@ def run_shared_prefix(
     on, off = (min(runs[s], key=lambda r: r["wall_s"]) for s in ("on", "off"))  # least disturbed
     ttft = ratio(off["ttft_ms"]["p50"], on["ttft_ms"]["p50"], 2)
     rate = ratio(on["output_tokens_per_s"], off["output_tokens_per_s"], 2)
-    m = engine.model
     report = Report("engine-shared-prefix")
-    report["model"] = {"name": m.name, "digest": m.digest, "arch": m.config.arch}
+    report["model"] = engine_facts(engine)
     report["workload"] = {
         "seed": seed,
         "requests": len(work),
@@ -111,10 +110,6 @@ def run_shared_prefix(
     report.target("ttft_p50_off_over_on", ttft, 3.0)
     report.target("throughput_on_over_off", rate, 1.5)
     for name, r in (("caching on", on), ("caching off", off)):
-        report.headline(
-            name,
-            f"TTFT p50 {r['ttft_ms']['p50']} ms · {r['output_tokens_per_s']} "
-            f"tok/s · hit ratio {r['prefix_hit_ratio']}",
-        )
+        report.headline(name, r, "ttft_ms", "output_tokens_per_s", "prefix_hit_ratio")
     report.headline("outputs identical", str(report["outputs_identical"]))
     return report.finish()

@@ -17,7 +17,7 @@ from typing import Any
 from gpu.engine import Engine, EngineRequest
 from gpu.sequence import JsonConstraint, SamplingParams
 from ops.bench.report import Report, ratio
-from ops.bench.runs import measure
+from ops.bench.runs import engine_facts, measure
 from ops.bench.workload import random_prompts
 
 MIN_ITEMS = 1000  # more items than any budget can emit: every constrained run hits its length
@@ -73,11 +73,8 @@ def run_json_bench(engine: Engine, o: JsonBenchOptions) -> Report:
     _run(engine, warm, constrained, "warm-json-")
     _run(engine, warm, free, "warm-free-")
     report = Report("json")
-    m = engine.model
     report |= {
-        "model": {"name": m.name, "digest": m.digest},
-        "device": str(m.device),
-        "dtype": str(m.dtype).removeprefix("torch."),
+        "model": engine_facts(engine),
         "grammar_library": "llguidance",
         "schema": BENCH_SCHEMA,
         "options": asdict(o),
@@ -99,10 +96,5 @@ def run_json_bench(engine: Engine, o: JsonBenchOptions) -> Report:
             "grammar_ms_per_step": grammar,
         }
         report["batches"][str(batch)] = row
-        report.headline(
-            f"batch {batch}",
-            f"free {plain['output_tokens_per_s']} tok/s · json "
-            f"{masked['output_tokens_per_s']} tok/s · ratio {row['throughput_ratio']} "
-            f"(+{row['added_ms_per_step']} ms/step, grammar {grammar})",
-        )
+        report.headline(f"batch {batch}", row, "throughput_ratio", "added_ms_per_step")
     return report.finish()

@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,9 @@ from gpu.engine_config import EngineConfig
 from messages.control import Command, Status, SwapModel
 from messages.events import Event, ModelSwapFailed, ModelSwapped, ModelSwapStarted, StatusReply
 from messages.request import GenerateRequest
-from ops.bench.load import Arrival, LoadClient, Stamp
+from ops.bench.load import Arrival, Stamp, worker
 from ops.bench.report import Narrate, Report, quiet, ratio
-from ops.bench.rig import Rig, log_tail, rig, worker_argv, worker_process
+from ops.bench.rig import log_tail, rig
 from ops.control.client import send_command
 from ops.models.engine_options import EngineChoice
 from ops.models.registry import resolve_model
@@ -98,164 +98,87 @@ def link_models(source: Path, models_dir: Path) -> str:
     return how
 
 
-async def _command(
-    r: Rig,
-    topics: dict[str, str],
-    secret: str,
-    command: Command,
-    answered: tuple[type, ...],
-    wait_s: float,
-) -> list[Event]:
-    return await send_command(
-        r.kafka,
-        command,
-        secret=secret,
-        control_topic=topics["control"],
-        events_topic=topics["events"],
-        wait_s=wait_s,
-        until=lambda events: any(isinstance(e, answered) for e in events),
-    )
-
-
 async def run_swap_bench(o: SwapBenchOptions, say: Narrate = quiet) -> Report:
     """Run the load and the swap; the report (see `ops/bench/cli.py`)."""
     source = resolve_model(o.model)
     report = Report("swap")
     secret = secrets.token_hex(16)
     run = _Run()
-    b = "b.gguf" if source.is_file() else "b"
+    a, b = ("a.gguf", "b.gguf") if source.is_file() else ("a", "b")
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-swap-") as tmp:
         models_dir = Path(tmp) / "models"
         linked = link_models(source, models_dir)
         async with rig(o.kafka, Path(tmp), say, partitions=3) as r:
             report["kafka"] = r.facts()
-            topics = await r.topics("swap", ROLES)
-            a_path = models_dir / ("a.gguf" if source.is_file() else "a")
-            a = EngineChoice(model=str(a_path), dtype=None, device=None, engine=EngineConfig())
-            argv, env = worker_argv(
-                a,
-                "torch",
-                r.kafka,
-                topics,
-                models_dir=models_dir,
-                control_secret=secret,
-                events_topic=topics["events"],
-                swap_memory_budget=1 if o.drain else None,
-            )
-            log = r.tmp / "worker.log"
-            async with (
-                worker_process(argv, log, env=env) as proc,
-                LoadClient(r.kafka, topics) as client,
-            ):
-                say("worker: loading a, then a warm-up request and a status command")
-                start = time.monotonic()
-                await _warm_up(r, topics, secret, client, proc, log, o)
+            choice = EngineChoice(str(models_dir / a), None, None, EngineConfig())
+
+            def request(i: int | str) -> GenerateRequest:
+                prompt = f"Write one sentence about the number {i}."
+                return GenerateRequest(
+                    id=f"load-{i}", prompt=prompt, max_new_tokens=o.max_new_tokens
+                )
+
+            async def command(c: Command, answered: tuple[type, ...], wait_s: float) -> list[Event]:
+                return await send_command(
+                    r.kafka, c, secret=secret, control_topic=w.topics["control"],
+                    events_topic=w.topics["events"], wait_s=wait_s,
+                    until=lambda events: any(isinstance(e, answered) for e in events),
+                )  # fmt: skip
+
+            async def swap_later() -> None:
+                await asyncio.sleep(o.swap_at * o.duration_s)
+                run.command_at = time.time()
+                answer = (ModelSwapped, ModelSwapFailed)
+                run.events = await command(SwapModel(model=b), answer, o.timeout_s)
+
+            async def load() -> None:
+                deadline = time.monotonic() + o.duration_s + o.timeout_s
+                more = lambda sent: _more_after(o, run, sent, deadline)  # noqa: E731
+                run.sent, run.late_ms = await w.client.at_rate(request, o.rate, o.requests, more)
+
+            say("worker: loading a, then a warm-up request and a status command")
+            start = time.monotonic()
+            budget = 1 if o.drain else None  # drain: no room for two models
+            warm = [request("warm")]
+            async with worker(
+                r, "swap", choice, "torch", warm, o.timeout_s, roles=ROLES,
+                models_dir=models_dir, control_secret=secret, swap_memory_budget=budget,
+            ) as w:  # fmt: skip
+                # A command sent before the control consumer has its positions is never seen.
+                while not await command(Status(), (StatusReply,), 3.0):
+                    if time.monotonic() - start > o.timeout_s or w.proc.returncode is not None:
+                        raise RuntimeError(f"no answer to a status command:\n{log_tail(w.log)}")
                 ready_s = round(time.monotonic() - start, 2)
                 say(f"load: {o.rate}/s for {o.duration_s} s; swap to b at {o.swap_at:.0%}")
-                meter = r.meter(proc).start()
-
-                def request(i: int) -> GenerateRequest:
-                    prompt = f"Write one sentence about the number {i}."
-                    return GenerateRequest(
-                        id=f"load-{i}", prompt=prompt, max_new_tokens=o.max_new_tokens
-                    )
-
-                async def swap_later() -> None:
-                    await asyncio.sleep(o.swap_at * o.duration_s)
-                    run.command_at = time.time()
-                    answer = (ModelSwapped, ModelSwapFailed)
-                    run.events = await _command(
-                        r, topics, secret, SwapModel(model=b), answer, o.timeout_s
-                    )
-
-                async def load() -> None:
-                    deadline = time.monotonic() + o.duration_s + o.timeout_s
-                    more = lambda sent: _more_after(o, run, sent, deadline)  # noqa: E731
-                    run.sent, run.late_ms = await client.at_rate(request, o.rate, o.requests, more)
-
+                meter = r.meter(w.proc).start()
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(load())
                     tg.create_task(swap_later())
                 say("load: sent; waiting for the last results")
-                await client.missing(run.sent.keys(), o.timeout_s)
+                await w.client.missing(run.sent.keys(), o.timeout_s)
                 cpu = meter.read()
-            shown = argv[3:]
-            shown[shown.index("--control-secret") + 1] = "<random, for this run>"
-            report["worker"] = {"argv": shown, "ready_s": ready_s, "exit_code": proc.returncode}
-    report |= summarize(run, client.arrived, client.duplicates) | {"cpu_s": cpu}
-    report["config"] = {
-        "model": o.model,
+    shown = w.argv
+    shown[shown.index("--control-secret") + 1] = "<random, for this run>"
+    report["worker"] = {"argv": shown, "ready_s": ready_s, "exit_code": w.exit_code}
+    report |= summarize(run, w.client.arrived, w.client.duplicates) | {"cpu_s": cpu}
+    options = {f.name: getattr(o, f.name) for f in fields(o) if f.name != "kafka"}
+    report["config"] = options | {
         "model_path": str(source),
         "mode": "drain" if o.drain else "flip",
-        "rate_per_s": o.rate,
-        "duration_s": o.duration_s,
-        "swap_at": o.swap_at,
         "requests": len(run.sent),
         "planned_requests": o.requests,
-        "min_after": o.min_after,
-        "max_new_tokens": o.max_new_tokens,
         "prompts": "text, 'Write one sentence about the number {i}.'; greedy",
     }
-    report["models"] = {
-        "linked_as": linked,
-        "note": "a and b are links to the same bytes: b is a "
-        "real second load (another path, named b in results), both digests equal",
-    }
+    report["models"] = {"linked_as": linked, "note": "a and b are links to the same bytes: b is "
+                        "a real second load (another path, named b in results)"}  # fmt: skip
     if (late := report["send_late_ms"]["max"]) is not None and late > 100:
-        report["warnings"].append(
-            f"a send went out {late} ms behind its schedule: the load was not steady"
-        )
-    if report["lost"]:
-        report["warnings"].append(f"{report['lost']} requests had no result within the timeout")
-    s = report["swap"]
-    report.headline(
-        "swap",
-        f"{s['outcome']}: "
-        + (
-            f"load {s['load_ms']} ms · smoke {s['smoke_ms']} ms · flip {s['flip_ms']} ms · pause "
-            f"{s['pause_ms']} ms · command → swapped {s['command_to_swapped_ms']} ms"
-            if s["outcome"] == "swapped"
-            else s["reason"]
-        ),
-    )
+        report["warnings"].append(f"a send went {late} ms behind its schedule: an unsteady load")
+    report.headline("swap", report["swap"], "outcome", "reason", "load_ms", "smoke_ms",
+                    "flip_ms", "pause_ms", "command_to_swapped_ms")  # fmt: skip
     for name, w in report["windows"].items():
-        lat = w["latency_ms"]
-        report.headline(
-            name,
-            f"{w['count']} sent · p50 {lat['p50']} / p99 {lat['p99']} / max {lat['max']} ms"
-            f" · {w['throughput_per_s']} results/s · answered by {w['models']}",
-        )
-    report.headline(
-        "lost",
-        f"{report['lost']} · duplicates {report['duplicates']} · errors "
-        f"{report['errors']} · throughput dip {report['throughput_dip']}",
-    )
+        report.headline(name, w, "count", "latency_ms", "throughput_per_s", "models")
+    report.headline("losses", report, "lost", "duplicates", "errors", "throughput_dip")
     return report.finish()
-
-
-async def _warm_up(
-    r: Rig,
-    topics: dict[str, str],
-    secret: str,
-    client: LoadClient,
-    proc: asyncio.subprocess.Process,
-    log: Path,
-    o: SwapBenchOptions,
-) -> None:
-    """A warm-up request answered (model loaded, group joined), then a status reply (the
-    control consumer is reading); RuntimeError if the worker exits or stalls."""
-    from ops.bench.load import warm_up
-
-    start = time.monotonic()
-    warm = GenerateRequest(
-        id="warm-0", prompt="Write one sentence.", max_new_tokens=o.max_new_tokens
-    )
-    await warm_up(client, proc, log, [warm], o.timeout_s)
-    # A command sent before the control consumer has its positions is never seen: ask again.
-    while time.monotonic() - start < o.timeout_s and proc.returncode is None:
-        if await _command(r, topics, secret, Status(), (StatusReply,), 3.0):
-            return
-    raise RuntimeError(f"the worker never answered a status command:\n{log_tail(log)}")
 
 
 def _more_after(o: SwapBenchOptions, run: _Run, sent: dict[str, Stamp], deadline: float) -> bool:

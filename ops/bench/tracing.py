@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from messages.request import GenerateRequest
-from ops.bench.load import LoadClient, flood, warm_up
+from ops.bench.load import flood, worker
 from ops.bench.report import alternate
-from ops.bench.rig import Rig, child_pid, worker_argv, worker_process
+from ops.bench.rig import Rig, child_pid
 from ops.errors import OpsError
 from ops.services.jaeger import LocalJaeger
 from ops.services.jaeger_build import is_built
@@ -80,28 +81,12 @@ async def _alternate(
             for j, ids in enumerate(prompts)
         ]
         r.say(f"tracing {mode}, {kind} (round {i // 2 + 1}): {len(requests)} requests")
-        topics = await r.topics(name)
-        log = r.tmp / f"worker-{name}.log"
-        argv, secrets = worker_argv(o.engine, kind, r.kafka, topics)
-        env = secrets | (on_env if mode == "on" else {})
-        warming = [
-            GenerateRequest(
-                id=f"{name}-warm-{j}",
-                prompt_token_ids=q.prompt_token_ids or [1],
-                max_new_tokens=new_tokens,
-            )
-            for j, q in enumerate(requests[: min(warm, len(requests))])
-        ]
-        async with (
-            worker_process(argv, log, env=env) as proc,
-            LoadClient(r.kafka, topics, linger_ms=5) as client,
-        ):
-            await warm_up(client, proc, log, warming, o.timeout_s)
+        env = on_env if mode == "on" else {}
+        warming = [replace(q, id=f"warm-{q.id}") for q in requests[:warm]]
+        async with worker(r, name, o.engine, kind, warming, o.timeout_s, env=env, linger_ms=5) as w:
             # traced: its span export process (a child of the worker) and Jaeger are metered too
-            others = (
-                {"span_export": child_pid(proc.pid), "jaeger": jaeger.pid} if mode == "on" else {}
-            )
-            runs[mode].append(await flood(client, requests, r.meter(proc, **others), o.timeout_s))
+            pids = {"span_export": child_pid(w.proc.pid), "jaeger": jaeger.pid} if env else {}
+            runs[mode].append(await flood(w.client, requests, r.meter(w.proc, **pids), o.timeout_s))
     off = [x["requests_per_s"] for x in runs["off"] if x["requests_per_s"]]
     on = [x["requests_per_s"] for x in runs["on"] if x["requests_per_s"]]
     ratio = round(statistics.mean(on) / statistics.mean(off), 3) if off and on else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpu.engine import EngineRequest
 from gpu.sequence import SamplingParams
@@ -46,6 +46,15 @@ class Workload:
             min_output=output,
             max_output=output,
         )
+
+    def describe(self, built: Sequence[BenchRequest]) -> dict[str, Any]:
+        return {
+            "seed": self.seed, "requests": self.requests,
+            "prompt_len_range": [self.min_prompt, self.max_prompt],
+            "output_len_range": [self.min_output, self.max_output],
+            "prompt_tokens": sum(len(r.prompt_token_ids) for r in built),
+            "output_tokens": sum(r.max_new_tokens for r in built),
+        }  # fmt: skip
 
     def build(self, engine: Engine) -> list[BenchRequest]:
         """The seeded requests; ValueError when they cannot fit the engine."""
