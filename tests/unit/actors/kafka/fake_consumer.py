@@ -37,6 +37,8 @@ class FakeConsumer:
         self.failures: list[Exception] = []  # raised by the next polls, in order
         self.topic_names = set(topics)
         self._fed = asyncio.Event()
+        self.committed_event = asyncio.Event()  # set by every commit
+        self.highwaters: dict[TopicPartition, int] = {}
         self._coordinator = self  # where the committer reads commits with their metadata
 
     def feed(self, *records: Any) -> None:
@@ -65,21 +67,28 @@ class FakeConsumer:
             await self.listener.on_partitions_assigned(set(self.partitions))
         if self.failures:
             raise self.failures.pop(0)
-        if not self.queue:
+        ready = self._ready(max_records)
+        if not ready:  # a poll that finds nothing waits for its timeout, or for records
             self._fed.clear()
-            with contextlib.suppress(TimeoutError):  # a poll that finds nothing
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._fed.wait(), timeout_ms / 1000)
-        ready = [r for r in self.queue if TopicPartition(r.topic, r.partition)
-                 not in self.paused_partitions][: max_records or len(self.queue)]  # fmt: skip
+            ready = self._ready(max_records)
         out: dict[TopicPartition, list[Any]] = {}
         for r in ready:
             self.queue.remove(r)
             out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
         return out
 
+    def _ready(self, max_records: int | None) -> list[Any]:
+        """The records a poll may hand out: not of a paused partition, at most `max_records`."""
+        ready = [r for r in self.queue
+                 if TopicPartition(r.topic, r.partition) not in self.paused_partitions]  # fmt: skip
+        return ready if max_records is None else ready[:max_records]
+
     async def commit(self, offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
         self.commits.append(dict(offsets))
         self.committed.update(offsets)
+        self.committed_event.set()
 
     async def fetch_committed_offsets(
         self, partitions: list[TopicPartition]
@@ -110,7 +119,7 @@ class FakeConsumer:
         return {tp: 0 for tp in partitions}
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        return None
+        return self.highwaters.get(tp)
 
     def pause(self, *partitions: TopicPartition) -> None:
         self.paused_partitions.update(partitions)
