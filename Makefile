@@ -32,9 +32,9 @@ demo: env
 	RUN="$(RUN)" ops/demo.sh
 
 bench: env
-	$(RUN) tokenmill bench engine --model smollm2-135m --requests 64 --json
-	$(RUN) tokenmill bench pipeline --model smollm2-135m --json
-	$(RUN) tokenmill bench batch --json
+	$(RUN) tokenmill bench engine --model smollm2-135m --requests 64 --out docs/results/
+	$(RUN) tokenmill bench pipeline --model smollm2-135m --out docs/results/
+	$(RUN) tokenmill bench batch --out docs/results/
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,5 @@
-"""`bench batch`: what `tokenmill batch run` costs over a raw Kafka client, and its memory.
-
-One `tokenmill worker --engine echo` subprocess (no model: the plumbing alone) answers the same
-short requests (4 prompt token ids, 2 new tokens): first from this process's load client as
-fast as it produces (the baseline), then as OpenAI Batch lines through `tokenmill batch run`
-subprocesses, for a tenth of the file and for all of it: requests/s and peak RSS from the run's
-own summary, CPU seconds from `wait4`. Reports the ratio and how the peak RSS grows.
-"""
+"""`bench batch`: `tokenmill batch run` against a raw Kafka client on one echo worker, and the
+batch client's peak RSS as its file grows (`tokenmill bench batch --help`)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""`bench engine`: tokenmill's engine against Hugging Face transformers on one seeded workload.
-
-Random-token prompts, greedy, EOS ignored, so every contender generates exactly the asked
-tokens: the engine (every request at once, continuous batching), transformers `generate` one
-request at a time, and transformers in static left-padded batches, one after another in this
-process. The transformers contenders run subsets; rates (output tokens/s) are compared. Also:
-batch-1 decode and its step breakdown, TTFT/TPOT, peak KV blocks, and FLOP rates against a GEMM
-peak measured in the same run (`ops/bench/flops.py`). Targets are reported, never asserted.
-"""
+"""`bench engine`: the engine against Hugging Face transformers (one request at a time, and
+static padded batches) on one seeded workload, with batch 1, latency, KV and FLOP figures
+(`ops/bench/flops.py`); what each figure means: `tokenmill bench engine --help`."""
 
 from __future__ import annotations
 

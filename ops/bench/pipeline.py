@@ -1,19 +1,9 @@
-"""`bench pipeline`: `bench engine`'s seeded workload through real Kafka and a `tokenmill
-worker` subprocess, against the same engine run directly in this process.
-
-- throughput: the workload directly (on an engine thread, as the worker steps its engine) and
-  through Kafka, in rounds taking turns at going first, each round on a workload of its own
-  seed; the headline is the median of the rounds' ratios (a shared host drifts ±10% from one
-  minute to the next: one run of each a minute apart measures the host as much as Kafka). On
-  a GPU the two engines cannot both be held, so every direct round runs first.
-- latency: short requests at a light rate through Kafka, end to end, against the same
-  requests one at a time on the direct engine: the ms Kafka and the actors add.
-- ceiling: a worker with `--engine echo` (no model): its latency at a light rate, then
-  requests/s when fed as fast as this process produces, with token ids and with text prompts.
-- tracing (on request): `ops/bench/tracing.py`.
-
-CPU seconds of the worker, this process and the broker are reported beside wall times. Greedy,
-EOS honoured on both paths (the wire has no ignore_eos). Targets are reported, never asserted.
+"""`bench pipeline`: the seeded workload through real Kafka and a `tokenmill worker` subprocess,
+against the same engine in this process (`tokenmill bench pipeline --help` says what each
+section measures). The throughput rounds take turns at going first, each on a seed of its own,
+and the headline is the median of their ratios: a shared host drifts ±10% from one minute to the
+next, so one run of each a minute apart measures the host as much as Kafka. On a GPU the two
+engines cannot both be held: there every direct round runs first, released before the worker.
 """
 
 from __future__ import annotations

@@ -88,8 +88,9 @@ class Report(dict[str, Any]):
         return "\n".join(lines)
 
     def write(self, out: Path) -> Path:
-        """The JSON to `out`, or into the folder `out` as `<date>-<benchmark>-<host>.json`."""
-        if out.is_dir():
+        """The JSON to `out` (a .json file), or into the folder `out` (made if need be) as
+        `<date>-<benchmark>-<host>.json`."""
+        if out.is_dir() or out.suffix != ".json":
             stamp = self["date"].replace(":", "").split("+")[0]
             out = out / f"{stamp}-{self['benchmark']}-{self['host']['name']}.json"
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,6 @@
-"""`bench engine --workload shared-prefix`: what prefix caching buys, on and off in one run.
-
-Every request starts with the same seeded system prompt (`prefix_tokens` random tokens) and
-asks its own question (16-64 tokens) for 32 new tokens (greedy, EOS ignored), all at once. The
-same requests run on two engines over one loaded model, with prefix caching and without, in
-alternating order (`report.alternate`), each run starting with an empty cache; the faster run
-of each setting is compared: TTFT p50, output tokens/s, and whether the outputs agree.
-"""
+"""`bench engine --workload shared-prefix`: what prefix caching buys. The same requests (one
+seeded system prompt, then each its own question; all at once) run with prefix caching and
+without, alternating, each run from an empty cache; the faster run of each is compared."""
 
 from __future__ import annotations
 

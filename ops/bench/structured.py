@@ -1,12 +1,6 @@
-"""`bench json`: what JSON-schema constraints cost per engine step.
-
-At each batch size the same seeded random-token prompts run free (greedy, EOS ignored) and
-then constrained by a schema whose JSON cannot close within the token budget (an array of at
-least `MIN_ITEMS` small objects), so both runs generate the same number of tokens and only the
-masks differ: building them on the host (the grammar library) and applying them, and advancing
-each matcher. On a CPU the step clock also times each phase: the grammar's cost is the growth
-of the sample and collect phases, which noise in the forward pass does not blur.
-"""
+"""`bench json`: the per-step cost of JSON-schema constraints (`tokenmill bench json --help`).
+On a CPU the step clock times each phase: the grammar's cost is the growth of the sample and
+collect phases, which noise in the forward pass does not blur."""
 
 from __future__ import annotations
 

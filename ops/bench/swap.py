@@ -1,17 +1,7 @@
-"""`bench swap`: one zero-downtime model swap under steady open-loop load.
-
-One `tokenmill worker` serves `a` from a models directory in a temp dir that also holds `b`,
-both hard links (copies across filesystems) to the chosen model (a .gguf file or an HF
-folder), so `b` is a real second load of the same bytes. Requests go out at a fixed rate, open
-loop; at `swap_at` of the run a signed `SwapModel("b")` goes out on the control topic.
-
-Each request falls in a window by its send time: `before` the command, `during` (until the
-worker's `model_swapped` event) and `after`. Per window: latency (send → result fetched here)
-p50/p99/max, throughput (results/s arriving within the window) and the models that answered.
-Then requests lost, duplicates, errors by code, p99 during / p99 before, and the throughput
-dip: the slowest 1-s bin from the command to 2 s past the swap over the before window's mean.
-With `drain` the worker gets a 1-byte swap memory budget: a drain-mode swap, not a flip.
-"""
+"""`bench swap`: one zero-downtime model swap under steady open-loop load (`tokenmill bench swap
+--help`). Requests fall in windows by send time: `before` the command, `during` (until the
+worker's `model_swapped` event) and `after`; windows and bins use unix times (the worker's
+events carry them; same host), latency this process's monotonic clock."""
 
 from __future__ import annotations
 

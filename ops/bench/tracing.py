@@ -1,12 +1,7 @@
-"""`bench pipeline --only tracing`: the cost of tracing, the same worker flood with tracing off
-and on in one run, the traced runs sampled at 1.0 into a real Jaeger started for the run.
-
-Two workloads: echo (no model, so the per-request work around the engine, where tracing's cost
-lies, is all there is: the worst case) and the run's model (`--tracing-model-requests`, 0 to
-skip: what a deployment pays). Off and on alternate, `--tracing-rounds` times; the ratio of
-their mean requests/s is each workload's figure (target: tracing costs at most 5%). CPU is
-metered per process (the worker, its span export process, Jaeger): where the cost lands.
-"""
+"""`bench pipeline --only tracing`: the cost of tracing. Echo workers (the worst case: no model,
+so the per-request work around the engine is all there is) and workers on the model, each
+flooded with tracing off and on (sampled at 1.0 into a Jaeger started for the run), in
+alternating rounds; CPU is metered per process (worker, span export, Jaeger)."""
 
 from __future__ import annotations
 
