@@ -16,11 +16,9 @@ again (`offset_left_uncommitted`).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 
 import structlog
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from actors.config import WorkerConfig
@@ -31,13 +29,11 @@ from actors.ingest.door import Door, Entry
 from actors.ingest.envelope import Envelope
 from actors.ingest.ledger import Ledger
 from actors.ingest.model_front import ModelFront
-from actors.ingest.rules import tokenize_all
 from actors.kafka.consumers import requests_consumer
 from actors.kafka.partition_reader import Consumer, PartitionReader, Record, names
 from actors.mail import Admitted, Batch, Cancel, Delivered, Outcome, OutcomeBlocked, UseModel
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
-from messages.errors import InvalidRequest
 
 log = structlog.get_logger("tokenmill.ingest")
 
@@ -64,7 +60,7 @@ class IngestActor(Actor[Mail]):
         self.front = front
         self.make_consumer = consumer or (lambda: requests_consumer(config))
         self.backpressure = Backpressure(config.watermarks)
-        self.door = Door(config, outcomes, self._list_topics)
+        self.door = Door(config, outcomes, lambda: self.reader.topics())
         self.batcher = Batcher(
             config.bucket_config(front.max_model_len),
             batches=batches,
@@ -151,11 +147,6 @@ class IngestActor(Actor[Mail]):
             await self.reader.close()
             log.info("ingest_stopped", records=self.records_read)
 
-    async def _list_topics(self) -> set[str]:
-        if self.reader.consumer is None:
-            raise KafkaError("the consumer is not started")
-        return set(await self.reader.consumer.topics())
-
     # -- records in ----------------------------------------------------------------------
 
     async def _fetch_loop(self) -> None:
@@ -206,26 +197,10 @@ class IngestActor(Actor[Mail]):
 
     async def _bucket(self, entries: list[Entry]) -> None:
         """Tokenize the requests that passed the door and place them in their buckets."""
-        if not entries:
-            return
-        # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
-        loop = asyncio.get_running_loop()
-        front = self.front  # a flip meanwhile: the GPU actor tokenizes these again
-        requests = [e.request for e in entries]
-        tokens = await loop.run_in_executor(None, tokenize_all, front, requests)
-        now = time.monotonic()
-        for entry, ids in zip(entries, tokens, strict=True):
-            if isinstance(ids, InvalidRequest):
-                await self.door.refusals.reject(entry.envelope, ids, None, entry.request)
-                continue
-            try:
-                item = self.door.admitted(entry, ids, front, now)
-                cost = item.cost_tokens
-            except Exception as exc:  # a bug: this record's answer, not the actor's crash
-                await self.door.refusals.internal_error(entry.envelope, exc)
-                continue
-            self._account(self.backpressure.admit(1, cost))
-            await self.batcher.add(item, len(ids))
+        # A flip meanwhile: the GPU actor tokenizes these again.
+        for item in await self.door.tokenized(entries, self.front):
+            self._account(self.backpressure.admit(1, item.cost_tokens))
+            await self.batcher.add(item, len(item.prompt_token_ids))
 
     # -- notices in, backpressure, rebalances ---------------------------------------------
 

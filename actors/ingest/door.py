@@ -1,8 +1,8 @@
 """The door: one record in → a request to tokenize, or its refusal sent to the emitter.
 
     door = Door(config, outcomes, list_topics)
-    entry = await door.enter(record, deaths)        # None: answered here (refused)
-    item = door.admitted(entry, token_ids, front, now)   # once tokenized
+    entry = await door.enter(record, envelope, deaths)   # None: answered here (refused)
+    items = await door.tokenized(entries, front)         # a fetch's entries, tokenized
 
 A record's headers are read once, into its `Envelope`, which travels with the request: the
 admitted request's content type and trace headers, and every refusal's, come from it. The
@@ -14,6 +14,8 @@ at once, off the event loop (`rules.tokenize_all`).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +25,7 @@ from actors.ingest.envelope import Envelope
 from actors.ingest.model_front import ModelFront
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
-from actors.ingest.rules import check
+from actors.ingest.rules import check, tokenize_all
 from actors.mail import Admitted, Outcome
 from actors.runtime import Address
 from messages.errors import InvalidRequest, UndecodableRequest
@@ -91,6 +93,29 @@ class Door:
             await self.refusals.reject(envelope, exc, None, request)
             return None
         return Entry(envelope, request, envelope.content_type, deadline)
+
+    async def tokenized(self, entries: list[Entry], front: ModelFront) -> list[Admitted]:
+        """The requests that passed the door, tokenized by `front`; the rest refused."""
+        if not entries:
+            return []
+        # Tokenizers release the GIL: a fetched batch tokenizes off the event loop.
+        loop = asyncio.get_running_loop()
+        requests = [e.request for e in entries]
+        tokens = await loop.run_in_executor(None, tokenize_all, front, requests)
+        now = time.monotonic()
+        admitted = []
+        for entry, ids in zip(entries, tokens, strict=True):
+            if isinstance(ids, InvalidRequest):
+                await self.refusals.reject(entry.envelope, ids, None, entry.request)
+                continue
+            try:
+                item = self.admitted(entry, ids, front, now)
+                item.cost_tokens  # noqa: B018  (a bug here is this record's answer)
+            except Exception as exc:  # a bug: this record's answer, not the actor's crash
+                await self.refusals.internal_error(entry.envelope, exc)
+                continue
+            admitted.append(item)
+        return admitted
 
     def admitted(
         self, entry: Entry, token_ids: list[int], front: ModelFront, now: float

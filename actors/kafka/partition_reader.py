@@ -155,6 +155,10 @@ class PartitionReader:
         if self.consumer is not None:
             await self.consumer.stop()
 
+    async def topics(self) -> set[str]:
+        """The topics the broker has (a metadata request)."""
+        return set(await self._started().topics())
+
     def _started(self) -> Consumer:
         if self.consumer is None:
             raise KafkaError(f"the {self.name} consumer is not started")
