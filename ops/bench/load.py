@@ -1,8 +1,8 @@
 """The load client every Kafka benchmark drives a worker with: it produces requests (all at once,
 or open loop at a fixed rate) and stamps each result as it is fetched. `worker` starts a
 `tokenmill worker` with a client of its own and warms it up. Then what they measure: `flood`
-(requests/s as fast as this process produces), `burst` (a workload at once: output tokens/s)
-and `latency` (at a light rate, end to end and split into its legs), each a JSON-ready dict.
+(requests/s and tokens/s, all sent at once, as fast as this process produces) and `latency` (at
+a light rate, end to end and split into its legs), each a JSON-ready dict.
 """
 
 from __future__ import annotations
@@ -204,47 +204,39 @@ async def worker(
 
 
 async def flood(
-    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float
+    client: LoadClient,
+    requests: Sequence[GenerateRequest],
+    meter: CpuMeter,
+    within_s: float,
+    tokens: bool = False,
 ) -> dict[str, Any]:
-    """Every request at once; requests/s from the first send to the last result."""
+    """Every request at once: requests/s and output tokens/s from the first send to the last
+    result; with `tokens`, each request's tokens (None where lost or failed) too."""
     meter.start()
     start = await client.send_all(requests)
     sent = time.perf_counter() - start
     await client.missing([r.id for r in requests], within_s)
-    got = [client.arrived[r.id] for r in requests if r.id in client.arrived]
-    wall = max((a.at.mono for a in got), default=start) - start
-    ok = sum(1 for a in got if a.result.ok)
-    cpu = meter.read()
-    return {
+    got = [client.arrived.get(r.id) for r in requests]
+    ok = [a.result.token_ids if a and a.result.ok else None for a in got]
+    wall = max((a.at.mono for a in got if a), default=start) - start
+    count, cpu = sum(len(t) for t in ok if t is not None), meter.read()
+    out = {
         "requests": len(requests),
-        "results": len(got),
-        "errors": len(got) - ok,
+        "results": sum(1 for a in got if a),
+        "errors": sum(1 for a, t in zip(got, ok, strict=True) if a and t is None),
         "wall_s": round(wall, 3),
-        "requests_per_s": round(ok / wall, 1) if wall > 0 else None,
-        "output_tokens": sum(len(a.result.token_ids) for a in got if a.result.ok),
+        "requests_per_s": round(sum(1 for t in ok if t is not None) / wall, 1) if wall else None,
+        "output_tokens": count,
+        "output_tokens_per_s": round(count / wall, 2) if wall > 0 else None,
         # When the producer finishing is near wall_s, this process's producing was the limit.
         "all_sent_and_acked_s": round(sent, 3),
         "cpu_s": cpu,
         # CPU seconds per wall second: near 1.0, a single-threaded process was the limit.
         "cores_busy": {
-            k: round(v / wall, 2) if v is not None and wall > 0 else None for k, v in cpu.items()
+            k: None if v is None or not wall else round(v / wall, 2) for k, v in cpu.items()
         },
     }
-
-
-async def burst(
-    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float
-) -> dict[str, Any]:
-    """`flood` read as a workload: output tokens/s, and each request's tokens (None where lost
-    or failed) under `results_tokens`, to compare with a direct run's."""
-    f = await flood(client, requests, meter, within_s)
-    results = [client.arrived.get(r.id) for r in requests]
-    return {
-        k: f[k] for k in ("requests", "results", "errors", "output_tokens", "wall_s", "cpu_s")
-    } | {
-        "output_tokens_per_s": round(f["output_tokens"] / f["wall_s"], 2) if f["wall_s"] else None,
-        "results_tokens": [a.result.token_ids if a and a.result.ok else None for a in results],
-    }
+    return out | ({"results_tokens": ok} if tokens else {})
 
 
 async def latency(

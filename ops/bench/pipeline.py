@@ -24,7 +24,7 @@ from actors.kafka.connection import KafkaConnection
 from gpu.engine import Engine
 from messages.request import GenerateRequest
 from ops.bench.echo_engine import EchoEngine, load_echo_model
-from ops.bench.load import LoadClient, Worker, burst, flood, latency, worker
+from ops.bench.load import LoadClient, Worker, flood, latency, worker
 from ops.bench.report import Narrate, Report, percentiles, quiet, ratio
 from ops.bench.rig import CpuMeter, Rig, log_tail, rig
 from ops.bench.runs import engine_facts, measure
@@ -171,7 +171,9 @@ async def _model_sections(r: Rig, o: PipelineOptions, report: Report) -> None:
                         )
                         continue
                     requests = wire_requests(w, f"kafka-{i}-")
-                    k = got[path] = await burst(wk.client, requests, r.meter(wk.proc), o.timeout_s)
+                    k = got[path] = await flood(
+                        wk.client, requests, r.meter(wk.proc), o.timeout_s, True
+                    )
                     if k["results"] < k["requests"]:
                         raise RuntimeError(
                             f"round {i + 1}: {k['results']} of {k['requests']} "

@@ -33,8 +33,8 @@ def quiet(_: str) -> None:
 
 
 class Report(dict[str, Any]):
-    """A benchmark's report: a dict (what the JSON holds), with targets, warnings and headline
-    lines kept apart until `finish()` or `json()` puts them in."""
+    """A benchmark's report: a dict (what the JSON holds: provenance, the host's load, targets,
+    warnings and the benchmark's own sections), and headline lines for `text()` only."""
 
     def __init__(self, benchmark: str) -> None:
         super().__init__(benchmark=benchmark, **provenance())

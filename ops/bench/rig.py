@@ -103,7 +103,7 @@ def worker_argv(
         "--max-model-len": e.max_model_len,
         "--max-new-tokens-limit": e.max_new_tokens,
         "--max-num-seqs": e.max_num_seqs,
-        "--max-batched-tokens": e.max_num_batched_tokens,
+        "--max-num-batched-tokens": e.max_num_batched_tokens,
         "--num-kv-blocks": e.num_kv_blocks,
         "--group": f"{topics['requests']}.workers",
         "--requests-topic": topics["requests"],

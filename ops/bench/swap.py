@@ -132,7 +132,7 @@ async def run_swap_bench(o: SwapBenchOptions, say: Narrate = quiet) -> Report:
             warm = [request("warm")]
             async with worker(
                 r, "swap", choice, "torch", warm, o.timeout_s, roles=ROLES,
-                models_dir=models_dir, control_secret=secret, swap_memory_budget=budget,
+                models_dir=models_dir, control_secret=secret, swap_memory_budget_bytes=budget,
             ) as w:  # fmt: skip
                 # A command sent before the control consumer has its positions is never seen.
                 while not await command(Status(), (StatusReply,), 3.0):

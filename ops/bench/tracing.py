@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from messages.request import GenerateRequest
 from ops.bench.load import flood, worker

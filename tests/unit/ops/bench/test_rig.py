@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from actors.kafka.connection import KafkaConnection
@@ -25,20 +26,26 @@ SCRAM = KafkaConnection(
 )
 
 
-def _none(**given: object) -> dict[str, object]:
-    return {"bootstrap_servers": None, "kafka_config": None, **given}
+def _connection(monkeypatch: pytest.MonkeyPatch, *args: str) -> KafkaConnection | None:
+    """`bench batch`'s connection from these flags alone (no TOKENMILL_* from this env)."""
+    for name in [n for n in os.environ if n.startswith("TOKENMILL_")]:
+        monkeypatch.delenv(name)
+    with bench.commands["batch"].make_context("batch", list(args)) as ctx:
+        return _bench_kafka(dict(ctx.params))
 
 
-def test_no_broker_given_means_start_one() -> None:
-    assert _bench_kafka(_none()) is None
+def test_no_broker_given_means_start_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _connection(monkeypatch) is None
 
 
-def test_a_given_broker_brings_the_other_settings(tmp_path: Path) -> None:
-    given = _bench_kafka(_none(bootstrap_servers="b:9092", compression_type="zstd"))
+def test_a_given_broker_brings_the_other_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = _connection(monkeypatch, "--bootstrap-servers", "b:9092", "--compression-type", "zstd")
     assert given == KafkaConnection("b:9092", compression_type="zstd")
     config = tmp_path / "client.properties"
     config.write_text("bootstrap.servers=c:9092\n")
-    assert _bench_kafka(_none(kafka_config=str(config))) == KafkaConnection("c:9092")
+    assert _connection(monkeypatch, "--kafka-config", str(config)) == KafkaConnection("c:9092")
 
 
 def test_settings_without_a_broker_are_a_usage_error() -> None:
