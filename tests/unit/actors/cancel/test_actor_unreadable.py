@@ -70,4 +70,3 @@ def test_a_cancel_with_a_header_key_that_is_not_utf8_is_counted_and_skipped() ->
     (event,) = [e for e in logs if e["event"] == "cancel_unreadable"]
     assert event["offset"] == 1 and event["reason"] == "unreadable"
     assert "not UTF-8" in event["detail"]
-
