@@ -351,9 +351,12 @@ async def test_batch_cancel_stops_a_run_and_a_rerun_finishes_it(
         )  # fmt: skip
         assert nothing.returncode == 1 and "no `tokenmill batch run`" in nothing.stderr
 
+        # The two long lines left take 400 tokens each: on a busy machine that is more than
+        # the lane's 120 s without an answer, so this run waits as long as the test may.
         rerun = await asyncio.to_thread(
-            subprocess.run, run_argv, cwd=REPO, capture_output=True, text=True, timeout=600
-        )
+            subprocess.run, [*run_argv, "--stall-timeout", "1500"],
+            cwd=REPO, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
         assert rerun.returncode == 0, rerun.stderr[-2000:]
         assert process.terminate() == 0
     finally:
