@@ -36,7 +36,8 @@ COMMANDS: Mapping[str, LazyCommand] = {
         "ops.batch.cli:batch", "Offline generation from OpenAI Batch API JSONL files."
     ),
     "bench": LazyCommand(
-        "ops.bench.cli:bench", "Benchmarks; each prints one JSON document with --json."
+        "ops.bench.cli:bench",
+        "Benchmarks; each prints one JSON document with --json and writes it with --out.",
     ),
     "cancel": LazyCommand("ops.cancel.cli:cancel", "Cancel the requests with these ids."),
     "down": LazyCommand(
