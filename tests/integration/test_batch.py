@@ -21,12 +21,14 @@ from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane
 MODEL = "smollm2-135m"
 
 
-def batch_argv(lane: Lane, *args: str) -> list[str]:
+def batch_argv(lane: Lane, command: str, *args: str) -> list[str]:
+    """`tokenmill batch COMMAND` on the lane's topics; `args` come last, so a test's own
+    `--stall-timeout` beats the lane's (click keeps an option's last value)."""
     return [
-        sys.executable, "-m", "ops", "batch", *args,
+        sys.executable, "-m", "ops", "batch", command,
         "--bootstrap-servers", lane.bootstrap,
         "--topic", lane.requests, "--results-topic", lane.results,
-        "--stall-timeout", "120",
+        "--stall-timeout", "120", *args,
     ]  # fmt: skip
 
 
