@@ -1,16 +1,7 @@
-"""EchoEngine: the engine's surface with no model behind it. For benchmarks; never for serving.
-
-It answers every request with its own prompt tokens (the first `max_new_tokens` of them, all in
-one step), so a worker running it measures the ceiling of everything around the engine: Kafka,
-decoding, tokenizing, bucketing, the actors, producing results. It reads a checkpoint's config
-and tokenizer (what the ingest needs to check and tokenize requests) and never its weights.
-
-    engine = EchoEngine(load_echo_model(path))
-    engine.add(EngineRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=2)))
-    engine.step().finished[0].token_ids  -> [5, 6], finish_reason "length"
-
-A prompt shorter than `max_new_tokens` comes back whole with finish reason "stop".
-"""
+"""EchoEngine: the engine's surface with no model behind it, for `tokenmill worker --engine echo`
+in benchmarks; never for serving. Each request's output is its own prompt tokens (the first
+`max_new_tokens`, all in one step; a shorter prompt whole, finish reason "stop"), so a worker
+running it measures everything around the engine: Kafka, decoding, tokenizing, the actors."""
 
 from __future__ import annotations
 
@@ -32,13 +23,10 @@ _HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
 
 @dataclass(frozen=True)
 class EchoModel:
-    """What the worker reads of a model (names, shapes, tokenizer); no weights, no device.
-
-    `digest` starts with "echo:" so no result can pass for the real model's output.
-    """
+    """What the worker reads of a model (names, shapes, tokenizer); no weights, no device."""
 
     name: str
-    digest: str  # "echo:sha256:<hex>" over the config and tokenizer bytes it read
+    digest: str  # "echo:sha256:<hex>" of the config and tokenizer: never the real model's
     path: Path
     config: ModelConfig
     tokenizer: Tokenizer
@@ -49,10 +37,8 @@ class EchoModel:
 
 
 def load_echo_model(path: Path, *, name: str | None = None) -> EchoModel:
-    """Config and tokenizer of an HF folder or a `.gguf` file; tensor data is never read.
-
-    Raises `CheckpointError` as `gpu.loading.loader.load_model` does.
-    """
+    """Config and tokenizer of an HF folder or a `.gguf` file (tensor data is never read);
+    `CheckpointError` as `load_model` raises it."""
     path = Path(path)
     h = hashlib.sha256()
     if path.is_file() and path.suffix == ".gguf":
@@ -64,30 +50,19 @@ def load_echo_model(path: Path, *, name: str | None = None) -> EchoModel:
     elif path.is_dir():
         config = load_hf_config(path)
         tokenizer = Tokenizer.from_hf_folder(path, eos_token_ids=config.eos_token_ids)
-        for file in (path / f for f in _HF_FILES):
-            if file.is_file():
-                h.update(file.read_bytes())
+        for file in (path / f for f in _HF_FILES if (path / f).is_file()):
+            h.update(file.read_bytes())
     else:
         raise CheckpointError(path, "not a checkpoint: expected a folder or a .gguf file")
-    return EchoModel(
-        name=name or (path.stem if path.is_file() else path.name),
-        digest=f"echo:sha256:{h.hexdigest()}",
-        path=path,
-        config=config,
-        tokenizer=tokenizer,
-    )
+    name = name or (path.stem if path.is_file() else path.name)
+    return EchoModel(name, f"echo:sha256:{h.hexdigest()}", path, config, tokenizer)
 
 
 class EchoEngine:
-    """`gpu.engine.Engine`'s surface (`add`, `step`, `abort`, `has_work`, `model`, `config`,
-    `max_model_len`) computing nothing: each request's output is its own prompt tokens.
-
-    Exists to measure the plumbing around the engine in benchmarks (`tokenmill worker --engine
-    echo`, `tokenmill bench pipeline`); never serve with it. Admission is the engine's own
-    (`check_admission`: lengths, sampling, vocabulary, duplicates); sampling parameters are
-    checked, then ignored. A step finishes up to `config.max_num_seqs` requests, in arrival
-    order.
-    """
+    """`Engine`'s surface (`add`, `step`, `abort`, `has_work`, `model`, `config`,
+    `max_model_len`) computing nothing. Admission is the engine's own (`check_admission`);
+    sampling parameters are checked, then ignored. A step finishes up to `max_num_seqs`
+    requests, in arrival order."""
 
     def __init__(
         self,
@@ -103,13 +78,12 @@ class EchoEngine:
         self.waiting: dict[str, tuple[EngineRequest, float]] = {}  # id → (request, arrival)
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise what `Engine.validate` would: the same admission rules."""
         check_admission(
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.waiting
         )
 
     def prepare(self, request: EngineRequest) -> None:
-        """Nothing to do: the echo engine ignores JSON constraints (it echoes the prompt)."""
+        """Nothing to do: JSON constraints are ignored (the prompt is echoed)."""
 
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
@@ -118,63 +92,34 @@ class EchoEngine:
 
     def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None:
         """Drop a waiting request; its completion has no tokens. None if it is unknown."""
-        entry = self.waiting.pop(request_id, None)
-        if entry is None:
+        if (entry := self.waiting.pop(request_id, None)) is None:
             return None
-        request, arrival = entry
-        now = self.clock()
-        return Completion(
-            request_id=request_id,
-            prompt_tokens=len(request.prompt_token_ids),
-            token_ids=[],
-            text="",
-            finish_reason=reason,
-            arrival_time=arrival,
-            first_token_time=None,
-            finish_time=now,
-            num_preemptions=0,
-        )
+        return self._completion(*entry, [], reason, None, self.clock())
 
     def has_work(self) -> bool:
         return bool(self.waiting)
 
+    def _completion(
+        self, r: EngineRequest, arrival: float, tokens: list[int], reason: str,
+        first: float | None, at: float,
+    ) -> Completion:  # fmt: skip
+        text = self.model.tokenizer.decode(tokens) if tokens else ""
+        n = len(r.prompt_token_ids)
+        return Completion(r.request_id, n, tokens, text, reason, arrival, first, at, 0)
+
     def step(self) -> StepOutput:
-        start_ns = time.time_ns()
-        now = self.clock()
-        chosen = list(self.waiting)[: self.config.max_num_seqs]
-        new_tokens: list[tuple[str, int]] = []
-        finished: list[Completion] = []
-        prompt_tokens = 0
-        for request_id in chosen:
-            request, arrival = self.waiting.pop(request_id)
-            prompt = request.prompt_token_ids
-            tokens = list(prompt[: request.params.max_new_tokens])
+        start_ns, now = time.time_ns(), self.clock()
+        chosen = [self.waiting.pop(i) for i in list(self.waiting)[: self.config.max_num_seqs]]
+        finished = []
+        for request, arrival in chosen:
+            tokens = list(request.prompt_token_ids[: request.params.max_new_tokens])
             reason = "length" if len(tokens) == request.params.max_new_tokens else "stop"
-            prompt_tokens += len(prompt)
-            new_tokens += [(request_id, t) for t in tokens]
-            finished.append(
-                Completion(
-                    request_id=request_id,
-                    prompt_tokens=len(prompt),
-                    token_ids=tokens,
-                    text=self.model.tokenizer.decode(tokens),
-                    finish_reason=reason,
-                    arrival_time=arrival,
-                    first_token_time=now,
-                    finish_time=now,
-                    num_preemptions=0,
-                )
-            )
+            finished.append(self._completion(request, arrival, tokens, reason, now, now))
+        prompt = sum(len(r.prompt_token_ids) for r, _ in chosen)
         stats = StepStats(
-            start_ns=start_ns,
-            end_ns=time.time_ns(),
-            num_seqs=len(chosen),
-            num_prefill_tokens=prompt_tokens,
-            num_decode_tokens=0,
-            num_preempted=0,
-            num_waiting=len(self.waiting),
-            num_running=0,
-            kv_blocks_used=0,
-            kv_blocks_total=0,
-        )
+            start_ns, time.time_ns(), num_seqs=len(chosen), num_prefill_tokens=prompt,
+            num_decode_tokens=0, num_preempted=0, num_waiting=len(self.waiting), num_running=0,
+            kv_blocks_used=0, kv_blocks_total=0,
+        )  # fmt: skip
+        new_tokens = [(c.request_id, t) for c in finished for t in c.token_ids]
         return StepOutput(new_tokens, finished, stats)

@@ -1,20 +1,14 @@
-"""Decode against the memory roofline: batch-1 step time, its share of the bandwidth bound,
-and decode tokens/s with every sequence of a batch decoding.
+"""Decode against the memory roofline: batch-1 step time, its share of the bandwidth bound, and
+decode tokens/s with every sequence of a batch decoding.
 
-A batch-1 decode step must read every weight as held (an untied embedding table only for
-its one row) and the K/V its token attends. At the device's copy bandwidth, measured in the
-same run by a large device-to-device `copy_` (read + write bytes over the best time), that
-takes `roofline_step_ms`; `roofline_fraction` = roofline ÷ measured step is how close the
-engine comes to memory-bound (1.0: at the bound).
+A batch-1 decode step reads every weight as held (an untied embedding table only for its row)
+and the K/V its token attends. At the copy bandwidth measured in the same run (read + write
+bytes of a large `copy_` over its best time) that takes `roofline_step_ms`; `roofline_fraction`
+= roofline ÷ measured step (1.0: at the bound). On CUDA intervals are timed with CUDA events,
+synchronized after a timed loop; elsewhere `time.perf_counter` and a host memcpy stand in.
 
-On CUDA every interval is timed with CUDA events and `torch.cuda.synchronize()` runs only
-after a timed loop; elsewhere (`run_decode_roofline` on a CPU engine, for tests and
-`bench engine --decode-roofline`) `time.perf_counter` and a host memcpy stand in. The
-engine's `step()` brings its sampled ids to the host, so each step ends synchronised anyway.
-Each batch size first runs a few untimed steps of its own shapes.
-
-Imports nothing from `ops/`: `tests/gpu/check.py` loads this file by path on GPU machines
-that have torch but not the CLI's dependencies.
+Imports nothing from `ops/`: `tests/gpu/check.py` loads this file by path on GPU machines that
+have torch but not the CLI's dependencies.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class DecodeOptions:
 
 
 class Marks:
-    """Timestamps between steps: CUDA events on a CUDA device (read after one synchronize),
-    `time.perf_counter` elsewhere."""
+    """Timestamps: CUDA events on a CUDA device (read after one synchronize), else perf_counter."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -66,7 +59,6 @@ class Marks:
             self._marks.append(time.perf_counter())
 
     def intervals_s(self) -> list[float]:
-        """Seconds between consecutive marks (synchronizes the device first)."""
         if self.cuda:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in pairwise(self._marks)]
@@ -76,10 +68,9 @@ class Marks:
 def copy_bandwidth(
     device: torch.device, nbytes: int | None = None, repeats: int = 10
 ) -> dict[str, Any]:
-    """Bytes per second a `dst.copy_(src)` of `nbytes` moves (read + write), best of
-    `repeats` after one untimed copy."""
-    if nbytes is None:
-        nbytes = CUDA_COPY_BYTES if device.type == "cuda" else HOST_COPY_BYTES
+    """Bytes per second a `dst.copy_(src)` moves (read + write), best of `repeats`."""
+    cuda = device.type == "cuda"
+    nbytes = nbytes or (CUDA_COPY_BYTES if cuda else HOST_COPY_BYTES)
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.zeros_like(src)
     dst.copy_(src)  # first touch and warm-up, untimed
@@ -89,18 +80,12 @@ def copy_bandwidth(
         dst.copy_(src)
         marks.mark()
     times = marks.intervals_s()[::2]  # each copy's start to its end
-    del src, dst
-    best = min(times)
-    cuda = device.type == "cuda"
     return {
         "method": "device copy_, CUDA events" if cuda else "host copy_, perf_counter",
-        "bytes_copied": nbytes,
-        "bytes_per_s_counts": "read + write",
-        "repeats": repeats,
-        "best_s": best,
-        "median_s": statistics.median(times),
-        "bytes_per_s": 2 * nbytes / best,
-    }
+        "bytes_copied": nbytes, "bytes_per_s_counts": "read + write", "repeats": repeats,
+        "best_s": min(times), "median_s": statistics.median(times),
+        "bytes_per_s": 2 * nbytes / min(times),
+    }  # fmt: skip
 
 
 def read_weight_bytes(module: nn.Module) -> dict[str, int]:
@@ -117,36 +102,31 @@ def read_weight_bytes(module: nn.Module) -> dict[str, int]:
 
 
 def kv_bytes_attended(engine: Engine, context: int) -> int:
-    """K and V bytes one token at context length `context` (itself included) reads, each
-    layer within its window."""
+    """K and V bytes a token at context length `context` reads, each layer within its window."""
     c = engine.model.config
-    per_position = 2 * c.num_kv_heads * c.head_dim * engine.model.dtype.itemsize
-    return sum(
-        min(context, c.layer_window(i) or context) * per_position for i in range(c.num_layers)
-    )
+    positions = sum(min(context, c.layer_window(i) or context) for i in range(c.num_layers))
+    return positions * 2 * c.num_kv_heads * c.head_dim * engine.model.dtype.itemsize
 
 
-def _prompts(engine: Engine, count: int, length: int, seed: int) -> list[list[int]]:
-    model = engine.model
-    special = {*model.eos_token_ids}
-    if model.config.bos_token_id is not None:
-        special.add(model.config.bos_token_id)
-    vocab = min(model.config.vocab_size, model.tokenizer.vocab_size)
-    allowed = [t for t in range(vocab) if t not in special]
-    rng = random.Random(seed)
-    return [rng.choices(allowed, k=length) for _ in range(count)]
+def _requests(engine: Engine, count: int, o: DecodeOptions, seed: int, new: int, tag: str) -> Any:
+    """`count` seeded random-token prompts (no EOS or BOS id), greedy, EOS ignored."""
+    m = engine.model
+    special = {*m.eos_token_ids, m.config.bos_token_id}
+    allowed = [
+        t for t in range(min(m.config.vocab_size, m.tokenizer.vocab_size)) if t not in special
+    ]
+    rng, params = random.Random(seed), SamplingParams(max_new_tokens=new, ignore_eos=True)
+    return [
+        EngineRequest(f"{tag}-{i}", rng.choices(allowed, k=o.prompt_tokens), params)
+        for i in range(count)
+    ]
 
 
-def _requests(prompts: Sequence[list[int]], new_tokens: int, tag: str) -> list[EngineRequest]:
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    return [EngineRequest(f"{tag}-{i}", p, params) for i, p in enumerate(prompts)]
-
-
-def decode_run(engine: Engine, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
-    """All `prompts` at once, `new_tokens` each; every step timed, and the steady ones (each
-    sequence decoding, no prefill in the step) summed."""
-    batch = len(prompts)
-    for request in _requests(prompts, new_tokens, f"decode{batch}"):
+def decode_run(engine: Engine, requests: Sequence[EngineRequest]) -> dict[str, Any]:
+    """All `requests` at once; every step timed, the steady ones (every sequence decoding, no
+    prefill in the step) summed."""
+    batch = len(requests)
+    for request in requests:
         engine.add(request)
     marks = Marks(engine.model.device)
     steady: list[bool] = []
@@ -162,19 +142,16 @@ def decode_run(engine: Engine, prompts: Sequence[list[int]], new_tokens: int) ->
         raise ValueError(f"no step ran all {batch} sequences decoding: give more new tokens")
     total = sum(steady_s)
     return {
-        "batch": batch,
-        "prompt_tokens": len(prompts[0]),
-        "new_tokens": new_tokens,
-        "steps": len(times),
-        "steady_steps": len(steady_s),
-        "steady_s": total,
+        "batch": batch, "prompt_tokens": len(requests[0].prompt_token_ids),
+        "new_tokens": requests[0].params.max_new_tokens, "steps": len(times),
+        "steady_steps": len(steady_s), "steady_s": total,
         "step_ms": total / len(steady_s) * 1e3,
         "step_ms_median": statistics.median(steady_s) * 1e3,
         "tokens_per_s": batch * len(steady_s) / total,
-    }
+    }  # fmt: skip
 
 
-def _check_fits(engine: Engine, batch: int, tokens: int) -> str | None:
+def _unfit(engine: Engine, batch: int, tokens: int) -> str | None:
     """Why `batch` sequences of `tokens` cannot all run at once, or None."""
     if batch > engine.config.max_num_seqs:
         return f"batch {batch} > max_num_seqs {engine.config.max_num_seqs}"
@@ -186,57 +163,51 @@ def _check_fits(engine: Engine, batch: int, tokens: int) -> str | None:
     return None
 
 
-def _warm_up(engine: Engine, batch: int, prompt_tokens: int, seed: int) -> None:
-    """A few untimed steps of this batch's shapes (prefill, then every sequence decoding):
-    one-time costs (kernel selection, autotuning, allocator growth) stay out of the timing."""
-    prompts = _prompts(engine, batch, prompt_tokens, seed - 1 - batch)
+def _warm_up(engine: Engine, batch: int, o: DecodeOptions) -> None:
+    """Untimed steps of this batch's shapes: one-time costs (kernel selection, autotuning,
+    allocator growth) stay out of the timing."""
+    for request in _requests(engine, batch, o, o.seed - 1 - batch, 4, f"warm{batch}"):
+        engine.add(request)
     with torch.inference_mode():
-        for request in _requests(prompts, 4, f"warm{batch}"):
-            engine.add(request)
         while engine.has_work():
             engine.step()
+
+
+def _timed(engine: Engine, batch: int, o: DecodeOptions) -> dict[str, Any]:
+    _warm_up(engine, batch, o)
+    return decode_run(
+        engine, _requests(engine, batch, o, o.seed + batch, o.new_tokens, f"decode{batch}")
+    )
 
 
 def run_decode_roofline(engine: Engine, options: DecodeOptions | None = None) -> dict[str, Any]:
     """The report's `decode_roofline` section (see the module docstring); JSON-ready."""
     o = options or DecodeOptions()
-    device = engine.model.device
-    total = o.prompt_tokens + o.new_tokens
-    problem = _check_fits(engine, 1, total)
-    if problem is not None:
+    device, total = engine.model.device, o.prompt_tokens + o.new_tokens
+    if (problem := _unfit(engine, 1, total)) is not None:
         raise ValueError(f"decode roofline: {problem}")
-    _warm_up(engine, 1, o.prompt_tokens, o.seed)
+    _warm_up(engine, 1, o)
     bandwidth = copy_bandwidth(device, o.copy_bytes, o.copy_repeats)
-    one = decode_run(engine, _prompts(engine, 1, o.prompt_tokens, o.seed), o.new_tokens)
+    one = decode_run(engine, _requests(engine, 1, o, o.seed, o.new_tokens, "decode1"))
     weights = read_weight_bytes(engine.model.module)
     # steady steps are decode steps 1 .. new_tokens - 1: contexts prompt + 1 .. prompt + n - 1
     contexts = range(o.prompt_tokens + 1, o.prompt_tokens + o.new_tokens)
     kv = statistics.fmean(kv_bytes_attended(engine, n) for n in contexts)
     step_bytes = weights["read_per_step"] + kv
-    roofline_s = step_bytes / bandwidth["bytes_per_s"]
-    measured_s = one["step_ms"] / 1e3
-    batches: dict[str, Any] = {}
-    for size in o.batches:
-        problem = _check_fits(engine, size, total)
-        if problem is not None:
-            batches[str(size)] = {"skipped": problem}
-            continue
-        _warm_up(engine, size, o.prompt_tokens, o.seed)
-        prompts = _prompts(engine, size, o.prompt_tokens, o.seed + size)
-        batches[str(size)] = decode_run(engine, prompts, o.new_tokens)
+    roofline_s, measured_s = step_bytes / bandwidth["bytes_per_s"], one["step_ms"] / 1e3
+    batches = {
+        str(n): {"skipped": why} if (why := _unfit(engine, n, total)) else _timed(engine, n, o)
+        for n in o.batches
+    }
     return {
         "device": str(device),
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "timer": "cuda events" if device.type == "cuda" else "perf_counter",
         "bandwidth": bandwidth,
-        "batch1": {
-            **one,
-            "weight_bytes": weights,
-            "kv_bytes_attended_mean": kv,
-            "bytes_per_step": step_bytes,
-            "roofline_step_ms": roofline_s * 1e3,
-            "roofline_fraction": roofline_s / measured_s,
+        "batch1": one | {
+            "weight_bytes": weights, "kv_bytes_attended_mean": kv, "bytes_per_step": step_bytes,
+            "roofline_step_ms": roofline_s * 1e3, "roofline_fraction": roofline_s / measured_s,
             "step_over_roofline": measured_s / roofline_s,
         },
         "batches": batches,
-    }
+    }  # fmt: skip
