@@ -11,8 +11,8 @@ A record's `RecordRef` travels with it end to end, so the ingest can mark its of
 once the emitter reports the result delivered.
 
 This module imports no actor and none of their helpers: only the wire types of `messages/`
-and the two value types messages carry (a `ModelFront`, a `SpanLink`), which import no actor
-either (`tests/unit/test_layering.py` checks it).
+and the value types messages carry (a `ModelFront`, a `SpanLink`, a `TraceContext`), which
+import no actor either (`tests/unit/test_layering.py` checks it).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from aiokafka.structs import TopicPartition
 
 from actors.ingest.model_front import ModelFront
 from actors.telemetry.span_link import SpanLink
+from actors.telemetry.trace_context import TraceContext
 from messages.chunk import GenerateChunk
 from messages.control import Command
 from messages.headers import Headers
@@ -70,7 +71,7 @@ class Admitted:
     prompt_token_ids: list[int]
     reply_topic: str
     content_type: str
-    trace: Headers
+    trace: TraceContext  # read from the record's headers at the door
     consumed_at: float  # monotonic seconds
     deadline: float | None  # monotonic seconds
     batch_span: SpanLink | None = None  # the span of the batch it ran in, when traced
@@ -109,7 +110,7 @@ class Outcome:
     result: GenerateResult
     reply_topic: str
     content_type: str
-    trace: Headers = field(default_factory=list)
+    trace: TraceContext = field(default_factory=TraceContext)
     cost_tokens: int = 0  # > 0 when it was counted against the backpressure watermarks
     admitted: bool = False  # it went through the engine (counted as outstanding work)
     dead_letter: DeadLetter | None = None
@@ -144,7 +145,7 @@ class StreamChunk:
     chunk: GenerateChunk
     reply_topic: str
     content_type: str
-    trace: Headers = field(default_factory=list)
+    trace: TraceContext = field(default_factory=TraceContext)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, CancelledIn, DeadLetter, Outcome, RecordRef
+from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.headers import Headers
@@ -46,6 +47,7 @@ def rejected_at_door(
     worker: str,
     value: bytes | None,
     headers: Headers,
+    trace: TraceContext,
     metadata: dict[str, str] | None = None,
     max_dead_letter_bytes: int = 1 << 20,
     request: GenerateRequest | None = None,
@@ -80,7 +82,7 @@ def rejected_at_door(
         result=result,
         reply_topic=reply_topic,
         content_type=content_type,
-        trace=h.trace_headers(headers),
+        trace=trace,
         dead_letter=dead_letter,
         request=request,
     )

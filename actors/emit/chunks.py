@@ -25,7 +25,7 @@ class ChunkLedger:
         chunk = message.chunk
         key = chunk.id.encode()
         headers = [
-            *h.trace_headers(message.trace),
+            *message.trace.headers,
             (h.CONTENT_TYPE, message.content_type.encode()),
             (h.SCHEMA, _CHUNK_SCHEMA),
         ]

@@ -2,7 +2,7 @@
 
     envelope = Envelope.of(record)   # the one pass over the record's headers
     envelope.content_type            # the wire format (normalised), for the request and result
-    envelope.trace                   # the W3C trace headers to pass on to the result
+    envelope.trace                   # its trace context: the W3C headers to pass on, their parent
     envelope.trace_ids               # (trace id, span id) for the request's log lines
 
 Everything after the door (refusals, the admitted request, its outcome) takes these values
@@ -12,12 +12,11 @@ from the envelope instead of reading the headers again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from actors.kafka import record_reader
 from actors.mail import RecordRef
-from actors.telemetry.request_log import trace_ids
+from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.codec import JSON, normalize_content_type
 from messages.errors import UnsupportedContentType
@@ -29,7 +28,7 @@ class Envelope:
     record: RecordRef
     headers: Headers  # the readable ones (`record_reader.readable_headers`): a dead letter's
     raw_content_type: bytes | None  # the `content-type` header as sent
-    trace: Headers  # `traceparent` / `tracestate`, within their size limits
+    trace: TraceContext  # `traceparent` / `tracestate` and the parent they name
     unreadable: str | None = None  # why the Kafka client could not read the record as sent
 
     @classmethod
@@ -41,7 +40,7 @@ class Envelope:
             record=ref,
             headers=headers,
             raw_content_type=h.header(headers, h.CONTENT_TYPE),
-            trace=h.trace_headers(headers),
+            trace=TraceContext.of(headers),
             unreadable=record_reader.unreadable(record),
         )
 
@@ -58,6 +57,6 @@ class Envelope:
         except UnsupportedContentType:
             return JSON
 
-    @cached_property
+    @property
     def trace_ids(self) -> tuple[str, str]:
-        return trace_ids(self.trace)
+        return self.trace.ids

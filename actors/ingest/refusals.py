@@ -70,6 +70,7 @@ class Refusals:
             worker=self.config.worker_id,
             value=value,
             headers=envelope.headers if headers is None else headers,
+            trace=envelope.trace,
             metadata=request.metadata if request else None,
             max_dead_letter_bytes=self.config.max_request_bytes,
             request=request,

@@ -1,6 +1,8 @@
 """W3C Trace Context in Kafka headers: read a request's parent, write a result's.
 
-    parent = incoming_parent(headers)       # None: no valid traceparent, the request starts a trace
+    trace = TraceContext.of(headers)        # once, at the door: carried to the result
+    trace.parent                            # None: no valid traceparent, the request starts a trace
+    parent = incoming_parent(headers)       # the parse itself
     outgoing_headers(parent.trace_id, span_id, sampled=True, state=parent.state)
 
 The same rules as OpenTelemetry's TraceContext propagator (version `ff` and all-zero ids are
@@ -11,7 +13,7 @@ worker's hot path builds no OpenTelemetry context objects.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry.trace.span import TraceState
 
@@ -30,6 +32,28 @@ class Parent:
     span_id: int
     sampled: bool
     state: str  # the `tracestate` header, normalised; "" without one or when invalid
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """A request's trace context, read once from its record's headers and carried with it to
+    its result: the W3C headers to pass on (within their size limits) and the parent they name."""
+
+    headers: Headers = field(default_factory=list)  # `traceparent` / `tracestate`
+    parent: Parent | None = None  # None: no valid traceparent
+
+    @classmethod
+    def of(cls, headers: Headers) -> TraceContext:
+        """The trace context of a record with `headers` (all of them, or only the trace ones)."""
+        trace = h.trace_headers(headers)
+        return cls(trace, incoming_parent(trace))
+
+    @property
+    def ids(self) -> tuple[str, str]:
+        """(trace id, span id) in hex for the request's log lines; "" without a parent."""
+        if self.parent is None:
+            return "", ""
+        return self.parent.trace_id, f"{self.parent.span_id:016x}"
 
 
 def incoming_parent(headers: Headers) -> Parent | None:

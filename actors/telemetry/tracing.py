@@ -38,7 +38,7 @@ from actors.mail import Batch, Outcome
 from actors.telemetry.span_bounds import bound_record, text_of_bytes
 from actors.telemetry.span_link import AttributeValue, SpanLink
 from actors.telemetry.span_records import SpanRecord, new_span_id, new_trace_id
-from actors.telemetry.trace_context import Parent, incoming_parent, outgoing_headers
+from actors.telemetry.trace_context import Parent, outgoing_headers
 from messages.headers import Headers
 from messages.request import GenerateRequest
 from messages.result import FinishReason
@@ -138,10 +138,10 @@ def start_request_spans(
     `recorder`: the installed one unless given (tests give their own)."""
     recorder = recorder or _installed
     if recorder is None:
-        return RequestSpans(outcome.trace, [])
+        return RequestSpans(outcome.trace.headers, [])
     now = time.time_ns() if now_ns is None else now_ns
     record = outcome.record
-    parent = incoming_parent(outcome.trace)
+    parent = outcome.trace.parent
     trace_id = parent.trace_id if parent is not None else new_trace_id()
     state = parent.state if parent is not None else ""
     send_id = new_span_id()
@@ -204,7 +204,7 @@ def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> Spa
         return None
     links = []
     for item in batch.items:
-        member = incoming_parent(item.trace)
+        member = item.trace.parent
         if member is not None:
             links.append(
                 SpanLink(member.trace_id, member.span_id, {REQUEST_ID_ATTRIBUTE: item.request.id})

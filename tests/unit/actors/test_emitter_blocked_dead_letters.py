@@ -20,6 +20,7 @@ from actors.kafka.preflight import TopicCheck
 from actors.mail import Delivered, Outcome, OutcomeBlocked, RecordRef
 from actors.results import rejected_at_door
 from actors.runtime import Mailbox
+from actors.telemetry.trace_context import TraceContext
 from messages.codec import JSON
 from messages.error_codes import ErrorCode
 
@@ -53,7 +54,7 @@ def dead_letter_outcome(partition: int, offset: int) -> Outcome:
     return rejected_at_door(
         RecordRef("lane.requests", partition, offset, 0), ErrorCode.INVALID_JSON, "not JSON",
         request_id="", reply_topic="lane.results", content_type=JSON, worker="w1",
-        value=b"{x" * 100, headers=[],
+        value=b"{x" * 100, headers=[], trace=TraceContext(),
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import pytest
 from actors.gpu_actor import GpuActor
 from actors.mail import Admitted, Batch, Outcome, RecordRef
 from actors.runtime import Actor
+from actors.telemetry.trace_context import TraceContext
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
@@ -44,7 +45,7 @@ def item(request_id: str, max_new_tokens: int, deadline_in: float | None = None)
         prompt_token_ids=[5, 6, 7],
         reply_topic="results",
         content_type="application/json",
-        trace=[],
+        trace=TraceContext(),
         consumed_at=now,
         deadline=now + deadline_in if deadline_in is not None else None,
     )

@@ -12,6 +12,7 @@ from actors.gpu_actor import GpuActor
 from actors.mail import Admitted, Batch, Outcome, RecordRef, StreamChunk
 from actors.runtime import Actor
 from actors.streaming.policy import StreamPolicy
+from actors.telemetry.trace_context import TraceContext
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
@@ -53,7 +54,7 @@ def item(request_id: str, max_new_tokens: int, *, stream: bool, **fields: object
         prompt_token_ids=[5, 6, 7],
         reply_topic="replies",
         content_type="application/msgpack",
-        trace=[("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")],
+        trace=TraceContext.of([("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")]),
         consumed_at=now,
         deadline=None,
     )

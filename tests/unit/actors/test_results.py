@@ -10,6 +10,7 @@ import pytest
 from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, Outcome, RecordRef
 from actors.results import engine_outcome, finish_reason, rejected_at_door, undeliverable
+from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
@@ -66,7 +67,9 @@ def reject(code: ErrorCode, message: str = "why it was refused", **kw: Any) -> O
         "value": b"{x",
         "headers": HEADERS,
     }
-    return rejected_at_door(RECORD, code, message, **{**args, **kw})
+    args = {**args, **kw}
+    args.setdefault("trace", TraceContext.of(args["headers"]))  # as the door's envelope reads it
+    return rejected_at_door(RECORD, code, message, **args)
 
 
 @pytest.mark.parametrize("code", list(ErrorCode), ids=str)
@@ -223,8 +226,8 @@ def test_a_long_message_is_cut_to_the_limit_in_the_result_and_the_dlq_header() -
 
 def test_trace_headers_are_carried_and_nothing_else() -> None:
     outcome = reject(ErrorCode.PROMPT_TOO_LONG)
-    assert outcome.trace == [("traceparent", TRACEPARENT), ("tracestate", b"vendor=1")]
-    assert reject(ErrorCode.INVALID_JSON, headers=[]).trace == []
+    assert outcome.trace.headers == [("traceparent", TRACEPARENT), ("tracestate", b"vendor=1")]
+    assert reject(ErrorCode.INVALID_JSON, headers=[]).trace == TraceContext()
 
 
 def test_metadata_is_echoed() -> None:
@@ -250,7 +253,7 @@ def admitted(prompt_tokens: int = 5, **fields: Any) -> Admitted:
         prompt_token_ids=list(range(prompt_tokens)),
         reply_topic="team.replies",
         content_type=MSGPACK,
-        trace=[("traceparent", TRACEPARENT)],
+        trace=TraceContext.of([("traceparent", TRACEPARENT)]),
         consumed_at=time.monotonic() - 0.25,
         deadline=None,
     )

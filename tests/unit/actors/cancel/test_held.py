@@ -12,6 +12,7 @@ from actors.cancel.actor import Refused, decode_cancel
 from actors.cancel.held import take_from_batches
 from actors.ingest.buckets import BucketConfig, LengthBuckets
 from actors.mail import Admitted, Batch, Outcome, RecordRef
+from actors.telemetry.trace_context import TraceContext
 from actors.telemetry.tracing import start_request_spans
 from messages.cancel import CancelRequest, cancel_codec
 from messages.codec import MSGPACK
@@ -75,7 +76,7 @@ def item(request_id: str, offset: int) -> Admitted:
         prompt_token_ids=[1],
         reply_topic="results",
         content_type="application/json",
-        trace=[],
+        trace=TraceContext(),
         consumed_at=time.monotonic(),
         deadline=None,
     )

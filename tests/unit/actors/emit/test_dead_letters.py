@@ -8,6 +8,7 @@ from actors.emit.dead_letters import trimmed_dead_letter
 from actors.emit.records import Record
 from actors.mail import RecordRef
 from actors.results import rejected_at_door
+from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.codec import JSON
 from messages.error_codes import ErrorCode
@@ -26,6 +27,7 @@ def dead_letter_record(code: ErrorCode, headers: list[tuple[str, bytes]]) -> Rec
         worker="w1",
         value=b"{x" * 1000,
         headers=headers,
+        trace=TraceContext.of(headers),
     )
     letter = outcome.dead_letter
     assert letter is not None

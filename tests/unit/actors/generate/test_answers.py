@@ -13,6 +13,7 @@ from actors.in_flight import InFlight
 from actors.mail import Admitted, Outcome, RecordRef, StreamChunk
 from actors.runtime import Mailbox
 from actors.streaming.token_stream import TokenStream
+from actors.telemetry.trace_context import TraceContext
 from gpu.engine import Completion
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
@@ -30,7 +31,7 @@ def item(offset: int, request_id: str = "r-1", stream: bool = False) -> Admitted
         prompt_token_ids=[5],
         reply_topic="lane.results",
         content_type="application/json",
-        trace=[],
+        trace=TraceContext(),
         consumed_at=time.monotonic(),
         deadline=None,
     )

@@ -109,7 +109,7 @@ async def test_a_request_record_becomes_a_batch_with_its_headers_read_once(
         (item,) = batch.items
         assert (item.request.id, item.prompt_token_ids, batch.reason) == ("a", [3, 4, 5], "idle")
         assert (item.record.topic, item.record.partition, item.record.offset) == (TP.topic, 0, 0)
-        assert item.trace == [(h.TRACEPARENT, TRACEPARENT)]
+        assert item.trace.headers == [(h.TRACEPARENT, TRACEPARENT)]
         assert (item.content_type, item.reply_topic) == (JSON, "lane.results")
         assert lane.ingest.records_read == 1 and lane.ingest.outstanding == 1
         await lane.deliver(item.record, admitted=True, cost=item.cost_tokens)

@@ -11,6 +11,7 @@ from actors.ingest.batcher import Batcher
 from actors.ingest.buckets import BucketConfig
 from actors.mail import Admitted, Batch, Cancel, Outcome, RecordRef
 from actors.runtime import Mailbox
+from actors.telemetry.trace_context import TraceContext
 from messages.codec import JSON
 from messages.request import GenerateRequest
 from messages.result import FinishReason, ModelRef
@@ -23,8 +24,8 @@ def item(request_id: str, offset: int = 0) -> Admitted:
     return Admitted(
         request=GenerateRequest(id=request_id, prompt_token_ids=[3, 4], max_new_tokens=2),
         record=RecordRef("lane.requests", 0, offset, 0),
-        prompt_token_ids=[3, 4], reply_topic="lane.results", content_type=JSON, trace=[],
-        consumed_at=time.monotonic(), deadline=None,
+        prompt_token_ids=[3, 4], reply_topic="lane.results", content_type=JSON,
+        trace=TraceContext(), consumed_at=time.monotonic(), deadline=None,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from actors.gpu_actor import GpuActor
 from actors.mail import Admitted, Batch, Outcome, RecordRef, SwapOrder
 from actors.runtime import Actor
 from actors.swap.swapper import Swapper, SwapSettings, engine_builder_like
+from actors.telemetry.trace_context import TraceContext
 from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
@@ -51,7 +52,7 @@ def item(request_id: str, digest: str = "", max_new_tokens: int = 4) -> Admitted
         prompt_token_ids=[5, 6, 7],
         reply_topic="results",
         content_type="application/json",
-        trace=[],
+        trace=TraceContext(),
         consumed_at=time.monotonic(),
         deadline=None,
         model_digest=digest,

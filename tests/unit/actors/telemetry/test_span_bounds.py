@@ -33,6 +33,7 @@ from actors.telemetry.span_bounds import (
 )
 from actors.telemetry.span_records import SpanRecord
 from actors.telemetry.span_sink import SpanSink
+from actors.telemetry.trace_context import TraceContext
 from actors.telemetry.tracing import record_batch_span, start_request_spans
 from messages.error_codes import ErrorCode
 from messages.events import ModelSwapFailed
@@ -62,7 +63,7 @@ def hostile_outcome() -> Outcome:
         result=result,
         reply_topic="res." + LONG,
         content_type="application/json",
-        trace=[("traceparent", PARENT)],
+        trace=TraceContext.of([("traceparent", PARENT)]),
         admitted=True,
         request=GenerateRequest(id="id-" + LONG, prompt="Hi", max_new_tokens=HUGE,
                                 temperature=math.inf, model="model-" + LONG),
@@ -146,7 +147,7 @@ def test_a_batch_spans_links_carry_bounded_request_ids() -> None:
         prompt_token_ids=[1, 2, 3],
         reply_topic="res",
         content_type="application/json",
-        trace=[("traceparent", PARENT)],
+        trace=TraceContext.of([("traceparent", PARENT)]),
         consumed_at=0.0,
         deadline=None,
     )

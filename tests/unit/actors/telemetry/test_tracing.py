@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import SpanKind, StatusCode
 
 from actors.mail import Outcome, RecordRef
+from actors.telemetry.trace_context import TraceContext
 from actors.telemetry.tracing import start_request_spans
 from messages.error_codes import ErrorCode
 from messages.request import ChatMessage, GenerateRequest
@@ -37,7 +38,7 @@ def outcome(*, admitted: bool = True, error: ErrorInfo | None = None) -> Outcome
         result=result,
         reply_topic="res",
         content_type="application/json",
-        trace=[("traceparent", PARENT)],
+        trace=TraceContext.of([("traceparent", PARENT)]),
         admitted=admitted,
         request=GenerateRequest(id="job-1", messages=[ChatMessage(role="user", content="Hi")],
                                 max_new_tokens=7, temperature=0.5, model="smollm2-135m"),
@@ -111,7 +112,7 @@ def test_a_batch_span_links_its_members_and_their_process_spans_link_back() -> N
         prompt_token_ids=[1, 2, 3],
         reply_topic="res",
         content_type="application/json",
-        trace=[("traceparent", PARENT)],
+        trace=TraceContext.of([("traceparent", PARENT)]),
         consumed_at=0.0,
         deadline=None,
     )
@@ -166,7 +167,7 @@ def test_a_send_that_fails_ends_process_and_send_with_its_error() -> None:
 
 def test_an_unsampled_parent_records_nothing_and_passes_its_decision_on() -> None:
     item = outcome()
-    item.trace = [("traceparent", f"00-{TRACE_ID}-b7ad6b7169203331-00".encode())]
+    item.trace = TraceContext.of([("traceparent", f"00-{TRACE_ID}-b7ad6b7169203331-00".encode())])
     capture = SpanCapture()
     spans = start_request_spans(item, group="workers", now_ns=NOW, recorder=capture.recorder)
     spans.end()
@@ -178,7 +179,7 @@ def test_an_unsampled_parent_records_nothing_and_passes_its_decision_on() -> Non
 
 def test_the_samplers_ratio_decides_for_a_request_without_a_parent() -> None:
     item = outcome()
-    item.trace = []
+    item.trace = TraceContext()
     kept = SpanCapture(ParentBased(TraceIdRatioBased(1.0)))
     start_request_spans(item, group="w", now_ns=NOW, recorder=kept.recorder).end()
     assert {s.parent for s in kept.spans() if s.name == "process reqs"} == {None}
@@ -190,7 +191,7 @@ def test_the_samplers_ratio_decides_for_a_request_without_a_parent() -> None:
 
 def test_tracestate_travels_on_to_the_result_and_the_spans() -> None:
     item = outcome()
-    item.trace = [("traceparent", PARENT), ("tracestate", b"vendor=abc")]
+    item.trace = TraceContext.of([("traceparent", PARENT), ("tracestate", b"vendor=abc")])
     spans, headers = recorded(item)
     assert ("tracestate", b"vendor=abc") in headers
     assert spans["send res"].context.trace_state.to_header() == "vendor=abc"
