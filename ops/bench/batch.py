@@ -17,7 +17,7 @@ from typing import Any
 from actors.kafka.connection import KafkaConnection
 from messages.request import GenerateRequest
 from ops.bench.load import flood, worker
-from ops.bench.report import Narrate, Report, quiet, ratio
+from ops.bench.report import REPO, Narrate, Report, quiet, ratio
 from ops.bench.rig import Rig, child_env, rig
 from ops.connection.options import connection_argv
 from ops.models.engine_options import EngineChoice
@@ -56,54 +56,50 @@ def run_measured(
         child.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Measured(
-            returncode=child.returncode,
-            stdout=out.read().decode(errors="replace"),
-            stderr=err.read().decode(errors="replace"),
-            cpu_s=round(usage.ru_utime + usage.ru_stime, 2),
-            wall_s=round(wall, 2),
-        )
+        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+    cpu = round(usage.ru_utime + usage.ru_stime, 2)
+    return Measured(child.returncode, stdout, stderr, cpu, round(wall, 2))
 
 
-def _request(request_id: str, i: int) -> GenerateRequest:
-    return GenerateRequest(
-        id=request_id, prompt_token_ids=[100 + i % 50, 7, 8, 9], max_new_tokens=2
-    )
+def _prompt(i: int) -> list[int]:
+    return [100 + i % 50, 7, 8, 9]
 
 
 async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
     report = Report("batch")
     small = max(o.lines // 10, 1)
     report |= {
-        "lines": o.lines,
-        "small_lines": small,
-        "max_inflight": o.max_inflight,
+        "lines": o.lines, "small_lines": small, "max_inflight": o.max_inflight,
         "engine": "echo (no model; each result is its prompt's tokens)",
-    }
+    }  # fmt: skip
+
+    def requests(tag: str, n: int) -> list[GenerateRequest]:
+        return [GenerateRequest(id=f"{tag}-{i}", prompt_token_ids=_prompt(i), max_new_tokens=2)
+                for i in range(n)]  # fmt: skip
+
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-batch-") as tmp:
         async with rig(o.kafka, Path(tmp), say, o.partitions) as r:
             report["kafka"] = r.facts()
             say("worker (echo): starting and warming up")
-            warm = [_request(f"warm-{i}", i) for i in range(min(2000, o.lines))]
-            roles = ("requests", "results", "dlq")
+            warm, roles = requests("warm", min(2000, o.lines)), ("requests", "results", "dlq")
             async with worker(r, "batch", o.engine, "echo", warm, o.timeout_s, roles=roles,
                               linger_ms=5) as w:  # fmt: skip
                 say(f"baseline: {o.lines} requests from a raw aiokafka client")
-                requests = [_request(f"raw-{i}", i) for i in range(o.lines)]
-                report["baseline"] = await flood(w.client, requests, r.meter(w.proc), o.timeout_s)
-                del requests
+                raw = requests("raw", o.lines)
+                report["baseline"] = await flood(w.client, raw, r.meter(w.proc), o.timeout_s)
+                del raw
                 report["batch"] = {}
                 for lines in (small, o.lines):
                     say(f"batch: {lines} lines through `tokenmill batch run`")
                     run = await asyncio.to_thread(_batch_run, o, r, w.topics, lines)
                     report["batch"][str(lines)] = run
             report["warm_up_s"], report["worker_exit_code"] = w.warm_up_s, w.exit_code
-    raw, big = report["baseline"]["requests_per_s"], report["batch"][str(o.lines)]
+    rate, big = report["baseline"]["requests_per_s"], report["batch"][str(o.lines)]
     rss = {"small": report["batch"][str(small)]["peak_rss_mb"], "large": big["peak_rss_mb"]}
     report["results"] = {
-        "baseline_requests_per_s": raw,
+        "baseline_requests_per_s": rate,
         "batch_requests_per_s": big["requests_per_s"],
-        "batch_vs_raw_client": ratio(big["requests_per_s"], raw),
+        "batch_vs_raw_client": ratio(big["requests_per_s"], rate),
         "peak_rss_mb": rss,
         "peak_rss_growth_mb": round(rss["large"] - rss["small"], 1),
         "client_cpu_us_per_line": round(big["cpu_s"] / o.lines * 1e6, 1),
@@ -116,50 +112,22 @@ def _batch_run(o: BatchBenchOptions, r: Rig, topics: dict[str, str], lines: int)
     source = r.tmp / f"in-{lines}.jsonl"
     with source.open("w") as f:
         for i in range(lines):
-            body = {"model": o.engine.model, "prompt": [100 + i % 50, 7, 8, 9], "max_tokens": 2}
-            f.write(
-                json.dumps(
-                    {
-                        "custom_id": f"line-{i}",
-                        "method": "POST",
-                        "url": "/v1/completions",
-                        "body": body,
-                    }
-                )
-                + "\n"
-            )
+            body = {"model": o.engine.model, "prompt": _prompt(i), "max_tokens": 2}
+            line = {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions"}
+            f.write(json.dumps(line | {"body": body}) + "\n")
     connection, secrets = connection_argv(r.kafka)
     argv = [
-        sys.executable,
-        "-m",
-        "ops",
-        "batch",
-        "run",
-        str(source),
-        "-o",
-        str(r.tmp / f"out-{lines}.jsonl"),
-        "--json",
-        "--no-progress",
-        *connection,
-        "--max-inflight",
-        str(o.max_inflight),
-        "--topic",
-        topics["requests"],
-        "--results-topic",
-        topics["results"],
-        "--stall-timeout",
-        str(o.timeout_s),
-    ]
-    measured = run_measured(argv, cwd=Path(__file__).resolve().parents[2], env=child_env(secrets))
+        sys.executable, "-m", "ops", "batch", "run", str(source),
+        "-o", str(r.tmp / f"out-{lines}.jsonl"), "--json", "--no-progress", *connection,
+        "--max-inflight", str(o.max_inflight), "--topic", topics["requests"],
+        "--results-topic", topics["results"], "--stall-timeout", str(o.timeout_s),
+    ]  # fmt: skip
+    measured = run_measured(argv, cwd=REPO, env=child_env(secrets))
     if measured.returncode != 0:
         raise RuntimeError(f"tokenmill batch run failed:\n{measured.stderr[-3000:]}")
     summary = json.loads(measured.stdout)
-    return {
-        "complete": summary["complete"],
-        "ok": summary["ok"],
-        "wall_s": summary["wall_s"],
-        "requests_per_s": summary["requests_per_s"],
+    keep = ("complete", "ok", "wall_s", "requests_per_s", "peak_rss_mb")
+    return {k: summary[k] for k in keep} | {
         "process_wall_s": measured.wall_s,  # with interpreter start-up and reading the file
-        "peak_rss_mb": summary["peak_rss_mb"],
         "cpu_s": measured.cpu_s,
     }
