@@ -1,13 +1,7 @@
-"""`bench quant`: one model loaded each way its weights can be held, side by side in one run.
-
-For each model and scheme (`fp32`, `bf16`, `int8`, `int4`, `gguf`: the file's own blocks kept
-quantized, `mixed`: a `tokenmill quantize` checkpoint), one after another in this process: the
-bytes the weights hold, batch-1 decode tokens/s (`runs.batch1`), tokens/s of `batch` requests
-decoding together (`runs.measure`, prefill included), and over a held-out text perplexity and
-greedy top-1 agreement with fp32 (`ops.quant.evaluate`); each figure also as a ratio to the
-same run's fp32 row. Targets are reported (met or not), never asserted. Weight bytes: what the
-model module holds (packed copies included); loaded bytes: the weights as loaded; neither counts
-the KV pool. Batch tokens/s: output tokens over the run's wall time, greedy, EOS ignored.
+"""`bench quant`: one model loaded each way its weights can be held (`SCHEMES`), side by side in
+one run (`tokenmill bench quant --help`). Weight bytes: what the model module holds (packed
+copies included); loaded bytes: the weights as loaded; neither counts the KV pool. Batch
+tokens/s: output tokens over the run's wall time (prefill included), greedy, EOS ignored.
 """
 
 from __future__ import annotations
@@ -94,16 +88,12 @@ def default_models() -> tuple[str, ...]:
 
 def quantized_kernel(device: torch.device) -> str:
     """Which kernel quantized linears run on here (`gpu.quant.linear.quantized_matmul`)."""
-    if device.type == "cuda":
-        from gpu.quant import triton_linear
-
-        return "triton" if triton_linear.available() else "dequantize-per-call"
     from gpu.kernels.native import cpu_kernels
+    from gpu.quant import triton_linear
 
-    kernels = cpu_kernels()
-    return (
-        "native" if kernels is not None and hasattr(kernels, "qlinear") else "dequantize-per-call"
-    )
+    if device.type == "cuda":
+        return "triton" if triton_linear.available() else "dequantize-per-call"
+    return "native" if hasattr(cpu_kernels(), "qlinear") else "dequantize-per-call"
 
 
 def measure_row(
@@ -112,40 +102,31 @@ def measure_row(
     """One row's speed and size figures for a loaded model."""
     quantization = LOADS[scheme][1]
     tokens = min(o.decode_tokens, o.bf16_decode_tokens) if scheme == "bf16" else o.decode_tokens
+
+    def engine(max_model_len: int, max_num_seqs: int) -> Engine:
+        config = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                              quantization=quantization)  # fmt: skip
+        return Engine(model, config)
+
     say(f"  batch 1: a {tokens}-token prompt, {tokens} new tokens (twice: bare and clocked)")
-    one = Engine(
-        model, EngineConfig(max_model_len=2 * tokens, max_num_seqs=1, quantization=quantization)
-    )
-    single = batch1(one, o.seed, tokens)
+    single = batch1(engine(2 * tokens, 1), o.seed, tokens)
     say(f"  batch {o.batch}: prompts of {o.batch_prompt_tokens} tokens, {o.batch_new_tokens} new")
-    length = max(o.batch_prompt_tokens + o.batch_new_tokens, 12)  # and the warm-up's 8 + 4
-    many = Engine(
-        model, EngineConfig(max_model_len=length, max_num_seqs=o.batch, quantization=quantization)
-    )
-    work = (
-        Workload(seed=o.seed).fixed(o.batch, o.batch_prompt_tokens, o.batch_new_tokens).build(many)
-    )
+    many = engine(max(o.batch_prompt_tokens + o.batch_new_tokens, 12), o.batch)  # warm: 8 + 4
+    shape = (o.batch, o.batch_prompt_tokens, o.batch_new_tokens)
+    work = Workload(seed=o.seed).fixed(*shape).build(many)
     warm(many, work[0].prompt_token_ids)
-    batch = measure(many, engine_requests(work, "batch-")).stats() | {
-        "attention_kernel": many.attention_kernel
-    }
+    batch = measure(many, engine_requests(work, "batch-")).stats()
     held, loaded = module_bytes(model.module), weight_bytes(model.module)
     return {
-        "scheme": scheme,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "quantization": quantization,
-        "weights": model.quantization,
-        "linear_kernel": model.linear_kernel,
-        "weight_bytes": held,
-        "packed_bytes": model.packed_bytes,
-        "loaded_bytes": loaded,
-        "weight_mb": round(held / 2**20, 1),
-        "loaded_mb": round(loaded / 2**20, 1),
+        "scheme": scheme, "dtype": str(model.dtype).removeprefix("torch."),
+        "quantization": quantization, "weights": model.quantization,
+        "linear_kernel": model.linear_kernel, "weight_bytes": held,
+        "packed_bytes": model.packed_bytes, "loaded_bytes": loaded,
+        "weight_mb": round(held / 2**20, 1), "loaded_mb": round(loaded / 2**20, 1),
         "decode_tokens_per_s": single["decode_tokens_per_s"],
         "batch_tokens_per_s": batch["output_tokens_per_s"],
-        "batch1": single,
-        "batch": batch,
-    }
+        "batch1": single, "batch": batch | {"attention_kernel": many.attention_kernel},
+    }  # fmt: skip
 
 
 def quality(
@@ -182,19 +163,12 @@ def mixed_checkpoint(
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-mixed-") as tmp:
         say(f"  quantize_checkpoint({source.name}, to=int4) into {tmp}")
         made = quantize_checkpoint(source, "int4", Path(tmp), device=device, progress=progress)
-        yield (
-            Path(tmp),
-            {
-                "checkpoint": None,
-                "made_here": True,
-                "to": made.scheme,
-                "keep_threshold": made.keep_threshold,
-                "kept": made.kept,
-                "unfit": made.unfit,
-                "calibration_tokens": made.calibration_tokens,
-                "quantize_s": round(made.timings.get("total_s", 0.0), 1),
-            },
-        )
+        yield Path(tmp), {
+            "checkpoint": None, "made_here": True, "to": made.scheme,
+            "keep_threshold": made.keep_threshold, "kept": made.kept, "unfit": made.unfit,
+            "calibration_tokens": made.calibration_tokens,
+            "quantize_s": round(made.timings.get("total_s", 0.0), 1),
+        }  # fmt: skip
 
 
 def bench_model(name: str, o: QuantBenchOptions, say: Narrate) -> dict[str, Any]:
@@ -208,12 +182,8 @@ def bench_model(name: str, o: QuantBenchOptions, say: Narrate) -> dict[str, Any]
     reference: Scores | None = None  # fp32's, for top-1 agreement
     for scheme in o.schemes:
         if scheme == "gguf" and path.suffix != ".gguf":
-            rows.append(
-                {
-                    "scheme": scheme,
-                    "skipped": "not a GGUF file: it has no quantized blocks of its own",
-                }
-            )
+            why = "not a GGUF file: it has no quantized blocks of its own"
+            rows.append({"scheme": scheme, "skipped": why})
             continue
         say(f"{name} {scheme}: loading")
         with ExitStack() as stack:
@@ -226,17 +196,12 @@ def bench_model(name: str, o: QuantBenchOptions, say: Narrate) -> dict[str, Any]
                     rows.append({"scheme": scheme, "skipped": f"no mixed checkpoint: {exc}"})
                     continue
                 extra = {"mixed": made}
-            start = time.perf_counter()
-            dtype, quantization = LOADS[scheme]
-            model = load_model(
-                source, name=name, dtype=dtype, device=o.device, quantization=quantization
-            )
+            start, (dtype, quantization) = time.perf_counter(), LOADS[scheme]
+            model = load_model(source, name=name, dtype=dtype, device=o.device,
+                               quantization=quantization)  # fmt: skip
             load_s = round(time.perf_counter() - start, 2)
-        facts |= {
-            "arch": model.config.arch,
-            "parameters": model.config.num_parameters(),
-            "digest": model.digest,
-        }
+        c = model.config
+        facts |= {"arch": c.arch, "parameters": c.num_parameters(), "digest": model.digest}
         with torch.inference_mode():
             row = {**measure_row(model, scheme, o, say), "load_s": load_s, **extra}
             if text is not None:

@@ -102,11 +102,14 @@ def provenance() -> dict[str, Any]:
     """When, where and on what code a report was made."""
     import torch
 
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line for line in _lines(cpuinfo) if line.startswith("model name")]
+    head, dirty = _git("rev-parse", "--short", "HEAD"), _git("status", "--porcelain", "-uno")
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": {
             "name": socket.gethostname(),
-            "cpu": _cpu_model(),
+            "cpu": models[0].split(":", 1)[1].strip() if models else platform.processor() or None,
             "cpus": len(os.sched_getaffinity(0)),
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
@@ -114,39 +117,25 @@ def provenance() -> dict[str, Any]:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         },
-        "commit": _commit(),
+        # with `-dirty` when the tree has uncommitted changes; None outside git
+        "commit": head and (f"{head}-dirty" if dirty else head),
     }
 
 
-def _cpu_model() -> str | None:
+def _lines(path: Path) -> list[str]:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        return path.read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or None
+        return []
 
 
-def _commit() -> str | None:
-    """This tree's commit, with `-dirty` when it has uncommitted changes; None outside git."""
+def _git(*args: str) -> str | None:
     try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        run = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                             timeout=10, check=True)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return f"{head}-dirty" if dirty else head
+    return run.stdout.strip()
 
 
 def host_load() -> float | None:
