@@ -1,9 +1,8 @@
 """`bench pipeline`: the seeded workload through real Kafka and a `tokenmill worker` subprocess,
-against the same engine in this process (`tokenmill bench pipeline --help` says what each
-section measures). The throughput rounds take turns at going first, each on a seed of its own,
-and the headline is the median of their ratios: a shared host drifts ±10% from one minute to the
-next, so one run of each a minute apart measures the host as much as Kafka. On a GPU the two
-engines cannot both be held: there every direct round runs first, released before the worker.
+against the same engine in this process (`tokenmill bench pipeline --help`). The throughput
+rounds take turns at going first, each on a seed of its own; the headline is the median of their
+ratios (a shared host drifts ±10% from one minute to the next). On a GPU the two engines cannot
+both be held: there every direct round runs first, released before the worker starts.
 """
 
 from __future__ import annotations
@@ -102,9 +101,8 @@ def _direct_run(engine: Engine, workload: list[BenchRequest], tag: str, meter: C
     """On the engine thread: the workload in one continuous batch, metered as a worker run."""
     meter.start()
     run = measure(engine, engine_requests(workload, tag, ignore_eos=False))
-    stats = run.stats()
     keep = ("requests", "output_tokens", "wall_s", "output_tokens_per_s", "steps")
-    return {k: stats[k] for k in keep} | {"cpu_s": meter.read(), "tokens": run.tokens}
+    return {k: run.stats()[k] for k in keep} | {"cpu_s": meter.read(), "tokens": run.tokens}
 
 
 def _direct_latency_ms(engine: Engine, short: list[BenchRequest]) -> list[float]:
@@ -119,7 +117,7 @@ async def _model_sections(r: Rig, o: PipelineOptions, report: Report) -> None:
     thread = engine_thread()
     loop = asyncio.get_running_loop()
 
-    async def on_thread(fn: Any, *args: Any) -> Any:
+    async def direct(fn: Any, *args: Any) -> Any:
         return await loop.run_in_executor(thread, fn, *args)
 
     def meter(w: Worker | None) -> CpuMeter:
@@ -128,36 +126,32 @@ async def _model_sections(r: Rig, o: PipelineOptions, report: Report) -> None:
 
     try:
         r.say(f"loading {o.engine.model}")
-        engine: Engine | None = await on_thread(build_engine, o.engine)
+        engine: Engine | None = await direct(build_engine, o.engine)
         assert engine is not None
-        m = engine.model
         report["model"] = engine_facts(engine)
-        short = [
-            BenchRequest(q.prompt_token_ids, o.latency_max_new_tokens)
-            for q in o.latency_spec().build(engine)
-        ]
+        n = o.latency_max_new_tokens
+        short = [BenchRequest(q.prompt_token_ids, n) for q in o.latency_spec().build(engine)]
         warm = o.warm_up_spec().build(engine)
-        await on_thread(measure, engine, engine_requests(warm, "warm-", ignore_eos=False))
+        await direct(measure, engine, engine_requests(warm, "warm-", ignore_eos=False))
         direct_ms: list[float] = []
         if "latency" in o.sections:
             r.say(f"direct engine: {len(short)} requests one at a time")
-            direct_ms = await on_thread(_direct_latency_ms, engine, short)
+            direct_ms = await direct(_direct_latency_ms, engine, short)
         choice = with_kv_pool_of(o.engine, engine)
         report["worker"]["kv_blocks"] = engine.num_blocks
-        interleaved = m.device.type == "cpu"  # on a GPU each plans its pool from what is left
+        # On a GPU each engine plans its pool from what is left: not both can be held there,
+        # so every direct round runs first.
+        interleaved = engine.model.device.type == "cpu"
         rounds = [s.build(engine) for s in o.round_specs()] if "throughput" in o.sections else []
         done = {}
-        if not interleaved:
-            for i, w in enumerate(rounds):
-                r.say(f"direct engine, round {i + 1}/{len(rounds)}: {len(w)} requests")
-                done[i] = await on_thread(_direct_run, engine, w, f"direct-{i}-", meter(None))
+        for i, w in enumerate([] if interleaved else rounds):
+            r.say(f"direct engine, round {i + 1}/{len(rounds)}: {len(w)} requests")
+            done[i] = await direct(_direct_run, engine, w, f"direct-{i}-", meter(None))
         if not interleaved or not rounds:
             engine = None  # released: the worker has the host alone
-        del m
         gc.collect()
-        async with worker(
-            r, "torch", choice, "torch", wire_requests(warm, "warm-"), o.timeout_s
-        ) as wk:
+        warm_wire = wire_requests(warm, "warm-")
+        async with worker(r, "torch", choice, "torch", warm_wire, o.timeout_s) as wk:
             r.say("worker (torch): started and warmed up")
             results = []
             for i, w in enumerate(rounds):
@@ -166,19 +160,17 @@ async def _model_sections(r: Rig, o: PipelineOptions, report: Report) -> None:
                 for path in (first, "kafka" if first == "direct" else "direct"):
                     r.say(f"round {i + 1}/{len(rounds)}, {path}: {len(w)} requests")
                     if path == "direct":
-                        got[path] = done.get(i) or await on_thread(
+                        got[path] = done.get(i) or await direct(
                             _direct_run, engine, w, f"direct-{i}-", meter(wk)
                         )
                         continue
                     requests = wire_requests(w, f"kafka-{i}-")
-                    k = got[path] = await flood(
-                        wk.client, requests, r.meter(wk.proc), o.timeout_s, True
-                    )
+                    k = got[path] = await flood(wk.client, requests, r.meter(wk.proc),
+                                                o.timeout_s, True)  # fmt: skip
                     if k["results"] < k["requests"]:
                         raise RuntimeError(
-                            f"round {i + 1}: {k['results']} of {k['requests']} "
-                            f"results came back within {o.timeout_s} s:\n"
-                            f"{log_tail(wk.log)}"
+                            f"round {i + 1}: {k['results']} of {k['requests']} results came "
+                            f"back within {o.timeout_s} s:\n{log_tail(wk.log)}"
                         )
                 results.append(round_report(i, o.round_specs()[i].seed, first, got))
             if results:
@@ -223,24 +215,16 @@ def throughput_report(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' figures as one: summed tokens and wall time, CPU seconds by process."""
-    tokens, wall = sum(r["output_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-    cpu = {
-        name: None
-        if any(r["cpu_s"].get(name) is None for r in runs)
-        else round(sum(r["cpu_s"][name] for r in runs), 2)
-        for name in runs[0]["cpu_s"]
+    cpu = [r["cpu_s"] for r in runs]
+    out = {k: sum(r[k] for r in runs) for k in ("requests", "output_tokens", "wall_s")}
+    out["output_tokens_per_s"] = ratio(out["output_tokens"], out["wall_s"], 2)
+    out["wall_s"] = round(out["wall_s"], 3)
+    out["cpu_s"] = {
+        n: None if any(c.get(n) is None for c in cpu) else round(sum(c[n] for c in cpu), 2)
+        for n in cpu[0]
     }
-    out = {
-        "requests": sum(r["requests"] for r in runs),
-        "output_tokens": tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": ratio(tokens, wall, 2),
-        "cpu_s": cpu,
-    }
-    for key in ("results", "errors", "outputs_matching_direct", "steps"):
-        if all(key in r for r in runs):
-            out[key] = sum(r[key] for r in runs)
-    return out
+    keys = ("results", "errors", "outputs_matching_direct", "steps")
+    return out | {k: sum(r[k] for r in runs) for k in keys if all(k in r for r in runs)}
 
 
 async def _latency(
@@ -250,20 +234,16 @@ async def _latency(
     r.say(f"kafka: {len(short)} requests at {rate}/s")
     k = await latency(client, wire_requests(short, "latency-"), rate, o.timeout_s)
     d, e2e = percentiles(direct), k["end_to_end_ms"]
+    added = {p: None if e2e[p] is None or d[p] is None else round(e2e[p] - d[p], 2)
+             for p in ("p50", "p99")}  # fmt: skip
     return {
         "rate_per_s": rate,
         "rate_chosen": "given" if o.rate else "auto: min(2, 0.5 / direct p90 s)",
         # Near or above 1, requests overlap in the engine: the added ms include batching.
         "offered_load": round(rate * float(np.mean(direct)) / 1e3, 2),
-        "requests": len(short),
-        "max_new_tokens": o.latency_max_new_tokens,
-        "direct_ms": d,
-        "kafka": k,
-        "added_ms": {
-            p: None if e2e[p] is None or d[p] is None else round(e2e[p] - d[p], 2)
-            for p in ("p50", "p99")
-        },
-    }
+        "requests": len(short), "max_new_tokens": o.latency_max_new_tokens,
+        "direct_ms": d, "kafka": k, "added_ms": added,
+    }  # fmt: skip
 
 
 async def _ceiling(r: Rig, o: PipelineOptions, report: Report) -> None:
@@ -302,10 +282,9 @@ async def _ceiling(r: Rig, o: PipelineOptions, report: Report) -> None:
             )
         report["ceiling"] = {
             "engine": "echo (no model; each result is its prompt's tokens)",
-            "prompt_tokens": p,
-            "max_new_tokens": p,
+            "prompt_tokens": p, "max_new_tokens": p,
             "latency_at_light_rate": {"rate_per_s": rate, **floor},  # the plumbing's own floor
-        }
+        }  # fmt: skip
         for kind, label in (("ids", "prompt_token_ids"), ("text", "text_prompts")):
             r.say(f"kafka: {n} echo requests with {label}, as fast as they go")
             run = await flood(w.client, requests(kind, n), r.meter(w.proc), o.timeout_s)
