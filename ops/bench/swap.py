@@ -192,15 +192,19 @@ def summarize(run: _Run, arrived: dict[str, Arrival], duplicates: Counter[str]) 
     arrivals = sorted(a.at.unix for a in mine.values())
     load_end = max((s.unix for s in run.sent.values()), default=0.0)
     steady = (arrivals[0] if arrivals else math.inf, load_end)  # throughput counts arrivals here
-    windows = {
-        name: _window(run, mine, arrivals, bounds, steady)
-        for name, bounds in {
-            "before": (-math.inf, command_at),
-            "during": (command_at, swapped_at),
-            "after": (swapped_at, math.inf),
-        }.items()
-    }
+    bounds = {"before": (-math.inf, command_at), "during": (command_at, swapped_at),
+              "after": (swapped_at, math.inf)}  # fmt: skip
+    windows = {k: _window(run, mine, arrivals, b, steady) for k, b in bounds.items()}
     before, during = windows["before"]["latency_ms"]["p99"], windows["during"]["latency_ms"]["p99"]
+    # The slowest 1-s bin of arrivals from the command to 2 s past the swap, over before's mean.
+    dip: dict[str, Any] = {"throughput_dip": None, "throughput_bins_per_s": []}
+    end, mean = min(swapped_at + 2.0, load_end), windows["before"]["throughput_per_s"]
+    if math.isfinite(command_at) and math.isfinite(end) and mean:
+        bins = [0] * max(1, int(end - command_at))
+        for t in arrivals:
+            if 0 <= (k := int(t - command_at)) < len(bins):
+                bins[k] += 1
+        dip = {"throughput_dip": round(min(bins) / mean, 3), "throughput_bins_per_s": bins}
     return {
         "swap": _swap_fields(run, started, outcome),
         "windows": windows,
@@ -208,13 +212,8 @@ def summarize(run: _Run, arrived: dict[str, Arrival], duplicates: Counter[str]) 
         "duplicates": sum(duplicates[i] for i in run.sent),
         "errors": dict(Counter(str(a.result.error.code) for a in mine.values() if a.result.error)),
         "p99_during_over_before": ratio(during, before),
-        **_dip(
-            arrivals,
-            command_at,
-            min(swapped_at + 2.0, load_end),
-            windows["before"]["throughput_per_s"],
-        ),
-        "send_late_ms": {"p50": _pct(run.late_ms, 50), "max": _pct(run.late_ms, 100)},
+        **dip,
+        "send_late_ms": _pct(run.late_ms, p50=50, max=100),
     }
 
 
@@ -222,10 +221,8 @@ def _swap_fields(run: _Run, started: Event | None, outcome: Event | None) -> dic
     def since(at: float | None) -> float | None:
         return None if at is None or run.command_at is None else round((at - run.command_at) * 1e3)
 
-    fields: dict[str, Any] = {
-        "command_sent_at": run.command_at,
-        "command_to_started_ms": since(started.at if started else None),
-    }
+    fields = {"command_sent_at": run.command_at,
+              "command_to_started_ms": since(started.at if started else None)}  # fmt: skip
     match outcome:
         case ModelSwapped():
             return fields | {
@@ -233,13 +230,10 @@ def _swap_fields(run: _Run, started: Event | None, outcome: Event | None) -> dic
                 "from_model": msgspec.to_builtins(outcome.from_model),
                 "to_model": msgspec.to_builtins(outcome.to_model),
                 "digests_equal": outcome.from_model.digest == outcome.to_model.digest,
-                "load_ms": round(outcome.load_ms, 1),
-                "smoke_ms": round(outcome.smoke_ms, 1),
-                "flip_ms": round(outcome.flip_ms, 3),
-                "drained": outcome.drained,
-                "pause_ms": round(outcome.pause_ms, 1),
-                "command_to_swapped_ms": since(outcome.at),
-            }
+                "load_ms": round(outcome.load_ms, 1), "smoke_ms": round(outcome.smoke_ms, 1),
+                "flip_ms": round(outcome.flip_ms, 3), "drained": outcome.drained,
+                "pause_ms": round(outcome.pause_ms, 1), "command_to_swapped_ms": since(outcome.at),
+            }  # fmt: skip
         case ModelSwapFailed():
             return fields | {"outcome": "failed", "reason": outcome.reason}
         case _:
@@ -247,12 +241,9 @@ def _swap_fields(run: _Run, started: Event | None, outcome: Event | None) -> dic
 
 
 def _window(
-    run: _Run,
-    arrived: dict[str, Arrival],
-    arrivals: Sequence[float],
-    sent_in: tuple[float, float],
-    steady: tuple[float, float],
-) -> dict[str, Any]:
+    run: _Run, arrived: dict[str, Arrival], arrivals: Sequence[float],
+    sent_in: tuple[float, float], steady: tuple[float, float],
+) -> dict[str, Any]:  # fmt: skip
     """Requests sent in [start, end); results of any request arriving in it per second."""
     start, end = sent_in
     ids = [i for i, s in run.sent.items() if start <= s.unix < end]
@@ -266,25 +257,14 @@ def _window(
     return {
         "count": len(ids),
         "answered": len(latency),
-        "latency_ms": {k: _pct(latency, q) for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
+        "latency_ms": _pct(latency, p50=50, p99=99, max=100),
         "span_s": round(span, 3) if span is not None else None,
         "throughput_per_s": round(in_span / span, 3) if span else None,
         "models": dict(models),
     }
 
 
-def _dip(
-    arrivals: Sequence[float], command_at: float, end: float, mean: float | None
-) -> dict[str, Any]:
-    """The slowest 1-s bin of arrivals from the command to `end`, over `mean` (before's)."""
-    if not (math.isfinite(command_at) and math.isfinite(end)) or not mean:
-        return {"throughput_dip": None, "throughput_bins_per_s": []}
-    counts = [0] * max(1, int(end - command_at))
-    for t in arrivals:
-        if 0 <= (k := int(t - command_at)) < len(counts):
-            counts[k] += 1
-    return {"throughput_dip": round(min(counts) / mean, 3), "throughput_bins_per_s": counts}
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if len(values) else None
+def _pct(values: Sequence[float], **qs: float) -> dict[str, float | None]:
+    """The named percentiles of `values`, to 0.1 (None where there are none)."""
+    return {k: round(float(np.percentile(values, q)), 1) if len(values) else None
+            for k, q in qs.items()}  # fmt: skip
