@@ -1,11 +1,6 @@
 """Running requests on an engine in this process and measuring it, through the engine's public
-methods only (`add`, `step`, `has_work`, `abort`, `observe`): the runs every engine-side
-benchmark makes (`bench engine`, `json`, `quant`, the direct engine of `bench pipeline`).
-
-`measure` runs requests in one continuous batch (optionally with the `StepClock` observing
-every step's phases); `batch1` one request alone, for the decode rate and its steps'
-breakdown; `profile_engine` the start of a workload under torch.profiler.
-"""
+methods only (`add`, `step`, `has_work`, `abort`, `observe`): the runs of `bench engine`, `json`,
+`quant` and the direct engine of `bench pipeline`."""
 
 from __future__ import annotations
 
@@ -13,17 +8,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from gpu.engine import Engine, EngineRequest, StepOutput
+from gpu.engine import Completion, Engine, EngineRequest
 from gpu.sequence import SamplingParams
 from ops.bench.flops import DecodeTracker
 from ops.bench.report import percentiles
 from ops.bench.step_clock import StepClock
 from ops.bench.workload import Workload
-from ops.models.offline import OfflineRun, run_all
+from ops.models.offline import OfflineRun
 
 BATCH1_PROMPT_TOKENS = 128
 BATCH1_NEW_TOKENS = 128
@@ -41,25 +36,6 @@ def engine_facts(engine: Engine) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _Recorder:
-    """Stands in for the engine inside `run_all`, noting which requests sampled at each step."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.sampled: list[list[str]] = []
-
-    def add(self, request: EngineRequest) -> None:
-        self.engine.add(request)
-
-    def has_work(self) -> bool:
-        return self.engine.has_work()
-
-    def step(self) -> StepOutput:
-        out = self.engine.step()
-        self.sampled.append([rid for rid, _ in out.new_tokens])
-        return out
-
-
 @dataclass
 class Measured:
     run: OfflineRun
@@ -74,34 +50,39 @@ class Measured:
     def stats(self) -> dict[str, Any]:
         run, wall = self.run, self.wall_s
         return {
-            "requests": len(run.completions),
-            "prompt_tokens": run.prompt_tokens,
-            "output_tokens": run.output_tokens,
-            "wall_s": round(wall, 3),
+            "requests": len(run.completions), "prompt_tokens": run.prompt_tokens,
+            "output_tokens": run.output_tokens, "wall_s": round(wall, 3),
             "output_tokens_per_s": round(run.output_tokens / wall, 2) if wall > 0 else None,
-            "steps": len(run.steps),
-            "preemptions": sum(s.num_preempted for s in run.steps),
+            "steps": len(run.steps), "preemptions": sum(s.num_preempted for s in run.steps),
             "peak_kv_blocks": max((s.kv_blocks_used for s in run.steps), default=0),
             "ttft_ms": percentiles([c.ttft_ms for c in run.completions]),
             "tpot_ms": percentiles([c.tpot_ms for c in run.completions]),
             "step_time": self.step_time,
-        }
+        }  # fmt: skip
 
 
 def measure(engine: Engine, requests: Sequence[EngineRequest], *, clock: bool = False) -> Measured:
     """`requests` added at once and stepped to the end. `clock` observes every step's phases
     (free on a CPU; on CUDA it synchronizes at each phase, so the rate is not the engine's)."""
-    recorder = _Recorder(engine)
     timer = StepClock(engine.model.device) if clock else None
+    done: dict[str, Completion] = {}
+    run, sampled = OfflineRun([]), []
     engine.observe(timer)
     try:
         with torch.inference_mode():
             start = time.perf_counter()
-            run = run_all(cast(Engine, recorder), requests)
+            for request in requests:
+                engine.add(request)
+            while engine.has_work():
+                out = engine.step()
+                run.steps.append(out.stats)
+                sampled.append([rid for rid, _ in out.new_tokens])
+                done |= {c.request_id: c for c in out.finished}
             wall = time.perf_counter() - start
     finally:
         engine.observe(None)
-    return Measured(run, wall, recorder.sampled, timer.breakdown() if timer else None)
+    run.completions = [done[r.request_id] for r in requests]
+    return Measured(run, wall, sampled, timer.breakdown() if timer else None)
 
 
 def warm(engine: Engine, prompt: Sequence[int], tag: str = "warmup") -> None:
@@ -123,12 +104,11 @@ def batch1(engine: Engine, seed: int, tokens: int = BATCH1_NEW_TOKENS) -> dict[s
     _decode_steps(engine, EngineRequest("batch1-timed", work.prompt_token_ids, params), clock)
     decode_s = sum(bare)
     return {
-        "prompt_tokens": len(work.prompt_token_ids),
-        "new_tokens": work.max_new_tokens,
+        "prompt_tokens": len(work.prompt_token_ids), "new_tokens": work.max_new_tokens,
         "decode_tokens_per_s": round(len(bare) / decode_s, 2) if decode_s else None,
         "decode_step_ms": round(decode_s / len(bare) * 1e3, 3) if bare else None,
         "breakdown": clock.breakdown(),
-    }
+    }  # fmt: skip
 
 
 def _decode_steps(
@@ -195,11 +175,7 @@ def _top_ops(prof: torch.profiler.profile, limit: int = 15) -> list[dict[str, An
     total = sum(self_us.values()) or 1.0
     ranked = sorted(self_us, key=self_us.__getitem__, reverse=True)[:limit]
     return [
-        {
-            "name": name,
-            "calls": calls[name],
-            "self_cpu_ms": round(self_us[name] / 1e3, 2),
-            "self_cpu_pct": round(100 * self_us[name] / total, 1),
-        }
+        {"name": name, "calls": calls[name], "self_cpu_ms": round(self_us[name] / 1e3, 2),
+         "self_cpu_pct": round(100 * self_us[name] / total, 1)}
         for name in ranked
-    ]
+    ]  # fmt: skip
