@@ -4,9 +4,11 @@ static padded batches) on one seeded workload, with batch 1, latency, KV and FLO
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +76,10 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     report["flops"] = {
         "formula": FLOP_FORMULA,
         "gemm": f"{gemm} {o.gemm_size}×{o.gemm_size} {m.dtype}, best of 5 × 3 products",
-        "gemm_peak_gflops": round(peak, 2),
-        "engine_gflops": significant(engine_gflops),
+        "gemm_peak_gflops": round(peak, 2), "engine_gflops": significant(engine_gflops),
         "engine_fraction_of_peak": round(engine_gflops / peak, 4),
-        "steady_decode_fraction": fraction,
-        "steady_decode": steady,
-    }
+        "steady_decode_fraction": fraction, "steady_decode": steady,
+    }  # fmt: skip
     report.target("engine_vs_sequential", vs_seq, 15.0)
     report.target("engine_vs_static", vs_static, 2.5)  # issue 15: static batches of transformers
     report.target("steady_decode_fraction_of_gemm_peak", fraction, 0.5)
@@ -99,12 +99,9 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
 
 
 def _transformers_runs(
-    engine: Engine,
-    workload: Sequence[BenchRequest],
-    o: EngineBenchOptions,
-    engine_out: list[list[int]],
-    say: Narrate,
-) -> dict[str, Any]:
+    engine: Engine, workload: Sequence[BenchRequest], o: EngineBenchOptions,
+    engine_out: list[list[int]], say: Narrate,
+) -> dict[str, Any]:  # fmt: skip
     """Sequential and static-batch runs, or why they were skipped."""
     names = ("transformers_sequential", "transformers_static")
     if has_random_weights(engine.model):
@@ -115,10 +112,8 @@ def _transformers_runs(
     except ImportError:
         return {n: {"skipped": NO_TRANSFORMERS} for n in names}
     eos = list(engine.model.eos_token_ids)
-    n = len(workload)
-    picks = sorted(
-        random.Random(o.workload.seed + 1).sample(range(n), min(o.sequential_requests, n))
-    )
+    n, rng = len(workload), random.Random(o.workload.seed + 1)
+    picks = sorted(rng.sample(range(n), min(o.sequential_requests, n)))
     say(f"transformers sequential: {len(picks)} requests, batch 1")
     sequential = _hf_run(hf, workload, [[i] for i in picks], engine_out, eos)
     # Static batches in arrival order, as a batcher without continuous batching forms them.
@@ -162,16 +157,11 @@ def _generate(
 
 
 def _hf_run(
-    hf: Any,
-    workload: Sequence[BenchRequest],
-    groups: list[list[int]],
-    engine_out: list[list[int]],
-    eos: list[int],
-) -> dict[str, Any]:
+    hf: Any, workload: Sequence[BenchRequest], groups: list[list[int]],
+    engine_out: list[list[int]], eos: list[int],
+) -> dict[str, Any]:  # fmt: skip
     """Each group of request indices is one left-padded `generate` call running until its
     longest output; only the tokens each request asked for count toward throughput."""
-    import time
-
     pad = eos[0] if eos else 0
     with torch.inference_mode():
         _generate(hf, [workload[0].prompt_token_ids[:8]] * len(groups[0]), 4, pad, eos)  # warm
@@ -180,9 +170,8 @@ def _hf_run(
         start = time.perf_counter()
         for group in groups:
             lengths = [workload[i].max_new_tokens for i in group]
-            rows = _generate(
-                hf, [workload[i].prompt_token_ids for i in group], max(lengths), pad, eos
-            )
+            prompts = [workload[i].prompt_token_ids for i in group]
+            rows = _generate(hf, prompts, max(lengths), pad, eos)
             useful += sum(min(n, rows.shape[1]) for n in lengths)
             generated += rows.numel()
             differing += [
@@ -193,18 +182,15 @@ def _hf_run(
         wall = time.perf_counter() - start
     requests = sum(len(g) for g in groups)
     return {
-        "requests": requests,
-        "batch_size": max(len(g) for g in groups),
-        "batches": len(groups),
+        "requests": requests, "batch_size": max(len(g) for g in groups), "batches": len(groups),
         "output_tokens": useful,
         "expected_output_tokens": sum(workload[i].max_new_tokens for g in groups for i in g),
         "generated_tokens_incl_padding": generated,
         "padding_waste_fraction": round(1 - useful / generated, 3),
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(useful / wall, 2),
+        "wall_s": round(wall, 3), "output_tokens_per_s": round(useful / wall, 2),
         "outputs_matching_engine": requests - len(differing),
         "outputs_differing_from_engine": differing,  # request indices; there should be none
-    }
+    }  # fmt: skip
 
 
 def _differs(got: list[int], engine: list[int], eos: list[int]) -> bool:
@@ -220,7 +206,6 @@ def _transformers() -> Any:
 
 
 def _transformers_version() -> str | None:
-    try:
+    with contextlib.suppress(ImportError):
         return str(_transformers().__version__)
-    except ImportError:
-        return None
+    return None

@@ -1,10 +1,6 @@
-"""FLOP accounting for the engine benchmark: how many FLOPs a workload or a step costs.
-
-`FlopModel` counts a model's useful FLOPs (formula in `FLOP_FORMULA`), `gemm_peak_gflops`
-measures the matmul rate (by the engine's kernel) they are compared against, and
-`DecodeTracker` with `steady_decode` picks out the pure-decode steps of a run and their
-FLOP rate.
-"""
+"""FLOP accounting for `bench engine`: a model's useful FLOPs (`FlopModel`, formula in
+`FLOP_FORMULA`), the matmul rate they are compared against (`gemm_peak_gflops`), and the
+pure-decode steps of a run with their FLOP rate (`DecodeTracker`, `steady_decode`)."""
 
 from __future__ import annotations
 
@@ -70,19 +66,10 @@ class FlopModel:
         return self.flops(tokens, sampled, keys)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def gemm_peak_gflops(
-    device: torch.device,
-    dtype: torch.dtype,
-    n: int = 2048,
-    repeats: int = 3,
-    trials: int = 5,
+    device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 3, trials: int = 5,
     kernel: str = "torch",
-) -> float:
+) -> float:  # fmt: skip
     """Best observed rate of an n×n by n×n product, in GFLOP/s, by the engine's kernel:
     `torch.mm`, or ("native-panels", "onednn-packed") a `PackedLinear` holding its weight
     in panels or as oneDNN reordered it."""
@@ -97,26 +84,23 @@ def gemm_peak_gflops(
         linear = torch.nn.Linear(n, n, bias=False, device=device, dtype=dtype)
         packed = PackedLinear(linear, cpu_kernels() if kernel == "native-panels" else None)
         product = lambda: packed(a)  # noqa: E731
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
     best = float("inf")
     with torch.inference_mode():
         for _ in range(trials):
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             for _ in range(repeats):
                 product()
-            _sync(device)
+            sync(device)
             best = min(best, time.perf_counter() - start)
     return 2 * n**3 * repeats / best / 1e9
 
 
 class DecodeTracker:
-    """Tells pure-decode steps apart and counts each request's outputs so far.
-
-    A step is pure decode when every sequence in it fed exactly one token and sampled, and
-    each already had an output (so the token fed is its last output, not a prompt token).
-    Tracking each request's outputs also gives the keys every decode attended to, which the
-    FLOP count needs and `StepStats` does not carry.
-    """
+    """Tells pure-decode steps apart (every sequence fed one token, its last output, and
+    sampled) and counts each request's outputs: the keys each decode attended to, which the
+    FLOP count needs and `StepStats` does not carry."""
 
     def __init__(self, prompt_lens: dict[str, int]) -> None:
         self.prompt_lens = prompt_lens
@@ -147,9 +131,7 @@ def steady_decode(
             steps += 1
             rows += len(ids)
     return {
-        "steps": steps,
-        "mean_batch": round(rows / steps, 1) if steps else None,
-        "seconds": round(ns / 1e9, 3),
-        "gflop": significant(flops / 1e9),
+        "steps": steps, "mean_batch": round(rows / steps, 1) if steps else None,
+        "seconds": round(ns / 1e9, 3), "gflop": significant(flops / 1e9),
         "gflops": significant(flops / ns) if ns else None,
-    }
+    }  # fmt: skip

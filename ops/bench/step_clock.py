@@ -1,13 +1,8 @@
-"""StepClock: where an engine step's wall time goes, phase by phase (for benchmarks).
-
-An engine observer (`gpu.step_observer`): attached with `engine.observe(clock)`, it sums, over
-the steps the engine runs, the wall time of each phase of a step (schedule, prepare, forward,
-sample, collect) and of paged attention inside the forward (every layer's `ops.attention`,
-timed through the ops it wraps), and the whole step's. What no phase covers (Python between
-phases) is the step minus the phases. On CUDA the device is synchronized at every boundary,
-so the times are the device's too (and the step slower: a benchmark that wants the true rate
-runs without a clock). A whole-step fast path (the native one-call decode step) calls no
-layer op: its attention counts as dense.
+"""StepClock: an engine observer (`gpu.step_observer`, attached with `engine.observe(clock)`)
+summing the wall time of each phase of a step, of paged attention inside the forward (timed
+through the layer op it wraps), and of the whole step; what no phase covers is `other`. On CUDA
+it synchronizes at every boundary: the times are the device's, and the step slower. A whole-step
+fast path (the native one-call decode step) calls no layer op: its attention counts as dense.
 """
 
 from __future__ import annotations
@@ -32,12 +27,10 @@ class StepClock:
     _began: float = 0.0
     _last: float = 0.0
 
-    def now(self) -> float:
+    def now(self) -> float:  # on CUDA, synchronized
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
-
-    # -- the engine's observer -----------------------------------------------------------
 
     def step_began(self) -> None:
         self._began = self._last = self.now()
@@ -54,8 +47,6 @@ class StepClock:
     def wrap(self, ops: LayerOps) -> LayerOps:
         return _TimedAttention(ops, self)
 
-    # -- results ---------------------------------------------------------------------------
-
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.step_seconds, self.steps = 0.0, 0
@@ -66,14 +57,9 @@ class StepClock:
         if self.steps == 0:
             return {"steps": 0}
         s = self.seconds
-        parts = {
-            "schedule": s["schedule"],
-            "prepare": s["prepare"],
-            "dense": s["forward"] - s["attention"],  # matmuls, norms, rotary, MLP, lm head
-            "attention": s["attention"],
-            "sample": s["sample"],
-            "collect": s["collect"],
-        }
+        parts = {k: s[k] for k in ("schedule", "prepare")}
+        parts["dense"] = s["forward"] - s["attention"]  # matmuls, norms, rotary, MLP, lm head
+        parts |= {k: s[k] for k in ("attention", "sample", "collect")}
         parts["other"] = max(self.step_seconds - sum(parts.values()), 0.0)
         step = self.step_seconds or 1e-12
         return {
@@ -88,8 +74,7 @@ class _TimedAttention:
     """Layer operations that add each `attention` call's time to the clock's "attention"."""
 
     def __init__(self, ops: LayerOps, clock: StepClock) -> None:
-        self._ops = ops
-        self._clock = clock
+        self._ops, self._clock = ops, clock
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ops, name)
