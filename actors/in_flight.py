@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from actors.mail import Admitted
 from actors.streaming.token_stream import TokenStream
 from gpu.engine import Completion, EngineRequest, StepOutput
-from gpu.sequence import JsonConstraint, SamplingParams
+from gpu.sequence import Constraint, SamplingParams
 from messages.result import ModelRef
 
 
@@ -63,16 +63,18 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     request = item.request
     shape = request.response_format
     schema = shape.schema_text() if shape is not None else None
-    json = None if shape is None or schema is None else JsonConstraint(schema, shape.strict)
+    json = None if shape is None or schema is None else Constraint.json(schema, shape.strict)
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens,
+        n=request.n,
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         seed=request.seed,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
-        json=json,
+        constraint=json,
+        logprobs=request.logprobs,
     )
     return EngineRequest(
         request_id=request.id,

@@ -79,8 +79,9 @@ class Admitted:
 
     @property
     def cost_tokens(self) -> int:
-        """What it may occupy in the engine: prompt plus every token it may generate."""
-        return len(self.prompt_token_ids) + self.request.max_new_tokens
+        """What it may occupy in the engine: prompt plus every token each of its choices may
+        generate (the choices share the prompt)."""
+        return len(self.prompt_token_ids) + self.request.n * self.request.max_new_tokens
 
 
 @dataclass(slots=True)

@@ -14,11 +14,13 @@ from messages.headers import Headers
 from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, MAX_NAME_CHARS, cut
 from messages.request import GenerateRequest
 from messages.result import (
+    Choice,
     ErrorInfo,
     FinishReason,
     GenerateResult,
     ModelRef,
     Timings,
+    TokenLogprobs,
     Usage,
 )
 
@@ -219,16 +221,20 @@ def engine_outcome(
     preemptions: int = 0,
     kv_blocks: int = 0,
     cached_tokens: int = 0,
+    logprobs: TokenLogprobs | None = None,
+    choices: list[Choice] | None = None,
 ) -> Outcome:
     """The outcome of a request that reached the engine (finished, aborted or refused there).
 
     `prompt_tokens`: as the engine counted them (a request tokenized again for a swapped-in
     model has another count than the ingest's); `preemptions`: times it was preempted;
     `kv_blocks`: the KV-cache blocks it held at its end; `cached_tokens`: prompt tokens the
-    prefix cache served.
+    prefix cache served; `logprobs`: the tokens' logprobs, when the request asked; `choices`:
+    every choice of a request with `n` > 1 (the fields above are the first's).
     """
     if prompt_tokens is None:
         prompt_tokens = len(item.prompt_token_ids)
+    completion_tokens = sum(len(c.token_ids) for c in choices) if choices else len(token_ids)
     result = GenerateResult(
         id=item.request.id,
         text=text,
@@ -236,8 +242,8 @@ def engine_outcome(
         finish_reason=finish_reason(reason),
         usage=Usage(
             prompt_tokens=prompt_tokens,
-            completion_tokens=len(token_ids),
-            total_tokens=prompt_tokens + len(token_ids),
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
             cached_tokens=cached_tokens,
         ),
         model=model,
@@ -251,6 +257,8 @@ def engine_outcome(
         error=error,
         source=item.record.source(),
         metadata=item.request.metadata,
+        logprobs=logprobs,
+        choices=choices or [],
     )
     return Outcome(
         record=item.record,

@@ -4,8 +4,9 @@ Synchronous and single-threaded: one step = schedule → run the model once → 
 It does no I/O and no logging; each step returns its statistics for the caller to log, trace
 and export. Everything a request needs is checked in `add`, which raises `RequestRejected`
 with the code of the `messages.admission` rule it broke; nothing is ever truncated silently.
-A request with a JSON constraint gets its grammar there too (`gpu.grammar`): a schema that
-cannot be compiled is rejected with `invalid_response_format`.
+A request with a constraint (a JSON schema, a regex, a choice, a grammar) gets its grammar
+there too (`gpu.grammar`): one that cannot be compiled is rejected with
+`invalid_response_format`.
 """
 
 from __future__ import annotations
@@ -16,23 +17,33 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from gpu.backends.backend import Sampled
 from gpu.backends.choose import build_backend
 from gpu.block_allocator import BlockAllocator, blocks_for
+from gpu.choices import ChoiceGroups
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.errors import RequestRejected
 from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import TokenMasks
-from gpu.grammar.matcher import JsonMatcher
+from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
+from gpu.logprobs import CompletionLogprobs
 from gpu.model_config import GEMMA_FAMILY
 from gpu.models.layers import long_rope_rows
 from gpu.prefix_hash import root_key
-from gpu.scheduler import ScheduledBatch, ScheduledChunk, Scheduler
+from gpu.scheduler import ScheduledBatch, Scheduler
 from gpu.sequence import SamplingParams
 from gpu.sequence import Sequence as Seq
 from gpu.step_observer import StepObserver
-from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
+from messages.admission import (
+    check_choices,
+    check_lengths,
+    check_logprobs,
+    check_sampling,
+    check_vocabulary,
+    prompt_limit,
+)
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import MAX_PRIORITY, MIN_PRIORITY
@@ -62,6 +73,10 @@ class Completion:
     num_preemptions: int
     num_kv_blocks: int = 0  # KV-cache blocks it held when it finished (its peak)
     cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache served
+    # One entry per token of `token_ids` when the request asked for logprobs (`gpu.logprobs`).
+    logprobs: CompletionLogprobs | None = None
+    # n > 1: every choice in order (the fields above are the first's; `gpu.choices.merge`).
+    choices: tuple[Completion, ...] = ()
 
     @property
     def ttft_ms(self) -> float | None:
@@ -160,13 +175,14 @@ class Engine:
         self.backend.capture()  # CUDA graphs, where taken: at start, on the stepping thread
         self._ops = self.backend.ops  # as built: an observer may wrap them
         self.clock = clock
-        self.sequences: dict[str, Seq] = {}
+        self.sequences: dict[str, Seq] = {}  # by sequence id (a request's, or its choices')
+        self.groups = ChoiceGroups()  # the requests with n > 1, each n sequences
         self.eos_token_ids = frozenset(model.eos_token_ids)
         self.peak_blocks_used = 0
         self.grammars = GrammarCompiler(
             model.tokenizer, model.config.vocab_size, model.eos_token_ids
         )
-        self.matchers: dict[str, JsonMatcher] = {}  # constrained requests' grammar state
+        self.matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
         self._masks: TokenMasks | None = None  # built with the first constrained request
         self.observer: StepObserver | None = None  # `observe`: told each step's phases
 
@@ -177,17 +193,27 @@ class Engine:
         check_admission(
             request, self.config, self.max_model_len, self.model.config.vocab_size, self.sequences
         )
+        if request.request_id in self.groups or any(
+            i in self.sequences for i in self.groups.ids(request)
+        ):
+            raise RequestRejected(
+                ErrorCode.DUPLICATE_REQUEST, f"request {request.request_id!r} is already running"
+            )
 
     def prepare(self, request: EngineRequest) -> None:
         """`add`'s slow part, ahead of it and on any thread: compile the request's grammar
         (the first one also builds the library's view of the vocabulary) into the cache `add`
-        reads. Raises `RequestRejected` as `add` would for a schema that cannot compile."""
-        if request.params.json is not None:
-            self.grammars.prepare(request.params.json)
+        reads. Raises `RequestRejected` as `add` would for a constraint that cannot compile."""
+        if request.params.constraint is not None:
+            self.grammars.prepare(request.params.constraint)
 
     def add(self, request: EngineRequest) -> None:
         self.validate(request)
-        constraint = request.params.json
+        for one in self.groups.split(request):  # n > 1: one sequence per choice
+            self._add(one)
+
+    def _add(self, request: EngineRequest) -> None:
+        constraint = request.params.constraint
         matcher = self.grammars.matcher(constraint) if constraint is not None else None
         seq = Seq(
             request_id=request.request_id,
@@ -205,10 +231,10 @@ class Engine:
 
     def abort(self, request_id: str, reason: str = "cancelled") -> Completion | None:
         """Stop a request now; returns its partial completion, or None if it is unknown."""
-        seq = self.sequences.get(request_id)
-        if seq is None:
-            return None
-        return self._finish(seq, reason)
+        ids = self.groups.children_of(request_id)
+        done = [self._finish(self.sequences[i], reason) for i in ids if i in self.sequences]
+        gathered = self.groups.gather(done)
+        return gathered[0] if gathered else None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -251,9 +277,11 @@ class Engine:
         now = self.clock()
         new_tokens: list[tuple[str, int]] = []
         finished: list[Completion] = []
-        for chunk, token in sampled:
+        for chunk, token, logprob in sampled:
             seq = chunk.seq
             seq.output_token_ids.append(token)
+            if logprob is not None:
+                seq.output_logprobs.append(logprob)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             new_tokens.append((seq.request_id, token))
@@ -265,6 +293,7 @@ class Engine:
                 # factors, and its K/V (short-rotated) are recomputed as transformers does.
                 # Its blocks stay; the scheduler prefills it again from position 0.
                 seq.num_computed_tokens = 0
+        finished = self.groups.gather(finished)  # a choice waits for its request's others
         if observer is not None:
             observer.phase_done("collect")
             observer.step_done()
@@ -286,10 +315,8 @@ class Engine:
         return StepOutput(new_tokens, finished, stats)
 
     @torch.inference_mode()
-    def _run(
-        self, batch: ScheduledBatch, observer: StepObserver | None
-    ) -> list[tuple[ScheduledChunk, int]]:
-        """The batch through the backend: its sampled tokens."""
+    def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> list[Sampled]:
+        """The batch through the backend: its sampled tokens (and logprobs where asked)."""
         backend = self.backend
         if observer is None:
             return backend.run(batch, self.matchers, self._masks)
@@ -311,11 +338,13 @@ class Engine:
             if matcher.failed is not None:
                 return "error"
             if matcher.is_terminated:
-                return "stop"  # the JSON is complete; only EOS could follow
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            return "stop"
-        if p.stop and self._stop_string_at(seq, tail_only=True) is not None:
-            return "stop"
+                return "stop"  # the output is complete; only EOS could follow
+        # Under min_tokens nothing stops (EOS and stop tokens are banned then too).
+        if len(seq.output_token_ids) >= p.min_tokens:
+            if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+                return "stop"
+            if p.stop and self._stop_string_at(seq, tail_only=True) is not None:
+                return "stop"
         if len(seq.output_token_ids) >= p.max_new_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
@@ -327,11 +356,17 @@ class Engine:
         token completes lies within them (a character spans at most 4 byte-level tokens), so a
         step costs O(longest stop), not O(output).
         """
-        tokens = seq.output_token_ids
-        if tail_only:
-            tokens = tokens[-(4 * max(len(s) for s in seq.params.stop) + 4) :]
+        tokens, min_tokens = seq.output_token_ids, seq.params.min_tokens
+        tail = 4 * max(len(s) for s in seq.params.stop) + 4
+        if tail_only and len(tokens) - min_tokens > tail:  # the tail is all past min_tokens
+            tokens = tokens[-tail:]
+            min_tokens = 0
         text = self.model.tokenizer.decode(tokens)
-        hits = [i for s in seq.params.stop if (i := text.find(s)) >= 0]
+        before = 0  # under min_tokens, a stop string counts once a token past them ends it
+        if min_tokens > 1:
+            before = len(self.model.tokenizer.decode(tokens[: min_tokens - 1]))
+        stops = seq.params.stop
+        hits = [i for s in stops if (i := text.find(s, max(0, before - len(s) + 1))) >= 0]
         return min(hits) if hits else None
 
     def _finish(self, seq: Seq, reason: str) -> Completion:
@@ -358,6 +393,18 @@ class Engine:
             num_preemptions=seq.num_preemptions,
             num_kv_blocks=kv_blocks,
             cached_tokens=seq.num_cached_tokens,
+            logprobs=self._logprobs(seq),
+        )
+
+    def _logprobs(self, seq: Seq) -> CompletionLogprobs | None:
+        """`seq`'s logprobs with its tokens' texts, if its request asked for them."""
+        if seq.params.logprobs is None:
+            return None
+        tokenizer = self.model.tokenizer
+        return CompletionLogprobs.of(
+            seq.output_token_ids,
+            seq.output_logprobs,
+            lambda token: tokenizer.decode([token], skip_special_tokens=False),
         )
 
 
@@ -387,6 +434,8 @@ def check_admission(
             max_model_len=max_model_len,
         )
         check_sampling(request.params, vocab_size=vocab)
+        check_logprobs(request.params.logprobs)
+        check_choices(request.params.n)
         check_vocabulary(request.prompt_token_ids, vocab, "prompt_token_ids")
         if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:  # the scheduler's aging sums it
             raise InvalidRequest(

@@ -7,18 +7,36 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # gpu.logprobs holds tensor code; this module stays torch-free
+    from gpu.logprobs import TokenLogprob
 
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 
 
-@dataclass(frozen=True)
-class JsonConstraint:
-    """The output must be JSON matching `schema` (JSON Schema as compact text, which is what
-    the engine's grammar cache is keyed by). `strict`: refuse a schema keyword the grammar
-    cannot enforce rather than ignore it."""
+ConstraintKind = Literal["json", "regex", "choice", "grammar"]
 
-    schema: str
+
+@dataclass(frozen=True)
+class Constraint:
+    """The output must match `text`, read as its `kind` says (the engine's grammar cache is
+    keyed by all three):
+
+    - "json": JSON matching a JSON Schema, as compact text; `strict`: refuse a schema keyword
+      the grammar cannot enforce rather than ignore it;
+    - "regex": the whole output matches the regular expression (the regex crate's syntax);
+    - "choice": the output is one of the strings of a JSON list;
+    - "grammar": the output is a sentence of a Lark (or GBNF) grammar.
+    """
+
+    kind: ConstraintKind
+    text: str
     strict: bool = False
+
+    @classmethod
+    def json(cls, schema: str, strict: bool = False) -> Constraint:
+        return cls("json", schema, strict)
 
 
 @dataclass(frozen=True)
@@ -28,7 +46,17 @@ class SamplingParams:
     `top_k=0` and `top_p=1.0` disable those filters. A `seed` makes sampling reproducible
     whatever else shares the batch: each sampled position's noise is a hash of (seed,
     position, token), so a preempted and recomputed sequence samples the same.
-    `json`: decode under a grammar, so the output is JSON matching that schema.
+    `constraint`: decode under a grammar, so the output matches it (`Constraint`).
+    `logprobs`: report each sampled token's logprob and its `logprobs` most likely
+    alternatives (0: the token's alone; None: nothing), from the raw logits (`gpu.logprobs`).
+
+    Penalties and biases (`gpu.penalties`, applied to the raw logits in that module's order;
+    each default leaves the logits untouched): `presence_penalty` and `frequency_penalty`
+    (OpenAI's, over the completion's tokens), `repetition_penalty` (transformers' and vLLM's,
+    over prompt and completion; 1 = off), `logit_bias` ((token id, bias) pairs, added),
+    `min_tokens` (EOS and `stop_token_ids` banned, stop strings unchecked, until that many
+    tokens are out). `min_p` (after temperature): keep tokens whose probability is at least
+    `min_p` times the top token's; 0 = off.
     """
 
     max_new_tokens: int = 16
@@ -39,7 +67,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    json: JsonConstraint | None = None
+    constraint: Constraint | None = None
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    n: int = 1  # choices: the engine runs n sequences over the prompt (`gpu.choices`)
 
     @property
     def greedy(self) -> bool:
@@ -71,6 +107,9 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
+    # One per output token when `params.logprobs` is set (a recompute samples no kept token
+    # again, so the list stays aligned with `output_token_ids`).
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

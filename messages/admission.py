@@ -22,6 +22,8 @@ from typing import Protocol
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import (
+    MAX_CHOICES,
+    MAX_LOGPROBS,
     MAX_NEW_TOKENS,
     MAX_SEED,
     MAX_STOP_CHARS,
@@ -126,6 +128,16 @@ def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> 
     check_vocabulary(p.stop_token_ids, vocab_size, "stop_token_ids")
 
 
+def check_logprobs(logprobs: int | None) -> None:
+    """`logprobs` is None (off) or in [0, `MAX_LOGPROBS`]: how many alternatives to report
+    beside each generated token's own logprob (`INVALID_SAMPLING_PARAMS`)."""
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise InvalidRequest(
+            ErrorCode.INVALID_SAMPLING_PARAMS,
+            f"logprobs must be in [0, {MAX_LOGPROBS}] (or null: off), got {number_text(logprobs)}",
+        )
+
+
 def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
     """Every token id in `ids` is in [0, `vocab_size`) (`TOKEN_OUT_OF_VOCABULARY`); `field`
     names the ids in the message."""
@@ -180,4 +192,17 @@ def check_lengths(
             ErrorCode.MAX_TOKENS_TOO_LARGE,
             f"prompt ({num_prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds "
             f"max_model_len {max_model_len}; at most {room} new tokens fit",
+        )
+
+
+def check_choices(n: int, *, stream: bool = False) -> None:
+    """`n` (the choices of one request) in [1, `MAX_CHOICES`], and 1 for a streamed request
+    (a chunk carries one text): `INVALID_REQUEST` otherwise."""
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST, f"n must be in [1, {MAX_CHOICES}], got {number_text(n)}"
+        )
+    if stream and n > 1:
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST, "stream with n > 1 is not supported: ask for n = 1"
         )

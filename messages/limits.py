@@ -43,6 +43,24 @@ MIN_TOP_P = 1e-9
 MAX_STREAM_INTERVAL_TOKENS = MAX_NEW_TOKENS  # `stream_interval_tokens` in [1, this]
 MAX_STREAM_INTERVAL_MS = float(MAX_TIMEOUT_MS)  # `stream_interval_ms` in [0, this]
 MAX_SCHEMA_DEPTH = 64  # arrays and objects nested in a `response_format` schema
+# Penalties and biases (`gpu.penalties`). `presence_penalty` and `frequency_penalty` in
+# [-MAX_PENALTY, MAX_PENALTY], OpenAI's range. `repetition_penalty` in
+# [MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY] (1 = off): it divides positive logits, and a
+# tiny one would push them past float32's range. `min_p` in [0, 1]. `logit_bias`: at most
+# MAX_LOGIT_BIAS_ENTRIES ids (OpenAI's limit), each bias in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]
+# (-100 bans a token, +100 all but forces it). `min_tokens` in [0, max_new_tokens].
+MAX_PENALTY = 2.0
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 2.0
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
+# `logprobs` in [0, MAX_LOGPROBS] (None: off): the alternatives reported per generated token,
+# as vLLM's and OpenAI's chat cap (`top_logprobs` ≤ 20). A result with logprobs grows with them
+# and is not within `result_size_bound`: one past the producer's limit is `result_too_large`.
+MAX_LOGPROBS = 20
+# `n` in [1, MAX_CHOICES]: the choices of one request, each a sequence in the engine (sharing the
+# prompt's KV blocks); admission and backpressure count all of them.
+MAX_CHOICES = 16
 
 # JSON's worst case per character: a control character is written as \u00XX (6 bytes); any
 # other is at most 4 bytes of UTF-8 (MessagePack never writes more than JSON).

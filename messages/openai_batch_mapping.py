@@ -43,7 +43,7 @@ from messages.openai_batch import (
 )
 from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import ResponseFormat
-from messages.result import GenerateResult
+from messages.result import Choice, GenerateResult
 from messages.validation import check_request
 
 
@@ -158,7 +158,13 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
         completion = _convert(line.body, CompletionBody)
         _refuse_unsupported(completion)
         _refuse_if(bool(completion.echo), "echo")
-        _refuse_if(completion.best_of not in (None, 1), "best_of")
+        if completion.best_of is not None and completion.best_of != (completion.n or 1):
+            raise BatchLineRefused(
+                LineCode.UNSUPPORTED_PARAMETER,
+                "`best_of` must equal `n` (ranking more candidates than are returned is not "
+                "supported)",
+                param="best_of",
+            )
         _refuse_if(completion.logprobs is not None, "logprobs")
         _refuse_if(completion.suffix is not None, "suffix")
         return {**_sampling(completion, completion.max_tokens), **_prompt(completion.prompt)}
@@ -220,7 +226,6 @@ def _refuse_if(condition: bool, param: str) -> None:
 
 
 def _refuse_unsupported(body: CompletionBody | ChatCompletionBody) -> None:
-    _refuse_if(body.n not in (None, 1), "n")
     _refuse_if(bool(body.stream), "stream")
     _refuse_if(body.presence_penalty not in (None, 0), "presence_penalty")
     _refuse_if(body.frequency_penalty not in (None, 0), "frequency_penalty")
@@ -237,6 +242,8 @@ def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None)
         fields["top_k"] = max(body.top_k, 0)  # vLLM's -1 means "off", as tokenmill's 0
     if body.seed is not None:
         fields["seed"] = body.seed
+    if body.n is not None:
+        fields["n"] = body.n  # checked with the request (`messages.admission.check_choices`)
     if body.stop is not None:
         fields["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
     if body.stop_token_ids is not None:
@@ -300,23 +307,44 @@ def _body(url: str, result: GenerateResult, created: int) -> Any:
         total_tokens=result.usage.total_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=result.usage.cached_tokens),
     )
-    finish = str(result.finish_reason)
+    # n > 1: every choice; else the result is its one choice.
+    choices = result.choices or [
+        Choice(
+            index=0,
+            text=result.text,
+            token_ids=result.token_ids,
+            finish_reason=result.finish_reason,
+            logprobs=result.logprobs,
+        )
+    ]
     if url == CHAT_COMPLETIONS_URL:
         return ChatCompletion(
             id=f"chatcmpl-{result.id}",
             created=created,
             model=model,
-            choices=[
-                ChatChoice(message=AssistantMessage(content=result.text), finish_reason=finish)
-            ],
+            choices=[_chat_choice(c) for c in choices],
             usage=usage,
         )
     return Completion(
         id=f"cmpl-{result.id}",
         created=created,
         model=model,
-        choices=[CompletionChoice(text=result.text, finish_reason=finish)],
+        choices=[_completion_choice(c) for c in choices],
         usage=usage,
+    )
+
+
+def _chat_choice(choice: Choice) -> ChatChoice:
+    return ChatChoice(
+        index=choice.index,
+        message=AssistantMessage(content=choice.text),
+        finish_reason=str(choice.finish_reason),
+    )
+
+
+def _completion_choice(choice: Choice) -> CompletionChoice:
+    return CompletionChoice(
+        index=choice.index, text=choice.text, finish_reason=str(choice.finish_reason)
     )
 
 

@@ -35,6 +35,21 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     - `reply_to`: topic for the result (default: the worker's results topic).
     - `metadata`: echoed back unchanged in the result.
     - `response_format`: constrain the output to JSON (`messages.response_format`).
+    - Penalties and biases, applied to the raw logits before temperature (vLLM's order;
+      `gpu.penalties`): `presence_penalty` and `frequency_penalty` in [-2, 2] (OpenAI's, over
+      the completion's tokens), `repetition_penalty` in [0.01, 2] (transformers' and vLLM's,
+      over prompt and completion; 1 = off), `logit_bias` (token id → bias in [-100, 100], at
+      most 300 entries; JSON keys are the ids as strings), `min_tokens` in [0,
+      `max_new_tokens`] (EOS, `stop_token_ids` and stop strings wait until that many tokens
+      are out). `min_p` in [0, 1], after temperature: keep tokens at least that fraction of
+      the top token's probability.
+    - `logprobs`: None (off), or how many most likely alternatives to report beside each
+      generated token's own logprob, 0 to `messages.limits.MAX_LOGPROBS` (20); the result's
+      `logprobs` holds them. Computed from the model's raw logits, before temperature,
+      top-k/top-p, penalties and constraint masks (vLLM's default).
+    - `n`: how many choices to generate, 1 to `messages.limits.MAX_CHOICES` (16); the result's
+      `choices` holds them all (its `text` and `token_ids` are the first's). They share the
+      prompt's prefill; a seeded request gives the same choices every time. Not with `stream`.
     """
 
     v: int = SCHEMA_VERSION
@@ -62,3 +77,12 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     stream_interval_tokens: int | None = None
     stream_interval_ms: float | None = None
     response_format: ResponseFormat | None = None
+    # Penalties and biases (`gpu.penalties`; ranges in `messages.limits`); the defaults are off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    min_tokens: int = 0
+    logprobs: int | None = None
+    n: int = 1

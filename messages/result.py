@@ -56,10 +56,46 @@ class SourceRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     offset: int
 
 
+class TokenLogprobs(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Logprobs of a result's tokens: entry `i` of each list is about `token_ids[i]` (a final
+    stop or EOS token included, though the text leaves it out).
+
+    - `tokens`: each token's text, decoded alone (special tokens included; a token that is only
+      part of a UTF-8 character reads as U+FFFD).
+    - `token_logprobs`: each token's natural-log probability.
+    - `top_ids`, `top_logprobs`, `top_tokens`: the request's `logprobs` most likely tokens at
+      that position, most likely first (empty lists when it asked for 0).
+
+    Values are float32's, from the model's raw logits: before temperature, top-k/top-p,
+    penalties and constraint masks (vLLM's default), so they do not change with the temperature.
+    """
+
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float] = msgspec.field(default_factory=list)
+    top_ids: list[list[int]] = msgspec.field(default_factory=list)
+    top_logprobs: list[list[float]] = msgspec.field(default_factory=list)
+    top_tokens: list[list[str]] = msgspec.field(default_factory=list)
+
+
+class Choice(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """One of the `n` choices of a request that asked for more than one."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: FinishReason = FinishReason.ERROR
+    logprobs: TokenLogprobs | None = None
+
+
 class GenerateResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """The answer to one request record: text and tokens, or `error` with a closed code.
 
     `id` is the request's; when the record could not be decoded it is the record key (or "").
+    `logprobs`: when the request asked for them (`TokenLogprobs`), else None.
+    `choices`: when the request asked for `n` > 1, every choice in order (`text`, `token_ids`,
+    `finish_reason` and `logprobs` above are the first's; `usage.completion_tokens` counts all
+    of them); empty otherwise. With `n` choices a result is up to `n` times larger: one past
+    the producer's limit is answered `result_too_large`.
     """
 
     v: int = SCHEMA_VERSION
@@ -74,6 +110,8 @@ class GenerateResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     error: ErrorInfo | None = None
     source: SourceRef | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    logprobs: TokenLogprobs | None = None
+    choices: list[Choice] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

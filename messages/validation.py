@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import re
 
-from messages.admission import check_max_new_tokens, check_sampling, check_token_ids
+from messages.admission import (
+    check_choices,
+    check_logprobs,
+    check_max_new_tokens,
+    check_sampling,
+    check_token_ids,
+)
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import (
@@ -66,6 +72,8 @@ def check_request(request: GenerateRequest) -> None:
         check_token_ids(request.prompt_token_ids, "prompt_token_ids")
     check_max_new_tokens(request.max_new_tokens)
     check_sampling(request)
+    check_logprobs(request.logprobs)
+    check_choices(request.n, stream=request.stream)
     if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(
             ErrorCode.INVALID_REPLY_TO,

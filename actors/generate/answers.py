@@ -14,13 +14,14 @@ import structlog
 
 from actors.in_flight import InFlight
 from actors.mail import Admitted, Outcome, StreamChunk
-from actors.results import engine_outcome
+from actors.results import engine_outcome, finish_reason
 from actors.runtime import Address
 from actors.swap.model_slots import ModelSlots
 from gpu.engine import Completion
+from gpu.logprobs import CompletionLogprobs
 from messages.chunk import GenerateChunk
 from messages.error_codes import ErrorCode
-from messages.result import ErrorInfo
+from messages.result import Choice, ErrorInfo, TokenLogprobs
 
 log = structlog.get_logger("tokenmill.gpu")
 
@@ -34,6 +35,33 @@ CRASHED = ErrorInfo(
     code=ErrorCode.ENGINE_ERROR,
     message="the GPU actor crashed twice while running this request",
 )
+
+
+def wire_logprobs(logprobs: CompletionLogprobs | None) -> TokenLogprobs | None:
+    """A completion's logprobs as the result carries them."""
+    if logprobs is None:
+        return None
+    return TokenLogprobs(
+        tokens=logprobs.tokens,
+        token_logprobs=logprobs.token_logprobs,
+        top_ids=logprobs.top_ids,
+        top_logprobs=logprobs.top_logprobs,
+        top_tokens=logprobs.top_tokens,
+    )
+
+
+def wire_choices(completion: Completion) -> list[Choice]:
+    """A completion's choices (n > 1) as the result carries them; none for one choice."""
+    return [
+        Choice(
+            index=i,
+            text=choice.text,
+            token_ids=choice.token_ids,
+            finish_reason=finish_reason(choice.finish_reason),
+            logprobs=wire_logprobs(choice.logprobs),
+        )
+        for i, choice in enumerate(completion.choices)
+    ]
 
 
 class Answers:
@@ -78,6 +106,8 @@ class Answers:
                     preemptions=completion.num_preemptions,
                     kv_blocks=completion.num_kv_blocks,
                     cached_tokens=completion.cached_tokens,
+                    logprobs=wire_logprobs(completion.logprobs),
+                    choices=wire_choices(completion),
                 )
             )
 

@@ -16,7 +16,7 @@ from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.limits import MAX_ERROR_MESSAGE_CHARS
 from messages.request import GenerateRequest
-from messages.result import ErrorInfo, FinishReason, ModelRef, SourceRef
+from messages.result import Choice, ErrorInfo, FinishReason, ModelRef, SourceRef
 
 RECORD = RecordRef("tokenmill.requests", 3, 1041, timestamp_ms=1_767_225_600_000, key=b"k-1")
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -330,3 +330,15 @@ def test_an_engine_refusal_has_no_completion() -> None:
     assert result.finish_reason is FinishReason.ERROR
     assert (result.text, result.token_ids) == ("", [])
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (3, 0)
+
+
+def test_a_result_with_choices_counts_every_choices_tokens() -> None:
+    item = admitted(prompt_tokens=5, n=2)
+    choices = [
+        Choice(index=0, text="ab", token_ids=[10, 11], finish_reason=FinishReason.LENGTH),
+        Choice(index=1, text="c", token_ids=[12], finish_reason=FinishReason.STOP),
+    ]
+    result = finished(item, "length", [10, 11], choices=choices).result
+    assert result.choices == choices and result.token_ids == [10, 11]
+    assert (result.usage.completion_tokens, result.usage.total_tokens) == (3, 8)
+    assert item.cost_tokens == 5 + 2 * 8  # the prompt once, every choice's new tokens

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from messages.admission import (
+    check_choices,
     check_lengths,
     check_max_new_tokens,
     check_sampling,
@@ -248,3 +249,16 @@ def test_the_prompt_limit_leaves_room_for_one_new_token(
     configured: int | None, max_model_len: int, limit: int
 ) -> None:
     assert prompt_limit(configured, max_model_len) == limit
+
+
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_n_choices_within_range_pass(n: int) -> None:
+    check_choices(n)
+
+
+@pytest.mark.parametrize(("n", "stream"), [(0, False), (17, False), (-3, False), (2, True)])
+def test_n_out_of_range_or_streamed_is_an_invalid_request(n: int, stream: bool) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        check_choices(n, stream=stream)
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    assert ("stream" in info.value.message) == stream

@@ -29,7 +29,7 @@ from messages.openai_batch_mapping import (
     to_request,
 )
 from messages.request import ChatMessage, GenerateRequest
-from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
+from messages.result import Choice, ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
 
 MODEL = ModelRef(name="smollm2-135m", digest="sha256:" + "ab" * 32)
 HI = [{"role": "user", "content": "Hi"}]
@@ -311,8 +311,6 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
 @pytest.mark.parametrize(
     ("make", "body", "param"),
     [
-        (chat_line, {"n": 2}, "n"),
-        (completion_line, {"n": 3}, "n"),
         (chat_line, {"stream": True}, "stream"),
         (completion_line, {"stream": True}, "stream"),
         (chat_line, {"presence_penalty": 0.5}, "presence_penalty"),
@@ -588,3 +586,44 @@ def test_a_json_object_response_format_is_any_object() -> None:
 def test_a_malformed_response_format_is_invalid_response_format(body: dict[str, Any]) -> None:
     refused = request_refused(chat_line(response_format=body))
     assert refused.code == ErrorCode.INVALID_RESPONSE_FORMAT
+
+
+# --- n choices -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_n_becomes_the_requests_choices(make: Any) -> None:
+    assert request(make(n=4)).n == 4
+    assert request(make()).n == 1
+
+
+@pytest.mark.parametrize("n", [0, 17])
+def test_n_out_of_range_is_refused_with_the_request_rules_code(n: int) -> None:
+    refused = request_refused(chat_line(n=n))
+    assert refused.code is ErrorCode.INVALID_REQUEST and "n must be in [1, 16]" in refused.message
+
+
+def test_best_of_equal_to_n_is_accepted_and_larger_is_refused() -> None:
+    assert request(completion_line(n=3, best_of=3)).n == 3
+    refused = request_refused(completion_line(n=2, best_of=4))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "best_of")
+
+
+def two_choices() -> GenerateResult:
+    choices = [
+        Choice(index=0, text="Hello there", token_ids=[1, 2], finish_reason=FinishReason.LENGTH),
+        Choice(index=1, text="Hi", token_ids=[3], finish_reason=FinishReason.STOP),
+    ]
+    usage = Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+    return ok_result(choices=choices, usage=usage)
+
+
+def test_every_choice_is_an_output_choice_in_order() -> None:
+    chat = as_json(answer_line("q1", CHAT_COMPLETIONS_URL, two_choices()))["response"]["body"]
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in chat["choices"]] == [
+        (0, "Hello there", "length"),
+        (1, "Hi", "stop"),
+    ]
+    assert chat["usage"]["completion_tokens"] == 3
+    text = as_json(answer_line("q1", COMPLETIONS_URL, two_choices()))["response"]["body"]
+    assert [(c["index"], c["text"]) for c in text["choices"]] == [(0, "Hello there"), (1, "Hi")]

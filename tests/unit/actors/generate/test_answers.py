@@ -5,6 +5,7 @@ and a count of those failed by a shutdown."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -109,3 +110,21 @@ async def test_a_run_failed_by_the_shutdown_counts_each_copy() -> None:
     entry.copies.append(item(2))
     await answer.finished(entry, completion(), SHUTDOWN)
     assert len(sent(outcomes)) == 2 and answer.failed_on_shutdown == 2
+
+
+async def test_a_run_with_choices_answers_every_choice() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    first, second = (
+        completion(),
+        replace(completion(), token_ids=[9], text="c", finish_reason="stop"),
+    )
+    await answer.finished(entry, replace(first, choices=(first, second)))
+    [outcome] = sent(outcomes)
+    assert isinstance(outcome, Outcome)
+    result = outcome.result
+    assert [(c.index, c.text, c.token_ids, str(c.finish_reason)) for c in result.choices] == [
+        (0, "ab", [7, 8], "length"),
+        (1, "c", [9], "stop"),
+    ]
+    assert (result.text, result.usage.completion_tokens) == ("ab", 3)
