@@ -32,6 +32,8 @@ from ops.connection.options import kafka_connection, kafka_options
 )
 @click.option("--max-new-tokens", type=int, default=None, help="For PROMPT.")
 @click.option("--temperature", type=float, default=None, help="For PROMPT.")
+@click.option("--seed", type=int, default=None, help="For PROMPT: sample reproducibly.")
+@click.option("--n", "choices", type=int, default=None, help="For PROMPT: how many choices (1-16).")
 @click.option("--chat", is_flag=True, help="Send PROMPT as a user chat message.")
 @click.option("--model", default=None, help="For PROMPT: the model name it must run on.")
 @click.option("--wait", is_flag=True, help="Wait for every result and print it (JSON lines).")
@@ -98,8 +100,9 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
         fields["prompt"] = kwargs["prompt"]
     if kwargs["max_new_tokens"] is not None:
         fields["max_new_tokens"] = kwargs["max_new_tokens"]
-    if kwargs["temperature"] is not None:
-        fields["temperature"] = kwargs["temperature"]
+    for name, field in (("temperature", "temperature"), ("seed", "seed"), ("choices", "n")):
+        if kwargs[name] is not None:
+            fields[field] = kwargs[name]
     return GenerateRequest(**fields)
 
 

@@ -1,0 +1,24 @@
+"""`tokenmill submit PROMPT`: the request its options make."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ops.submit.cli import _prompt_request
+
+
+def options(**given: Any) -> dict[str, Any]:
+    none = dict.fromkeys(("max_new_tokens", "temperature", "seed", "choices", "model"))
+    return {"prompt": "Hi", "chat": False, **none, **given}
+
+
+def test_a_prompt_alone_keeps_the_wire_defaults() -> None:
+    request = _prompt_request(options())
+    assert (request.prompt, request.n, request.seed, request.temperature) == ("Hi", 1, None, 0.0)
+    assert request.id.startswith("submit-")
+
+
+def test_n_seed_and_temperature_are_carried() -> None:
+    request = _prompt_request(options(choices=4, seed=7, temperature=0.8, chat=True))
+    assert (request.n, request.seed, request.temperature) == (4, 7, 0.8)
+    assert request.messages is not None and request.messages[0].content == "Hi"
