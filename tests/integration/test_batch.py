@@ -113,12 +113,12 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
         {"method": "POST", "url": "/v1/completions", "body": {"prompt": "no id"}},
         completion("text-0", "a duplicate custom_id"),
         {**completion("embed", "x"), "url": "/v1/embeddings"},
-        completion("two-answers", "x", n=2),
+        completion("many-answers", "x", n=17),  # over the 16 choices a request may ask
         completion("too-hot", "x", temperature=-1),
         completion("other-model", "x", model="gpt-4o-mini"),  # refused by the worker
         completion("huge", "many words " * 200_000),  # over the producer's 1 MiB
         "[" * 5000,  # nested too deeply to decode
-        completion("min-p", "x", min_p=0.1),  # vLLM's, not honoured here
+        completion("suffix", "x", suffix="!"),  # insertion: not served
         "",  # blank: not a line to answer
     ]
     source = write_jsonl(tmp_path / "in.jsonl", [*good, *bad])
@@ -161,16 +161,16 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
     assert errors[first_bad + 2]["error"]["code"] == "duplicate_custom_id"
     assert errors[first_bad + 2]["custom_id"] is None
     assert by_id["embed"]["error"]["code"] == "unsupported_url"
-    assert by_id["two-answers"]["error"] == {
-        "code": "unsupported_parameter",
-        "message": "`n` is not supported",
+    assert by_id["many-answers"]["error"] == {
+        "code": "invalid_request",
+        "message": "n must be in [1, 16], got 17",
         "line": first_bad + 4,
-        "param": "n",
+        "param": None,
     }
     assert by_id["too-hot"]["error"]["code"] == "invalid_sampling_params"
     assert by_id["huge"]["error"]["code"] == "message_too_large"
     assert errors[first_bad + 8]["error"]["code"] == "invalid_json"
-    assert by_id["min-p"]["error"]["code"] == "unsupported_parameter"
+    assert by_id["suffix"]["error"]["code"] == "unsupported_parameter"
     refused = by_id["other-model"]["response"]
     assert refused["status_code"] == 404
     assert refused["body"]["error"]["code"] == "unknown_model"
