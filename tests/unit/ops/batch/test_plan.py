@@ -139,7 +139,7 @@ async def test_a_duplicate_custom_id_on_a_later_line_is_an_error_line() -> None:
 
 async def test_a_duplicate_of_a_refused_line_is_still_a_duplicate() -> None:
     run, _ = new_run()
-    first = error_line(run.plan(1, line("q1", n=2)))
+    first = error_line(run.plan(1, line("q1", suffix="!")))
     assert first.error is not None
     assert (first.custom_id, first.error.code) == ("q1", "unsupported_parameter")
     second = error_line(run.plan(2, line("q1")))
@@ -156,8 +156,8 @@ async def test_a_line_already_answered_is_skipped() -> None:
 
 async def test_a_bad_line_already_answered_by_custom_id_is_skipped() -> None:
     run, _ = new_run("q1")
-    assert run.plan(1, line("q1", n=2)) is None
-    assert error_line(run.plan(2, line("q2", n=2))).custom_id == "q2"
+    assert run.plan(1, line("q1", suffix="!")) is None
+    assert error_line(run.plan(2, line("q2", suffix="!"))).custom_id == "q2"
     assert run.summary.already == 1
 
 
@@ -192,7 +192,7 @@ async def test_on_resume_a_duplicate_of_an_answered_line_is_still_refused() -> N
         (b"{not json\n", None, "invalid_json"),
         (msgspec.json.encode({"url": CHAT_COMPLETIONS_URL, "body": {}}), None, "missing_custom_id"),
         (line("e1", url="/v1/embeddings"), "e1", "unsupported_url"),
-        (line("n2", n=2), "n2", "unsupported_parameter"),
+        (line("s2", suffix="!"), "s2", "unsupported_parameter"),
         (line("t1", temperature=-1), "t1", "invalid_sampling_params"),
         (line("m0", messages=[]), "m0", "invalid_body"),
     ],
