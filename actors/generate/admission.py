@@ -62,7 +62,7 @@ async def admit(
             continue
         try:
             runs = engine_request(item, prompt)
-            if runs.params.json is not None:
+            if runs.params.constraint is not None:
                 # Compiling a grammar can take a while (the first builds the library's view
                 # of the vocabulary: seconds for a large one), so not on the event loop.
                 await asyncio.to_thread(engine.prepare, runs)

@@ -26,7 +26,7 @@ from gpu.backends.layer_ops import LayerOps
 from gpu.backends.metadata import ModelInputs
 from gpu.backends.step_batch import StepBuilder
 from gpu.grammar.mask import TokenMasks
-from gpu.grammar.matcher import JsonMatcher
+from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import KVPool
 from gpu.sampling import SamplingRows, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
@@ -131,7 +131,7 @@ class Backend:
         self,
         step: PreparedStep,
         logits: torch.Tensor,  # [sampled rows, vocab] float32
-        matchers: Mapping[str, JsonMatcher] | None = None,
+        matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
     ) -> list[tuple[ScheduledChunk, int]]:
         """The sampled next token of each chunk that samples. `matchers`: the grammar of each
@@ -154,7 +154,7 @@ class Backend:
     def run(
         self,
         batch: ScheduledBatch,
-        matchers: Mapping[str, JsonMatcher] | None = None,
+        matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
     ) -> list[tuple[ScheduledChunk, int]]:
         """Prepare, compute and sample a batch: its sampled tokens."""

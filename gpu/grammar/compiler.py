@@ -1,4 +1,4 @@
-"""Compile a `JsonConstraint` against one model's vocabulary, once per distinct schema."""
+"""Compile a `Constraint` against one model's vocabulary, once per distinct constraint."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpu.errors import RequestRejected
-from gpu.grammar.matcher import JsonMatcher
+from gpu.grammar.matcher import GrammarMatcher
 from gpu.loading.tokenizer import Tokenizer
-from gpu.sequence import JsonConstraint
+from gpu.sequence import Constraint
 from messages.error_codes import ErrorCode
 
 if TYPE_CHECKING:
     import llguidance
     from llguidance._lib import JsonCompileOptions
 
-CACHE_SIZE = 64  # distinct schemas kept compiled
+CACHE_SIZE = 64  # distinct constraints kept compiled
 
 # Compact JSON: no whitespace between tokens. With flexible whitespace a small model can
 # emit newlines forever inside an object and never close it.
@@ -25,7 +25,7 @@ _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 class GrammarCompiler:
-    """Builds `JsonMatcher`s for one model. The library's view of the vocabulary (each token
+    """Builds `GrammarMatcher`s for one model. The library's view of the vocabulary (each token
     id's bytes, read from the tokenizer's own serialisation) is built on first use: an engine
     that never sees a constrained request never pays for it. That and compiling take a lock,
     so `prepare` may run on another thread than the engine's (ahead of `matcher`)."""
@@ -35,7 +35,7 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self._compiled: OrderedDict[tuple[str, bool], llguidance.LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[tuple[str, str, bool], llguidance.LLMatcher] = OrderedDict()
         self._library_tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
 
@@ -60,16 +60,16 @@ class GrammarCompiler:
         """int32 words in one row's bitmask."""
         return (self.library_tokenizer.vocab_size + 31) // 32
 
-    def matcher(self, constraint: JsonConstraint) -> JsonMatcher:
+    def matcher(self, constraint: Constraint) -> GrammarMatcher:
         """A fresh matcher at the start of `constraint`'s grammar, or `RequestRejected` with
-        `INVALID_RESPONSE_FORMAT` if the library cannot compile the schema."""
-        return JsonMatcher(self.prepare(constraint).deep_copy())  # shares the compiled grammar
+        `INVALID_RESPONSE_FORMAT` if the library cannot compile it."""
+        return GrammarMatcher(self.prepare(constraint).deep_copy())  # shares the compiled grammar
 
-    def prepare(self, constraint: JsonConstraint) -> llguidance.LLMatcher:
+    def prepare(self, constraint: Constraint) -> llguidance.LLMatcher:
         """Compile `constraint` into the cache unless it is there (`matcher` then finds it);
         its template matcher, which is never advanced."""
         tokenizer = self.library_tokenizer
-        key = (constraint.schema, constraint.strict)
+        key = (constraint.kind, constraint.text, constraint.strict)
         with self._lock:
             template = self._compiled.get(key)
             if template is not None:
@@ -82,25 +82,40 @@ class GrammarCompiler:
             return template
 
     def _compile(
-        self, constraint: JsonConstraint, tokenizer: llguidance.LLTokenizer
+        self, constraint: Constraint, tokenizer: llguidance.LLTokenizer
     ) -> llguidance.LLMatcher:
         import llguidance
 
-        options: JsonCompileOptions = {**_JSON_OPTIONS, "lenient": not constraint.strict}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                constraint.schema, overrides=options
-            )
-        except ValueError as exc:
-            raise _rejected(str(exc)) from None
+            if constraint.kind == "json":
+                options: JsonCompileOptions = {**_JSON_OPTIONS, "lenient": not constraint.strict}
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    constraint.text, overrides=options
+                )
+            else:  # "regex", "choice" (a JSON list of strings), "grammar" (Lark or GBNF)
+                grammar = llguidance.grammar_from(constraint.kind, constraint.text)
+        except ValueError as exc:  # not JSON, or GBNF the converter cannot read
+            raise _rejected(constraint, str(exc)) from None
         template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
-            raise _rejected(template.get_error())
+            raise _rejected(constraint, template.get_error())
         return template
 
 
-def _rejected(problem: str) -> RequestRejected:
-    first = problem.strip().splitlines()[0] if problem.strip() else "unknown error"
+_WHAT = {
+    "json": "the JSON schema",
+    "regex": "the regex",
+    "choice": "the choice",
+    "grammar": "the grammar",
+}
+
+
+def _rejected(constraint: Constraint, problem: str) -> RequestRejected:
+    """The library's message is several lines (the source, a caret): its first line, and the
+    line saying what is wrong where one does."""
+    lines = [line.strip() for line in problem.strip().splitlines() if line.strip()]
+    said = lines[:1] + [line for line in lines[1:] if line.startswith("error:")][:1]
     return RequestRejected(
-        ErrorCode.INVALID_RESPONSE_FORMAT, f"the JSON schema cannot be compiled: {first}"
+        ErrorCode.INVALID_RESPONSE_FORMAT,
+        f"{_WHAT[constraint.kind]} cannot be compiled: {' '.join(said) or 'unknown error'}",
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.grammar.matcher import JsonMatcher, fill_bitmasks
+from gpu.grammar.matcher import GrammarMatcher, fill_bitmasks
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class TokenMasks:
             )
         return self._host[:rows]
 
-    def build(self, matchers: Sequence[JsonMatcher | None], vocab: int) -> StepMask | None:
+    def build(self, matchers: Sequence[GrammarMatcher | None], vocab: int) -> StepMask | None:
         """The mask of each sampled row that has a matcher (`matchers[i]`: row i's, None for
         an unconstrained row), or None when no row is constrained."""
         rows = [row for row, m in enumerate(matchers) if m is not None]

@@ -9,7 +9,7 @@ if TYPE_CHECKING:  # the library is imported where a grammar is compiled (`compi
     import llguidance
 
 
-class JsonMatcher:
+class GrammarMatcher:
     """Wraps the library's matcher, keyed on the sequence's accepted output tokens.
 
     `advance(output_token_ids)` consumes only the tokens past those it has already seen, so
@@ -33,7 +33,7 @@ class JsonMatcher:
 
     @property
     def is_terminated(self) -> bool:
-        """The JSON is complete and nothing may follow it (or the matcher failed)."""
+        """The output is complete and nothing may follow it (or the matcher failed)."""
         return bool(self.inner.is_stopped())
 
     @property
@@ -50,7 +50,7 @@ class JsonMatcher:
 
 def fill_bitmasks(
     executor: llguidance.LLExecutor,
-    matchers: Sequence[tuple[JsonMatcher, int]],
+    matchers: Sequence[tuple[GrammarMatcher, int]],
     pointer: int,
     row_bytes: int,
     num_rows: int,

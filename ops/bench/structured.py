@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpu.engine import Engine, EngineRequest
-from gpu.sequence import JsonConstraint, SamplingParams
+from gpu.sequence import Constraint, SamplingParams
 from ops.bench.report import Report, ratio
 from ops.bench.runs import engine_facts, measure
 from ops.bench.workload import random_prompts
@@ -59,9 +59,11 @@ def _run(
 
 def run_json_bench(engine: Engine, o: JsonBenchOptions) -> Report:
     """Free vs constrained tokens/s at each batch size, and the per-step cost of the masks."""
-    constraint = JsonConstraint(json.dumps(BENCH_SCHEMA, separators=(",", ":")), strict=True)
+    constraint = Constraint.json(json.dumps(BENCH_SCHEMA, separators=(",", ":")), strict=True)
     free = SamplingParams(max_new_tokens=o.new_tokens, ignore_eos=True)
-    constrained = SamplingParams(max_new_tokens=o.new_tokens, ignore_eos=True, json=constraint)
+    constrained = SamplingParams(
+        max_new_tokens=o.new_tokens, ignore_eos=True, constraint=constraint
+    )
     # Warm-up: the first constrained request builds the library's view of the vocabulary.
     warm = random_prompts(engine, 2, 8, o.seed)
     _run(engine, warm, constrained, "warm-json-")

@@ -1,4 +1,5 @@
-"""Structured output's pure parts and the engine's use of them, on the tiny random llama.
+"""Structured output's pure parts and the engine's use of them, on the tiny random llama:
+JSON schemas, regexes, choices and Lark/GBNF grammars.
 
 Random weights make the point: whatever the logits, the mask alone keeps the output on the
 grammar, so every output that stops parses and validates; the schemas bound every string,
@@ -8,6 +9,7 @@ number and array, so every one of them stops well within its token budget.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from gpu.grammar.compiler import GrammarCompiler
 from gpu.grammar.mask import StepMask, TokenMasks, banned_bits_table, expand_banned
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.sampling import sample
-from gpu.sequence import JsonConstraint, SamplingParams
+from gpu.sequence import Constraint, SamplingParams
 from messages.error_codes import ErrorCode
 from ops.models.offline import run_all
 from tests.unit.gpu.test_engine import CHUNKY, random_prompts
@@ -73,12 +75,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-def constraint(schema: dict[str, Any], strict: bool = True) -> JsonConstraint:
-    return JsonConstraint(json.dumps(schema, separators=(",", ":")), strict)
+def constraint(schema: dict[str, Any], strict: bool = True) -> Constraint:
+    return Constraint.json(json.dumps(schema, separators=(",", ":")), strict)
 
 
 def constrained(schema: dict[str, Any], **kw: Any) -> SamplingParams:
-    return SamplingParams(max_new_tokens=48, json=constraint(schema), **kw)
+    return SamplingParams(max_new_tokens=48, constraint=constraint(schema), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +160,87 @@ def test_a_schema_the_library_cannot_compile_is_invalid_response_format(
     with pytest.raises(RequestRejected) as caught:
         compiler.matcher(constraint(schema, strict))
     assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
+
+
+# -- regex, choice and grammar constraints ----------------------------------------------------
+
+# Each kind with a text in its language (and a bounded language: random weights stop within it).
+REGEX = r"[A-Z]{3}-[0-9]{2}"
+CHOICES = ["red", "green", "blue", "dark blue"]
+LARK = """
+start: greeting " " name "!"
+greeting: "hi" | "hello"
+name: /[a-z]{1,8}/
+"""
+GBNF = 'root ::= "a" [0-9] [0-9]? "."'
+KINDS: dict[str, tuple[Constraint, str, str]] = {  # the constraint, a sentence, its language
+    "regex": (Constraint("regex", REGEX), "ABC-12", REGEX),
+    "choice": (Constraint("choice", json.dumps(CHOICES)), "dark blue", "red|green|blue|dark blue"),
+    "lark": (Constraint("grammar", LARK), "hello bob!", "(hi|hello) [a-z]{1,8}!"),
+    "gbnf": (Constraint("grammar", GBNF), "a12.", "a[0-9][0-9]?[.]"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_accepts_its_sentence_and_terminates(
+    tiny_llama: LoadedModel, compiler: GrammarCompiler, kind: str
+) -> None:
+    rule, sentence, _ = KINDS[kind]
+    matcher = compiler.matcher(rule)
+    tokens = encode(tiny_llama, sentence)
+    matcher.advance(tokens)
+    assert matcher.is_terminated and matcher.failed is None
+
+
+@pytest.mark.parametrize(("kind", "wrong"), [("regex", "abc"), ("choice", "pink"), ("lark", "yo")])
+def test_text_off_each_kind_fails_its_matcher(
+    tiny_llama: LoadedModel, compiler: GrammarCompiler, kind: str, wrong: str
+) -> None:
+    matcher = compiler.matcher(KINDS[kind][0])
+    matcher.advance(encode(tiny_llama, wrong))
+    assert matcher.failed is not None
+
+
+def test_a_choice_that_prefixes_another_may_stop_or_go_on(
+    tiny_llama: LoadedModel, compiler: GrammarCompiler
+) -> None:
+    """Of "blue" and "blueish", "blue" is complete yet may go on: the matcher accepts (EOS
+    may end it there) but is not terminated."""
+    matcher = compiler.matcher(Constraint("choice", json.dumps(["blue", "blueish"])))
+    matcher.advance(encode(tiny_llama, "blue"))
+    assert not matcher.is_terminated and matcher.failed is None
+    assert matcher.inner.is_accepting()
+
+
+def test_the_cache_keys_the_kind(compiler: GrammarCompiler) -> None:
+    """The same text as a regex and as a grammar are two grammars."""
+    compiler.matcher(Constraint("regex", "yes"))
+    size = len(compiler._compiled)
+    compiler.matcher(Constraint("regex", "yes"))
+    assert len(compiler._compiled) == size
+    compiler.matcher(Constraint("grammar", 'start: "yes"'))
+    compiler.matcher(Constraint("choice", '["yes"]'))
+    assert len(compiler._compiled) == size + 2
+
+
+@pytest.mark.parametrize(
+    ("rule", "named"),
+    [
+        (Constraint("regex", "(?<=a)b"), "the regex"),  # look-behind: not a regular language
+        (Constraint("regex", "a("), "the regex"),
+        (Constraint("grammar", "start: missing_rule"), "the grammar"),
+        (Constraint("grammar", "%%% not a grammar"), "the grammar"),  # neither Lark nor GBNF
+        (Constraint("choice", "not a list"), "the choice"),
+    ],
+)
+def test_a_constraint_the_library_cannot_compile_is_invalid_response_format(
+    compiler: GrammarCompiler, rule: Constraint, named: str
+) -> None:
+    with pytest.raises(RequestRejected) as caught:
+        compiler.matcher(rule)
+    assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
+    message = str(caught.value)
+    assert message.startswith(f"{named} cannot be compiled: ") and "\n" not in message
 
 
 # -- the mask ---------------------------------------------------------------------------------
@@ -262,7 +345,7 @@ def test_constrained_sequences_survive_preemption(tiny_llama: LoadedModel) -> No
 
 def test_json_cut_off_by_max_new_tokens_finishes_with_length(tiny_llama: LoadedModel) -> None:
     schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
-    params = SamplingParams(max_new_tokens=3, json=constraint(schema))
+    params = SamplingParams(max_new_tokens=3, constraint=constraint(schema))
     prompt = random_prompts(tiny_llama.config.vocab_size, 1, seed=13)[0]
     done = run_all(Engine(tiny_llama, CHUNKY), [EngineRequest("cut", prompt, params)])
     (completion,) = done.completions
@@ -271,9 +354,37 @@ def test_json_cut_off_by_max_new_tokens_finishes_with_length(tiny_llama: LoadedM
         json.loads(completion.text)
 
 
+def test_every_kind_through_the_engine_stays_in_its_language(tiny_llama: LoadedModel) -> None:
+    """Greedy and sampled, beside a JSON request: each output that stops is a sentence."""
+    prompts = random_prompts(tiny_llama.config.vocab_size, 2 * len(KINDS), seed=14)
+    requests = [EngineRequest("json", prompts[0], constrained(SCHEMAS["required"]))]
+    for i, (kind, (rule, _, _)) in enumerate(KINDS.items()):
+        greedy = SamplingParams(max_new_tokens=24, constraint=rule)
+        sampled = SamplingParams(max_new_tokens=24, constraint=rule, temperature=1.0, seed=i)
+        requests.append(EngineRequest(f"greedy-{kind}", prompts[2 * i], greedy))
+        requests.append(EngineRequest(f"sampled-{kind}", prompts[2 * i + 1], sampled))
+    done = run_all(Engine(tiny_llama, CHUNKY), requests)
+    by_id = {c.request_id: c for c in done.completions}
+    check_valid(by_id["json"].text, SCHEMAS["required"])
+    for kind, (_, _, language) in KINDS.items():
+        for how in ("greedy", "sampled"):
+            completion = by_id[f"{how}-{kind}"]
+            assert completion.finish_reason == "stop", (kind, completion.text)
+            assert re.fullmatch(language, completion.text), (kind, completion.text)
+
+
+def test_the_engine_rejects_a_regex_it_cannot_compile(tiny_llama: LoadedModel) -> None:
+    engine = Engine(tiny_llama, CHUNKY)
+    bad = SamplingParams(constraint=Constraint("regex", "(?=x)"))
+    with pytest.raises(RequestRejected) as caught:
+        engine.add(EngineRequest("bad", [1, 2, 3], bad))
+    assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
+    assert not engine.has_work() and not engine.matchers
+
+
 def test_the_engine_rejects_a_schema_it_cannot_compile(tiny_llama: LoadedModel) -> None:
     engine = Engine(tiny_llama, CHUNKY)
-    bad = SamplingParams(json=constraint({"type": "string", "pattern": "(?=x)"}))
+    bad = SamplingParams(constraint=constraint({"type": "string", "pattern": "(?=x)"}))
     with pytest.raises(RequestRejected) as caught:
         engine.add(EngineRequest("bad", [1, 2, 3], bad))
     assert caught.value.code == ErrorCode.INVALID_RESPONSE_FORMAT
