@@ -1,9 +1,7 @@
 """The load client every Kafka benchmark drives a worker with: it produces requests (all at once,
-or open loop at a fixed rate) and stamps each result as it is fetched. `worker` starts a
-`tokenmill worker` with a client of its own and warms it up. Then what they measure: `flood`
-(requests/s and tokens/s, all sent at once, as fast as this process produces) and `latency` (at
-a light rate, end to end and split into its legs), each a JSON-ready dict.
-"""
+or open loop at a rate) and stamps each result as it is fetched. `worker` starts a warmed-up
+`tokenmill worker` with a client of its own; `flood` (all at once: requests/s, tokens/s) and
+`latency` (at a light rate: end to end, and its legs) measure it."""
 
 from __future__ import annotations
 
@@ -33,10 +31,8 @@ _results = Codec(GenerateResult)
 
 @dataclass(frozen=True)
 class Stamp:
-    """When something happened here: perf_counter seconds for durations, unix for windows."""
-
-    mono: float
-    unix: float
+    mono: float  # perf_counter seconds, for durations
+    unix: float  # for windows, against the worker's events
 
     @staticmethod
     def now() -> Stamp:
@@ -59,12 +55,9 @@ class LoadClient:
     ) -> None:
         self.topics = topics
         self.producer = AIOKafkaProducer(
-            **kafka.producer_kwargs(),
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=linger_ms,
+            **kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=linger_ms,
             max_batch_size=256 << 10,
-        )
+        )  # fmt: skip
         self.consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
         self.arrived: dict[str, Arrival] = {}
         self.duplicates: Counter[str] = Counter()
@@ -111,9 +104,8 @@ class LoadClient:
         rid, value = (
             request if isinstance(request, tuple) else (request.id, _requests.encode(request))
         )
-        ack: asyncio.Future[Any] = await self.producer.send(
-            self.topics["requests"], value=value, key=rid.encode()
-        )
+        topic = self.topics["requests"]
+        ack: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=rid.encode())
         return ack
 
     async def send_all(self, requests: Sequence[GenerateRequest]) -> float:
@@ -125,18 +117,14 @@ class LoadClient:
         return start
 
     async def at_rate(
-        self,
-        make: Callable[[int], GenerateRequest],
-        rate: float,
-        count: int,
+        self, make: Callable[[int], GenerateRequest], rate: float, count: int,
         more: Callable[[dict[str, Stamp]], bool] = lambda _: False,
-    ) -> tuple[dict[str, Stamp], list[float]]:
+    ) -> tuple[dict[str, Stamp], list[float]]:  # fmt: skip
         """Open loop: request `i` (`make(i)`) at start + i / rate, never waiting for answers,
         `count` of them and on while `more(sent)`. Each send's stamp, and how late each went."""
         sent: dict[str, Stamp] = {}
         late: list[float] = []
-        acks = []
-        start, i = time.perf_counter(), 0
+        acks, start, i = [], time.perf_counter(), 0
         while i < count or more(sent):
             request = make(i)
             due = start + i / rate
@@ -204,12 +192,9 @@ async def worker(
 
 
 async def flood(
-    client: LoadClient,
-    requests: Sequence[GenerateRequest],
-    meter: CpuMeter,
-    within_s: float,
+    client: LoadClient, requests: Sequence[GenerateRequest], meter: CpuMeter, within_s: float,
     tokens: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """Every request at once: requests/s and output tokens/s from the first send to the last
     result; with `tokens`, each request's tokens (None where lost or failed) too."""
     meter.start()
@@ -221,21 +206,17 @@ async def flood(
     wall = max((a.at.mono for a in got if a), default=start) - start
     count, cpu = sum(len(t) for t in ok if t is not None), meter.read()
     out = {
-        "requests": len(requests),
-        "results": sum(1 for a in got if a),
+        "requests": len(requests), "results": sum(1 for a in got if a),
         "errors": sum(1 for a, t in zip(got, ok, strict=True) if a and t is None),
         "wall_s": round(wall, 3),
         "requests_per_s": round(sum(1 for t in ok if t is not None) / wall, 1) if wall else None,
-        "output_tokens": count,
-        "output_tokens_per_s": round(count / wall, 2) if wall > 0 else None,
+        "output_tokens": count, "output_tokens_per_s": round(count / wall, 2) if wall > 0 else None,
         # When the producer finishing is near wall_s, this process's producing was the limit.
-        "all_sent_and_acked_s": round(sent, 3),
-        "cpu_s": cpu,
+        "all_sent_and_acked_s": round(sent, 3), "cpu_s": cpu,
         # CPU seconds per wall second: near 1.0, a single-threaded process was the limit.
-        "cores_busy": {
-            k: None if v is None or not wall else round(v / wall, 2) for k, v in cpu.items()
-        },
-    }
+        "cores_busy": {k: None if v is None or not wall else round(v / wall, 2)
+                       for k, v in cpu.items()},
+    }  # fmt: skip
     return out | ({"results_tokens": ok} if tokens else {})
 
 
@@ -249,16 +230,13 @@ async def latency(
     answered = sum(1 for i in sent if i in client.arrived)
     e2e = {i: (a.at.mono - sent[i].mono) * 1e3 for i, a in ok.items()}
     return {
-        "requests": len(requests),
-        "results": answered,
-        "errors": answered - len(ok),
+        "requests": len(requests), "results": answered, "errors": answered - len(ok),
         "end_to_end_ms": percentiles(list(e2e.values())),
         # Its legs: the way in (produce, fetch, decode, tokenize, queue); the way back (result
         # sent → fetched here); the worker's own view (consumed → result built).
         "request_leg_ms": percentiles(
-            [e2e[i] - a.result.timings.total_ms - a.result_leg_ms for i, a in ok.items()]
-        ),
+            [e2e[i] - a.result.timings.total_ms - a.result_leg_ms for i, a in ok.items()]),
         "result_leg_ms": percentiles([a.result_leg_ms for a in ok.values()]),
         "worker_total_ms": percentiles([a.result.timings.total_ms for a in ok.values()]),
         "worker_queued_ms": percentiles([a.result.timings.queued_ms for a in ok.values()]),
-    }
+    }  # fmt: skip

@@ -1,7 +1,6 @@
 """What the Kafka benchmarks stand on: a broker (the one given, or a local one started for the
-run), topics named for the run, `tokenmill worker` subprocesses (the worker's CLI, as deployed),
-and the CPU seconds those processes use (`CpuMeter`: on a busy host they say more than wall
-time does)."""
+run), topics named for the run, `tokenmill worker` subprocesses (its CLI, as deployed), and the
+CPU seconds those processes use (`CpuMeter`: on a busy host they say more than wall time)."""
 
 from __future__ import annotations
 
@@ -96,25 +95,16 @@ def worker_argv(
     unless `more` flags say so) and the env vars holding the connection's secrets."""
     e = choice.engine
     flags: dict[str, object] = {
-        "--model": choice.model,
-        "--engine": kind,
-        "--dtype": choice.dtype,
-        "--device": choice.device,
-        "--max-model-len": e.max_model_len,
-        "--max-new-tokens-limit": e.max_new_tokens,
-        "--max-num-seqs": e.max_num_seqs,
-        "--max-num-batched-tokens": e.max_num_batched_tokens,
-        "--num-kv-blocks": e.num_kv_blocks,
-        "--group": f"{topics['requests']}.workers",
-        "--requests-topic": topics["requests"],
-        "--results-topic": topics["results"],
-        "--dlq-topic": topics["dlq"],
+        "--model": choice.model, "--engine": kind, "--dtype": choice.dtype,
+        "--device": choice.device, "--max-model-len": e.max_model_len,
+        "--max-new-tokens-limit": e.max_new_tokens, "--max-num-seqs": e.max_num_seqs,
+        "--max-num-batched-tokens": e.max_num_batched_tokens, "--num-kv-blocks": e.num_kv_blocks,
+        "--group": f"{topics['requests']}.workers", "--requests-topic": topics["requests"],
+        "--results-topic": topics["results"], "--dlq-topic": topics["dlq"],
         "--cancel-topic": topics.get("cancel", ""),  # none made for it: off
-        "--worker-id": f"bench-{kind}",
-        "--http-port": -1,
-        "--control-topic": topics.get("control", ""),
-        "--events-topic": topics.get("events"),
-    } | {f"--{k.replace('_', '-')}": v for k, v in more.items()}
+        "--worker-id": f"bench-{kind}", "--http-port": -1,
+        "--control-topic": topics.get("control", ""), "--events-topic": topics.get("events"),
+    } | {f"--{k.replace('_', '-')}": v for k, v in more.items()}  # fmt: skip
     connection, secrets = connection_argv(kafka)
     args = [str(x) for name, value in flags.items() if value is not None for x in (name, value)]
     argv = [sys.executable, "-c", "from ops.cli import main; main()", "worker", *connection, *args]
@@ -181,16 +171,13 @@ class CpuMeter:
     """CPU seconds each named process uses between `start()` and `read()`."""
 
     def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = pids
-        self.started: dict[str, float | None] = {}
+        self.pids, self.started = pids, dict[str, float | None]()
 
     def start(self) -> CpuMeter:
         self.started = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         return self
 
     def read(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            now, before = cpu_seconds(pid), self.started.get(name)
-            out[name] = None if now is None or before is None else round(now - before, 2)
-        return out
+        now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        return {name: None if (b := self.started.get(name)) is None or t is None
+                else round(t - b, 2) for name, t in now.items()}  # fmt: skip
