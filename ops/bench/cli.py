@@ -71,11 +71,10 @@ def _workload(kwargs: dict[str, Any]) -> Any:
 
 
 def _bench_kafka(kwargs: dict[str, Any]) -> KafkaConnection | None:
-    """The broker the user gave (`--bootstrap-servers` or `--kafka-config`, or their env vars)
-    with the rest of the connection options; None: start a plaintext one for the run. Other
-    connection settings without a broker to apply to are a usage error, not silently dropped."""
+    """The broker given (`--bootstrap-servers` or `--kafka-config`) with the other connection
+    options; None: start one for the run (other connection options are then a usage error)."""
     given = kwargs["bootstrap_servers"] is not None or kwargs["kafka_config"] is not None
-    kafka = kafka_connection(kwargs)
+    kafka = kafka_connection(kwargs)  # takes the connection options out of kwargs
     if given:
         return kafka
     stray = [f.name for f in fields(kafka) if getattr(kafka, f.name) != getattr(_NOT_GIVEN, f.name)]
@@ -92,7 +91,7 @@ def _say(line: str) -> None:
 
 
 def _run(make: Callable[[], Any]) -> Any:
-    """`make()`, run to its end when it is a coroutine; its errors become click errors."""
+    """`make()` (run to its end if a coroutine); its errors as click errors."""
     from gpu.errors import EngineError
 
     try:
