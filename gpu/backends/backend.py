@@ -28,8 +28,12 @@ from gpu.backends.step_batch import StepBuilder
 from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import KVPool
+from gpu.logprobs import TokenLogprob, raw_logprobs, read_sampled
 from gpu.sampling import SamplingRows, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
+
+# A chunk that samples, its next token, and that token's logprobs (None: its request asks none).
+Sampled = tuple[ScheduledChunk, int, TokenLogprob | None]
 
 
 class CausalLM(Protocol):
@@ -133,11 +137,14 @@ class Backend:
         logits: torch.Tensor,  # [sampled rows, vocab] float32
         matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
-    ) -> list[tuple[ScheduledChunk, int]]:
-        """The sampled next token of each chunk that samples. `matchers`: the grammar of each
+    ) -> list[Sampled]:
+        """The sampled next token of each chunk that samples, with its logprobs where its
+        request asks (`gpu.logprobs`: of these raw logits). `matchers`: the grammar of each
         constrained request, by id, whose masks `masks` builds."""
         if not step.sampling:
             return []
+        # Before anything changes the logits: logprobs are the model's own (None: none asks).
+        raw = raw_logprobs(logits, [c.seq.params.logprobs for c in step.sampling])
         mask = None
         if matchers and masks is not None:
             rows_matchers = [matchers.get(c.seq.request_id) for c in step.sampling]
@@ -147,8 +154,11 @@ class Backend:
             tokens = apply_mask(logits, mask).argmax(dim=-1)
         else:
             tokens = sample_tokens(logits, tensors, mask, True, step.rows.any_filtered)
+        if raw is not None:  # tokens and logprobs in the step's one read
+            ids_out, logprobs = read_sampled(tokens, raw)
+            return list(zip(step.sampling, ids_out, logprobs, strict=True))
         ids_out = tokens.tolist()  # the step's one read from the device
-        return list(zip(step.sampling, ids_out, strict=True))
+        return [(chunk, token, None) for chunk, token in zip(step.sampling, ids_out, strict=True)]
 
     @torch.inference_mode()
     def run(
@@ -156,7 +166,7 @@ class Backend:
         batch: ScheduledBatch,
         matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
-    ) -> list[tuple[ScheduledChunk, int]]:
+    ) -> list[Sampled]:
         """Prepare, compute and sample a batch: its sampled tokens."""
         step = self.prepare(batch)
         return self.sample(step, self.compute(step), matchers, masks)

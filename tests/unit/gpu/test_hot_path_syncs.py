@@ -24,6 +24,7 @@ HOT_PATH = (
     "gpu/step_inputs.py",
     "gpu/kv_pool.py",
     "gpu/sampling.py",
+    "gpu/logprobs.py",
     "gpu/models/llama.py",
     "gpu/models/gemma.py",
     "gpu/models/gpt2.py",
@@ -42,6 +43,8 @@ ALLOWED = {
         "Backend.sample",
         "tolist",
     ): "the step's one read: the sampled tokens",
+    ("gpu/logprobs.py", "read_sampled", "tolist"): "the step's one read, in place of the "
+    "tokens' own on a step where a row asks for logprobs: tokens and logprobs together",
     ("gpu/sampling.py", "sample", "tolist"): "the wrapper for callers outside a step (the "
     "backend stages its rows and calls sample_tokens)",
     ("gpu/sampling.py", "SamplingRows.to_tensors", "tensor"): "for callers outside a step",

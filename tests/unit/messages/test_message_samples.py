@@ -47,11 +47,13 @@ SAMPLE_FILES = {
     "request_full.json",
     "request_full.msgpack",
     "request_json_schema.json",
+    "request_logprobs.json",
     "request_minimal.json",
     "request_stream.json",
     "request_token_ids.json",
     "result_deadline.json",
     "result_error.json",
+    "result_logprobs.json",
     "result_success.json",
 }
 

@@ -279,7 +279,7 @@ def test_json_sent_as_msgpack_is_invalid_encoding() -> None:
 def test_unknown_fields_are_ignored() -> None:
     data = (
         b'{"id": "new", "prompt": "x", "v": 2, "beam_width": 4, '
-        b'"logprobs": {"top": 5, "of": [1, 2]}, "messages_v2": null}'
+        b'"beam_search": {"top": 5, "of": [1, 2]}, "messages_v2": null}'
     )
     request = decode_request(data)
     assert (request.id, request.prompt, request.v) == ("new", "x", 2)

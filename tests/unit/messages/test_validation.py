@@ -114,6 +114,8 @@ def test_max_new_tokens_must_be_positive(max_new_tokens: int) -> None:
         ({"top_k": -1}, "top_k"),
         ({"stop": [""]}, "stop strings"),
         ({"stop": ["ok", ""]}, "stop strings"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
     ],
 )
 def test_sampling_params(fields: dict[str, Any], words: str) -> None:

@@ -16,9 +16,10 @@ from actors.runtime import Mailbox
 from actors.streaming.token_stream import TokenStream
 from actors.telemetry.trace_context import TraceContext
 from gpu.engine import Completion
+from gpu.logprobs import CompletionLogprobs
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
-from messages.result import ErrorInfo, ModelRef
+from messages.result import ErrorInfo, ModelRef, TokenLogprobs
 
 ACTIVE = ModelRef(name="active", digest="sha-active")
 RAN_ON = ModelRef(name="older", digest="sha-older")
@@ -72,6 +73,23 @@ async def test_a_finished_run_answers_the_request_and_each_copy_naming_its_model
         assert outcome.result.text == "ab" and outcome.result.token_ids == [7, 8]
         assert outcome.result.model == RAN_ON and outcome.result.error is None
     assert answer.failed_on_shutdown == 0
+
+
+async def test_a_runs_logprobs_reach_every_result() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    entry.copies.append(item(2))
+    logprobs = CompletionLogprobs(
+        tokens=["a", "b"], token_logprobs=[-0.5, -1.0], top_ids=[[7, 9], [8, 9]],
+        top_logprobs=[[-0.5, -1.5], [-1.0, -1.25]], top_tokens=[["a", "c"], ["b", "c"]],
+    )  # fmt: skip
+    await answer.finished(entry, replace(completion(), logprobs=logprobs))
+    for outcome in sent(outcomes):
+        assert isinstance(outcome, Outcome)
+        assert outcome.result.logprobs == TokenLogprobs(
+            tokens=["a", "b"], token_logprobs=[-0.5, -1.0], top_ids=[[7, 9], [8, 9]],
+            top_logprobs=[[-0.5, -1.5], [-1.0, -1.25]], top_tokens=[["a", "c"], ["b", "c"]],
+        )  # fmt: skip
 
 
 async def test_a_streamed_requests_last_chunk_goes_before_its_result() -> None:
