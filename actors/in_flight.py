@@ -63,7 +63,9 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     request = item.request
     shape = request.response_format
     schema = shape.schema_text() if shape is not None else None
-    json = None if shape is None or schema is None else Constraint.json(schema, shape.strict)
+    constraint = None if shape is None or schema is None else Constraint.json(schema, shape.strict)
+    if request.structured_output is not None:  # the door let at most one through
+        constraint = Constraint(*request.structured_output.rule())
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens,
         n=request.n,
@@ -73,7 +75,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         seed=request.seed,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
-        constraint=json,
+        constraint=constraint,
         logprobs=request.logprobs,
     )
     return EngineRequest(

@@ -40,7 +40,8 @@ class ErrorCode(enum.StrEnum):
     REPLY_TO_REFUSED = "reply_to_refused"  # the broker refused it (no such topic, no access)
     RESULT_TOO_LARGE = "result_too_large"  # larger than the reply topic or producer accepts
     QUARANTINED = "quarantined"  # the record was in flight when workers crashed, too often
-    # Structured output: a malformed response_format, or a schema the grammar cannot compile.
+    # Structured output: a malformed response_format or structured_output, two constraints in
+    # one request, or a schema, regex or grammar the grammar library cannot compile.
     INVALID_RESPONSE_FORMAT = "invalid_response_format"
     # A record the Kafka client could not read as sent: a header key that is not UTF-8, a
     # corrupt or undecompressable batch (`actors.kafka.record_reader`). Dead-lettered.

@@ -43,6 +43,19 @@ MIN_TOP_P = 1e-9
 MAX_STREAM_INTERVAL_TOKENS = MAX_NEW_TOKENS  # `stream_interval_tokens` in [1, this]
 MAX_STREAM_INTERVAL_MS = float(MAX_TIMEOUT_MS)  # `stream_interval_ms` in [0, this]
 MAX_SCHEMA_DEPTH = 64  # arrays and objects nested in a `response_format` schema
+# Constraints beyond JSON (`messages.structured_output`), each compiled once per distinct text
+# by the engine that runs it: a regex of 1 to MAX_REGEX_CHARS characters, a Lark/GBNF grammar
+# of 1 to MAX_GRAMMAR_CHARS (a JSON schema's limit too), a choice of 1 to MAX_CHOICE_STRINGS
+# strings of 1 to MAX_CHOICE_STRING_CHARS each.
+MAX_REGEX_CHARS = 16 * 1024
+MAX_GRAMMAR_CHARS = 64 * 1024
+MAX_CHOICE_STRINGS = 1024
+MAX_CHOICE_STRING_CHARS = 512
+# OpenAI's function tools in a batch line (`messages.openai_tools`): at most MAX_TOOLS, names of
+# 1 to MAX_TOOL_NAME_CHARS of a-z, A-Z, 0-9, '_' and '-' (OpenAI's rules); the call's JSON
+# schema, all tools' together, within the JSON schema's limit.
+MAX_TOOLS = 128
+MAX_TOOL_NAME_CHARS = 64
 # Penalties and biases (`gpu.penalties`). `presence_penalty` and `frequency_penalty` in
 # [-MAX_PENALTY, MAX_PENALTY], OpenAI's range. `repetition_penalty` in
 # [MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY] (1 = off): it divides positive logits, and a

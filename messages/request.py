@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from messages.response_format import ResponseFormat
+from messages.structured_output import StructuredOutput
 
 SCHEMA_VERSION = 1
 
@@ -35,6 +36,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     - `reply_to`: topic for the result (default: the worker's results topic).
     - `metadata`: echoed back unchanged in the result.
     - `response_format`: constrain the output to JSON (`messages.response_format`).
+    - `structured_output`: constrain the output to a regex, one of a list of strings, or a
+      Lark/GBNF grammar (`messages.structured_output`); at most one of it and a constrained
+      `response_format`.
     - Penalties and biases, applied to the raw logits before temperature (vLLM's order;
       `gpu.penalties`): `presence_penalty` and `frequency_penalty` in [-2, 2] (OpenAI's, over
       the completion's tokens), `repetition_penalty` in [0.01, 2] (transformers' and vLLM's,
@@ -77,6 +81,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     stream_interval_tokens: int | None = None
     stream_interval_ms: float | None = None
     response_format: ResponseFormat | None = None
+    structured_output: StructuredOutput | None = None  # beside response_format: one at most
     # Penalties and biases (`gpu.penalties`; ranges in `messages.limits`); the defaults are off.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

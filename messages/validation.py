@@ -35,6 +35,7 @@ from messages.limits import (
 )
 from messages.request import GenerateRequest
 from messages.response_format import check_response_format
+from messages.structured_output import check_structured_output
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -112,6 +113,7 @@ def check_request(request: GenerateRequest) -> None:
             f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
     check_response_format(request.response_format)
+    check_structured_output(request.structured_output, request.response_format)
 
 
 def _invalid(message: str) -> InvalidRequest:

@@ -50,6 +50,7 @@ SAMPLE_FILES = {
     "request_logprobs.json",
     "request_minimal.json",
     "request_stream.json",
+    "request_structured_output.json",
     "request_token_ids.json",
     "result_deadline.json",
     "result_error.json",
@@ -221,6 +222,12 @@ def test_json_schema_sample() -> None:
     assert request.response_format.type == "json_schema" and request.response_format.strict
     schema = msgspec.json.decode(request.response_format.schema_text() or "")
     assert schema["required"] == ["name", "population", "continent"]
+
+
+def test_structured_output_sample() -> None:
+    request = load("request_structured_output.json")
+    assert request.structured_output is not None
+    assert request.structured_output.rule() == ("choice", '["positive", "negative"]')
 
 
 def test_result_samples() -> None:
