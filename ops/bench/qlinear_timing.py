@@ -25,12 +25,9 @@ from gpu.models.packed_linear import PackedLinear
 from gpu.quantized_weight import quantize_int4, quantize_int8
 
 SHAPES = {  # name: (in, out)
-    "qkv": (576, 960),
-    "o": (576, 576),
-    "gate_up": (576, 3072),
-    "down": (1536, 576),
+    "qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
     "lm_head": (576, 49152),
-}
+}  # fmt: skip
 ROWS = (1, 2, 16, 64)
 
 
@@ -68,16 +65,12 @@ def linear_table(kernels: CpuKernels, trials: int, clock: Callable[[], float]) -
         linear.weight.copy_(w)
         packed = PackedLinear(linear)
         large = int4_large_group(inputs)
-        formats = {
-            "int8": quantize_int8(w),
-            "int4-g32": quantize_int4(w, 32),
-            f"int4-g{large}": quantize_int4(w, large),
-        }
+        formats = {"int8": quantize_int8(w), "int4-g32": quantize_int4(w, 32),
+                   f"int4-g{large}": quantize_int4(w, large)}  # fmt: skip
         for m in ROWS:
             x = torch.randn(m, inputs)
             calls: dict[str, Callable[[], object]] = {"fp32": partial(packed, x)}
-            for label, q in formats.items():
-                calls[label] = partial(kernels.qlinear, x, q)
+            calls |= {label: partial(kernels.qlinear, x, q) for label, q in formats.items()}
             with torch.inference_mode():
                 ms = median_ms(calls, trials, clock)
             figures = "  ".join(f"{ms[label]:9.3f}" for label in calls)
@@ -89,23 +82,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trials", type=int, default=15)
-    parser.add_argument(
-        "--cpu-time",
-        action="store_true",
-        help="time by this thread's CPU time (one thread only): steady on a busy machine",
-    )
-    parser.add_argument(
-        "--no-avx512", action="store_true", help="time the AVX2 build (-mno-avx512f)"
-    )
+    cpu_time = "time by this thread's CPU time (one thread only): steady on a busy machine"
+    parser.add_argument("--cpu-time", action="store_true", help=cpu_time)
+    parser.add_argument("--no-avx512", action="store_true", help="time the AVX2 build")
     args = parser.parse_args()
     if args.cpu_time and args.threads != 1:
         raise SystemExit("--cpu-time counts the calling thread alone: use --threads 1")
     clock = time.thread_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
-    if args.no_avx512:
-        kernels = build(find_compiler(), cache_dir() / "avx2", ("-mno-avx512f",))
-    else:
-        kernels = cpu_kernels()
+    avx2 = ("-mno-avx512f",)
+    kernels = (
+        build(find_compiler(), cache_dir() / "avx2", avx2) if args.no_avx512 else cpu_kernels()
+    )
     if kernels is None:
         raise SystemExit("the native kernels did not build")
     linear_table(kernels, args.trials, clock)

@@ -29,26 +29,20 @@ def shared_prefix_workload(
             f"a {prefix_tokens}-token prefix, questions up to {QUESTION_TOKENS[1]} tokens and "
             f"{OUTPUT_TOKENS} new tokens exceed the engine's max_model_len {engine.max_model_len}"
         )
-    rng = random.Random(seed)
-    allowed = allowed_token_ids(engine)
+    rng, allowed = random.Random(seed), allowed_token_ids(engine)
     system = rng.choices(allowed, k=prefix_tokens)
     params = SamplingParams(max_new_tokens=OUTPUT_TOKENS, ignore_eos=True)
     return [
-        EngineRequest(
-            f"shared-{i}", system + rng.choices(allowed, k=rng.randint(*QUESTION_TOKENS)), params
-        )
+        EngineRequest(f"shared-{i}", system + rng.choices(allowed, k=rng.randint(*QUESTION_TOKENS)),
+                      params)
         for i in range(requests)
-    ]
+    ]  # fmt: skip
 
 
 def run_shared_prefix(
-    engine: Engine,
-    requests: int,
-    seed: int,
-    prefix_tokens: int = 512,
-    repeats: int = 1,
+    engine: Engine, requests: int, seed: int, prefix_tokens: int = 512, repeats: int = 1,
     say: Narrate = quiet,
-) -> Report:
+) -> Report:  # fmt: skip
     """The workload with and without prefix caching; the report."""
     work = shared_prefix_workload(engine, requests, seed, prefix_tokens)
     engines: dict[str, Engine] = {("on" if engine.prefix_caching else "off"): engine}
@@ -67,18 +61,13 @@ def run_shared_prefix(
         eng.reset_prefix_cache()  # every run starts cold: no earlier run's blocks
         run = measure(eng, work)
         steps = run.run.steps
-        prompt, cached = (
-            sum(s.prompt_tokens for s in steps),
-            sum(s.cached_prompt_tokens for s in steps),
-        )
-        runs[setting].append(
-            run.stats()
-            | {
-                "prefill_tokens_computed": sum(s.num_prefill_tokens for s in steps),
-                "cached_prompt_tokens": cached,
-                "prefix_hit_ratio": ratio(cached, prompt, 4) if prompt else None,
-            }
-        )
+        prompt = sum(s.prompt_tokens for s in steps)
+        cached = sum(s.cached_prompt_tokens for s in steps)
+        runs[setting].append(run.stats() | {
+            "prefill_tokens_computed": sum(s.num_prefill_tokens for s in steps),
+            "cached_prompt_tokens": cached,
+            "prefix_hit_ratio": ratio(cached, prompt, 4) if prompt else None,
+        })  # fmt: skip
         outputs.setdefault(setting, run.tokens)
         gc.collect()
     on, off = (min(runs[s], key=lambda r: r["wall_s"]) for s in ("on", "off"))  # least disturbed
@@ -87,14 +76,10 @@ def run_shared_prefix(
     report = Report("engine-shared-prefix")
     report["model"] = engine_facts(engine)
     report["workload"] = {
-        "seed": seed,
-        "requests": len(work),
-        "shared_prefix_tokens": prefix_tokens,
-        "question_len_range": list(QUESTION_TOKENS),
-        "output_tokens_each": OUTPUT_TOKENS,
-        "arrivals": "all at once",
-        "sampling": "greedy, EOS ignored",
-    }
+        "seed": seed, "requests": len(work), "shared_prefix_tokens": prefix_tokens,
+        "question_len_range": list(QUESTION_TOKENS), "output_tokens_each": OUTPUT_TOKENS,
+        "arrivals": "all at once", "sampling": "greedy, EOS ignored",
+    }  # fmt: skip
     report |= {
         "caching_on": on,
         "caching_off": off,

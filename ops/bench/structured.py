@@ -41,19 +41,15 @@ class JsonBenchOptions:
 def _run(
     engine: Engine, prompts: list[list[int]], params: SamplingParams, tag: str
 ) -> dict[str, Any]:
-    run = measure(
-        engine,
-        [EngineRequest(f"{tag}{i}", p, params) for i, p in enumerate(prompts)],
-        clock=engine.model.device.type == "cpu",
-    )
+    requests = [EngineRequest(f"{tag}{i}", p, params) for i, p in enumerate(prompts)]
+    run = measure(engine, requests, clock=engine.model.device.type == "cpu")
+    # masks are built and applied in "sample"; matchers advance in "collect"
     phases = run.step_time["ms_per_step"] if run.step_time else None
+    grammar = round(phases["sample"] + phases["collect"], 3) if phases else None
     return run.stats() | {
         "ms_per_step": round(run.wall_s * 1e3 / max(len(run.run.steps), 1), 3),
         "finish_reasons": sorted({c.finish_reason for c in run.run.completions}),
-        # masks are built and applied in "sample"; matchers advance in "collect"
-        "sample_collect_ms_per_step": round(phases["sample"] + phases["collect"], 3)
-        if phases
-        else None,
+        "sample_collect_ms_per_step": grammar,
     }
 
 
@@ -69,21 +65,14 @@ def run_json_bench(engine: Engine, o: JsonBenchOptions) -> Report:
     _run(engine, warm, constrained, "warm-json-")
     _run(engine, warm, free, "warm-free-")
     report = Report("json")
-    report |= {
-        "model": engine_facts(engine),
-        "grammar_library": "llguidance",
-        "schema": BENCH_SCHEMA,
-        "options": asdict(o),
-        "batches": {},
-    }
+    report |= {"model": engine_facts(engine), "grammar_library": "llguidance",
+               "schema": BENCH_SCHEMA, "options": asdict(o), "batches": {}}  # fmt: skip
     for batch in o.batch_sizes:
         prompts = random_prompts(engine, batch, o.prompt_tokens, o.seed + batch)
         plain, masked = _run(engine, prompts, free, "f"), _run(engine, prompts, constrained, "j")
-        grammar = None
-        if plain["sample_collect_ms_per_step"] is not None:
-            grammar = round(
-                masked["sample_collect_ms_per_step"] - plain["sample_collect_ms_per_step"], 3
-            )
+        grammar = plain["sample_collect_ms_per_step"]
+        if grammar is not None:
+            grammar = round(masked["sample_collect_ms_per_step"] - grammar, 3)
         row = {
             "free": plain,
             "constrained": masked,

@@ -34,10 +34,8 @@ async def tracing_section(r: Rig, o: Any) -> dict[str, Any]:
         await asyncio.to_thread(jaeger.start, 120)
     except OpsError as exc:
         return {"skipped": f"Jaeger did not start: {exc}"}
-    p = o.echo_prompt_tokens
-    prompts = [
-        [(i * 31 + k) % 250 + 3 for k in range(p)] for i in range(o.tracing_requests)
-    ]  # any vocabulary
+    p = o.echo_prompt_tokens  # prompts any vocabulary has
+    prompts = [[(i * 31 + k) % 250 + 3 for k in range(p)] for i in range(o.tracing_requests)]
     try:
         report = await _alternate(r, o, jaeger, "echo", prompts, p, warm=500)
         report["engine"] = "echo (no model: the per-request work around the engine is all)"
@@ -53,15 +51,9 @@ async def tracing_section(r: Rig, o: Any) -> dict[str, Any]:
 
 
 async def _alternate(
-    r: Rig,
-    o: Any,
-    jaeger: LocalJaeger,
-    kind: str,
-    prompts: list[list[int]],
-    new_tokens: int,
-    *,
-    warm: int,
-) -> dict[str, Any]:
+    r: Rig, o: Any, jaeger: LocalJaeger, kind: str, prompts: list[list[int]], new_tokens: int,
+    *, warm: int,
+) -> dict[str, Any]:  # fmt: skip
     """`tracing_rounds` × (off, on) floods of one workload, each on a fresh `kind` worker."""
     on_env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_http,
@@ -86,25 +78,20 @@ async def _alternate(
     on = [x["requests_per_s"] for x in runs["on"] if x["requests_per_s"]]
     ratio = round(statistics.mean(on) / statistics.mean(off), 3) if off and on else None
     cpu_off, cpu_on = _cpu_us(runs["off"], "worker"), _cpu_us(runs["on"], "worker")
+    added = None if cpu_on is None or cpu_off is None else round(cpu_on - cpu_off, 1)
     return {
-        "sampling": 1.0,
-        "collector": "Jaeger v2, OTLP/HTTP, on this machine",
-        "rounds": o.tracing_rounds,
-        "off": runs["off"],
-        "on": runs["on"],
-        "requests_per_s": {"off": off, "on": on},
-        "ratio_on_vs_off": ratio,
+        "sampling": 1.0, "collector": "Jaeger v2, OTLP/HTTP, on this machine",
+        "rounds": o.tracing_rounds, "off": runs["off"], "on": runs["on"],
+        "requests_per_s": {"off": off, "on": on}, "ratio_on_vs_off": ratio,
         "worker_cpu_us_per_request": {"off": cpu_off, "on": cpu_on},
-        "tracing_cpu_us_per_request": None
-        if cpu_on is None or cpu_off is None
-        else round(cpu_on - cpu_off, 1),
+        "tracing_cpu_us_per_request": added,
         # Spent outside the worker's process, with tracing on: other cores on a real host.
         "tracing_cpu_us_per_request_elsewhere": {
             n: _cpu_us(runs["on"], n) for n in ("span_export", "jaeger")
         },
         "target_ratio_at_least": TARGET_TRACING_RATIO,
         "met": None if ratio is None else ratio >= TARGET_TRACING_RATIO,
-    }
+    }  # fmt: skip
 
 
 def _cpu_us(runs: list[dict[str, Any]], process: str) -> float | None:

@@ -38,14 +38,8 @@ class Workload:
 
     def fixed(self, requests: int, prompt: int, output: int) -> Workload:
         """`requests` requests of exactly `prompt` prompt and `output` new tokens."""
-        return replace(
-            self,
-            requests=requests,
-            min_prompt=prompt,
-            max_prompt=prompt,
-            min_output=output,
-            max_output=output,
-        )
+        return replace(self, requests=requests, min_prompt=prompt, max_prompt=prompt,
+                       min_output=output, max_output=output)  # fmt: skip
 
     def describe(self, built: Sequence[BenchRequest]) -> dict[str, Any]:
         return {
@@ -58,9 +52,8 @@ class Workload:
 
     def build(self, engine: Engine) -> list[BenchRequest]:
         """The seeded requests; ValueError when they cannot fit the engine."""
-        if (
-            not 1 <= self.min_prompt <= self.max_prompt
-            or not 1 <= self.min_output <= self.max_output
+        if not (
+            1 <= self.min_prompt <= self.max_prompt and 1 <= self.min_output <= self.max_output
         ):
             raise ValueError("need 1 ≤ min ≤ max for both prompt and output lengths")
         if self.max_prompt + self.max_output > engine.max_model_len:
@@ -70,17 +63,12 @@ class Workload:
             )
         if self.requests < 1:
             raise ValueError("--requests must be at least 1")
-        allowed = allowed_token_ids(engine)
-        rng = random.Random(self.seed)
+        allowed, rng = allowed_token_ids(engine), random.Random(self.seed)
         return [
-            BenchRequest(
-                prompt_token_ids=rng.choices(
-                    allowed, k=rng.randint(self.min_prompt, self.max_prompt)
-                ),
-                max_new_tokens=rng.randint(self.min_output, self.max_output),
-            )
+            BenchRequest(rng.choices(allowed, k=rng.randint(self.min_prompt, self.max_prompt)),
+                         rng.randint(self.min_output, self.max_output))
             for _ in range(self.requests)
-        ]
+        ]  # fmt: skip
 
 
 def allowed_token_ids(engine: Engine) -> list[int]:
@@ -94,8 +82,7 @@ def allowed_token_ids(engine: Engine) -> list[int]:
 
 
 def random_prompts(engine: Engine, count: int, length: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    allowed = allowed_token_ids(engine)
+    rng, allowed = random.Random(seed), allowed_token_ids(engine)
     return [rng.choices(allowed, k=length) for _ in range(count)]
 
 
@@ -105,19 +92,15 @@ def engine_requests(
     """Greedy requests; with `ignore_eos` each generates exactly its asked length (a request on
     the wire cannot ignore EOS: runs compared with a worker keep it)."""
     return [
-        EngineRequest(
-            f"{prefix}{i}",
-            r.prompt_token_ids,
-            SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=ignore_eos),
-        )
+        EngineRequest(f"{prefix}{i}", r.prompt_token_ids,
+                      SamplingParams(max_new_tokens=r.max_new_tokens, ignore_eos=ignore_eos))
         for i, r in enumerate(workload)
-    ]
+    ]  # fmt: skip
 
 
 def wire_requests(workload: Sequence[BenchRequest], prefix: str) -> list[GenerateRequest]:
     return [
-        GenerateRequest(
-            id=f"{prefix}{i}", prompt_token_ids=r.prompt_token_ids, max_new_tokens=r.max_new_tokens
-        )
+        GenerateRequest(id=f"{prefix}{i}", prompt_token_ids=r.prompt_token_ids,
+                        max_new_tokens=r.max_new_tokens)
         for i, r in enumerate(workload)
-    ]
+    ]  # fmt: skip
