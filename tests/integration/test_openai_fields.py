@@ -1,0 +1,106 @@
+"""OpenAI request fields through the whole path: a batch file whose lines use them, run with
+`tokenmill batch run` on the session broker against a SmolLM2 worker subprocess, answered as
+the engine answers the same lines directly (same mapping, same result building)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from actors.generate.answers import Answers
+from actors.in_flight import InFlight, engine_request
+from actors.ingest.model_front import ModelFront
+from actors.mail import Admitted, Outcome, RecordRef
+from actors.runtime import Mailbox
+from actors.telemetry.trace_context import TraceContext
+from gpu.engine import Engine
+from gpu.engine_config import EngineConfig
+from gpu.loading.loader import load_model
+from messages.codec import JSON
+from messages.openai_batch_mapping import answer_line, parse_line, to_request
+from ops.models.offline import run_all
+from tests.integration.pipeline import new_lane
+from tests.integration.test_batch import (
+    batch_run,
+    chat,
+    completion,
+    output_lines,
+    worker,
+    write_jsonl,
+)
+
+pytestmark = pytest.mark.slow
+
+LINES: list[dict[str, Any]] = [
+    completion("plain", "The capital of France is", max_tokens=6),
+    completion("n-seeded", "Once upon a time", max_tokens=8, n=3, temperature=0.9, seed=5),
+    chat("n-greedy", "Name a fruit.", max_tokens=5, n=2),
+    completion("n-best-of", "1, 2, 3,", max_tokens=4, n=2, best_of=2, temperature=0.7, seed=1),
+]
+
+
+def direct_bodies(smollm2_path: Path, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each line's response body as the engine gives it run alone, through the worker's own
+    request mapping (`engine_request`) and result building (`Answers`)."""
+    engine = Engine(load_model(smollm2_path), EngineConfig())
+    front = ModelFront.of_engine(engine)
+    outcomes: Mailbox[Any] = Mailbox(len(lines) + 1)
+    answers = Answers(outcomes, None, "direct")  # type: ignore[arg-type]  # names no model
+    bodies = {}
+    for offset, raw in enumerate(lines):
+        line = parse_line(json.dumps(raw).encode())
+        request = to_request(line, f"direct-{offset}", model=front.name)  # the file's alias
+        prompt = front.prompt_tokens(request)
+        item = Admitted(
+            request=request,
+            record=RecordRef("direct", 0, offset, 0),
+            prompt_token_ids=prompt,
+            reply_topic="direct",
+            content_type=JSON,
+            trace=TraceContext(),
+            consumed_at=time.monotonic(),
+            deadline=None,
+        )
+        [done] = run_all(engine, [engine_request(item, prompt)]).completions
+        entry = InFlight(item, engine, model=front.ref, admitted_at=time.monotonic())
+        asyncio.run(answers.finished(entry, done))
+        outcome = outcomes.get_nowait()
+        assert isinstance(outcome, Outcome)
+        body = answer_line(line.custom_id, line.url, outcome.result).response
+        assert body is not None
+        bodies[line.custom_id] = msgspec.to_builtins(body.body)
+    return bodies
+
+
+async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_answers_it(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    lane = await new_lane(kafka_bootstrap)
+    source = write_jsonl(tmp_path / "in.jsonl", list(LINES))
+    out = tmp_path / "out.jsonl"
+    async with worker(lane, tmp_path / "worker.log") as process:
+        done = await asyncio.to_thread(batch_run, lane, str(source), "-o", str(out), "--json")
+        assert process.terminate() == 0
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = {line["custom_id"]: line for line in output_lines(out)}
+    assert set(served) == {line["custom_id"] for line in LINES}
+    for line in served.values():
+        assert line["error"] is None and line["response"]["status_code"] == 200, line
+
+    direct = await asyncio.to_thread(direct_bodies, smollm2_path, LINES)
+    for custom_id, line in served.items():
+        body = line["response"]["body"]
+        assert body["choices"] == direct[custom_id]["choices"], custom_id
+        assert body["usage"]["completion_tokens"] == direct[custom_id]["usage"]["completion_tokens"]
+
+    # n: every choice answered, seeded samples apart from each other, greedy ones alike.
+    seeded = served["n-seeded"]["response"]["body"]["choices"]
+    assert [c["index"] for c in seeded] == [0, 1, 2] and len({c["text"] for c in seeded}) > 1
+    greedy = served["n-greedy"]["response"]["body"]["choices"]
+    assert len(greedy) == 2 and greedy[0]["message"] == greedy[1]["message"]
