@@ -17,10 +17,16 @@ line that never became a request (not JSON, no `custom_id`, a duplicate `custom_
 unsupported `url`, a body that cannot be mapped) has `response: null` and `error` with the
 code, the message and the input line number.
 
-Body fields tokenmill cannot honour (n > 1, logprobs, penalties, logit_bias, tools, vLLM's
+Body fields tokenmill cannot honour (n > 1, penalties, logit_bias, tools, vLLM's
 min_p, …, any field it does not know) are refused, never silently ignored; only fields that
 cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
 ignored. An omitted `temperature` means greedy, tokenmill's default, not OpenAI's 1.0.
+
+Logprobs are served: completions' `logprobs: k` and chat's `logprobs: true` with
+`top_logprobs: k` (k in 0..20), in OpenAI's shapes (`CompletionLogprobs`, `ChatLogprobs`). The
+values are the model's raw logits' (before temperature, penalties and constraints: vLLM's
+default); token texts are each token decoded alone (a piece of a UTF-8 character reads as
+U+FFFD, and its `bytes` are that text's). `echo` (prompt logprobs) is still refused.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=Fa
     messages: list[ChatMessageIn]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None  # with `logprobs: true`: alternatives per token, 0..20
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -113,10 +120,22 @@ class TokenUsage(msgspec.Struct, kw_only=True):
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """A completion choice's `logprobs` (the legacy completions shape), one entry per token:
+    its text, its logprob, `{token text: logprob}` of the `logprobs` most likely tokens (and the
+    chosen one, when not among them: up to k + 1 entries, as OpenAI gives), and where its text
+    starts in the completion's text (its tokens' texts laid end to end)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str
 
 
@@ -134,10 +153,30 @@ class AssistantMessage(msgspec.Struct, kw_only=True):
     content: str
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the UTF-8 bytes of `token`
+
+
+class ChatTokenLogprob(msgspec.Struct, kw_only=True):
+    """One generated token in a chat choice's `logprobs.content`, with its `top_logprobs`
+    (the request's `top_logprobs` most likely tokens, most likely first)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str
 
 

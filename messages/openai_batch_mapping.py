@@ -11,6 +11,7 @@ Pure functions: no I/O, no clock except `created` stamps.
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 import time
 import uuid
@@ -31,19 +32,23 @@ from messages.openai_batch import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionBody,
+    ChatLogprobs,
     ChatMessageIn,
+    ChatTokenLogprob,
     Completion,
     CompletionBody,
     CompletionChoice,
+    CompletionLogprobs,
     ErrorBody,
     ErrorObject,
     LineError,
     PromptTokensDetails,
     TokenUsage,
+    TopLogprob,
 )
 from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import ResponseFormat
-from messages.result import Choice, GenerateResult
+from messages.result import Choice, GenerateResult, TokenLogprobs
 from messages.validation import check_request
 
 
@@ -63,7 +68,7 @@ class LineCode(enum.StrEnum):
 HARMLESS = frozenset(
     {
         "user", "store", "metadata", "stream_options", "service_tier",
-        "parallel_tool_calls", "top_logprobs", "tool_choice", "prompt_cache_key",
+        "parallel_tool_calls", "tool_choice", "prompt_cache_key",
         "safety_identifier", "reasoning_effort",
     }
 )  # fmt: skip
@@ -165,13 +170,18 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
                 "supported)",
                 param="best_of",
             )
-        _refuse_if(completion.logprobs is not None, "logprobs")
         _refuse_if(completion.suffix is not None, "suffix")
-        return {**_sampling(completion, completion.max_tokens), **_prompt(completion.prompt)}
+        fields = {**_sampling(completion, completion.max_tokens), **_prompt(completion.prompt)}
+        if completion.logprobs is not None:
+            fields["logprobs"] = completion.logprobs  # its range is checked with the request
+        return fields
     assert line.url == CHAT_COMPLETIONS_URL
     chat = _convert(line.body, ChatCompletionBody)
     _refuse_unsupported(chat)
-    _refuse_if(bool(chat.logprobs), "logprobs")
+    if chat.top_logprobs and not chat.logprobs:
+        raise BatchLineRefused(
+            LineCode.INVALID_BODY, "`top_logprobs` needs `logprobs: true`", param="top_logprobs"
+        )
     _refuse_if(bool(chat.tools), "tools")
     if not chat.messages:
         raise BatchLineRefused(LineCode.INVALID_BODY, "`messages` is empty", param="messages")
@@ -180,6 +190,8 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     )
     messages = [ChatMessage(role=m.role, content=_text_of(m)) for m in chat.messages]
     fields = {**_sampling(chat, max_tokens), "messages": messages}
+    if chat.logprobs:
+        fields["logprobs"] = chat.top_logprobs or 0  # its range is checked with the request
     if chat.response_format is not None:
         fields["response_format"] = _response_format(chat.response_format)
     return fields
@@ -338,13 +350,55 @@ def _chat_choice(choice: Choice) -> ChatChoice:
     return ChatChoice(
         index=choice.index,
         message=AssistantMessage(content=choice.text),
+        logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
         finish_reason=str(choice.finish_reason),
     )
 
 
 def _completion_choice(choice: Choice) -> CompletionChoice:
     return CompletionChoice(
-        index=choice.index, text=choice.text, finish_reason=str(choice.finish_reason)
+        index=choice.index,
+        text=choice.text,
+        logprobs=None if choice.logprobs is None else _completion_logprobs(choice.logprobs),
+        finish_reason=str(choice.finish_reason),
+    )
+
+
+def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
+    """The result's logprobs in chat's shape: `content`, one entry per token."""
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=token,
+                logprob=logprob,
+                bytes=list(token.encode()),
+                top_logprobs=[
+                    TopLogprob(token=text, logprob=value, bytes=list(text.encode()))
+                    for text, value in zip(texts, values, strict=True)
+                ],
+            )
+            for token, logprob, texts, values in zip(
+                lp.tokens, lp.token_logprobs, lp.top_tokens, lp.top_logprobs, strict=True
+            )
+        ]
+    )
+
+
+def _completion_logprobs(lp: TokenLogprobs) -> CompletionLogprobs:
+    """The result's logprobs in the completions shape; a top-k dict also holds the chosen
+    token, as OpenAI's do (two tokens with one text share an entry: the likelier stays)."""
+    top: list[dict[str, float]] = []
+    for token, logprob, texts, values in zip(
+        lp.tokens, lp.token_logprobs, lp.top_tokens, lp.top_logprobs, strict=True
+    ):
+        entry: dict[str, float] = {}
+        for text, value in zip(texts, values, strict=True):
+            entry.setdefault(text, value)  # most likely first
+        entry.setdefault(token, logprob)
+        top.append(entry)
+    offsets = list(itertools.accumulate((len(t) for t in lp.tokens), initial=0))[:-1]
+    return CompletionLogprobs(
+        tokens=lp.tokens, token_logprobs=lp.token_logprobs, top_logprobs=top, text_offset=offsets
     )
 
 

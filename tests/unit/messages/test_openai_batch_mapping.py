@@ -29,7 +29,15 @@ from messages.openai_batch_mapping import (
     to_request,
 )
 from messages.request import ChatMessage, GenerateRequest
-from messages.result import Choice, ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
+from messages.result import (
+    Choice,
+    ErrorInfo,
+    FinishReason,
+    GenerateResult,
+    ModelRef,
+    TokenLogprobs,
+    Usage,
+)
 
 MODEL = ModelRef(name="smollm2-135m", digest="sha256:" + "ab" * 32)
 HI = [{"role": "user", "content": "Hi"}]
@@ -319,10 +327,7 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
         (completion_line, {"logit_bias": {"50256": -100}}, "logit_bias"),
         (completion_line, {"echo": True}, "echo"),
         (completion_line, {"best_of": 3}, "best_of"),
-        (completion_line, {"logprobs": 5}, "logprobs"),
-        (completion_line, {"logprobs": 0}, "logprobs"),
         (completion_line, {"suffix": "!"}, "suffix"),
-        (chat_line, {"logprobs": True}, "logprobs"),
         (chat_line, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ],
 )
@@ -489,6 +494,103 @@ def test_an_answer_has_openais_batch_output_shape(result: GenerateResult) -> Non
 def test_every_output_line_gets_its_own_id() -> None:
     ids = {answer_line("q1", COMPLETIONS_URL, ok_result()).id for _ in range(5)}
     assert len(ids) == 5
+
+
+# --- logprobs -------------------------------------------------------------------------------
+
+LOGPROBS = TokenLogprobs(
+    tokens=["Hel", "lo"],
+    token_logprobs=[-0.25, -1.5],
+    top_ids=[[9, 4], [3, 6]],
+    top_logprobs=[[-0.25, -2.0], [-1.0, -1.25]],
+    top_tokens=[["Hel", "Hi"], ["!", "é"]],
+)
+
+
+@pytest.mark.parametrize("k", [0, 5, 20])
+def test_completion_logprobs_become_the_requests_k(k: int) -> None:
+    assert request(completion_line(logprobs=k)).logprobs == k
+
+
+@pytest.mark.parametrize(
+    ("body", "k"),
+    [
+        ({"logprobs": True, "top_logprobs": 3}, 3),
+        ({"logprobs": True}, 0),
+        ({"logprobs": False, "top_logprobs": 0}, None),
+        ({"logprobs": False}, None),
+    ],
+)
+def test_chat_logprobs_and_top_logprobs_become_the_requests_k(
+    body: dict[str, Any], k: int | None
+) -> None:
+    assert request(chat_line(**body)).logprobs == k
+
+
+def test_chat_top_logprobs_without_logprobs_is_refused_not_ignored() -> None:
+    refused = request_refused(chat_line(top_logprobs=2))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "top_logprobs")
+
+
+@pytest.mark.parametrize(
+    ("make", "body"),
+    [
+        (completion_line, {"logprobs": 21}),
+        (completion_line, {"logprobs": -1}),
+        (chat_line, {"logprobs": True, "top_logprobs": 21}),
+    ],
+)
+def test_more_than_20_logprobs_are_refused(make: Any, body: dict[str, Any]) -> None:
+    refused = request_refused(make(custom_id="l1", **body))
+    assert (refused.code, refused.custom_id) == (ErrorCode.INVALID_SAMPLING_PARAMS, "l1")
+    assert "logprobs" in refused.message
+
+
+def test_a_completion_answer_carries_openais_legacy_logprobs() -> None:
+    result = ok_result(text="Hello", logprobs=LOGPROBS)
+    choice = as_json(answer_line("q1", COMPLETIONS_URL, result))["response"]["body"]["choices"][0]
+    assert choice["logprobs"] == {
+        "tokens": ["Hel", "lo"],
+        "token_logprobs": [-0.25, -1.5],
+        # The top k, and the chosen token when it is not among them.
+        "top_logprobs": [{"Hel": -0.25, "Hi": -2.0}, {"!": -1.0, "é": -1.25, "lo": -1.5}],
+        "text_offset": [0, 3],
+    }
+
+
+def test_a_chat_answer_carries_logprobs_content() -> None:
+    result = ok_result(text="Hello", logprobs=LOGPROBS)
+    out = as_json(answer_line("q1", CHAT_COMPLETIONS_URL, result))
+    content = out["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hel", "lo"]
+    assert [c["logprob"] for c in content] == [-0.25, -1.5]
+    assert content[0]["bytes"] == [72, 101, 108]
+    assert content[1]["top_logprobs"] == [
+        {"token": "!", "logprob": -1.0, "bytes": [33]},
+        {"token": "é", "logprob": -1.25, "bytes": [0xC3, 0xA9]},
+    ]
+
+
+@pytest.mark.parametrize("url", [COMPLETIONS_URL, CHAT_COMPLETIONS_URL])
+def test_each_choice_carries_its_own_logprobs(url: str) -> None:
+    other = TokenLogprobs(
+        tokens=["x"], token_logprobs=[-3.0], top_ids=[[]], top_logprobs=[[]], top_tokens=[[]]
+    )
+    choices = [
+        Choice(index=0, text="Hello", logprobs=LOGPROBS),
+        Choice(index=1, text="x", logprobs=other),
+    ]
+    body = as_json(answer_line("q1", url, ok_result(choices=choices)))["response"]["body"]
+    lengths = [
+        len(c["logprobs"]["tokens" if url == COMPLETIONS_URL else "content"])
+        for c in body["choices"]
+    ]
+    assert lengths == [2, 1]
+
+
+def test_without_logprobs_the_answer_has_none(url: str = CHAT_COMPLETIONS_URL) -> None:
+    body = as_json(answer_line("q1", url, ok_result()))["response"]["body"]
+    assert body["choices"][0]["logprobs"] is None
 
 
 # --- refusal_line ---------------------------------------------------------------------------
