@@ -34,6 +34,13 @@ from ops.connection.options import kafka_connection, kafka_options
 @click.option("--temperature", type=float, default=None, help="For PROMPT.")
 @click.option("--seed", type=int, default=None, help="For PROMPT: sample reproducibly.")
 @click.option("--n", "choices", type=int, default=None, help="For PROMPT: how many choices (1-16).")
+@click.option(
+    "--logprobs",
+    type=int,
+    default=None,
+    help="For PROMPT: each token's logprob and its K most likely alternatives (0-20), in the "
+    "printed result's `logprobs`.",
+)
 @click.option("--chat", is_flag=True, help="Send PROMPT as a user chat message.")
 @click.option("--model", default=None, help="For PROMPT: the model name it must run on.")
 @click.option("--wait", is_flag=True, help="Wait for every result and print it (JSON lines).")
@@ -100,7 +107,8 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
         fields["prompt"] = kwargs["prompt"]
     if kwargs["max_new_tokens"] is not None:
         fields["max_new_tokens"] = kwargs["max_new_tokens"]
-    for name, field in (("temperature", "temperature"), ("seed", "seed"), ("choices", "n")):
+    carried = (("temperature", "temperature"), ("seed", "seed"), ("choices", "n"))
+    for name, field in (*carried, ("logprobs", "logprobs")):
         if kwargs[name] is not None:
             fields[field] = kwargs[name]
     return GenerateRequest(**fields)

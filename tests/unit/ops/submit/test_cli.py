@@ -8,7 +8,7 @@ from ops.submit.cli import _prompt_request
 
 
 def options(**given: Any) -> dict[str, Any]:
-    none = dict.fromkeys(("max_new_tokens", "temperature", "seed", "choices", "model"))
+    none = dict.fromkeys(("max_new_tokens", "temperature", "seed", "choices", "model", "logprobs"))
     return {"prompt": "Hi", "chat": False, **none, **given}
 
 
@@ -16,6 +16,12 @@ def test_a_prompt_alone_keeps_the_wire_defaults() -> None:
     request = _prompt_request(options())
     assert (request.prompt, request.n, request.seed, request.temperature) == ("Hi", 1, None, 0.0)
     assert request.id.startswith("submit-")
+
+
+def test_logprobs_are_asked_only_when_given() -> None:
+    assert _prompt_request(options()).logprobs is None
+    assert _prompt_request(options(logprobs=0)).logprobs == 0
+    assert _prompt_request(options(logprobs=5)).logprobs == 5
 
 
 def test_n_seed_and_temperature_are_carried() -> None:
