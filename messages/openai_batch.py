@@ -27,6 +27,13 @@ Logprobs are served: completions' `logprobs: k` and chat's `logprobs: true` with
 values are the model's raw logits' (before temperature, penalties and constraints: vLLM's
 default); token texts are each token decoded alone (a piece of a UTF-8 character reads as
 U+FFFD, and its `bytes` are that text's). `echo` (prompt logprobs) is still refused.
+
+Constraints are served in the fields users' files carry, one per line: OpenAI's
+`response_format` (chat), vLLM's `structured_outputs` (`json`, `regex`, `choice`, `grammar`,
+`json_object`) and its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`
+(`messages.openai_guided`). Chat `tools` with `tool_choice` "required" or a named function
+constrain the answer to one call, returned as `message.tool_calls` with `finish_reason`
+"tool_calls"; "none" ignores the tools; "auto" is refused (`messages.openai_tools`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from messages.openai_tools import NamedTool, Tool, ToolCall
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -63,6 +72,12 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
+    # Constraints, vLLM's (`messages.openai_guided`); at most one per body.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
@@ -92,7 +107,8 @@ class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=Fa
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # with `logprobs: true`: alternatives per token, 0..20
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedTool | None = None  # "none", "auto", "required" or a named one
     response_format: dict[str, Any] | None = None
 
 
@@ -149,8 +165,11 @@ class Completion(msgspec.Struct, kw_only=True):
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
+    """`content` is None, and `tool_calls` written, only for a tool call's answer."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):

@@ -46,8 +46,9 @@ from messages.openai_batch import (
     TokenUsage,
     TopLogprob,
 )
+from messages.openai_guided import constraint_fields
+from messages.openai_tools import parse_tool_call, tool_call_format
 from messages.request import ChatMessage, GenerateRequest
-from messages.response_format import ResponseFormat
 from messages.result import Choice, GenerateResult, TokenLogprobs
 from messages.validation import check_request
 
@@ -68,7 +69,7 @@ class LineCode(enum.StrEnum):
 HARMLESS = frozenset(
     {
         "user", "store", "metadata", "stream_options", "service_tier",
-        "parallel_tool_calls", "tool_choice", "prompt_cache_key",
+        "parallel_tool_calls", "prompt_cache_key",
         "safety_identifier", "reasoning_effort",
     }
 )  # fmt: skip
@@ -172,6 +173,7 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
             )
         _refuse_if(completion.suffix is not None, "suffix")
         fields = {**_sampling(completion, completion.max_tokens), **_prompt(completion.prompt)}
+        fields |= constraint_fields(completion)
         if completion.logprobs is not None:
             fields["logprobs"] = completion.logprobs  # its range is checked with the request
         return fields
@@ -182,7 +184,6 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
         raise BatchLineRefused(
             LineCode.INVALID_BODY, "`top_logprobs` needs `logprobs: true`", param="top_logprobs"
         )
-    _refuse_if(bool(chat.tools), "tools")
     if not chat.messages:
         raise BatchLineRefused(LineCode.INVALID_BODY, "`messages` is empty", param="messages")
     max_tokens = (
@@ -192,19 +193,9 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     fields = {**_sampling(chat, max_tokens), "messages": messages}
     if chat.logprobs:
         fields["logprobs"] = chat.top_logprobs or 0  # its range is checked with the request
-    if chat.response_format is not None:
-        fields["response_format"] = _response_format(chat.response_format)
+    tool_call = tool_call_format(chat.tools, chat.tool_choice)
+    fields |= constraint_fields(chat, response_format=chat.response_format, tool_call=tool_call)
     return fields
-
-
-def _response_format(body: dict[str, Any]) -> ResponseFormat:
-    """OpenAI's `response_format` as tokenmill's; its rules are checked with the request's."""
-    try:
-        return msgspec.convert(body, ResponseFormat)
-    except msgspec.ValidationError as exc:
-        raise BatchLineRefused(
-            ErrorCode.INVALID_RESPONSE_FORMAT, f"response_format: {exc}", param="response_format"
-        ) from None
 
 
 def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
@@ -290,22 +281,36 @@ def _text_of(message: ChatMessageIn) -> str:
     return "".join(part.text or "" for part in message.content)
 
 
+def calls_tool(line: BatchInputLine) -> bool:
+    """Whether `line` (one `to_request` took) asks for a tool call: its answer is given as
+    `tool_calls` (`answer_line`'s `tool_call`)."""
+    tools, choice = line.body.get("tools"), line.body.get("tool_choice")
+    return line.url == CHAT_COMPLETIONS_URL and bool(tools) and choice not in (None, "none")
+
+
 def answer_line(
-    custom_id: str, url: str, result: GenerateResult, *, created: int | None = None
+    custom_id: str,
+    url: str,
+    result: GenerateResult,
+    *,
+    created: int | None = None,
+    tool_call: bool = False,
 ) -> BatchOutputLine:
-    """The output line for `result`: 200 with a (chat) completion object, or the refusal."""
+    """The output line for `result`: 200 with a (chat) completion object, or the refusal.
+    `tool_call`: the request asked for one (`calls_tool`): each whole call is given as the
+    choice's `tool_calls` (`finish_reason` "tool_calls"), a cut-off one as its text."""
     return BatchOutputLine(
         id=f"batch_req_{uuid.uuid4().hex}",
         custom_id=custom_id,
         response=BatchResponse(
             status_code=_STATUS.get(result.error.code, 400) if result.error else 200,
             request_id=result.id,
-            body=_body(url, result, int(time.time()) if created is None else created),
+            body=_body(url, result, int(time.time()) if created is None else created, tool_call),
         ),
     )
 
 
-def _body(url: str, result: GenerateResult, created: int) -> Any:
+def _body(url: str, result: GenerateResult, created: int, tool_call: bool = False) -> Any:
     if result.error is not None:
         status = _STATUS.get(result.error.code, 400)
         kind = "server_error" if status >= 500 else "invalid_request_error"
@@ -334,7 +339,7 @@ def _body(url: str, result: GenerateResult, created: int) -> Any:
             id=f"chatcmpl-{result.id}",
             created=created,
             model=model,
-            choices=[_chat_choice(c) for c in choices],
+            choices=[_chat_choice(c, tool_call) for c in choices],
             usage=usage,
         )
     return Completion(
@@ -346,7 +351,15 @@ def _body(url: str, result: GenerateResult, created: int) -> Any:
     )
 
 
-def _chat_choice(choice: Choice) -> ChatChoice:
+def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
+    call = parse_tool_call(choice.text) if tool_call else None
+    if call is not None:
+        return ChatChoice(
+            index=choice.index,
+            message=AssistantMessage(content=None, tool_calls=[call]),
+            logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
+            finish_reason="tool_calls",
+        )
     return ChatChoice(
         index=choice.index,
         message=AssistantMessage(content=choice.text),

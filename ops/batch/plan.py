@@ -26,6 +26,7 @@ from messages.openai_batch import BatchOutputLine
 from messages.openai_batch_mapping import (
     LineCode,
     answer_line,
+    calls_tool,
     parse_line,
     refusal_line,
     to_request,
@@ -52,6 +53,7 @@ class InFlight:
     url: str
     line: int
     attempt: int = 1
+    tool_call: bool = False  # answered as `tool_calls` (`calls_tool`)
 
 
 class BatchPlan:
@@ -108,7 +110,9 @@ class BatchPlan:
                 refused = exc
             else:
                 request.reply_to = self.results_topic  # whatever the worker's default
-                return InFlight(request, line.custom_id, line.url, number)
+                return InFlight(
+                    request, line.custom_id, line.url, number, tool_call=calls_tool(line)
+                )
         return self._refusal(refused, number)
 
     def track(self, sending: InFlight) -> None:
@@ -142,7 +146,7 @@ class BatchPlan:
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += result.usage.completion_tokens
         self.progress.answered(result.error is None, result.usage.completion_tokens)
-        return answer_line(done.custom_id, done.url, result)
+        return answer_line(done.custom_id, done.url, result, tool_call=done.tool_call)
 
     def _retries(self, done: InFlight, code: ErrorCode) -> bool:
         return code in RETRIED_CODES and done.attempt < MAX_ATTEMPTS

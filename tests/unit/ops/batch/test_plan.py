@@ -247,6 +247,17 @@ async def test_a_result_for_a_pending_request_becomes_its_output_line() -> None:
     assert progress.calls == [("answered", True, 6)]
 
 
+async def test_a_tool_call_line_is_answered_with_tool_calls() -> None:
+    run, _ = new_run()
+    tool = {"type": "function", "function": {"name": "ping"}}
+    request_id = await in_flight(run, 1, line("call", tools=[tool], tool_choice="required"))
+    out = run.settle(result(request_id, text='{"name":"ping","arguments":{}}'))
+    assert out is not None and out.response is not None
+    (choice,) = out.response.body.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls[0].function.name == "ping"
+
+
 async def test_a_second_result_for_the_same_request_is_ignored() -> None:
     run, progress = new_run()
     request_id = await in_flight(run, 1, line("q1"))

@@ -1,0 +1,211 @@
+"""OpenAI function tools in a chat batch line: a constraint in, `tool_calls` out.
+
+    format = tool_call_format(chat.tools, chat.tool_choice)   # a ResponseFormat, or None
+    call = parse_tool_call(result.text)                       # a ToolCall, or None
+
+With `tool_choice` "required" or a named function, the output is constrained to one call:
+JSON `{"name": <a tool's name>, "arguments": <an object valid against that tool's
+parameters>}`, through the JSON-schema constraint (`response_format` on the wire): one object
+schema per tool, the name a `const`, joined with `anyOf`. The answer turns that text back into
+OpenAI's `tool_calls` with `finish_reason` "tool_calls". One call per answer (OpenAI's
+`parallel_tool_calls` may make several; here it is always one).
+
+`tool_choice` "none" ignores the tools. "auto" (the default with tools) would need the model's
+chat template to render the tools and the output parsed for calls it may or may not make: it
+is refused. The tools are not shown to the model (the chat template renders the messages
+only): describe them in the messages if the model should know what they do.
+
+Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import msgspec
+
+from messages.error_codes import ErrorCode
+from messages.errors import BatchLineRefused, InvalidRequest
+from messages.limits import MAX_TOOL_NAME_CHARS, MAX_TOOLS
+from messages.response_format import JsonSchemaFormat, ResponseFormat, check_plain_json
+
+# Refusals carry `openai_batch_mapping.LineCode` values (a StrEnum: equal to these strings),
+# written out here because that module imports this one.
+_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}")
+# What `parameters` means when a function has none: no arguments (OpenAI's reading).
+_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    type: str = "function"
+    function: FunctionDef | None = None
+
+
+class NamedFunction(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    name: str
+
+
+class NamedTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    type: str = "function"
+    function: NamedFunction
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's)
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+def tool_call_format(
+    tools: list[Tool] | None, tool_choice: str | NamedTool | None
+) -> ResponseFormat | None:
+    """The constraint that makes the output one call of `tools` as `tool_choice` allows, or
+    None when no call is asked (no tools, or "none"). Raises `BatchLineRefused` for "auto", a
+    name that is not a tool's, or a malformed tool."""
+    if not tools:
+        if tool_choice is not None and tool_choice != "none":
+            raise BatchLineRefused(
+                "invalid_body", "`tool_choice` needs `tools`", param="tool_choice"
+            )
+        return None
+    if tool_choice == "none":
+        return None
+    if tool_choice is None or tool_choice == "auto":
+        raise BatchLineRefused(
+            "unsupported_parameter",
+            'tool_choice "auto" (the default with `tools`) is not supported: it needs a chat '
+            "template that renders the tools and the model's output parsed for calls. Send "
+            'tool_choice "required" or {"type": "function", "function": {"name": ...}} to '
+            'constrain the answer to a call, or "none"',
+            param="tool_choice",
+        )
+    functions = _functions(tools)
+    if isinstance(tool_choice, NamedTool):
+        chosen = [f for f in functions if f.name == tool_choice.function.name]
+        if tool_choice.type != "function" or not chosen:
+            raise BatchLineRefused(
+                "invalid_body",
+                f"tool_choice names {tool_choice.function.name[:80]!r}, which is not a function "
+                "in `tools`",
+                param="tool_choice",
+            )
+        functions = chosen
+    elif tool_choice != "required":
+        raise BatchLineRefused(
+            "invalid_body",
+            f'tool_choice must be "none", "auto", "required" or a named function, got '
+            f"{tool_choice[:40]!r}",
+            param="tool_choice",
+        )
+    schema = call_schema(functions)
+    return ResponseFormat(
+        type="json_schema",
+        json_schema=JsonSchemaFormat(
+            name="tool_call", schema=schema, strict=all(f.strict for f in functions)
+        ),
+    )
+
+
+def _functions(tools: list[Tool]) -> list[FunctionDef]:
+    if len(tools) > MAX_TOOLS:
+        raise BatchLineRefused(
+            "invalid_body", f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools"
+        )
+    functions: list[FunctionDef] = []
+    for i, tool in enumerate(tools):
+        if tool.type != "function" or tool.function is None:
+            raise BatchLineRefused(
+                "unsupported_parameter",
+                f"tools[{i}] is of type {tool.type[:40]!r}: only function tools are supported",
+                param="tools",
+            )
+        name = tool.function.name
+        if not _NAME.fullmatch(name):
+            raise BatchLineRefused(
+                "invalid_body",
+                f"tools[{i}].function.name must be 1 to {MAX_TOOL_NAME_CHARS} of a-z, A-Z, 0-9, "
+                f"'_' and '-', got {name[:80]!r}",
+                param="tools",
+            )
+        if any(f.name == name for f in functions):
+            raise BatchLineRefused("invalid_body", f"two tools are named {name!r}", param="tools")
+        if tool.function.parameters is not None:
+            try:
+                check_plain_json(tool.function.parameters)
+            except InvalidRequest as exc:
+                raise BatchLineRefused(
+                    ErrorCode.INVALID_RESPONSE_FORMAT, f"tools[{i}]: {exc.message}", param="tools"
+                ) from None
+        functions.append(tool.function)
+    return functions
+
+
+def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
+    """The JSON Schema of one call of any of `functions`: name first, then arguments."""
+    one = len(functions) == 1
+    calls = []
+    for i, function in enumerate(functions):
+        at = "#/properties/arguments" if one else f"#/anyOf/{i}/properties/arguments"
+        parameters = function.parameters if function.parameters is not None else _NO_PARAMETERS
+        arguments = _moved(parameters, at)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return calls[0] if one else {"anyOf": calls}
+
+
+def _moved(schema: dict[str, Any], at: str) -> dict[str, Any]:
+    """`schema` with its local references (`#/$defs/x`, `#`) pointing where it now sits (`at`),
+    a copy. (An `enum` or `const` value holding a `$ref` key would be rewritten too: a schema
+    keyword as data, which no tool schema is expected to carry.)"""
+    copy: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON: checked before
+    stack: list[Any] = [copy]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                item["$ref"] = at + ref[1:]
+            stack.extend(item.values())
+    return copy
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The call a constrained output holds, or None when it is not a whole call (cut off)."""
+    try:
+        call = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    if not isinstance(call.get("arguments"), dict):
+        return None
+    arguments = json.dumps(call["arguments"], ensure_ascii=False, separators=(",", ":"))
+    return ToolCall(
+        id=f"call_{uuid.uuid4().hex[:24]}",
+        function=FunctionCall(name=call["name"], arguments=arguments),
+    )
