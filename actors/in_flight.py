@@ -75,6 +75,12 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         seed=request.seed,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        min_p=request.min_p,
+        logit_bias=tuple(request.logit_bias.items()),
+        min_tokens=request.min_tokens,
         constraint=constraint,
         logprobs=request.logprobs,
     )

@@ -13,6 +13,11 @@ trick, argmax(probs / E), where E is counter-based Exp(1) noise hashed from (see
 position, token) (`gpu/sampling_noise.py`). Unseeded rows get a fresh random seed per row
 per step from the caller's host RNG. Structured output's masks (`mask`) are applied to all
 constrained rows at once, before any selection.
+
+The order, vLLM's: the mask; the penalties, logit bias and min_tokens on the raw logits
+(`gpu.penalties`); then greedy rows take the argmax, and sampled rows divide by their
+temperature, drop tokens under min_p × the top token's probability, apply top-k and top-p,
+and draw. A row without min_p (0) keeps every token, bit for bit as without the step.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu.grammar.mask import StepMask
+from gpu.penalties import PenaltyRows, PenaltyTensors, apply_penalties
 from gpu.sampling_noise import exponential_noise
 from gpu.sequence import SamplingParams
 
@@ -38,21 +44,26 @@ class SamplingTensors:
     top_p: torch.Tensor  # [rows] float32, 1 = off
     seeds: torch.Tensor  # [rows] int64: the request's seed, else a fresh draw this step
     positions: torch.Tensor  # [rows] int64: position of the token being sampled
+    min_p: torch.Tensor  # [rows] float32, 0 = off
 
 
 @dataclass(frozen=True)
 class SamplingRows:
     """`SamplingTensors`' values as host lists, for a backend to write into its own (pinned,
     static) staging buffers; `any_sampled` is False when every row is greedy, `any_filtered`
-    when no sampled row has top-k or top-p."""
+    when no sampled row has top-k or top-p, `any_min_p` when none has min_p. `penalties`: the
+    rows' penalties, biases and min_tokens (`gpu.penalties`), None when no row has any."""
 
     temperature: list[float]
     top_k: list[int]
     top_p: list[float]
     seeds: list[int]
     positions: list[int]
+    min_p: list[float]
     any_sampled: bool
     any_filtered: bool = True
+    any_min_p: bool = False
+    penalties: PenaltyRows | None = None
 
     def to_tensors(self, device: torch.device | str) -> SamplingTensors:
         return SamplingTensors(
@@ -61,6 +72,7 @@ class SamplingRows:
             top_p=torch.tensor(self.top_p, dtype=torch.float32, device=device),
             seeds=torch.tensor(self.seeds, dtype=torch.int64, device=device),
             positions=torch.tensor(self.positions, dtype=torch.int64, device=device),
+            min_p=torch.tensor(self.min_p, dtype=torch.float32, device=device),
         )
 
 
@@ -68,12 +80,14 @@ def sampling_rows(
     params: Sequence[SamplingParams],
     positions: Sequence[int],  # position of the token being sampled, per row
     draw: Callable[[], int],  # a random seed in [0, 2^63), called once per unseeded sampled row
+    penalties: PenaltyRows | None = None,  # `gpu.penalties.penalty_rows` of the same rows
 ) -> SamplingRows:
-    temperature, top_k, top_p, seeds = [], [], [], []
+    temperature, top_k, top_p, seeds, min_p = [], [], [], [], []
     for p in params:
         temperature.append(0.0 if p.greedy else p.temperature)
         top_k.append(p.top_k)
         top_p.append(p.top_p)
+        min_p.append(0.0 if p.greedy else p.min_p)
         if p.greedy:
             seeds.append(0)  # unused
         elif p.seed is None:
@@ -86,8 +100,11 @@ def sampling_rows(
         top_p=top_p,
         seeds=seeds,
         positions=list(positions),
+        min_p=min_p,
         any_sampled=any(not p.greedy for p in params),
         any_filtered=any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params),
+        any_min_p=any(min_p),
+        penalties=penalties,
     )
 
 
@@ -129,8 +146,11 @@ def sample_tokens(
     mask: StepMask | None,
     any_sampled: bool,  # False: every row is greedy, so skip the sampling math
     any_filtered: bool = True,  # False: no row has top-k or top-p, so skip the sort
+    *,
+    penalties: PenaltyTensors | None = None,  # None: no row has penalties, bias or min_tokens
+    any_min_p: bool = False,  # False: no sampled row has min_p, so skip that cut
 ) -> torch.Tensor:  # [rows] int64 token ids, on logits' device
-    logits = apply_mask(logits, mask)
+    logits = apply_penalties(apply_mask(logits, mask), penalties)
     greedy = logits.argmax(dim=-1)  # [rows]
     if not any_sampled:
         return greedy
@@ -140,6 +160,11 @@ def sample_tokens(
     # A row without top-k or top-p takes the plain softmax whatever its neighbours ask (its
     # probabilities, and so its draw, never depend on the batch); the others the sort.
     probs = (logits / temperature.unsqueeze(1)).softmax(dim=-1)  # [rows, vocab]
+    if any_min_p:
+        # min_p 0 cuts nothing (no probability is under 0); the race needs no renormalizing.
+        cut = probs < t.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [rows, vocab]
+        logits = logits.masked_fill(cut, float("-inf"))  # what top-k / top-p see
+        probs = probs.masked_fill(cut, 0.0)
     if any_filtered:
         filtered = ((t.top_k > 0) | (t.top_p < 1.0)).unsqueeze(1)  # [rows, 1]
         probs = torch.where(filtered, filter_logits(logits, temperature, t.top_k, t.top_p), probs)
@@ -154,6 +179,7 @@ def sample(
     positions: Sequence[int],  # position of the token being sampled, per row
     generator: torch.Generator | None = None,  # seeds the unseeded rows
     mask: StepMask | None = None,  # the constrained rows and the tokens each may not take
+    penalties: PenaltyRows | None = None,  # `gpu.penalties.penalty_rows` of the same rows
 ) -> list[int]:
     """`sample_tokens` for callers holding `SamplingParams`; the token ids come back to the
     host. Unseeded rows' seeds are drawn from `generator` in one call (one read back when it
@@ -165,7 +191,15 @@ def sample(
             0, (1 << _SEED_BITS) - 1, (unseeded,), generator=generator, device=device
         ).tolist()
     )
-    rows = sampling_rows(params, positions, lambda: next(drawn))
+    rows = sampling_rows(params, positions, lambda: next(drawn), penalties)
     t = rows.to_tensors(logits.device)
-    tokens = sample_tokens(logits, t, mask, rows.any_sampled, rows.any_filtered)
+    tokens = sample_tokens(
+        logits,
+        t,
+        mask,
+        rows.any_sampled,
+        rows.any_filtered,
+        penalties=None if penalties is None else penalties.to_tensors(logits.device),
+        any_min_p=rows.any_min_p,
+    )
     return [int(token) for token in tokens.tolist()]

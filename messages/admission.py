@@ -16,20 +16,25 @@ machines that have torch but not msgspec.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import (
     MAX_CHOICES,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,
     MAX_NEW_TOKENS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
     MIN_TOP_P,
     TOKEN_ID_LIMIT,
     number_text,
@@ -52,6 +57,20 @@ class SamplingFields(Protocol):
     def stop_token_ids(self) -> Sequence[int]: ...
     @property
     def seed(self) -> int | None: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def logit_bias(self) -> Mapping[int, float] | Sequence[tuple[int, float]]: ...
+    @property
+    def min_tokens(self) -> int: ...
 
 
 def prompt_limit(max_prompt_tokens: int | None, max_model_len: int) -> int:
@@ -118,6 +137,7 @@ def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> 
         raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
     if p.seed is not None and not 0 <= p.seed < MAX_SEED:
         raise bad(f"seed must be in [0, 2**63), got {number_text(p.seed)}")
+    check_penalties(p, vocab_size=vocab_size)
     if vocab_size is None:
         check_token_ids(p.stop_token_ids, "stop_token_ids")
         return
@@ -136,6 +156,56 @@ def check_logprobs(logprobs: int | None) -> None:
             ErrorCode.INVALID_SAMPLING_PARAMS,
             f"logprobs must be in [0, {MAX_LOGPROBS}] (or null: off), got {number_text(logprobs)}",
         )
+
+
+def check_penalties(params: SamplingFields, *, vocab_size: int | None = None) -> None:
+    """The penalty and bias rules (`INVALID_SAMPLING_PARAMS`; NaN refused everywhere), part of
+    `check_sampling`, with the bounds of `messages.limits`:
+
+    - presence_penalty and frequency_penalty in [-`MAX_PENALTY`, `MAX_PENALTY`],
+    - repetition_penalty in [`MIN_REPETITION_PENALTY`, `MAX_REPETITION_PENALTY`] (1 = off),
+    - min_p in [0, 1],
+    - min_tokens in [0, max_new_tokens],
+    - logit_bias: at most `MAX_LOGIT_BIAS_ENTRIES` entries, each bias in [-`MAX_LOGIT_BIAS`,
+      `MAX_LOGIT_BIAS`]; its token ids checked as stop token ids are (`TOKEN_OUT_OF_VOCABULARY`).
+    """
+
+    def bad(message: str) -> InvalidRequest:
+        return InvalidRequest(ErrorCode.INVALID_SAMPLING_PARAMS, message)
+
+    p = params
+    for name, value in (
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ):
+        if not -MAX_PENALTY <= value <= MAX_PENALTY:
+            raise bad(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+    if not MIN_REPETITION_PENALTY <= p.repetition_penalty <= MAX_REPETITION_PENALTY:
+        raise bad(
+            f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+            f"{MAX_REPETITION_PENALTY:g}] (1 = off), got {p.repetition_penalty}"
+        )
+    if not 0 <= p.min_p <= 1:
+        raise bad(f"min_p must be in [0, 1] (0 = off), got {p.min_p}")
+    if not 0 <= p.min_tokens <= p.max_new_tokens:
+        raise bad(
+            f"min_tokens must be in [0, max_new_tokens = {number_text(p.max_new_tokens)}], "
+            f"got {number_text(p.min_tokens)}"
+        )
+    bias = p.logit_bias
+    pairs = list(bias.items()) if isinstance(bias, Mapping) else list(bias)
+    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad(f"logit_bias has {len(pairs)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+    wrong = next((v for _, v in pairs if not -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS), None)
+    if wrong is not None:
+        raise bad(
+            f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {wrong}"
+        )
+    ids = [token for token, _ in pairs]
+    if vocab_size is None:
+        check_token_ids(ids, "logit_bias")
+    else:
+        check_vocabulary(ids, vocab_size, "logit_bias")
 
 
 def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:

@@ -17,8 +17,10 @@ line that never became a request (not JSON, no `custom_id`, a duplicate `custom_
 unsupported `url`, a body that cannot be mapped) has `response: null` and `error` with the
 code, the message and the input line number.
 
-Body fields tokenmill cannot honour (n > 1, penalties, logit_bias, tools, vLLM's
-min_p, …, any field it does not know) are refused, never silently ignored; only fields that
+Penalties and biases are honoured: OpenAI's `presence_penalty`, `frequency_penalty` and
+`logit_bias` (keys are token ids written as strings), and vLLM's `repetition_penalty`, `min_p`
+and `min_tokens`. Body fields tokenmill cannot honour (`echo`, `suffix`, …, any
+field it does not know) are refused, never silently ignored; only fields that
 cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
 ignored. An omitted `temperature` means greedy, tokenmill's default, not OpenAI's 1.0.
 
@@ -70,8 +72,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     stream: bool | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token ids as strings → bias
     stop_token_ids: list[int] | None = None  # vLLM's extension
+    repetition_penalty: float | None = None  # vLLM's extension, and the two below
+    min_p: float | None = None
+    min_tokens: int | None = None
     # Constraints, vLLM's (`messages.openai_guided`); at most one per body.
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

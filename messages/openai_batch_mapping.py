@@ -85,6 +85,7 @@ _STATUS = {
 }
 _Body = TypeVar("_Body", CompletionBody, ChatCompletionBody)
 _PATH = re.compile(r"(?:at `\$\.|missing required field `)([A-Za-z_]+)")
+_TOKEN_ID = re.compile(r"-?[0-9]{1,20}")  # out-of-range ids are refused with the request
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -230,9 +231,6 @@ def _refuse_if(condition: bool, param: str) -> None:
 
 def _refuse_unsupported(body: CompletionBody | ChatCompletionBody) -> None:
     _refuse_if(bool(body.stream), "stream")
-    _refuse_if(body.presence_penalty not in (None, 0), "presence_penalty")
-    _refuse_if(body.frequency_penalty not in (None, 0), "frequency_penalty")
-    _refuse_if(bool(body.logit_bias), "logit_bias")
 
 
 def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None) -> dict[str, Any]:
@@ -251,7 +249,27 @@ def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None)
         fields["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
     if body.stop_token_ids is not None:
         fields["stop_token_ids"] = body.stop_token_ids
+    # Penalties and biases: their ranges are checked with the request's other sampling rules.
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
+        if (value := getattr(body, name)) is not None:
+            fields[name] = value
+    if body.min_tokens is not None:
+        fields["min_tokens"] = body.min_tokens
+    if body.logit_bias:
+        fields["logit_bias"] = _logit_bias(body.logit_bias)
     return fields
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's `logit_bias`, whose keys are token ids written as strings, by token id."""
+    wrong = next((key for key in bias if not _TOKEN_ID.fullmatch(key)), None)
+    if wrong is not None:
+        raise BatchLineRefused(
+            LineCode.INVALID_BODY,
+            f"logit_bias keys must be token ids (decimal integers), got {wrong[:40]!r}",
+            param="logit_bias",
+        )
+    return {int(key): value for key, value in bias.items()}
 
 
 def _prompt(prompt: str | list[int | str]) -> dict[str, Any]:

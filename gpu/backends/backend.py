@@ -15,7 +15,7 @@ native CPU backend, the one-call decode step (`gpu/backends/native.py`). The eng
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +29,7 @@ from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import KVPool
 from gpu.logprobs import TokenLogprob, raw_logprobs, read_sampled
+from gpu.penalties import apply_penalties, penalty_rows
 from gpu.sampling import SamplingRows, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 
@@ -80,10 +81,13 @@ class Backend:
         window: int | None = None,
         long_rope: tuple[int, int] | None = None,
         static_decodes: StaticDecodes | None = None,
+        eos_token_ids: Collection[int] = (),
     ) -> None:
         """`window`: the model's sliding window, if some layers have one. `long_rope`:
         LongRoPE's (original, max_positions). `static_decodes`: take decode-only steps through
-        static buffers (`DecodeGraphs`); only for backends whose attention reads in place."""
+        static buffers (`DecodeGraphs`); only for backends whose attention reads in place.
+        `eos_token_ids`: what `min_tokens` bans besides a request's stop tokens."""
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.model = model
         self.kv = kv
         self.ops = ops
@@ -115,7 +119,9 @@ class Backend:
             size = self.graphs.size_for(len(chunks))
         sampling = chunks if size is not None else [c for c in chunks if c.samples]
         params = [c.seq.params for c in sampling]
-        rows = sampling_rows(params, [c.end for c in sampling], self.builder.draw_seed)
+        ends = [c.end for c in sampling]
+        penalties = penalty_rows([c.seq for c in sampling], ends, self.eos_token_ids)
+        rows = sampling_rows(params, ends, self.builder.draw_seed, penalties)
         if size is not None:
             assert self.graphs is not None
             padded = self.graphs.stage(self.builder, chunks, size, rows)
@@ -150,10 +156,19 @@ class Backend:
             rows_matchers = [matchers.get(c.seq.request_id) for c in step.sampling]
             mask = masks.build(rows_matchers, logits.shape[-1])
         tensors = self.builder.sampling_tensors()
+        penalties = self.builder.penalty_tensors()
         if tensors is None:  # every row greedy: only the argmax is used
-            tokens = apply_mask(logits, mask).argmax(dim=-1)
+            tokens = apply_penalties(apply_mask(logits, mask), penalties).argmax(dim=-1)
         else:
-            tokens = sample_tokens(logits, tensors, mask, True, step.rows.any_filtered)
+            tokens = sample_tokens(
+                logits,
+                tensors,
+                mask,
+                True,
+                step.rows.any_filtered,
+                penalties=penalties,
+                any_min_p=step.rows.any_min_p,
+            )
         if raw is not None:  # tokens and logprobs in the step's one read
             ids_out, logprobs = read_sampled(tokens, raw)
             return list(zip(step.sampling, ids_out, logprobs, strict=True))

@@ -51,6 +51,7 @@ def build_backend(
     block table (a sequence of max_model_len)."""
     kernels = step_kernels(model, config)
     options: dict[str, object] = {"seed": config.seed, "window": window, "long_rope": long_rope}
+    options["eos_token_ids"] = model.eos_token_ids  # what min_tokens bans
     if kernels is None:
         return TorchBackend(model.module, kv, model.device, **options)
     if static_decodes(config, model):

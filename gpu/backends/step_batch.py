@@ -17,6 +17,7 @@ from gpu.backends.metadata import AttentionMetadata, DecodeGroup, ModelInputs, P
 from gpu.backends.window_staging import WindowStaging
 from gpu.block_allocator import blocks_for
 from gpu.kv_pool import PAD_BLOCK, KVPool
+from gpu.penalties import PenaltyRows, PenaltyTensors
 from gpu.sampling import SamplingRows, SamplingTensors
 from gpu.scheduler import ScheduledChunk
 from gpu.step_inputs import Staged, StepInputs
@@ -65,6 +66,7 @@ class StepBuilder:
         self._seeds = random.Random(seed)
         self.inputs = StepInputs(device)
         self._sampling: tuple[Staged, ...] | None = None
+        self._penalties: tuple[bool, tuple[Staged, ...]] | None = None
 
     def draw_seed(self) -> int:
         return self._seeds.getrandbits(63)
@@ -207,6 +209,8 @@ class StepBuilder:
         return stage.view(Staged(first.offset, words, words))
 
     def _stage_sampling(self, rows: SamplingRows | None) -> None:
+        penalties = None if rows is None else rows.penalties
+        self._penalties = None if penalties is None else self._stage_penalties(penalties)
         if rows is None or not rows.any_sampled:
             self._sampling = None
             return
@@ -217,7 +221,22 @@ class StepBuilder:
             stage.put_floats(rows.top_p),
             stage.put(rows.seeds),
             stage.put(rows.positions),
+            stage.put_floats(rows.min_p),
         )
+
+    def _stage_penalties(self, rows: PenaltyRows) -> tuple[bool, tuple[Staged, ...]]:
+        stage = self.inputs
+        return rows.penalized, tuple(
+            stage.put_floats(values) if floats else stage.put(values)  # type: ignore[arg-type]
+            for values, floats in rows.lists()
+        )
+
+    def penalty_tensors(self) -> PenaltyTensors | None:
+        """The last step's staged penalties on the device (None: no row has any)."""
+        if self._penalties is None:
+            return None
+        penalized, staged = self._penalties
+        return PenaltyTensors.of([self.inputs.view(s) for s in staged], penalized)
 
     def sampling_tensors(self) -> SamplingTensors | None:
         """The last step's staged sampling parameters on the device (None: all greedy)."""

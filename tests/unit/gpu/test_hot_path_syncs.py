@@ -24,6 +24,7 @@ HOT_PATH = (
     "gpu/step_inputs.py",
     "gpu/kv_pool.py",
     "gpu/sampling.py",
+    "gpu/penalties.py",
     "gpu/logprobs.py",
     "gpu/models/llama.py",
     "gpu/models/gemma.py",
@@ -48,6 +49,7 @@ ALLOWED = {
     ("gpu/sampling.py", "sample", "tolist"): "the wrapper for callers outside a step (the "
     "backend stages its rows and calls sample_tokens)",
     ("gpu/sampling.py", "SamplingRows.to_tensors", "tensor"): "for callers outside a step",
+    ("gpu/penalties.py", "PenaltyRows.to_tensors", "tensor"): "for callers outside a step",
     ("gpu/step_inputs.py", "StepInputs._allocate", "numpy"): "a host tensor's numpy view",
     ("gpu/step_inputs.py", "StepInputs._allocate", "pin_memory"): "at start, and grown rarely",
     ("gpu/step_inputs.py", "StepInputs.begin", "synchronize"): "an event on the last copy",

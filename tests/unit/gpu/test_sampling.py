@@ -359,3 +359,46 @@ def test_sample_draws_unseeded_rows_from_the_generator() -> None:
     assert sample(logits, params, [0] * 50, generator(5)) == first
     assert sample(logits, params, [0] * 50, generator(6)) != first
     assert Counter(first).most_common(1)[0][1] < 5  # fresh seeds per row, not one shared
+
+
+# --- min_p ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+def test_tokens_under_min_p_of_the_top_probability_are_never_sampled(temperature: float) -> None:
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
+    probs = (logits / temperature).softmax(dim=-1)
+    min_p = 0.3
+    kept = {i for i, p in enumerate(probs.tolist()) if p >= min_p * float(probs.max())}
+    rows = 2000
+    params = [SamplingParams(temperature=temperature, min_p=min_p, seed=s) for s in range(rows)]
+    tokens = sample(logits.expand(rows, -1), params, [0] * rows)
+    assert set(tokens) == kept  # after temperature: what survives depends on it
+    assert len(kept) < 6
+
+
+def test_min_p_zero_changes_no_draw_beside_a_row_that_has_it() -> None:
+    logits = random_logits(6, seed=40, vocab=200, scale=1.0)
+    plain = [SamplingParams(temperature=1.0, top_p=0.9 if i % 3 else 1.0, seed=i) for i in range(6)]
+    alone = sample(logits, plain, list(range(6)))
+    mixed = [*plain[:5], SamplingParams(temperature=1.0, min_p=0.5, seed=5)]
+    assert sample(logits, mixed, list(range(6)))[:5] == alone[:5]
+
+
+def test_min_p_one_keeps_only_the_top_token_and_greedy_rows_ignore_it() -> None:
+    logits = random_logits(8, seed=41)
+    params = [SamplingParams(temperature=2.0 * (i % 2), min_p=1.0, seed=i) for i in range(8)]
+    rows = sampling_rows(params, [0] * 8, never_drawn)
+    assert rows.min_p == [0.0, 1.0] * 4 and rows.any_min_p
+    assert sample(logits, params, [0] * 8) == logits.argmax(dim=-1).tolist()
+
+
+def test_min_p_is_applied_before_top_p() -> None:
+    # probs [0.5, 0.2, ten of 0.03]: min_p 0.3 keeps the first two, whose renormalized
+    # [0.71, 0.29] top_p 0.6 cuts to the first alone. top_p first would keep two (0.5 < 0.6).
+    logits = torch.tensor([0.5, 0.2] + [0.03] * 10).log()
+    rows = 500
+    params = [SamplingParams(temperature=1.0, min_p=0.3, top_p=0.6, seed=s) for s in range(rows)]
+    assert set(sample(logits.expand(rows, -1), params, [0] * rows)) == {0}
+    top_p_alone = [SamplingParams(temperature=1.0, top_p=0.6, seed=s) for s in range(rows)]
+    assert set(sample(logits.expand(rows, -1), top_p_alone, [0] * rows)) == {0, 1}

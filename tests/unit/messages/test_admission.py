@@ -21,12 +21,17 @@ from messages.admission import (
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_NEW_TOKENS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
     MIN_TOP_P,
     TOKEN_ID_LIMIT,
 )
@@ -44,6 +49,13 @@ class Sampling:
     stop: Any = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    max_new_tokens: int = 16
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: Any = ()
+    min_tokens: int = 0
 
 
 def broken(check: Callable[[], None]) -> InvalidRequest:
@@ -120,6 +132,64 @@ def test_a_broken_sampling_rule(fields: dict[str, Any], words: str) -> None:
 )
 def test_sampling_within_the_rules(fields: dict[str, Any]) -> None:
     check_sampling(Sampling(**fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"presence_penalty": math.nextafter(MAX_PENALTY, math.inf)}, "presence_penalty"),
+        ({"presence_penalty": -MAX_PENALTY - 1e-9}, "presence_penalty"),
+        ({"presence_penalty": math.nan}, "presence_penalty"),
+        ({"frequency_penalty": math.inf}, "frequency_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": math.nextafter(MIN_REPETITION_PENALTY, 0)}, "repetition_penalty"),
+        ({"repetition_penalty": MAX_REPETITION_PENALTY + 1e-9}, "repetition_penalty"),
+        ({"repetition_penalty": math.nan}, "repetition_penalty"),
+        ({"min_p": -1e-9}, "min_p"),
+        ({"min_p": 1.0 + 1e-9}, "min_p"),
+        ({"min_p": math.nan}, "min_p"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 17}, "min_tokens"),  # over max_new_tokens (16)
+        ({"logit_bias": {1: MAX_LOGIT_BIAS + 1e-6}}, "logit_bias"),
+        ({"logit_bias": {1: -101.0}}, "logit_bias"),
+        ({"logit_bias": {1: math.nan}}, "logit_bias"),
+        ({"logit_bias": ((2, 1.0), (3, 200.0))}, "logit_bias"),  # the engine's pairs
+        ({"logit_bias": dict.fromkeys(range(MAX_LOGIT_BIAS_ENTRIES + 1), 1.0)}, "entries"),
+    ],
+)
+def test_a_broken_penalty_rule(fields: dict[str, Any], words: str) -> None:
+    error = broken(lambda: check_sampling(Sampling(**fields)))
+    assert error.code is ErrorCode.INVALID_SAMPLING_PARAMS
+    assert words in error.message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": MAX_PENALTY, "frequency_penalty": -MAX_PENALTY},
+        {"repetition_penalty": MIN_REPETITION_PENALTY},
+        {"repetition_penalty": MAX_REPETITION_PENALTY},
+        {"min_p": 0.0},
+        {"min_p": 1.0},
+        {"min_tokens": 16},
+        {"logit_bias": {0: -MAX_LOGIT_BIAS, VOCAB - 1: MAX_LOGIT_BIAS}},
+        {"logit_bias": dict.fromkeys(range(MAX_LOGIT_BIAS_ENTRIES), 0.0)},
+    ],
+)
+def test_penalties_within_the_rules(fields: dict[str, Any]) -> None:
+    check_sampling(Sampling(**fields))
+    check_sampling(Sampling(**fields), vocab_size=MAX_LOGIT_BIAS_ENTRIES)
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {TOKEN_ID_LIMIT: 1.0}, ((VOCAB, 1.0),)])
+def test_logit_bias_ids_are_checked_against_the_vocabulary(bias: Any) -> None:
+    error = broken(lambda: check_sampling(Sampling(logit_bias=bias), vocab_size=VOCAB))
+    assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
+    assert "logit_bias" in error.message
+    if bias != ((VOCAB, 1.0),):  # within 2**31: only the model's vocabulary refuses it
+        error = broken(lambda: check_sampling(Sampling(logit_bias=bias)))
+        assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
 
 
 def test_the_first_broken_sampling_rule_is_reported() -> None:

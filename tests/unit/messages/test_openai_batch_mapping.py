@@ -321,10 +321,6 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
     [
         (chat_line, {"stream": True}, "stream"),
         (completion_line, {"stream": True}, "stream"),
-        (chat_line, {"presence_penalty": 0.5}, "presence_penalty"),
-        (completion_line, {"frequency_penalty": -0.5}, "frequency_penalty"),
-        (chat_line, {"logit_bias": {"1": 2}}, "logit_bias"),
-        (completion_line, {"logit_bias": {"50256": -100}}, "logit_bias"),
         (completion_line, {"echo": True}, "echo"),
         (completion_line, {"best_of": 3}, "best_of"),
         (completion_line, {"suffix": "!"}, "suffix"),
@@ -383,16 +379,14 @@ def test_unknown_harmless_fields_are_ignored() -> None:
     assert request(line) == request(chat_line())
 
 
-@pytest.mark.parametrize(
-    "field", ["min_p", "repetition_penalty", "ignore_eos", "functions", "some_new_field"]
-)
+@pytest.mark.parametrize("field", ["ignore_eos", "functions", "some_new_field"])
 def test_an_unknown_field_that_could_change_the_answer_is_refused(field: str) -> None:
     refused = request_refused(completion_line(**{field: 1}))
     assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, field)
 
 
 def test_an_unknown_field_set_to_null_is_ignored() -> None:
-    assert request(completion_line(min_p=None)) == request(completion_line())
+    assert request(completion_line(functions=None)) == request(completion_line())
 
 
 def test_stop_token_ids_are_carried_over() -> None:
@@ -730,3 +724,59 @@ def test_every_choice_is_an_output_choice_in_order() -> None:
     assert chat["usage"]["completion_tokens"] == 3
     text = as_json(answer_line("q1", COMPLETIONS_URL, two_choices()))["response"]["body"]
     assert [(c["index"], c["text"]) for c in text["choices"]] == [(0, "Hello there"), (1, "Hi")]
+
+
+# --- penalties and biases -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_penalties_and_biases_are_carried_over(make: Any) -> None:
+    req = request(
+        make(
+            presence_penalty=0.5,
+            frequency_penalty=-1.25,
+            repetition_penalty=1.2,
+            min_p=0.05,
+            min_tokens=3,
+            logit_bias={"50": -100, "7": 2.5},
+        )
+    )
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == (
+        0.5,
+        -1.25,
+        1.2,
+    )
+    assert (req.min_p, req.min_tokens) == (0.05, 3)
+    assert req.logit_bias == {50: -100.0, 7: 2.5}
+
+
+def test_omitted_penalties_are_off() -> None:
+    req = request(chat_line())
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == (0, 0, 1)
+    assert (req.min_p, req.min_tokens, req.logit_bias) == (0, 0, {})
+
+
+@pytest.mark.parametrize("key", ["a", "1.5", " 3", "", "0x10", "1" * 21])
+def test_a_logit_bias_key_that_is_not_a_token_id_is_invalid_body(key: str) -> None:
+    refused = request_refused(chat_line(logit_bias={key: 1}))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "logit_bias")
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"presence_penalty": 2.5}, ErrorCode.INVALID_SAMPLING_PARAMS),
+        ({"frequency_penalty": -2.01}, ErrorCode.INVALID_SAMPLING_PARAMS),
+        ({"repetition_penalty": 0}, ErrorCode.INVALID_SAMPLING_PARAMS),
+        ({"min_p": 1.5}, ErrorCode.INVALID_SAMPLING_PARAMS),
+        ({"min_tokens": 17}, ErrorCode.INVALID_SAMPLING_PARAMS),  # over the default 16
+        ({"logit_bias": {"5": 101}}, ErrorCode.INVALID_SAMPLING_PARAMS),
+        ({"logit_bias": {"-1": 1}}, ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+        ({"logit_bias": {str(2**31): 1}}, ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+    ],
+)
+def test_a_penalty_out_of_range_is_refused_with_its_error_code(
+    body: dict[str, Any], code: ErrorCode
+) -> None:
+    refused = request_refused(completion_line(custom_id="p1", **body))
+    assert (refused.code, refused.custom_id) == (code, "p1")
