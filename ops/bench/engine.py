@@ -4,7 +4,6 @@ static padded batches) on one seeded workload, with batch 1, latency, KV and FLO
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 import random
@@ -206,6 +205,7 @@ def _transformers() -> Any:
 
 
 def _transformers_version() -> str | None:
-    with contextlib.suppress(ImportError):
+    try:
         return str(_transformers().__version__)
-    return None
+    except ImportError:
+        return None

@@ -11,6 +11,7 @@ busy host, and a few headline lines for a person. `--out` writes it to a result 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -102,8 +103,9 @@ def provenance() -> dict[str, Any]:
     """When, where and on what code a report was made."""
     import torch
 
-    cpuinfo = Path("/proc/cpuinfo")
-    models = [line for line in _lines(cpuinfo) if line.startswith("model name")]
+    models: list[str] = []
+    with contextlib.suppress(OSError):
+        models = [s for s in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in s]
     head, dirty = _git("rev-parse", "--short", "HEAD"), _git("status", "--porcelain", "-uno")
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -120,13 +122,6 @@ def provenance() -> dict[str, Any]:
         # with `-dirty` when the tree has uncommitted changes; None outside git
         "commit": head and (f"{head}-dirty" if dirty else head),
     }
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except OSError:
-        return []
 
 
 def _git(*args: str) -> str | None:
