@@ -49,6 +49,7 @@ SAMPLE_FILES = {
     "request_json_schema.json",
     "request_logprobs.json",
     "request_minimal.json",
+    "request_penalties.json",
     "request_stream.json",
     "request_structured_output.json",
     "request_token_ids.json",
@@ -166,7 +167,8 @@ def test_sample_decodes_and_round_trips(path: Path) -> None:
 def test_no_sample_field_is_lost(path: Path) -> None:
     """Every field the sample holds is still a field, with the same value, after decoding."""
     message = codec_for(path).decode(path.read_bytes(), content_type(path))
-    assert_kept(loose(path), msgspec.to_builtins(message), "")
+    # String keys, as JSON writes them (`logit_bias` is keyed by token id).
+    assert_kept(loose(path), msgspec.to_builtins(message, str_keys=True), "")
 
 
 def assert_kept(original: dict[str, Any], again: dict[str, Any], where: str) -> None:
@@ -228,6 +230,13 @@ def test_structured_output_sample() -> None:
     request = load("request_structured_output.json")
     assert request.structured_output is not None
     assert request.structured_output.rule() == ("choice", '["positive", "negative"]')
+
+
+def test_penalties_sample() -> None:
+    request = load("request_penalties.json")
+    assert (request.presence_penalty, request.frequency_penalty) == (0.5, -0.25)
+    assert (request.repetition_penalty, request.min_tokens, request.min_p) == (1.1, 4, 0.05)
+    assert request.logit_bias == {0: -100.0, 42: 2.5}  # JSON's string keys, as token ids
 
 
 def test_result_samples() -> None:
