@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from actors.in_flight import engine_request
@@ -36,7 +38,7 @@ RULES = {
     "choice": (StructuredOutput(choice=["a", "b"]), Constraint("choice", '["a", "b"]')),
     "grammar": (StructuredOutput(grammar='start: "x"'), Constraint("grammar", 'start: "x"')),
 }
-CASES: list[tuple[dict[str, object], Constraint | None]] = [
+CASES: list[tuple[dict[str, Any], Constraint | None]] = [
     ({}, None),
     ({"response_format": ResponseFormat(type="text")}, None),
     ({"response_format": SCHEMA}, Constraint("json", '{"type":"integer"}', strict=True)),
@@ -47,9 +49,9 @@ CASES: list[tuple[dict[str, object], Constraint | None]] = [
 
 @pytest.mark.parametrize(("fields", "constraint"), CASES)
 def test_the_request_s_constraint_reaches_the_engine(
-    fields: dict[str, object], constraint: Constraint | None
+    fields: dict[str, Any], constraint: Constraint | None
 ) -> None:
-    request = GenerateRequest(id="r1", prompt="Hi", **fields)  # type: ignore[arg-type]
+    request = GenerateRequest(id="r1", prompt="Hi", **fields)
     runs = engine_request(admitted(request), [5, 6, 7])
     assert runs.params.constraint == constraint
     assert runs.request_id == "r1" and list(runs.prompt_token_ids) == [5, 6, 7]

@@ -24,7 +24,7 @@ from tests.unit.messages.test_openai_batch_mapping import (
     request_refused,
 )
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -42,7 +42,7 @@ WEATHER = {
     },
 }
 # Parameters that refer to their own definitions, as pydantic writes them.
-BOOKING = {
+BOOKING: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "book-room",
@@ -60,7 +60,7 @@ BOOKING = {
         },
     },
 }
-NO_PARAMETERS = {"type": "function", "function": {"name": "ping"}}
+NO_PARAMETERS: dict[str, Any] = {"type": "function", "function": {"name": "ping"}}
 TOOLS = [WEATHER, BOOKING, NO_PARAMETERS]
 
 
@@ -71,12 +71,12 @@ def schema_of(**body: Any) -> dict[str, Any]:
     return shape.json_schema.schema
 
 
-GOOD_CALLS = [
+GOOD_CALLS: list[dict[str, Any]] = [
     {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}},
     {"name": "book-room", "arguments": {"guest": {"name": "Ada"}, "nights": 2}},
     {"name": "ping", "arguments": {}},
 ]
-BAD_CALLS = [
+BAD_CALLS: list[dict[str, Any]] = [
     {"name": "get_weather", "arguments": {"city": "Paris"}},  # missing unit
     {"name": "book-room", "arguments": {"guest": {}, "nights": 2}},  # the $ref'd rule
     {"name": "ping", "arguments": {"x": 1}},
