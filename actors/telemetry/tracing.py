@@ -250,6 +250,8 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
             attributes["gen_ai.request.model"] = request.model
         if request.response_format is not None and request.response_format.constrained:
             attributes["tokenmill.response_format"] = request.response_format.type
+        if request.structured_output is not None:
+            attributes["tokenmill.structured_output"] = request.structured_output.rule()[0]
     if result.timings.ttft_ms is not None:
         attributes["tokenmill.ttft_ms"] = round(result.timings.ttft_ms, 3)
     if outcome.admitted:

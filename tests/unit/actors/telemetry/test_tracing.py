@@ -17,6 +17,7 @@ from messages.error_codes import ErrorCode
 from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import ResponseFormat
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Timings, Usage
+from messages.structured_output import StructuredOutput
 from tests.unit.span_capture import SpanCapture
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -206,3 +207,8 @@ def test_a_constrained_request_names_its_response_format() -> None:
     request = msgspec.structs.replace(base.request, response_format=json_object)
     spans, _ = recorded(dataclasses.replace(base, request=request))
     assert spans["process reqs"].attributes["tokenmill.response_format"] == "json_object"
+    assert "tokenmill.structured_output" not in spans["process reqs"].attributes
+    choice = StructuredOutput(choice=["a", "b"])
+    request = msgspec.structs.replace(base.request, structured_output=choice)
+    spans, _ = recorded(dataclasses.replace(base, request=request))
+    assert spans["process reqs"].attributes["tokenmill.structured_output"] == "choice"
