@@ -48,6 +48,10 @@ COMMANDS: Mapping[str, LazyCommand] = {
     "drain": LazyCommand(
         "ops.control.cli:drain", "Drain every worker: stop fetching, finish in-flight work, exit."
     ),
+    "gateway": LazyCommand(
+        "ops.gateway.cli:gateway",
+        "Serve OpenAI's HTTP API (completions, chat completions, models) onto the Kafka fleet.",
+    ),
     "generate": LazyCommand(
         "ops.models.generate_cli:generate",
         "Run prompts through the engine in one continuous batch and print the outputs.",

@@ -1,0 +1,1 @@
+"""`tokenmill gateway`: an OpenAI-compatible HTTP front onto the Kafka fleet (docs/gateway.md)."""

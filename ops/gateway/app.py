@@ -1,0 +1,184 @@
+"""The gateway's HTTP surface: FastAPI routes over `Gateway`, `Replies` and `FleetWatch`.
+
+FastAPI on uvicorn because it is the convention of OpenAI-compatible servers in Python (vLLM,
+SGLang, LiteLLM and llama-cpp-python's server all are) and what the project's origin
+describes: an asyncio server, so the Kafka clients (aiokafka) share its event loop, with
+streaming responses for Server-Sent Events. Bodies are not declared as pydantic models: they
+go through the batch mapper (`ops.gateway.bodies`), the one mapping of OpenAI bodies.
+
+    POST /v1/completions, POST /v1/chat/completions   (`stream: true`: SSE)
+    GET  /v1/models                                   what the fleet serves
+    GET  /healthz, GET /metrics                       no key asked
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
+from ops.gateway.bodies import parse_body, to_asked
+from ops.gateway.errors import ApiError, error_body, too_large, unauthorized
+from ops.gateway.fleet import FleetWatch
+from ops.gateway.keys import KeyCheck
+from ops.gateway.metrics import GatewayMetrics
+from ops.gateway.replies import Replies, trace_headers
+from ops.gateway.service import Gateway
+
+log = structlog.get_logger("tokenmill.gateway")
+
+
+def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None) -> FastAPI:
+    """The ASGI app; its lifespan starts and stops `gateway.replies` and `fleet`."""
+    metrics = GatewayMetrics()
+    replies: Replies = gateway.replies
+    settings = gateway.settings
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await replies.start()
+        if fleet is not None:
+            await fleet.start()
+        log.info("gateway_started", reply_topic=replies.reply_topic, keys=keys.required)
+        try:
+            yield
+        finally:
+            await gateway.stop()
+            if fleet is not None:
+                await fleet.stop()
+            await replies.stop()
+            log.info("gateway_stopped", dropped=replies.dropped)
+
+    app = FastAPI(title="tokenmill gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code
+        )
+
+    async def generate(request: Request, url: str) -> Response:
+        started = time.monotonic()
+        endpoint = url.removeprefix("/v1/")
+        stream = False
+        try:
+            if not keys.allows(request.headers.get("authorization")):
+                raise unauthorized()
+            body = parse_body(await _body(request, settings.max_body_bytes))
+            asked = to_asked(
+                url, body, gateway.new_id(), default_max_tokens=settings.default_max_tokens
+            )
+            stream = asked.stream
+            trace = trace_headers(
+                request.headers.get("traceparent"), request.headers.get("tracestate")
+            )
+            if not asked.stream:
+                with gateway.admitted():
+                    metrics.in_flight.set(gateway.in_flight)
+                    status, out = await gateway.complete(asked, trace)
+                return _answered(metrics, endpoint, status, out, started)
+            gateway.acquire()
+            metrics.in_flight.set(gateway.in_flight)
+            try:
+                answered = await gateway.stream(asked, trace)
+            except BaseException:
+                gateway.release()
+                raise
+            if isinstance(answered[0], int):
+                gateway.release()
+                return _answered(metrics, endpoint, answered[0], answered[1], started)
+            first, events = answered
+            return StreamingResponse(
+                _measured(metrics, endpoint, started, first, events),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        except ApiError as exc:
+            metrics.requests.labels(endpoint, str(exc.status), exc.code or "").inc()
+            metrics.latency.labels(endpoint, str(stream).lower()).observe(
+                time.monotonic() - started
+            )
+            raise
+        finally:
+            metrics.in_flight.set(gateway.in_flight)
+            metrics.dropped.set(replies.dropped)
+
+    @app.post(COMPLETIONS_URL)
+    async def completions(request: Request) -> Response:
+        return await generate(request, COMPLETIONS_URL)
+
+    @app.post(CHAT_COMPLETIONS_URL)
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, CHAT_COMPLETIONS_URL)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        if not keys.allows(request.headers.get("authorization")):
+            raise unauthorized()
+        served = fleet.fleet.models() if fleet is not None else []
+        data = [
+            {"id": m.name, "object": "model", "created": m.since, "owned_by": "tokenmill"}
+            for m in served
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "in_flight": gateway.in_flight, "reply_topic": replies.reply_topic}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.in_flight.set(gateway.in_flight)
+        metrics.dropped.set(replies.dropped)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body, read no further than `limit` bytes (413 past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _answered(
+    metrics: GatewayMetrics, endpoint: str, status: int, body: Any, started: float
+) -> JSONResponse:
+    code = (body.get("error") or {}).get("code") if isinstance(body, dict) else None
+    metrics.requests.labels(endpoint, str(status), code or "").inc()
+    metrics.latency.labels(endpoint, "false").observe(time.monotonic() - started)
+    return JSONResponse(body, status_code=status)
+
+
+async def _measured(
+    metrics: GatewayMetrics,
+    endpoint: str,
+    started: float,
+    first: bytes,
+    events: AsyncIterator[bytes],
+) -> AsyncIterator[bytes]:
+    yield first
+    async for event in events:
+        yield event
+    metrics.requests.labels(endpoint, "200", "").inc()
+    metrics.latency.labels(endpoint, "true").observe(time.monotonic() - started)

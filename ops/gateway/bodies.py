@@ -1,0 +1,95 @@
+"""HTTP bodies ⇄ tokenmill messages, through the batch mapper: ONE mapping for both doors.
+
+A `POST /v1/chat/completions` body is mapped exactly as a batch line with that `url` and
+`body` (`messages.openai_batch_mapping.to_request`), and a result is answered with the body the
+batch output line carries (`answer_line`), with the status it assigns. Only `stream` is the
+gateway's own: the batch mapper refuses it (a file has no one to stream to), so it is taken out
+before mapping and set on the request after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from messages.errors import BatchLineRefused, InvalidRequest
+from messages.openai_batch import BatchInputLine
+from messages.openai_batch_mapping import LineCode, answer_line, calls_tool, to_request
+from messages.request import GenerateRequest
+from messages.result import GenerateResult
+from messages.validation import check_request
+from ops.gateway.errors import ApiError
+
+_decoder = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One HTTP request, mapped: the message to send and how to answer it."""
+
+    url: str
+    request: GenerateRequest
+    stream: bool
+    include_usage: bool  # `stream_options.include_usage`
+    tool_call: bool  # answered as `tool_calls` (`calls_tool`)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; `ApiError` 400 `invalid_json` otherwise."""
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}", code=LineCode.INVALID_JSON) from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply", code=LineCode.INVALID_JSON) from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code=LineCode.INVALID_JSON)
+    return body
+
+
+def to_asked(
+    url: str, body: dict[str, Any], request_id: str, *, default_max_tokens: int | None = None
+) -> Asked:
+    """Map `body` as the batch mapper maps a line to `url`; `ApiError` 400 with the mapper's
+    (or the door's) code for what it refuses."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "`stream` must be a boolean", code="invalid_body", param="stream")
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    line = BatchInputLine(
+        custom_id=request_id,
+        url=url,
+        body={k: v for k, v in body.items() if k != "stream"},
+    )
+    try:
+        request = to_request(line, request_id, default_max_tokens=default_max_tokens)
+    except BatchLineRefused as exc:
+        raise ApiError.refused(exc) from None
+    tool_call = calls_tool(line)
+    if stream:
+        if tool_call or request.logprobs is not None:
+            param = "tools" if tool_call else "logprobs"
+            raise ApiError(
+                400,
+                f"`{param}` with `stream: true` is not supported: ask without streaming",
+                code=LineCode.UNSUPPORTED_PARAMETER,
+                param=param,
+            )
+        request.stream = True
+        try:
+            check_request(request)  # what streaming rules out (n > 1)
+        except InvalidRequest as exc:
+            raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
+    return Asked(url, request, bool(stream), include_usage, tool_call)
+
+
+def answer(asked: Asked, result: GenerateResult, created: int) -> tuple[int, Any]:
+    """The HTTP status and body for `result`, as the batch output line carries them."""
+    line = answer_line(
+        asked.request.id, asked.url, result, created=created, tool_call=asked.tool_call
+    )
+    assert line.response is not None
+    return line.response.status_code, msgspec.to_builtins(line.response.body)

@@ -1,0 +1,50 @@
+"""`tokenmill gateway`: OpenAI's HTTP API in front of the Kafka fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ops.connection.options import kafka_connection, kafka_options
+from ops.gateway.settings import GatewaySettings
+from ops.settings import build, config_file_option, options
+
+
+@click.command()
+@config_file_option("gateway")
+@kafka_options
+@options(GatewaySettings)
+def gateway(**kwargs: Any) -> None:
+    """Serve OpenAI's HTTP API (completions, chat completions, models) onto the Kafka fleet.
+
+    Each body is mapped as `tokenmill batch run` maps a batch line, sent to the requests topic
+    with `reply_to` set to this instance's own reply topic
+    (`tokenmill.gateway.<instance>.results`, created at start, deleted at a clean stop), and
+    answered from the worker's result; `stream: true` is answered as Server-Sent Events from
+    the workers' chunks. Listening beyond loopback needs --api-key-file. Loads no model:
+    the workers tokenize and generate. Reference: docs/gateway.md.
+    """
+    from ops.connection.check import ensure_reachable
+    from ops.gateway.errors import GatewayStartError
+    from ops.gateway.keys import KeyCheck, read_keys
+    from ops.gateway.server import gateway_server
+
+    kafka = kafka_connection(kwargs)
+    settings = build(GatewaySettings, kwargs)
+    try:
+        keys = (
+            KeyCheck(read_keys(Path(settings.api_key_file)))
+            if settings.api_key_file
+            else KeyCheck()
+        )
+        server = gateway_server(settings, kafka, keys)
+        asyncio.run(ensure_reachable(kafka, GatewayStartError))
+    except GatewayStartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    asyncio.run(server.serve())
+    if not server.started:
+        sys.exit(1)  # uvicorn said why (the app's start-up failed, or the port is taken)

@@ -1,0 +1,154 @@
+"""The gateway's work for one HTTP request, apart from HTTP: admit, send, wait, answer.
+
+    gateway = Gateway(settings, replies)
+    with gateway.admitted():                          # or ApiError 429
+        status, body = await gateway.complete(asked)   # or ApiError 503 / 504
+    gateway.acquire()                                 # `stream: true`: held by the events
+    answered = await gateway.stream(asked)            # (status, body), or the SSE events
+
+Every request is sent with `reply_to` = this instance's reply topic (`Replies`); one that
+times out, or whose streaming client goes away, gets a cancel record, so the worker stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import structlog
+
+from messages.result import GenerateResult
+from ops.gateway.bodies import Asked, answer
+from ops.gateway.errors import ApiError, timed_out, too_many
+from ops.gateway.replies import Replies, Reply
+from ops.gateway.settings import GatewaySettings
+from ops.gateway.sse import DONE, ChunkShape, StreamCursor, error_event
+
+log = structlog.get_logger("tokenmill.gateway")
+
+
+class Gateway:
+    """Admission (`--max-inflight`), the request's round trip, and the cancels it owes."""
+
+    def __init__(self, settings: GatewaySettings, replies: Replies, instance: str) -> None:
+        self.settings = settings
+        self.replies = replies
+        self.instance = instance
+        self.in_flight = 0
+        self._cancels: set[asyncio.Task[None]] = set()  # held until sent
+
+    def new_id(self) -> str:
+        return f"gw-{self.instance}-{uuid.uuid4().hex[:16]}"
+
+    def acquire(self) -> None:
+        """Take one of `--max-inflight` places, or raise `ApiError` 429."""
+        if self.in_flight >= self.settings.max_inflight:
+            raise too_many(self.settings.max_inflight)
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def complete(self, asked: Asked, trace: list[tuple[str, bytes]]) -> tuple[int, object]:
+        """Send `asked`, wait for its result: its status and body (batch mapper's shapes)."""
+        request_id = asked.request.id
+        queue = self.replies.open(request_id)
+        try:
+            await self.replies.send(asked.request, trace)
+            deadline = time.monotonic() + self.settings.request_timeout
+            while True:
+                reply = await self._next(queue, deadline, request_id)
+                if isinstance(reply, GenerateResult):
+                    return answer(asked, reply, int(time.time()))
+        finally:
+            self.replies.close(request_id)
+
+    async def stream(
+        self, asked: Asked, trace: list[tuple[str, bytes]]
+    ) -> tuple[int, object] | tuple[bytes, AsyncIterator[bytes]]:
+        """Send `asked` (its place `acquire`d) and wait for its first reply: a refusal as
+        (status, body), else the first SSE event and the rest. The events, once started, own
+        the request and its place: they release it and, when not iterated to the end (the
+        client went away), cancel the request. On a refusal or a raise, the caller releases."""
+        request_id = asked.request.id
+        queue = self.replies.open(request_id)
+        try:
+            await self.replies.send(asked.request, trace)
+            deadline = time.monotonic() + self.settings.request_timeout
+            first = await self._next(queue, deadline, request_id)
+        except BaseException:
+            self.replies.close(request_id)
+            raise
+        if isinstance(first, GenerateResult) and first.error is not None:
+            self.replies.close(request_id)
+            return answer(asked, first, int(time.time()))
+        events = self._events(asked, queue, first, deadline)
+        return await anext(events), events  # started: its `finally` now always runs
+
+    async def _events(
+        self, asked: Asked, queue: asyncio.Queue[Reply], reply: Reply, deadline: float
+    ) -> AsyncIterator[bytes]:
+        request_id = asked.request.id
+        shape = ChunkShape(
+            asked.url, request_id, asked.request.model or "", int(time.time()), asked.include_usage
+        )
+        cursor = StreamCursor()
+        answered = False
+        try:
+            if shape.chat:
+                yield shape.role()
+            while True:
+                if isinstance(reply, GenerateResult):
+                    break
+                if text := cursor.add(reply):
+                    yield shape.text(text)
+                reply = await self._next(queue, deadline, request_id)
+            answered = True
+            if reply.error is not None:
+                yield error_event(answer(asked, reply, shape.created)[1])
+            else:
+                if rest := cursor.finish(reply):
+                    yield shape.text(rest)
+                yield shape.finish(str(reply.finish_reason))
+                if asked.include_usage:
+                    yield shape.usage(reply)
+            yield DONE
+        except ApiError as exc:  # the request timed out mid-stream (and was cancelled)
+            answered = True
+            yield error_event(exc.body())
+            yield DONE
+        finally:
+            self.replies.close(request_id)
+            self.release()
+            if not answered:  # the client went away: stop the work it asked for
+                self.cancel_later(request_id, "client_disconnected")
+
+    async def _next(self, queue: asyncio.Queue[Reply], deadline: float, request_id: str) -> Reply:
+        try:
+            return await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            log.info("gateway_request_timed_out", request_id=request_id)
+            await self.replies.cancel(request_id, "gateway_timeout")
+            raise timed_out(self.settings.request_timeout) from None
+
+    def cancel_later(self, request_id: str, reason: str) -> None:
+        """Send a cancel from a task of its own: the caller may itself be cancelled."""
+        task = asyncio.get_running_loop().create_task(self.replies.cancel(request_id, reason))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def stop(self) -> None:
+        """Wait for the cancels still being sent."""
+        if self._cancels:
+            await asyncio.gather(*self._cancels, return_exceptions=True)

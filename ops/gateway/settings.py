@@ -1,0 +1,79 @@
+"""The gateway's settings, declared once (`ops/settings.py` derives flags, env vars, TOML keys)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from actors.config import DEFAULT_CANCEL_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_REQUESTS_TOPIC
+
+_TOPIC_PART = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_TOPIC_PART = re.compile(r"[A-Za-z0-9._-]{1,100}")
+REPLY_TOPIC_PATTERN = "tokenmill.gateway.{instance}.results"  # matches the workers' `*.results`
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What `tokenmill gateway` serves, and where its requests go."""
+
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Address to listen on; beyond loopback, --api-key-file is required."},
+    )
+    port: int = field(default=8000, metadata={"help": "HTTP port."})
+    api_key_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A file of API keys, one a line ('#' comments); clients send "
+            "`Authorization: Bearer KEY`. None: no key asked (loopback only).",
+            "file": True,
+        },
+    )
+    max_inflight: int = field(
+        default=256,
+        metadata={"help": "Requests in flight at once; past it, 429 with Retry-After."},
+    )
+    request_timeout: float = field(
+        default=600.0,
+        metadata={"help": "Seconds to wait for a result; then 504 and a cancel record."},
+    )
+    max_body_bytes: int = field(
+        default=1_048_576, metadata={"help": "Largest request body accepted; larger: 413."}
+    )
+    requests_topic: str = field(
+        default=DEFAULT_REQUESTS_TOPIC, metadata={"help": "Where requests are produced."}
+    )
+    cancel_topic: str = field(
+        default=DEFAULT_CANCEL_TOPIC,
+        metadata={"help": "Where cancels go (timeouts, clients that disconnect)."},
+    )
+    events_topic: str = field(
+        default=DEFAULT_EVENTS_TOPIC,
+        metadata={"help": "The workers' events, read for GET /v1/models."},
+    )
+    instance_id: str | None = field(
+        default=None,
+        metadata={"help": "This instance's name in its reply topic [default: random]."},
+    )
+    reply_partitions: int = field(
+        default=3, metadata={"help": "Partitions of the reply topic the gateway creates."}
+    )
+    default_max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "For bodies without max_tokens [default: 16, as the batch mapper]."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError("--max-inflight must be at least 1")
+        if not self.request_timeout > 0:
+            raise ValueError("--request-timeout must be positive")
+        if self.max_body_bytes < 1:
+            raise ValueError("--max-body-bytes must be positive")
+        if not 0 <= self.port < 65536:
+            raise ValueError("--port must be in 0..65535")
+        if self.instance_id is not None and not _TOPIC_PART.fullmatch(self.instance_id):
+            raise ValueError("--instance-id may hold only letters, digits, '.', '_' and '-'")
+
+    def reply_topic(self, instance: str) -> str:
+        return REPLY_TOPIC_PATTERN.format(instance=instance)

@@ -1,0 +1,77 @@
+"""HTTP bodies through the batch mapper: what it refuses is a 400 with its code."""
+
+from __future__ import annotations
+
+import pytest
+
+from messages.error_codes import ErrorCode
+from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
+from messages.result import ErrorInfo, FinishReason, GenerateResult
+from ops.gateway.bodies import answer, parse_body, to_asked
+from ops.gateway.errors import ApiError
+
+
+def chat(**body: object) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **body}
+
+
+def test_a_chat_body_becomes_the_batch_mapper_s_request() -> None:
+    asked = to_asked(CHAT_COMPLETIONS_URL, chat(max_tokens=5), "gw-1")
+    assert asked.request.id == "gw-1"
+    assert asked.request.max_new_tokens == 5
+    assert asked.request.messages is not None and asked.request.messages[0].content == "Hi"
+    assert not asked.stream and not asked.request.stream
+
+
+def test_stream_is_the_gateway_s_own_and_include_usage_is_read() -> None:
+    body = chat(stream=True, stream_options={"include_usage": True})
+    asked = to_asked(CHAT_COMPLETIONS_URL, body, "gw-2")
+    assert asked.stream and asked.request.stream and asked.include_usage
+
+
+def test_stream_with_n_is_refused_with_the_door_s_code() -> None:
+    with pytest.raises(ApiError) as caught:
+        to_asked(COMPLETIONS_URL, {"prompt": "x", "n": 2, "stream": True}, "gw-3")
+    assert (caught.value.status, caught.value.code) == (400, ErrorCode.INVALID_REQUEST)
+
+
+def test_what_the_door_refuses_keeps_its_code() -> None:
+    with pytest.raises(ApiError) as caught:
+        to_asked(COMPLETIONS_URL, {"prompt": "x", "temperature": -1}, "gw-4")
+    assert caught.value.status == 400
+    assert caught.value.code == ErrorCode.INVALID_SAMPLING_PARAMS
+
+
+def test_unknown_fields_are_refused_as_in_batch_files() -> None:
+    with pytest.raises(ApiError) as caught:
+        to_asked(COMPLETIONS_URL, {"prompt": "x", "echo": True}, "gw-5")
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "echo")
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]"])
+def test_a_body_that_is_no_json_object_is_invalid_json(raw: bytes) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_body(raw)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_json")
+
+
+def test_a_worker_s_refusal_gets_the_batch_mapper_s_status() -> None:
+    asked = to_asked(COMPLETIONS_URL, {"prompt": "x", "model": "nope"}, "gw-6")
+    refused = GenerateResult(
+        id="gw-6",
+        finish_reason=FinishReason.ERROR,
+        error=ErrorInfo(code=ErrorCode.UNKNOWN_MODEL, message="no such model"),
+    )
+    status, body = answer(asked, refused, created=1)
+    assert status == 404
+    assert body["error"]["code"] == "unknown_model"
+
+
+def test_an_answer_is_the_batch_line_s_body() -> None:
+    asked = to_asked(COMPLETIONS_URL, {"prompt": "x"}, "gw-7")
+    status, body = answer(
+        asked, GenerateResult(id="gw-7", text=" y", finish_reason=FinishReason.LENGTH), created=1
+    )
+    assert status == 200
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == " y"
