@@ -41,6 +41,19 @@ from ops.connection.options import kafka_connection, kafka_options
     help="For PROMPT: each token's logprob and its K most likely alternatives (0-20), in the "
     "printed result's `logprobs`.",
 )
+@click.option("--regex", default=None, help="For PROMPT: the output must match this regex (whole).")
+@click.option(
+    "--choice",
+    "choice",
+    multiple=True,
+    help="For PROMPT: the output must be one of these strings (repeat the option).",
+)
+@click.option(
+    "--grammar",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="For PROMPT: a Lark or GBNF grammar file the output must be a sentence of.",
+)
 @click.option("--chat", is_flag=True, help="Send PROMPT as a user chat message.")
 @click.option("--model", default=None, help="For PROMPT: the model name it must run on.")
 @click.option("--wait", is_flag=True, help="Wait for every result and print it (JSON lines).")
@@ -111,7 +124,27 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
     for name, field in (*carried, ("logprobs", "logprobs")):
         if kwargs[name] is not None:
             fields[field] = kwargs[name]
+    structured = _structured_output(kwargs)
+    if structured is not None:
+        fields["structured_output"] = structured
     return GenerateRequest(**fields)
+
+
+def _structured_output(kwargs: dict[str, Any]) -> Any:
+    """--regex, --choice or --grammar as the request's `structured_output` (one at most)."""
+    from messages.structured_output import StructuredOutput
+
+    grammar = kwargs.get("grammar")
+    given = StructuredOutput(
+        regex=kwargs.get("regex"),
+        choice=list(kwargs.get("choice") or ()) or None,
+        grammar=Path(grammar).read_text(encoding="utf-8") if grammar else None,
+    )
+    if len(given.given) > 1:
+        raise click.UsageError(
+            f"give one of --regex, --choice, --grammar (got {', '.join(given.given)})"
+        )
+    return given if given.given else None
 
 
 async def _submit(client: Any, requests: list[Any], wait: bool, within_s: float) -> bool:

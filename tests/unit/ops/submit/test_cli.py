@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import click
+import pytest
+
+from messages.structured_output import StructuredOutput
 from ops.submit.cli import _prompt_request
 
 
@@ -22,6 +27,20 @@ def test_logprobs_are_asked_only_when_given() -> None:
     assert _prompt_request(options()).logprobs is None
     assert _prompt_request(options(logprobs=0)).logprobs == 0
     assert _prompt_request(options(logprobs=5)).logprobs == 5
+
+
+def test_a_regex_a_choice_or_a_grammar_file_is_the_structured_output(tmp_path: Path) -> None:
+    assert _prompt_request(options()).structured_output is None
+    regex = _prompt_request(options(regex="[0-9]+")).structured_output
+    assert regex == StructuredOutput(regex="[0-9]+")
+    choice = _prompt_request(options(choice=("yes", "no"))).structured_output
+    assert choice == StructuredOutput(choice=["yes", "no"])
+    grammar = tmp_path / "g.lark"
+    grammar.write_text('start: "a"+\n')
+    lark = _prompt_request(options(grammar=str(grammar))).structured_output
+    assert lark == StructuredOutput(grammar='start: "a"+\n')
+    with pytest.raises(click.UsageError, match="give one of --regex, --choice, --grammar"):
+        _prompt_request(options(regex="a", choice=("a",)))
 
 
 def test_n_seed_and_temperature_are_carried() -> None:
