@@ -22,7 +22,6 @@ from actors.engine_thread import engine_thread
 from actors.kafka.connection import KafkaConnection
 from gpu.engine import Engine
 from messages.request import GenerateRequest
-from ops.bench.echo_engine import EchoEngine, load_echo_model
 from ops.bench.load import LoadClient, Worker, flood, latency, worker
 from ops.bench.report import Narrate, Report, percentiles, quiet, ratio
 from ops.bench.rig import CpuMeter, Rig, log_tail, rig
@@ -30,6 +29,7 @@ from ops.bench.runs import engine_facts, measure
 from ops.bench.workload import BenchRequest, Workload, engine_requests, wire_requests
 from ops.models.engine_options import EngineChoice, build_engine
 from ops.models.registry import resolve_model
+from ops.worker.echo_engine import EchoEngine, load_echo_model
 
 SECTIONS = ("throughput", "latency", "ceiling", "tracing")
 DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)

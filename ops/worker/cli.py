@@ -26,7 +26,7 @@ from ops.worker.startup_signals import (
 
 if TYPE_CHECKING:
     from actors.kafka.connection import KafkaConnection
-    from ops.bench.echo_engine import EchoEngine
+    from ops.worker.echo_engine import EchoEngine
 
 
 @click.command()
@@ -132,7 +132,7 @@ def _registry_alias(name: str) -> Path | None:
 
 def _echo_builder(choice: EngineChoice) -> Callable[[Path], EchoEngine]:
     def build(path: Path) -> EchoEngine:
-        from ops.bench.echo_engine import EchoEngine, load_echo_model
+        from ops.worker.echo_engine import EchoEngine, load_echo_model
 
         return EchoEngine(load_echo_model(path), choice.engine)
 
@@ -144,9 +144,9 @@ def _echo_engine(choice: EngineChoice) -> EchoEngine:
     import structlog
 
     from gpu.errors import EngineError
-    from ops.bench.echo_engine import EchoEngine, load_echo_model
     from ops.errors import ModelFetchError
     from ops.models.registry import resolve_model
+    from ops.worker.echo_engine import EchoEngine, load_echo_model
 
     try:
         model = load_echo_model(resolve_model(choice.model), name=choice.model)

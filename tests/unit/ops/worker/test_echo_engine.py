@@ -1,4 +1,4 @@
-"""ops.bench.echo_engine: the benchmark-only engine answers each request with its prompt's
+"""ops.worker.echo_engine: the worker's `--engine echo` answers each request with its prompt's
 tokens."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from gpu.errors import CheckpointError, RequestRejected
 from gpu.sequence import SamplingParams
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
-from ops.bench.echo_engine import EchoEngine, EchoModel, load_echo_model
 from ops.models.offline import run_all
+from ops.worker.echo_engine import EchoEngine, EchoModel, load_echo_model
 
 CONFIG = EngineConfig(max_model_len=128, max_prompt_tokens=100, max_new_tokens=64, max_num_seqs=4)
 
@@ -190,3 +190,9 @@ def test_smollm2_gguf_reads_only_the_header(
     ids = model.tokenizer.encode("Hello, world")
     engine.add(_request("a", ids, max_new_tokens=len(ids)))
     assert engine.step().finished[0].text == "Hello, world"
+
+
+def test_n_choices_each_echo_the_prompt(engine: EchoEngine) -> None:
+    params = SamplingParams(max_new_tokens=2, n=3)
+    [done] = run_all(engine, [EngineRequest("n", [5, 6, 7], params)]).completions
+    assert done.token_ids == [5, 6] and [c.token_ids for c in done.choices] == [[5, 6]] * 3

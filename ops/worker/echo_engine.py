@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
@@ -104,8 +104,10 @@ class EchoEngine:
         first: float | None, at: float,
     ) -> Completion:  # fmt: skip
         text = self.model.tokenizer.decode(tokens) if tokens else ""
-        n = len(r.prompt_token_ids)
-        return Completion(r.request_id, n, tokens, text, reason, arrival, first, at, 0)
+        one = Completion(r.request_id, len(r.prompt_token_ids), tokens, text, reason, arrival,
+                         first, at, 0)  # fmt: skip
+        # n > 1: every choice echoes the prompt, as the engine's `gpu.choices.merge` shapes it.
+        return replace(one, choices=(one,) * r.params.n) if r.params.n > 1 else one
 
     def step(self) -> StepOutput:
         start_ns, now = time.time_ns(), self.clock()
