@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,14 @@ from messages.request import ChatMessage, GenerateRequest
 from messages.response_format import JsonSchemaFormat, ResponseFormat
 from messages.result import FinishReason
 from tests.integration.pipeline import new_lane, produce, results_by_id, running_worker
-from tests.integration.test_batch import batch_run, chat, output_lines, worker, write_jsonl
+from tests.integration.test_batch import (
+    batch_run,
+    chat,
+    completion,
+    output_lines,
+    worker,
+    write_jsonl,
+)
 from tests.integration.test_roundtrip import MAX_NEW, expected_tokens
 
 pytestmark = pytest.mark.slow
@@ -149,3 +157,87 @@ async def test_openai_batch_lines_with_response_format(
     jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     assert lines["plain"]["error"] is None
     assert lines["bad"]["error"]["code"] == "invalid_response_format"
+
+
+DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+ANSWERS = ["yes", "no", "it depends"]
+NESTED = (
+    'start: list\nlist: "[" [value ("," value)*] "]"\nvalue: NUMBER | list\nNUMBER: /[0-9]{1,3}/'
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CONSTRAINED_LINES = [
+    chat("regex", "When did the Berlin Wall fall? Answer with the date.", max_tokens=16,
+         guided_regex=DATE),
+    chat("choice", "Is it going to rain tomorrow?", max_tokens=6,
+         structured_outputs={"choice": ANSWERS}),
+    completion("grammar", "A nested list of numbers: ", max_tokens=32, guided_grammar=NESTED),
+    chat("json", "A city, as JSON.", max_tokens=40,
+         structured_outputs={"json": SCHEMAS["city"]}),
+    chat("tool", "What is the weather in Paris, in celsius?", max_tokens=40, tools=[WEATHER],
+         tool_choice="required"),
+    chat("two", "Hi", guided_regex="a+", guided_choice=["a"]),
+    chat("auto", "Hi", tools=[WEATHER]),
+    chat("uncompilable", "Hi", guided_regex="(?<=a)b"),
+]  # fmt: skip
+
+
+async def test_openai_batch_lines_with_regex_choice_grammar_and_tools(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """Through `tokenmill batch run` and a worker: each output in its language, each the
+    engine's own answer to the same line run directly, and the refusals where they belong."""
+    from tests.integration.test_openai_fields import direct_bodies
+
+    source = write_jsonl(tmp_path / "in.jsonl", CONSTRAINED_LINES)
+    out = tmp_path / "out.jsonl"
+    lane = await new_lane(kafka_bootstrap)
+    async with worker(lane, tmp_path / "worker.log") as process:
+        done = await asyncio.to_thread(batch_run, lane, str(source), "-o", str(out), "--json")
+        assert process.terminate() == 0
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line["custom_id"]: line for line in output_lines(out)}
+    assert set(lines) == {line["custom_id"] for line in CONSTRAINED_LINES}
+    served = {}
+    for name in ("regex", "choice", "grammar", "json", "tool"):
+        assert lines[name]["error"] is None, lines[name]
+        (choice,) = lines[name]["response"]["body"]["choices"]
+        served[name] = choice
+    assert re.fullmatch(DATE, served["regex"]["message"]["content"])
+    assert served["choice"]["message"]["content"] in ANSWERS
+    assert isinstance(json.loads(served["grammar"]["text"]), list)
+    jsonschema.validate(json.loads(served["json"]["message"]["content"]), SCHEMAS["city"])
+    tool = served["tool"]
+    assert tool["finish_reason"] == "tool_calls" and tool["message"]["content"] is None
+    (call,) = tool["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])  # type: ignore[index]
+    assert lines["two"]["error"]["code"] == "invalid_response_format"
+    assert lines["auto"]["error"]["code"] == "unsupported_parameter"
+    refused = lines["uncompilable"]["response"]
+    assert refused["status_code"] == 400
+    assert refused["body"]["error"]["code"] == "invalid_response_format"
+
+    answered = [line for line in CONSTRAINED_LINES if line["custom_id"] in served]
+    direct = await asyncio.to_thread(direct_bodies, smollm2_path, answered)
+    for name in ("regex", "choice", "grammar", "json"):
+        assert [served[name]] == direct[name]["choices"], name
+    (alone,) = direct["tool"]["choices"]  # answered as text there: the same call
+    assert json.loads(alone["message"]["content"]) == {
+        "name": "get_weather",
+        "arguments": arguments,
+    }
