@@ -118,11 +118,14 @@ def _show(report: Any, kwargs: dict[str, Any]) -> None:
 @_opt("--profile", "profile_dir", type=click.Path(file_okay=False, path_type=Path),
       text="After the timed runs, profile engine steps; Chrome traces go here.")  # fmt: skip
 @_int("--profile-decode-steps", 8, "Decode steps in the decode trace.")
-@_opt("--workload", type=click.Choice(["mixed", "shared-prefix"]), default="mixed",
-      text="mixed: the seeded workload against transformers; shared-prefix: --requests "
-      "requests sharing one --prefix-tokens system prompt, prefix caching on and off.")  # fmt: skip
-@_int("--prefix-tokens", 512, "shared-prefix: tokens of the shared system prompt.")
-@_int("--repeats", 1, "shared-prefix: runs of each setting (alternating; best kept).")
+@_opt("--workload", type=click.Choice(["mixed", "shared-prefix", "openai-fields"]),
+      default="mixed", text="mixed: the seeded workload against transformers; shared-prefix: "
+      "--requests requests sharing one --prefix-tokens system prompt, prefix caching on and "
+      "off; openai-fields: the workload with logprobs (k = 5) against without, and n = 4 "
+      "choices of --prefix-tokens prompts against 4 separate requests.")  # fmt: skip
+@_int("--prefix-tokens", 512, "shared-prefix, openai-fields: tokens of the shared prompt.")
+@_int("--repeats", 1, "shared-prefix, openai-fields: runs of each setting (alternating; "
+      "best kept).")  # fmt: skip
 @_opt("--decode-roofline/--no-decode-roofline", default=None, text="Batch-1 decode against "
       "the bandwidth roofline, decode tok/s at batch 16 and 64 (default: on CUDA).")  # fmt: skip
 @_int("--roofline-prompt-tokens", 128, "Decode roofline: every sequence's prompt.")
@@ -149,6 +152,11 @@ def engine(**kwargs: Any) -> None:
     if k["workload"] == "shared-prefix":
         args = (k["requests"], k["seed"], k["prefix_tokens"], k["repeats"], _say)
         return _show(_run(lambda: run_shared_prefix(eng, *args)), k)
+    if k["workload"] == "openai-fields":
+        from ops.bench.openai_fields import run_openai_fields
+
+        fields_args = (_workload(k), k["prefix_tokens"], k["repeats"], _say)
+        return _show(_run(lambda: run_openai_fields(eng, *fields_args)), k)
     options = _given(EngineBenchOptions, k, workload=_workload(k))
     report = _run(lambda: run_bench(eng, options, _say))
     if k["decode_roofline"] or (k["decode_roofline"] is None and eng.model.device.type == "cuda"):
