@@ -185,6 +185,7 @@ class Engine:
         self.matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
         self._masks: TokenMasks | None = None  # built with the first constrained request
         self.observer: StepObserver | None = None  # `observe`: told each step's phases
+        self._token_texts: dict[int, str] = {}  # logprobs' token texts; at most the vocabulary
 
     # -- admission ---------------------------------------------------------------------
 
@@ -400,12 +401,15 @@ class Engine:
         """`seq`'s logprobs with its tokens' texts, if its request asked for them."""
         if seq.params.logprobs is None:
             return None
-        tokenizer = self.model.tokenizer
-        return CompletionLogprobs.of(
-            seq.output_token_ids,
-            seq.output_logprobs,
-            lambda token: tokenizer.decode([token], skip_special_tokens=False),
-        )
+        return CompletionLogprobs.of(seq.output_token_ids, seq.output_logprobs, self._token_text)
+
+    def _token_text(self, token: int) -> str:
+        """One token decoded alone, special tokens included (kept: decoding costs µs)."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self.model.tokenizer.decode([token], skip_special_tokens=False)
+            self._token_texts[token] = text
+        return text
 
 
 def check_admission(

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One sampled token's logprob and its row's `k` most likely tokens, most likely first."""
+class TokenLogprob(NamedTuple):
+    """One sampled token's logprob and its row's `k` most likely tokens, most likely first.
+    (A named tuple: one is made per sampled token of every asking row, each step.)"""
 
     logprob: float
     top_ids: tuple[int, ...] = ()
@@ -60,10 +61,12 @@ def read_sampled(
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """The sampled ids and each asking row's `TokenLogprob`, in one read from the device.
 
-    Ids (< 2^31) and float32 values are exact in float64, so one float64 tensor carries all."""
+    One float tensor carries ids and values: float32 holds every id below 2^24 exactly (any
+    vocabulary we serve), float64 any id; the values are float32's either way."""
     chosen = raw.logp.gather(-1, tokens.unsqueeze(-1))  # [rows, 1]
+    dtype = torch.float32 if raw.logp.shape[-1] <= 1 << 24 else torch.float64
     columns = [tokens.unsqueeze(-1), chosen, raw.top_values, raw.top_ids]
-    packed = torch.cat([c.double() for c in columns], dim=-1)  # [rows, 2 + 2k]
+    packed = torch.cat([c.to(dtype) for c in columns], dim=-1)  # [rows, 2 + 2k]
     rows = packed.tolist()  # the step's one read: tokens and logprobs together
     width = raw.top_ids.shape[-1]
     ids: list[int] = []
@@ -76,7 +79,7 @@ def read_sampled(
         k = min(k, width)
         values = row[2 : 2 + k]
         top_ids = row[2 + width : 2 + width + k]
-        out.append(TokenLogprob(row[1], tuple(int(t) for t in top_ids), tuple(values)))
+        out.append(TokenLogprob(row[1], tuple(map(int, top_ids)), tuple(values)))
     return ids, out
 
 
@@ -97,19 +100,12 @@ class CompletionLogprobs:
         cls,
         token_ids: Sequence[int],
         entries: Sequence[TokenLogprob],
-        decode: Callable[[int], str],  # one token id's text
+        decode: Callable[[int], str],  # one token id's text (the engine's cached decoding)
     ) -> CompletionLogprobs:
-        texts: dict[int, str] = {}
-
-        def text(token: int) -> str:
-            if token not in texts:
-                texts[token] = decode(token)
-            return texts[token]
-
         return cls(
-            tokens=[text(t) for t in token_ids],
+            tokens=[decode(t) for t in token_ids],
             token_logprobs=[e.logprob for e in entries],
             top_ids=[list(e.top_ids) for e in entries],
             top_logprobs=[list(e.top_logprobs) for e in entries],
-            top_tokens=[[text(t) for t in e.top_ids] for e in entries],
+            top_tokens=[[decode(t) for t in e.top_ids] for e in entries],
         )
