@@ -12,6 +12,7 @@ from gpu.grammar.matcher import GrammarMatcher
 from gpu.loading.tokenizer import Tokenizer
 from gpu.sequence import Constraint
 from messages.error_codes import ErrorCode
+from messages.limits import cut
 
 if TYPE_CHECKING:
     import llguidance
@@ -112,8 +113,8 @@ _WHAT = {
 
 def _rejected(constraint: Constraint, problem: str) -> RequestRejected:
     """The library's message is several lines (the source, a caret): its first line, and the
-    line saying what is wrong where one does."""
-    lines = [line.strip() for line in problem.strip().splitlines() if line.strip()]
+    line saying what is wrong where one does, each cut short (they may quote the source)."""
+    lines = [cut(line.strip(), 200) for line in problem.strip().splitlines() if line.strip()]
     said = lines[:1] + [line for line in lines[1:] if line.startswith("error:")][:1]
     return RequestRejected(
         ErrorCode.INVALID_RESPONSE_FORMAT,

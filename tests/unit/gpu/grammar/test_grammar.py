@@ -243,6 +243,12 @@ def test_a_constraint_the_library_cannot_compile_is_invalid_response_format(
     assert message.startswith(f"{named} cannot be compiled: ") and "\n" not in message
 
 
+def test_a_long_source_is_not_quoted_whole(compiler: GrammarCompiler) -> None:
+    with pytest.raises(RequestRejected) as caught:
+        compiler.matcher(Constraint("regex", "(" * 5000 + "a"))
+    assert len(str(caught.value)) < 500
+
+
 # -- the mask ---------------------------------------------------------------------------------
 
 
