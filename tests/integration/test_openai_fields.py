@@ -42,6 +42,9 @@ LINES: list[dict[str, Any]] = [
     completion("n-seeded", "Once upon a time", max_tokens=8, n=3, temperature=0.9, seed=5),
     chat("n-greedy", "Name a fruit.", max_tokens=5, n=2),
     completion("n-best-of", "1, 2, 3,", max_tokens=4, n=2, best_of=2, temperature=0.7, seed=1),
+    completion("logprobs", "The capital of France is", max_tokens=6, logprobs=5),
+    chat("chat-logprobs", "Name a fruit.", max_tokens=5, logprobs=True, top_logprobs=3),
+    completion("logprobs-hot", "Once upon", max_tokens=6, temperature=1.5, seed=3, logprobs=0),
 ]
 
 
@@ -78,6 +81,18 @@ def direct_bodies(smollm2_path: Path, lines: list[dict[str, Any]]) -> dict[str, 
     return bodies
 
 
+def close(a: Any, b: Any) -> bool:
+    """`a == b`, but floats (logprobs) within 1e-4: a request computed beside others can
+    differ from one run alone in the last bits of its logits."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-4
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_answers_it(
     kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
@@ -96,7 +111,7 @@ async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_ans
     direct = await asyncio.to_thread(direct_bodies, smollm2_path, LINES)
     for custom_id, line in served.items():
         body = line["response"]["body"]
-        assert body["choices"] == direct[custom_id]["choices"], custom_id
+        assert close(body["choices"], direct[custom_id]["choices"]), custom_id
         assert body["usage"]["completion_tokens"] == direct[custom_id]["usage"]["completion_tokens"]
 
     # n: every choice answered, seeded samples apart from each other, greedy ones alike.
@@ -104,3 +119,14 @@ async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_ans
     assert [c["index"] for c in seeded] == [0, 1, 2] and len({c["text"] for c in seeded}) > 1
     greedy = served["n-greedy"]["response"]["body"]["choices"]
     assert len(greedy) == 2 and greedy[0]["message"] == greedy[1]["message"]
+
+    # Logprobs: one entry per token in OpenAI's shapes (the values are the direct run's above).
+    scored_body = served["logprobs"]["response"]["body"]
+    [scored] = scored_body["choices"]
+    assert len(scored["logprobs"]["tokens"]) == scored_body["usage"]["completion_tokens"]
+    assert all(len(top) in (5, 6) for top in scored["logprobs"]["top_logprobs"])
+    assert "".join(scored["logprobs"]["tokens"]).startswith(scored["text"])
+    [chatted] = served["chat-logprobs"]["response"]["body"]["choices"]
+    assert all(len(c["top_logprobs"]) == 3 for c in chatted["logprobs"]["content"])
+    [hot] = served["logprobs-hot"]["response"]["body"]["choices"]
+    assert all(len(top) == 1 for top in hot["logprobs"]["top_logprobs"])  # the chosen token
