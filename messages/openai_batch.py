@@ -103,6 +103,7 @@ class ContentPart(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
 class ChatMessageIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[Any] | None = None  # an earlier turn's calls: refused (not rendered)
 
 
 class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):

@@ -287,6 +287,13 @@ def _prompt(prompt: str | list[int | str]) -> dict[str, Any]:
 
 
 def _text_of(message: ChatMessageIn) -> str:
+    if message.tool_calls:
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_PARAMETER,
+            "a message's `tool_calls` (an earlier turn's calls) are not supported: the chat "
+            "template renders each message's role and text only",
+            param="messages",
+        )
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     kinds = {part.type for part in message.content} - {"text"}

@@ -126,6 +126,20 @@ def test_references_move_with_the_parameters_and_the_tool_is_not_changed() -> No
     assert function.parameters["properties"]["guest"] == {"$ref": "#/$defs/Guest"}
 
 
+def test_an_earlier_turn_s_tool_calls_are_refused_not_dropped() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "Ping it."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "pong"},
+    ]
+    refused = request_refused(chat_line(messages=history, tools=TOOLS, tool_choice="none"))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "messages")
+    assert "tool_calls" in refused.message
+    history[1] = {"role": "assistant", "content": "Calling ping.", "tool_calls": []}
+    request(chat_line(messages=history))
+
+
 def test_tool_choice_none_ignores_the_tools() -> None:
     req = request(chat_line(tools=TOOLS, tool_choice="none"))
     assert req.response_format is None and req.structured_output is None
