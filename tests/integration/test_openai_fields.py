@@ -37,6 +37,7 @@ from tests.integration.test_batch import (
 
 pytestmark = pytest.mark.slow
 
+COUNTING = "1, 2, 3, 1, 2, 3, 1, 2, 3,"
 LINES: list[dict[str, Any]] = [
     completion("plain", "The capital of France is", max_tokens=6),
     completion("n-seeded", "Once upon a time", max_tokens=8, n=3, temperature=0.9, seed=5),
@@ -45,6 +46,17 @@ LINES: list[dict[str, Any]] = [
     completion("logprobs", "The capital of France is", max_tokens=6, logprobs=5),
     chat("chat-logprobs", "Name a fruit.", max_tokens=5, logprobs=True, top_logprobs=3),
     completion("logprobs-hot", "Once upon", max_tokens=6, temperature=1.5, seed=3, logprobs=0),
+    completion("repeat-plain", COUNTING, max_tokens=12),
+    completion(
+        "repeat-penalized",
+        COUNTING,
+        max_tokens=12,
+        repetition_penalty=1.5,
+        presence_penalty=1.0,
+        frequency_penalty=0.5,
+    ),
+    chat("biased", "Count: 1, 2, 3,", max_tokens=8, min_tokens=8, logit_bias={"28": -100}),  # ","
+    completion("min-p", "Once upon a time", max_tokens=8, temperature=1.0, seed=11, min_p=0.2),
 ]
 
 
@@ -130,3 +142,12 @@ async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_ans
     assert all(len(c["top_logprobs"]) == 3 for c in chatted["logprobs"]["content"])
     [hot] = served["logprobs-hot"]["response"]["body"]["choices"]
     assert all(len(top) == 1 for top in hot["logprobs"]["top_logprobs"])  # the chosen token
+
+    # Penalties and biases: they change the answer (and the engine's direct answer agrees).
+    def text(custom_id: str) -> str:
+        return str(served[custom_id]["response"]["body"]["choices"][0]["text"])
+
+    assert text("repeat-penalized") != text("repeat-plain")
+    biased = served["biased"]["response"]["body"]
+    assert biased["usage"]["completion_tokens"] == 8  # min_tokens: no EOS before 8
+    assert "," not in biased["choices"][0]["message"]["content"]

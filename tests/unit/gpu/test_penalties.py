@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu.penalties import apply_penalties, penalty_rows
 from gpu.sampling import sample, sample_tokens, sampling_rows
@@ -137,3 +139,53 @@ def test_penalties_read_nothing_back_and_do_the_same_work_for_one_row_and_for_th
     assert not {"_local_scalar_dense", "item", "nonzero", "masked_select"} & set(one), one
     assert one == ops(32, "cpu")
     ops(32, "meta")  # no data: any read back, or any shape that follows values, fails
+
+
+def reference(logits: torch.Tensor, s: Sequence, end: int) -> torch.Tensor:  # [vocab]
+    """One row, each rule written out in vLLM's order, one token at a time."""
+    p, row = s.params, logits.clone()
+    out = s.output_token_ids[: end - s.num_prompt_tokens]
+    if len(out) < p.min_tokens:
+        for token in {*p.stop_token_ids, *([] if p.ignore_eos else [EOS])}:
+            row[token] = -math.inf
+    for token, bias in p.logit_bias:
+        row[token] += bias
+    for token in set(s.prompt_token_ids) | set(out):
+        row[token] = (
+            row[token] / p.repetition_penalty
+            if row[token] > 0
+            else row[token] * p.repetition_penalty
+        )
+    for token in set(out):
+        row[token] -= p.frequency_penalty * out.count(token) + p.presence_penalty
+    return row
+
+
+tokens = st.lists(st.integers(0, VOCAB - 1), max_size=12)
+row_params = st.builds(
+    SamplingParams,
+    presence_penalty=st.sampled_from([0.0, -2.0, 0.5, 2.0]),
+    frequency_penalty=st.sampled_from([0.0, -1.0, 0.25, 2.0]),
+    repetition_penalty=st.sampled_from([1.0, 0.01, 0.7, 1.3, 2.0]),
+    logit_bias=st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-100, 100), max_size=4).map(
+        lambda d: tuple(d.items())
+    ),
+    min_tokens=st.integers(0, 6),
+    stop_token_ids=st.lists(st.integers(0, VOCAB - 1), max_size=2).map(tuple),
+    ignore_eos=st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(row_params, tokens.filter(bool), tokens), min_size=1, max_size=6))
+def test_every_row_matches_the_rules_written_out(
+    rows: list[tuple[SamplingParams, list[int], list[int]]],
+) -> None:
+    seqs = [seq(p, prompt, out) for p, prompt, out in rows]
+    ends = [s.num_tokens for s in seqs]
+    logits = random_logits(len(seqs), seed=len(seqs), vocab=VOCAB)
+    rows_ = penalty_rows(seqs, ends, [EOS])
+    got = logits if rows_ is None else apply_penalties(logits, rows_.to_tensors("cpu"))
+    for i, (s, end) in enumerate(zip(seqs, ends, strict=True)):
+        want = reference(logits[i], s, end)
+        assert torch.allclose(got[i], want, atol=1e-4, rtol=1e-5), (i, s.params)
