@@ -16,17 +16,51 @@ Choice `i` samples with its own seed: choice 0 with the request's, choice `i` wi
 request's and `i` (`choice_seed`), so a seeded request gives the same `n` choices every time,
 and they differ from each other.
 
-Pure Python: no torch.
+Pure Python: no torch, and not the engine's module (which imports this one): requests and
+completions are whatever has their fields (`ChoiceRequest`, `ChoiceCompletion`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:  # the engine's types; this module imports no torch
-    from gpu.engine import Completion, EngineRequest
+from gpu.sequence import SamplingParams
+
+
+class ChoiceRequest(Protocol):
+    """`gpu.engine.EngineRequest`'s fields this module reads (a dataclass)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def params(self) -> SamplingParams: ...
+
+
+class ChoiceCompletion(Protocol):
+    """`gpu.engine.Completion`'s fields this module reads (a dataclass)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def first_token_time(self) -> float | None: ...
+    @property
+    def finish_time(self) -> float: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def num_kv_blocks(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+
+
+R = TypeVar("R", bound=ChoiceRequest)
+C = TypeVar("C", bound=ChoiceCompletion)
 
 _SEED_MASK = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # an odd constant with well-mixed bits (2^64 / golden ratio)
@@ -44,32 +78,32 @@ def child_id(request_id: str, index: int) -> str:
 
 
 @dataclass
-class _Group:
+class _Group(Generic[C]):
     request_id: str
     n: int
-    done: dict[int, Completion] = field(default_factory=dict)  # by choice index
+    done: dict[int, C] = field(default_factory=dict)  # by choice index
 
     def children(self) -> Iterator[str]:
         return (child_id(self.request_id, i) for i in range(self.n))
 
 
-class ChoiceGroups:
+class ChoiceGroups(Generic[C]):
     """The requests with `n` > 1 that the engine runs, as groups of child sequences."""
 
     def __init__(self) -> None:
-        self._groups: dict[str, _Group] = {}
-        self._parent: dict[str, tuple[_Group, int]] = {}  # child id → (its group, its index)
+        self._groups: dict[str, _Group[C]] = {}
+        self._parent: dict[str, tuple[_Group[C], int]] = {}  # child id → (its group, its index)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._groups
 
-    def split(self, request: EngineRequest) -> list[EngineRequest]:
+    def split(self, request: R) -> list[R]:
         """The requests the engine adds for `request`: itself when `n` is 1, else `n` children
         (ids `child_id(id, i)`, `n` 1, seeds `choice_seed`)."""
         n = request.params.n
         if n == 1:
             return [request]
-        group = _Group(request.request_id, n)
+        group: _Group[C] = _Group(request.request_id, n)
         self._groups[request.request_id] = group
         children = []
         for i in range(n):
@@ -80,7 +114,7 @@ class ChoiceGroups:
             self._parent[children[-1].request_id] = (group, i)
         return children
 
-    def ids(self, request: EngineRequest) -> list[str]:
+    def ids(self, request: ChoiceRequest) -> list[str]:
         """The sequence ids `split` would give `request` (to check none is running yet)."""
         n = request.params.n
         return (
@@ -94,7 +128,7 @@ class ChoiceGroups:
             return [request_id]
         return [c for i, c in enumerate(group.children()) if i not in group.done]
 
-    def gather(self, finished: Iterable[Completion]) -> list[Completion]:
+    def gather(self, finished: Iterable[C]) -> list[C]:
         """`finished` with each child's completion held back until its group is complete, when
         the group's one completion (`merge`) takes its place."""
         out = []
@@ -109,14 +143,14 @@ class ChoiceGroups:
                 out.append(self._close(group))
         return out
 
-    def _close(self, group: _Group) -> Completion:
+    def _close(self, group: _Group[C]) -> C:
         del self._groups[group.request_id]
         for child in group.children():
             del self._parent[child]
         return merge(group.request_id, [group.done[i] for i in range(group.n)])
 
 
-def merge(request_id: str, choices: list[Completion]) -> Completion:
+def merge(request_id: str, choices: list[C]) -> C:
     """One completion for a request's `choices` (index order): the first choice's tokens, text
     and finish reason at the top, every choice in `choices`. The prompt is counted once: its
     cached tokens are those the cache served every choice (what the prefix cache held before

@@ -176,7 +176,7 @@ class Engine:
         self._ops = self.backend.ops  # as built: an observer may wrap them
         self.clock = clock
         self.sequences: dict[str, Seq] = {}  # by sequence id (a request's, or its choices')
-        self.groups = ChoiceGroups()  # the requests with n > 1, each n sequences
+        self.groups: ChoiceGroups[Completion] = ChoiceGroups()  # requests with n > 1
         self.eos_token_ids = frozenset(model.eos_token_ids)
         self.peak_blocks_used = 0
         self.grammars = GrammarCompiler(
