@@ -131,6 +131,12 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "stream_interval_tokens": st.one_of(st.none(), integers),
     "stream_interval_ms": st.one_of(st.none(), floats, integers),
     "response_format": response_formats,
+    "presence_penalty": st.one_of(floats, integers),
+    "frequency_penalty": st.one_of(floats, integers),
+    "repetition_penalty": st.one_of(floats, integers),
+    "min_p": st.one_of(floats, integers),
+    "min_tokens": integers,
+    "logit_bias": st.dictionaries(integers, st.one_of(floats, integers), max_size=3),
     "v": integers,
     "future_field": values,
     **PROMPTS,
@@ -213,9 +219,12 @@ def answer(data: bytes, content_type: str) -> None:
         ints = [request.max_new_tokens, request.top_k, request.priority, request.v]
         ints += [request.seed or 0, request.timeout_ms or 0, request.stream_interval_tokens or 0]
         ints += [*(request.prompt_token_ids or []), *request.stop_token_ids]
+        ints += [request.min_tokens, *request.logit_bias]
         assert all(-INT64_LIMIT <= i < INT64_LIMIT for i in ints)
         assert MIN_PRIORITY <= request.priority <= MAX_PRIORITY
-        assert all(math.isfinite(x) for x in (request.temperature, request.top_p))
+        reals = [request.temperature, request.top_p, request.min_p, *request.logit_bias.values()]
+        reals += [request.presence_penalty, request.frequency_penalty, request.repetition_penalty]
+        assert all(math.isfinite(x) for x in reals)
 
 
 def answer_encoded(
@@ -244,6 +253,8 @@ def test_whatever_decodes_is_checked_or_refused_never_raised(
 
 NUMBERS = ["max_new_tokens", "temperature", "top_p", "top_k", "seed", "priority", "timeout_ms"]
 NUMBERS += ["stream_interval_tokens", "stream_interval_ms", "v", "stop_token_ids"]
+NUMBERS += ["presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"]
+NUMBERS += ["logit_bias"]
 numbers = st.lists(st.sampled_from(NUMBERS), unique=True, min_size=1, max_size=3).flatmap(
     lambda names: st.fixed_dictionaries({name: FIELDS[name] for name in names})
 )

@@ -171,6 +171,12 @@ def test_token_ids_past_the_vocabulary(front: ModelFront, bad_offset: int) -> No
     assert f"token id {bad} " in error.message and f"[0, {front.vocab_size})" in error.message
 
 
+def test_logit_bias_ids_are_checked_against_the_models_vocabulary(front: ModelFront) -> None:
+    assert front.prompt_tokens(request(logit_bias={front.vocab_size - 1: -100.0}))
+    error = refused(front, request(logit_bias={1: 2.0, front.vocab_size: -100.0}))
+    assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY and "logit_bias" in error.message
+
+
 def test_negative_token_ids(front: ModelFront) -> None:
     error = refused(front, request(prompt_token_ids=[3, -1]))
     assert error.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
