@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-from aiokafka.structs import TopicPartition
 
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection
@@ -81,22 +79,17 @@ class FleetWatch:
 
     async def _watch(self) -> None:
         record_reader.install()
-        consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+        # No group: every partition, from the beginning (no offsets are ever committed);
+        # a topic that does not exist yet is picked up when it appears.
+        consumer = AIOKafkaConsumer(
+            self.topic,
+            **self.kafka.client_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
         await consumer.start()
         try:
-            partitions: set[int] | None = None
-            while not partitions:  # the topic may not exist yet: workers create it
-                with contextlib.suppress(KafkaError):
-                    partitions = consumer.partitions_for_topic(self.topic)
-                    if not partitions:
-                        await consumer.topics()  # refreshes the metadata
-                        partitions = consumer.partitions_for_topic(self.topic)
-                if not partitions:
-                    log.info("gateway_events_topic_missing", topic=self.topic)
-                    await asyncio.sleep(5.0)
-            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
             while True:
                 fetched = await consumer.getmany(timeout_ms=1000)
                 for records in fetched.values():

@@ -45,6 +45,7 @@ _result_codec = Codec(GenerateResult)
 _chunk_codec = Codec(GenerateChunk)
 _CANCEL_HEADERS = [(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, CANCEL_SCHEMA.encode())]
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_WORKERS_SEE_NEW_TOPICS_S = 2.5
 _SEND_TIMEOUT_S = 15.0  # a broker that acknowledges nothing this long is unreachable: 503
 
 
@@ -75,13 +76,19 @@ class Replies:
         """Create the reply topic, start the producer and the reader (from the topic's end)."""
         self._producer = await started_producer(self.kafka, GatewayStartError)
         try:
-            await create_topics(
+            created = await create_topics(
                 self.kafka,
                 requests_partitions=self.reply_partitions,
                 names={"results": self.reply_topic},
             )
         except TopicCreateError as exc:
             raise GatewayStartError(str(exc)) from exc
+        if created:
+            # A worker refuses a reply_to it does not know (`reply_to_refused`, answered on
+            # its default results topic, where this gateway never looks) and asks the broker
+            # again at most every 2 s (`actors.ingest.reply_topics.KnownTopics`): a request
+            # sent sooner could be refused by a worker that looked just before the creation.
+            await asyncio.sleep(_WORKERS_SEE_NEW_TOPICS_S)
         record_reader.install()  # a foreign record on the topic cannot stop the read
         consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
         await consumer.start()

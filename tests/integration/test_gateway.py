@@ -1,0 +1,240 @@
+"""`tokenmill gateway` with the official `openai` SDK as the client: the gateway runs in this
+process (uvicorn on a free port), a SmolLM2 worker as a subprocess on the session broker. Its
+answers equal the worker's direct answers (the same requests, mapped by the batch mapper,
+produced straight to Kafka) for the same greedy requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from actors.kafka.connection import KafkaConnection
+from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
+from ops.gateway.bodies import to_asked
+from ops.gateway.keys import KeyCheck
+from ops.gateway.server import gateway_server
+from ops.gateway.settings import GatewaySettings
+from ops.services.topics import create_topics
+from ops.submit.client import SubmitClient
+from tests.integration.pipeline import Lane, WorkerProcess, new_lane
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+KEY = "sk-test-gateway"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    lane: Lane
+    cancel: str
+    events: str
+    worker: WorkerProcess
+
+    def settings(self, **overrides: Any) -> GatewaySettings:
+        base = GatewaySettings(
+            port=0,
+            requests_topic=self.lane.requests,
+            cancel_topic=self.cancel,
+            events_topic=self.events,
+            request_timeout=300.0,
+        )
+        return replace(base, **overrides)
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    """One SmolLM2 worker with cancel and events topics, for every test of this module."""
+
+    async def topics() -> tuple[Lane, str, str]:
+        lane = await new_lane(kafka_bootstrap)
+        prefix = lane.requests.removesuffix(".requests")
+        cancel, events = f"{prefix}.cancel", f"{prefix}.events"
+        names = {"cancel": cancel, "events": events, "control": f"{prefix}.control"}
+        await create_topics(kafka_bootstrap, names=names)
+        return lane, cancel, events
+
+    lane, cancel, events = asyncio.run(topics())
+    extra = [
+        "--cancel-topic", cancel,
+        "--events-topic", events,
+        "--control-topic", f"{lane.requests.removesuffix('.requests')}.control",
+    ]  # fmt: skip
+    log = tmp_path_factory.mktemp("gateway") / "worker.log"
+    worker = WorkerProcess(lane, MODEL, log, extra=extra).start()
+    try:
+        asyncio.run(worker.wait_for_log(("cancel_ready", "cancel_started"), within_s=300))
+        asyncio.run(worker.wait_for_log("ingest_started", within_s=300))
+        yield Fleet(lane, cancel, events, worker)
+    finally:
+        worker.close()
+
+
+@asynccontextmanager
+async def gateway(
+    fleet: Fleet, *, keys: tuple[bytes, ...] = (), **overrides: Any
+) -> AsyncIterator[str]:
+    """A gateway serving in this process; its base URL (`http://127.0.0.1:PORT/v1`)."""
+    server = gateway_server(
+        fleet.settings(**overrides), KafkaConnection(fleet.lane.bootstrap), KeyCheck(keys)
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # uvicorn's own flag: the lifespan ran and it listens
+        if task.done():
+            task.result()
+            raise AssertionError("the gateway stopped before it started")
+        await asyncio.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def client(base_url: str, key: str = KEY) -> openai.AsyncOpenAI:
+    """The SDK's async client (the gateway shares this event loop); `async with` it."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
+
+
+async def direct_text(fleet: Fleet, url: str, body: dict[str, Any]) -> str:
+    """The worker's answer to `body` asked straight on Kafka (the same mapping)."""
+    request = to_asked(url, body, f"direct-{uuid.uuid4().hex[:8]}").request
+    async with SubmitClient(fleet.lane.bootstrap, fleet.lane.requests, fleet.lane.results) as sub:
+        await sub.send([request])
+        results = [r async for r in sub.results({request.id}, within_s=300)]
+    [result] = results
+    assert result.ok, result.error
+    return result.text
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT = {"model": MODEL, "messages": QUESTION, "max_tokens": 12}
+TEXT = {"model": MODEL, "prompt": "The three primary colors are", "max_tokens": 10}
+
+
+async def test_completions_and_chat_plain_and_streamed_equal_the_direct_answers(
+    fleet: Fleet,
+) -> None:
+    want_chat = await direct_text(fleet, CHAT_COMPLETIONS_URL, CHAT)
+    want_text = await direct_text(fleet, COMPLETIONS_URL, TEXT)
+    async with gateway(fleet) as base, client(base) as api:
+        chat = await api.chat.completions.create(**CHAT)
+        assert chat.object == "chat.completion"
+        assert chat.choices[0].message.content == want_chat
+        assert chat.model == MODEL and chat.usage is not None and chat.usage.completion_tokens > 0
+
+        text = await api.completions.create(**TEXT)
+        assert text.choices[0].text == want_text
+
+        pieces, usage, finish = [], None, None
+        stream = await api.chat.completions.create(
+            **CHAT, stream=True, stream_options={"include_usage": True}
+        )
+        async for chunk in stream:
+            assert chunk.object == "chat.completion.chunk"
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+        assert "".join(pieces) == want_chat
+        assert finish in ("stop", "length")
+        assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
+
+        streamed = await api.completions.create(**TEXT, stream=True)
+        assert "".join([c.choices[0].text async for c in streamed if c.choices]) == want_text
+
+
+async def test_models_lists_what_the_worker_announced(fleet: Fleet) -> None:
+    async with gateway(fleet) as base, client(base) as api:
+        deadline = time.monotonic() + 60
+        while not (models := [m.id for m in (await api.models.list()).data]):
+            assert time.monotonic() < deadline, "no model listed from the events topic"
+            await asyncio.sleep(0.2)  # the gateway is reading the events topic
+        assert models == [MODEL]
+
+
+async def test_a_wrong_key_is_401_and_a_bad_request_400_with_the_door_s_code(
+    fleet: Fleet,
+) -> None:
+    async with (
+        gateway(fleet, keys=(KEY.encode(),)) as base,
+        client(base) as api,
+        client(base, key="sk-wrong") as stranger,
+    ):
+        with pytest.raises(openai.AuthenticationError) as denied:
+            await stranger.completions.create(**TEXT)
+        assert denied.value.code == "invalid_api_key"
+        with pytest.raises(openai.BadRequestError) as refused:
+            await api.completions.create(**{**TEXT, "temperature": -1})
+        assert refused.value.code == "invalid_sampling_params"
+        with pytest.raises(openai.BadRequestError) as unsupported:
+            await api.completions.create(**TEXT, echo=True)
+        assert (unsupported.value.code, unsupported.value.param) == (
+            "unsupported_parameter",
+            "echo",
+        )
+        with pytest.raises(openai.NotFoundError) as unknown:  # the worker's refusal: 404
+            await api.completions.create(**{**TEXT, "model": "no-such-model"})
+        assert unknown.value.code == "unknown_model"
+
+
+LONG = {
+    "model": MODEL,
+    "prompt": "1, 2, 3, 4,",
+    "max_tokens": 400,
+    "extra_body": {"min_tokens": 400},  # no early stop: it is still running when we look
+}
+
+
+async def test_past_max_inflight_is_429_with_retry_after(fleet: Fleet) -> None:
+    async with gateway(fleet, max_inflight=1) as base, client(base) as api:
+        stream = await api.completions.create(**LONG, stream=True)
+        first = await anext(aiter(stream))  # in flight now
+        with pytest.raises(openai.RateLimitError) as limited:
+            await api.completions.create(**TEXT)
+        assert limited.value.response.headers["retry-after"] == "1"
+        assert limited.value.code == "rate_limit_exceeded"
+        await stream.close()
+        await wait_for_cancel(fleet, first.id.removeprefix("cmpl-"))
+
+
+async def test_a_client_that_leaves_mid_stream_cancels_its_request(fleet: Fleet) -> None:
+    async with gateway(fleet) as base, client(base) as api:
+        stream = await api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count from 1 to 1000."}],
+            max_tokens=400,
+            extra_body={"min_tokens": 400},
+            stream=True,
+        )
+        texts = []
+        async for chunk in stream:
+            texts.append(chunk.choices[0].delta.content or "")
+            if "".join(texts):
+                break  # text is coming: the worker is decoding it
+        await stream.close()
+        await wait_for_cancel(fleet, chunk.id.removeprefix("chatcmpl-"))
+
+
+async def wait_for_cancel(fleet: Fleet, request_id: str, within_s: float = 120.0) -> None:
+    """Until the worker logs that it cancelled `request_id` (the cancel record reached it)."""
+    deadline = time.monotonic() + within_s
+    while not any(
+        "request_cancelled" in line and request_id in line
+        for line in fleet.worker.log().splitlines()
+    ):
+        assert time.monotonic() < deadline, f"no cancel of {request_id} in the worker log"
+        await asyncio.sleep(0.2)  # polling the worker's log file
