@@ -257,6 +257,17 @@ def test_penalized_rows_recompute_to_the_same_tokens_after_preemption(models) ->
     assert [c.token_ids for c in done] == roomy
 
 
+def test_each_choice_is_penalized_over_its_own_completion(models) -> None:  # type: ignore[no-untyped-def]
+    model, hf = models["llama"]
+    prompt = random_prompts(model.config.vocab_size, 1, seed=37, low=10, high=40)[0]
+    params = SamplingParams(
+        max_new_tokens=NEW, ignore_eos=True, n=3, frequency_penalty=0.8, presence_penalty=0.5
+    )
+    [done] = run_all(Engine(model, CHUNKY), [EngineRequest("n", prompt, params)]).completions
+    want = hf_penalized_greedy(hf, prompt, NEW, presence=0.5, frequency=0.8)
+    assert [c.token_ids for c in done.choices] == [want] * 3
+
+
 def test_min_p_one_samples_the_penalized_argmax(models) -> None:  # type: ignore[no-untyped-def]
     model, _ = models["llama"]
     prompts = random_prompts(model.config.vocab_size, 4, seed=36, low=5, high=40)
