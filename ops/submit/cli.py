@@ -41,6 +41,17 @@ from ops.connection.options import kafka_connection, kafka_options
     help="For PROMPT: each token's logprob and its K most likely alternatives (0-20), in the "
     "printed result's `logprobs`.",
 )
+@click.option("--presence-penalty", type=float, default=None, help="For PROMPT: -2 to 2.")
+@click.option("--frequency-penalty", type=float, default=None, help="For PROMPT: -2 to 2.")
+@click.option("--repetition-penalty", type=float, default=None, help="For PROMPT: 0.01 to 2.")
+@click.option("--min-p", type=float, default=None, help="For PROMPT: 0 to 1.")
+@click.option("--min-tokens", type=int, default=None, help="For PROMPT: no stop before N tokens.")
+@click.option(
+    "--logit-bias",
+    multiple=True,
+    metavar="TOKEN=BIAS",
+    help="For PROMPT: add BIAS (-100 to 100) to token id TOKEN's logit (repeat the option).",
+)
 @click.option("--regex", default=None, help="For PROMPT: the output must match this regex (whole).")
 @click.option(
     "--choice",
@@ -124,10 +135,29 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
     for name, field in (*carried, ("logprobs", "logprobs")):
         if kwargs[name] is not None:
             fields[field] = kwargs[name]
+    penalties = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+    for name in (*penalties, "min_tokens"):
+        if kwargs.get(name) is not None:
+            fields[name] = kwargs[name]
+    if kwargs.get("logit_bias"):
+        fields["logit_bias"] = _logit_bias(kwargs["logit_bias"])
     structured = _structured_output(kwargs)
     if structured is not None:
         fields["structured_output"] = structured
     return GenerateRequest(**fields)
+
+
+def _logit_bias(pairs: tuple[str, ...]) -> dict[int, float]:
+    """--logit-bias TOKEN=BIAS options as the request's `logit_bias` (ranges: the worker's)."""
+    bias = {}
+    for pair in pairs:
+        token, _, value = pair.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            message = f"{pair!r} is not TOKEN=BIAS"
+            raise click.BadParameter(message, param_hint="--logit-bias") from None
+    return bias
 
 
 def _structured_output(kwargs: dict[str, Any]) -> Any:

@@ -47,3 +47,23 @@ def test_n_seed_and_temperature_are_carried() -> None:
     request = _prompt_request(options(choices=4, seed=7, temperature=0.8, chat=True))
     assert (request.n, request.seed, request.temperature) == (4, 7, 0.8)
     assert request.messages is not None and request.messages[0].content == "Hi"
+
+
+def test_penalties_and_logit_bias_are_carried_only_when_given() -> None:
+    plain = _prompt_request(options())
+    assert (plain.presence_penalty, plain.repetition_penalty, plain.logit_bias) == (0.0, 1.0, {})
+    request = _prompt_request(
+        options(
+            presence_penalty=0.5,
+            frequency_penalty=-1.0,
+            repetition_penalty=1.2,
+            min_p=0.1,
+            min_tokens=3,
+            logit_bias=("50256=-100", "7=2.5"),
+        )
+    )
+    assert (request.presence_penalty, request.frequency_penalty) == (0.5, -1.0)
+    assert (request.repetition_penalty, request.min_p, request.min_tokens) == (1.2, 0.1, 3)
+    assert request.logit_bias == {50256: -100.0, 7: 2.5}
+    with pytest.raises(click.BadParameter, match="TOKEN=BIAS"):
+        _prompt_request(options(logit_bias=("seven=1",)))
