@@ -268,6 +268,19 @@ def test_each_choice_is_penalized_over_its_own_completion(models) -> None:  # ty
     assert [c.token_ids for c in done.choices] == [want] * 3
 
 
+def test_a_step_without_penalties_stages_none(models) -> None:  # type: ignore[no-untyped-def]
+    model, _ = models["llama"]
+    engine = Engine(model, CHUNKY)
+    prompt = random_prompts(model.config.vocab_size, 1, seed=38, low=5, high=20)[0]
+    engine.add(EngineRequest("plain", prompt, SamplingParams(max_new_tokens=4, temperature=0.7)))
+    engine.step()
+    assert engine.backend.builder.penalty_tensors() is None  # nothing staged, nothing run
+    penalized = SamplingParams(max_new_tokens=4, presence_penalty=0.1)
+    engine.add(EngineRequest("penalized", prompt, penalized))
+    engine.step()
+    assert engine.backend.builder.penalty_tensors() is not None
+
+
 def test_min_p_one_samples_the_penalized_argmax(models) -> None:  # type: ignore[no-untyped-def]
     model, _ = models["llama"]
     prompts = random_prompts(model.config.vocab_size, 4, seed=36, low=5, high=40)
