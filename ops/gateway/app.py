@@ -73,13 +73,13 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         started = time.monotonic()
         endpoint = url.removeprefix("/v1/")
         stream = False
+        request_id = gateway.new_id()
+        named = {"x-request-id": request_id}  # as OpenAI's: names the request in logs
         try:
             if not keys.allows(request.headers.get("authorization")):
                 raise unauthorized()
             body = parse_body(await _body(request, settings.max_body_bytes))
-            asked = to_asked(
-                url, body, gateway.new_id(), default_max_tokens=settings.default_max_tokens
-            )
+            asked = to_asked(url, body, request_id, default_max_tokens=settings.default_max_tokens)
             stream = asked.stream
             trace = trace_headers(
                 request.headers.get("traceparent"), request.headers.get("tracestate")
@@ -88,7 +88,7 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
                 with gateway.admitted():
                     metrics.in_flight.set(gateway.in_flight)
                     status, out = await gateway.complete(asked, trace)
-                return _answered(metrics, endpoint, status, out, started)
+                return _answered(metrics, endpoint, status, out, started, named)
             gateway.acquire()
             metrics.in_flight.set(gateway.in_flight)
             try:
@@ -98,14 +98,15 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
                 raise
             if isinstance(answered[0], int):
                 gateway.release()
-                return _answered(metrics, endpoint, answered[0], answered[1], started)
+                return _answered(metrics, endpoint, answered[0], answered[1], started, named)
             first, events = answered
             return StreamingResponse(
                 _measured(metrics, endpoint, started, first, events),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
             )
         except ApiError as exc:
+            exc.headers.update(named)
             metrics.requests.labels(endpoint, str(exc.status), exc.code or "").inc()
             metrics.latency.labels(endpoint, str(stream).lower()).observe(
                 time.monotonic() - started
@@ -162,12 +163,17 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def _answered(
-    metrics: GatewayMetrics, endpoint: str, status: int, body: Any, started: float
+    metrics: GatewayMetrics,
+    endpoint: str,
+    status: int,
+    body: Any,
+    started: float,
+    headers: dict[str, str],
 ) -> JSONResponse:
     code = (body.get("error") or {}).get("code") if isinstance(body, dict) else None
     metrics.requests.labels(endpoint, str(status), code or "").inc()
     metrics.latency.labels(endpoint, "false").observe(time.monotonic() - started)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _measured(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -238,3 +239,51 @@ async def wait_for_cancel(fleet: Fleet, request_id: str, within_s: float = 120.0
     ):
         assert time.monotonic() < deadline, f"no cancel of {request_id} in the worker log"
         await asyncio.sleep(0.2)  # polling the worker's log file
+
+
+async def test_past_the_request_timeout_is_504_and_the_request_is_cancelled(fleet: Fleet) -> None:
+    async with gateway(fleet, request_timeout=1.0) as base, client(base) as api:
+        with pytest.raises(openai.APIStatusError) as late:
+            await api.completions.create(**LONG)
+        assert (late.value.status_code, late.value.code) == (504, "timeout")
+        await wait_for_cancel(fleet, late.value.response.headers["x-request-id"])
+        # The cancelled request's result comes back to no one: dropped, and counted.
+        metrics = base.removesuffix("/v1") + "/metrics"
+        deadline = time.monotonic() + 120
+        while "tokenmill_gateway_results_dropped 1.0" not in await fetch(metrics):
+            assert time.monotonic() < deadline, "the late result was never counted"
+            await asyncio.sleep(0.2)  # the worker is sending the cancelled result
+
+
+async def fetch(url: str) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return str(response.read().decode())
+
+    return await asyncio.to_thread(get)
+
+
+async def test_a_body_over_max_body_bytes_is_413(fleet: Fleet) -> None:
+    async with gateway(fleet, max_body_bytes=1000) as base, client(base) as api:
+        with pytest.raises(openai.APIStatusError) as large:
+            await api.completions.create(**{**TEXT, "prompt": "word " * 1000})
+        assert (large.value.status_code, large.value.code) == (413, "request_too_large")
+
+
+async def test_two_instances_each_get_their_own_answers(fleet: Fleet) -> None:
+    async with (
+        gateway(fleet) as first_base,
+        gateway(fleet) as second_base,
+        client(first_base) as first,
+        client(second_base) as second,
+    ):
+        prompts = [f"{n} + {n} =" for n in range(4)]
+        asks = [
+            api.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+            for prompt in prompts
+            for api in (first, second)
+        ]
+        answers = await asyncio.gather(*asks)
+        assert all(a.choices[0].text for a in answers)
+        for n in range(4):  # the same greedy prompt, answered alike through either instance
+            assert answers[2 * n].choices[0].text == answers[2 * n + 1].choices[0].text
