@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ def gateway(**kwargs: Any) -> None:
         asyncio.run(ensure_reachable(kafka, GatewayStartError))
     except GatewayStartError as exc:
         raise click.ClickException(str(exc)) from exc
+    # uvicorn stops gracefully on SIGTERM/SIGINT, then raises the signal again with the
+    # handlers it found in place: these make that a no-op, so a clean stop exits 0, as a
+    # drained worker does.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda *_: None)
     asyncio.run(server.serve())
     if not server.started:
         sys.exit(1)  # uvicorn said why (the app's start-up failed, or the port is taken)

@@ -6,6 +6,11 @@ produced straight to Kafka) for the same greedy requests."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -26,7 +31,7 @@ from ops.gateway.server import gateway_server
 from ops.gateway.settings import GatewaySettings
 from ops.services.topics import create_topics
 from ops.submit.client import SubmitClient
-from tests.integration.pipeline import Lane, WorkerProcess, new_lane
+from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +292,42 @@ async def test_two_instances_each_get_their_own_answers(fleet: Fleet) -> None:
         assert all(a.choices[0].text for a in answers)
         for n in range(4):  # the same greedy prompt, answered alike through either instance
             assert answers[2 * n].choices[0].text == answers[2 * n + 1].choices[0].text
+
+
+async def test_the_command_serves_until_sigterm_then_deletes_its_reply_topic(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    lane = await new_lane(kafka_bootstrap)
+    log = tmp_path / "gateway.log"
+    argv = [
+        sys.executable, "-m", "ops", "gateway", "--bootstrap-servers", kafka_bootstrap,
+        "--port", "0", "--requests-topic", lane.requests, "--events-topic", "",
+        "--instance-id", "cli-test",
+    ]  # fmt: skip
+    process = spawn(argv, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not (running := re.search(r"running on http://127.0.0.1:(\d+)", log.read_text())):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.1)  # the gateway is starting
+        health = json.loads(await fetch(f"http://127.0.0.1:{running.group(1)}/healthz"))
+        assert health["reply_topic"] == "tokenmill.gateway.cli-test.results"
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "gateway_reply_topic_deleted" in log.read_text()
+
+
+def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=out)
+
+
+def test_the_command_refuses_a_broker_it_cannot_reach() -> None:
+    argv = [sys.executable, "-m", "ops", "gateway", "--bootstrap-servers", "127.0.0.1:1"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "cannot reach Kafka at 127.0.0.1:1" in done.stderr
