@@ -29,7 +29,9 @@ COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 DASHBOARD = COMPOSE / "grafana" / "dashboards" / "tokenmill.json"
 METRICS_PORT = 9464
 
-SERVICES = {"kafka", "topics", "jaeger", "worker", "worker-gpu", "prometheus", "grafana"}
+SERVICES = {
+    "kafka", "topics", "jaeger", "worker", "worker-gpu", "gateway", "prometheus", "grafana"
+}  # fmt: skip
 
 # The worker's /metrics contract: what the dashboard may read (histograms by base name).
 CONTRACT_METRICS = {
@@ -135,7 +137,7 @@ def test_worker_is_the_default_and_the_gpu_worker_needs_the_gpu_profile() -> Non
         for name, service in _compose_file()["services"].items()
         if "profiles" in service
     }
-    assert profiled == {"worker-gpu": ["gpu"]}
+    assert profiled == {"worker-gpu": ["gpu"], "gateway": ["gateway"]}
 
 
 def test_gpu_worker_reserves_an_nvidia_gpu_and_runs_on_cuda() -> None:
