@@ -186,7 +186,7 @@ def _pairs(into: tuple[list[int], list[int]], row: int, tokens: Sequence[int]) -
 def apply_penalties(
     logits: torch.Tensor,  # [rows, vocab] float32
     t: PenaltyTensors | None,
-) -> torch.Tensor:  # [rows, vocab] float32, a new tensor (`logits` is left as it was)
+) -> torch.Tensor:  # [rows, vocab] float32; `logits` itself is never written
     if t is None:
         return logits
     logits = logits.index_put(
