@@ -25,13 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
-from ops.gateway.bodies import parse_body, to_asked
+from ops.gateway.bodies import Asked, parse_body, to_asked
 from ops.gateway.errors import ApiError, error_body, too_large, unauthorized
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
-from ops.gateway.replies import Replies, trace_headers
+from ops.gateway.replies import Replies
 from ops.gateway.service import Gateway
+from ops.gateway.tracing import request_span
 
 log = structlog.get_logger("tokenmill.gateway")
 
@@ -81,30 +82,14 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
             body = parse_body(await _body(request, settings.max_body_bytes))
             asked = to_asked(url, body, request_id, default_max_tokens=settings.default_max_tokens)
             stream = asked.stream
-            trace = trace_headers(
-                request.headers.get("traceparent"), request.headers.get("tracestate")
+            traced = request_span(
+                url,
+                request_id,
+                request.headers.get("traceparent"),
+                request.headers.get("tracestate"),
             )
-            if not asked.stream:
-                with gateway.admitted():
-                    metrics.in_flight.set(gateway.in_flight)
-                    status, out = await gateway.complete(asked, trace)
-                return _answered(metrics, endpoint, status, out, started, named)
-            gateway.acquire()
-            metrics.in_flight.set(gateway.in_flight)
-            try:
-                answered = await gateway.stream(asked, trace)
-            except BaseException:
-                gateway.release()
-                raise
-            if isinstance(answered[0], int):
-                gateway.release()
-                return _answered(metrics, endpoint, answered[0], answered[1], started, named)
-            first, events = answered
-            return StreamingResponse(
-                _measured(metrics, endpoint, started, first, events),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
-            )
+            with traced as trace:
+                return await answer(asked, trace, started, named)
         except ApiError as exc:
             exc.headers.update(named)
             metrics.requests.labels(endpoint, str(exc.status), exc.code or "").inc()
@@ -115,6 +100,32 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         finally:
             metrics.in_flight.set(gateway.in_flight)
             metrics.dropped.set(replies.dropped)
+
+    async def answer(
+        asked: Asked, trace: list[tuple[str, bytes]], started: float, named: dict[str, str]
+    ) -> Response:
+        """Send `asked` in one of the --max-inflight places and answer it."""
+        endpoint = asked.url.removeprefix("/v1/")
+        place = gateway.admit()
+        metrics.in_flight.set(gateway.in_flight)
+        streaming = False  # once true, the events hold the place
+        try:
+            if not asked.stream:
+                status, out = await gateway.complete(asked, trace)
+                return _answered(metrics, endpoint, status, out, started, named)
+            answered = await gateway.stream(asked, trace, place)
+            streaming = not isinstance(answered[0], int)
+        finally:
+            if not streaming:
+                place.release()
+        if isinstance(answered[0], int):
+            return _answered(metrics, endpoint, answered[0], answered[1], started, named)
+        first, events = answered
+        return StreamingResponse(
+            _measured(metrics, endpoint, started, first, events),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
+        )
 
     @app.post(COMPLETIONS_URL)
     async def completions(request: Request) -> Response:

@@ -33,6 +33,7 @@ def gateway(**kwargs: Any) -> None:
     from ops.gateway.errors import GatewayStartError
     from ops.gateway.keys import KeyCheck, read_keys
     from ops.gateway.server import gateway_server
+    from ops.worker.telemetry import setup_tracing, shutdown_tracing
 
     kafka = kafka_connection(kwargs)
     settings = build(GatewaySettings, kwargs)
@@ -51,6 +52,10 @@ def gateway(**kwargs: Any) -> None:
     # drained worker does.
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda *_: None)
-    asyncio.run(server.serve())
+    tracing = setup_tracing("tokenmill-gateway")  # None without an OTLP endpoint
+    try:
+        asyncio.run(server.serve())
+    finally:
+        shutdown_tracing(tracing)
     if not server.started:
         sys.exit(1)  # uvicorn said why (the app's start-up failed, or the port is taken)

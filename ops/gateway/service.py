@@ -1,10 +1,10 @@
 """The gateway's work for one HTTP request, apart from HTTP: admit, send, wait, answer.
 
     gateway = Gateway(settings, replies)
-    with gateway.admitted():                          # or ApiError 429
-        status, body = await gateway.complete(asked)   # or ApiError 503 / 504
-    gateway.acquire()                                 # `stream: true`: held by the events
-    answered = await gateway.stream(asked)            # (status, body), or the SSE events
+    place = gateway.admit()                           # or ApiError 429
+    status, body = await gateway.complete(asked)      # or ApiError 503 / 504; then release
+    answered = await gateway.stream(asked, place)     # (status, body), or the SSE events,
+                                                      # which release the place themselves
 
 Every request is sent with `reply_to` = this instance's reply topic (`Replies`); one that
 times out, or whose streaming client goes away, gets a cancel record, so the worker stops it.
@@ -13,10 +13,9 @@ times out, or whose streaming client goes away, gets a cancel record, so the wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import structlog
 
@@ -43,22 +42,12 @@ class Gateway:
     def new_id(self) -> str:
         return f"gw-{self.instance}-{uuid.uuid4().hex[:16]}"
 
-    def acquire(self) -> None:
-        """Take one of `--max-inflight` places, or raise `ApiError` 429."""
+    def admit(self) -> Place:
+        """One of `--max-inflight` places, or `ApiError` 429."""
         if self.in_flight >= self.settings.max_inflight:
             raise too_many(self.settings.max_inflight)
         self.in_flight += 1
-
-    def release(self) -> None:
-        self.in_flight -= 1
-
-    @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
+        return Place(self)
 
     async def complete(self, asked: Asked, trace: list[tuple[str, bytes]]) -> tuple[int, object]:
         """Send `asked`, wait for its result: its status and body (batch mapper's shapes)."""
@@ -75,12 +64,12 @@ class Gateway:
             self.replies.close(request_id)
 
     async def stream(
-        self, asked: Asked, trace: list[tuple[str, bytes]]
+        self, asked: Asked, trace: list[tuple[str, bytes]], place: Place
     ) -> tuple[int, object] | tuple[bytes, AsyncIterator[bytes]]:
-        """Send `asked` (its place `acquire`d) and wait for its first reply: a refusal as
-        (status, body), else the first SSE event and the rest. The events, once started, own
-        the request and its place: they release it and, when not iterated to the end (the
-        client went away), cancel the request. On a refusal or a raise, the caller releases."""
+        """Send `asked` and wait for its first reply: a refusal as (status, body), else the
+        first SSE event and the rest. The events, once started, own the request and `place`:
+        they release it and, when not iterated to the end (the client went away), cancel the
+        request. (`place.release()` may be called again: it releases once.)"""
         request_id = asked.request.id
         queue = self.replies.open(request_id)
         try:
@@ -93,11 +82,16 @@ class Gateway:
         if isinstance(first, GenerateResult) and first.error is not None:
             self.replies.close(request_id)
             return answer(asked, first, int(time.time()))
-        events = self._events(asked, queue, first, deadline)
+        events = self._events(asked, queue, first, deadline, place)
         return await anext(events), events  # started: its `finally` now always runs
 
     async def _events(
-        self, asked: Asked, queue: asyncio.Queue[Reply], reply: Reply, deadline: float
+        self,
+        asked: Asked,
+        queue: asyncio.Queue[Reply],
+        reply: Reply,
+        deadline: float,
+        place: Place,
     ) -> AsyncIterator[bytes]:
         request_id = asked.request.id
         shape = ChunkShape(
@@ -130,7 +124,7 @@ class Gateway:
             yield DONE
         finally:
             self.replies.close(request_id)
-            self.release()
+            place.release()
             if not answered:  # the client went away: stop the work it asked for
                 self.cancel_later(request_id, "client_disconnected")
 
@@ -152,3 +146,16 @@ class Gateway:
         """Wait for the cancels still being sent."""
         if self._cancels:
             await asyncio.gather(*self._cancels, return_exceptions=True)
+
+
+class Place:
+    """One of `--max-inflight` places, held from `Gateway.admit` until `release` (which
+    releases once, however often it is called)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway: Gateway | None = gateway
+
+    def release(self) -> None:
+        if self._gateway is not None:
+            self._gateway.in_flight -= 1
+            self._gateway = None
