@@ -13,10 +13,12 @@ go through the batch mapper (`ops.gateway.bodies`), the one mapping of OpenAI bo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from fastapi import FastAPI, Request
@@ -35,6 +37,7 @@ from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
 
 log = structlog.get_logger("tokenmill.gateway")
+T = TypeVar("T")
 
 
 def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None) -> FastAPI:
@@ -89,7 +92,7 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
                 request.headers.get("tracestate"),
             )
             with traced as trace:
-                return await answer(asked, trace, started, named)
+                return await answer(request, asked, trace, started, named)
         except ApiError as exc:
             exc.headers.update(named)
             metrics.requests.labels(endpoint, str(exc.status), exc.code or "").inc()
@@ -102,7 +105,11 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
             metrics.dropped.set(replies.dropped)
 
     async def answer(
-        asked: Asked, trace: list[tuple[str, bytes]], started: float, named: dict[str, str]
+        request: Request,
+        asked: Asked,
+        trace: list[tuple[str, bytes]],
+        started: float,
+        named: dict[str, str],
     ) -> Response:
         """Send `asked` in one of the --max-inflight places and answer it."""
         endpoint = asked.url.removeprefix("/v1/")
@@ -111,8 +118,12 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         streaming = False  # once true, the events hold the place
         try:
             if not asked.stream:
-                status, out = await gateway.complete(asked, trace)
-                return _answered(metrics, endpoint, status, out, started, named)
+                done = await _unless_disconnected(request, gateway.complete(asked, trace))
+                if done is None:  # the client left: stop the work it asked for
+                    gateway.cancel_later(asked.request.id, "client_disconnected")
+                    metrics.requests.labels(endpoint, "499", "client_disconnected").inc()
+                    return Response(status_code=499)  # nginx's "client closed request"
+                return _answered(metrics, endpoint, *done, started, named)
             answered = await gateway.stream(asked, trace, place)
             streaming = not isinstance(answered[0], int)
         finally:
@@ -157,6 +168,33 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s value, or None when the client disconnects first (`work` is then cancelled).
+    The body has been read, so the next ASGI message can only be the disconnect."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    working = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({working, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not working.done():
+            working.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
+    if working.cancelled():
+        return None
+    if not working.done():  # cancelled just now: let it finish its cleanup
+        with contextlib.suppress(asyncio.CancelledError):
+            await working
+        return None
+    return working.result()
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -235,6 +235,24 @@ async def test_a_client_that_leaves_mid_stream_cancels_its_request(fleet: Fleet)
         await wait_for_cancel(fleet, chunk.id.removeprefix("chatcmpl-"))
 
 
+async def test_a_client_that_leaves_before_its_answer_cancels_its_request(fleet: Fleet) -> None:
+    before = cancels_for_leaving(fleet)
+    async with gateway(fleet) as base, client(base) as api:
+        with pytest.raises(openai.APITimeoutError):  # the SDK gives up and closes
+            await api.with_options(timeout=3.0).completions.create(**LONG)
+        deadline = time.monotonic() + 120
+        while cancels_for_leaving(fleet) == before:
+            assert time.monotonic() < deadline, "no cancel of the request the client left"
+            await asyncio.sleep(0.2)  # polling the worker's log file
+
+
+def cancels_for_leaving(fleet: Fleet) -> int:
+    return sum(
+        "request_cancelled" in line and "client_disconnected" in line
+        for line in fleet.worker.log().splitlines()
+    )
+
+
 async def wait_for_cancel(fleet: Fleet, request_id: str, within_s: float = 120.0) -> None:
     """Until the worker logs that it cancelled `request_id` (the cancel record reached it)."""
     deadline = time.monotonic() + within_s
