@@ -73,6 +73,14 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
             error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code
         )
 
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("gateway_error", error=repr(exc))  # never a body: it may hold a prompt
+        return JSONResponse(
+            error_body(500, "internal error in the gateway", code="internal_error"),
+            status_code=500,
+        )
+
     async def generate(request: Request, url: str) -> Response:
         started = time.monotonic()
         endpoint = url.removeprefix("/v1/")
