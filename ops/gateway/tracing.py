@@ -1,9 +1,11 @@
 """Trace continuation: the caller's `traceparent` in, the gateway's span, the record's header out.
 
 With tracing set up (an OTLP endpoint, `ops/worker/telemetry.setup_tracing`), each generation
-call gets a SERVER span `POST /v1/...`, a child of the caller's W3C trace context when the call
-carries one (else the root of a new trace); the request's Kafka record carries that span's
-context, so the worker's spans join it: one trace HTTP → Kafka → worker. Without tracing, the
+call gets a span for its round trip: `gateway /v1/...` under the HTTP server span FastAPI makes
+itself (a child of the caller's W3C trace context), or, where no span is current, a SERVER span
+`POST /v1/...` that continues the caller's context itself (else starts a trace). The request's
+Kafka record carries that span's context, so the worker's spans join it: one trace HTTP → Kafka
+→ worker. Without tracing, the
 caller's own context (when well formed) goes on the record unchanged.
 """
 
@@ -38,14 +40,17 @@ def request_span(
             yield incoming
             return
         tracer = trace.get_tracer("tokenmill.gateway")
-    parent = _propagator.extract({k: v.decode() for k, v in incoming})
-    attributes = {
-        "http.request.method": "POST",
-        "url.path": url,
-        "tokenmill.request_id": request_id,
-    }
+    attributes = {"url.path": url, "tokenmill.request_id": request_id}
+    if trace.get_current_span().get_span_context().is_valid:
+        # FastAPI's own server span (FastAPI 0.16x traces requests when a tracer provider is
+        # set), itself a child of the caller's context: the round trip nests under it.
+        name, kind, parent = f"gateway {url}", SpanKind.INTERNAL, None
+    else:
+        attributes["http.request.method"] = "POST"
+        name, kind = f"POST {url}", SpanKind.SERVER
+        parent = _propagator.extract({k: v.decode() for k, v in incoming})
     with tracer.start_as_current_span(
-        f"POST {url}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+        name, context=parent, kind=kind, attributes=attributes
     ) as span:
         carrier: dict[str, str] = {}
         _propagator.inject(carrier)

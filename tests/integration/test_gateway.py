@@ -187,10 +187,10 @@ async def test_a_wrong_key_is_401_and_a_bad_request_400_with_the_door_s_code(
             await api.completions.create(**{**TEXT, "temperature": -1})
         assert refused.value.code == "invalid_sampling_params"
         with pytest.raises(openai.BadRequestError) as unsupported:
-            await api.completions.create(**TEXT, echo=True)
+            await api.completions.create(**TEXT, extra_body={"frobnicate": True})
         assert (unsupported.value.code, unsupported.value.param) == (
             "unsupported_parameter",
-            "echo",
+            "frobnicate",
         )
         with pytest.raises(openai.NotFoundError) as unknown:  # the worker's refusal: 404
             await api.completions.create(**{**TEXT, "model": "no-such-model"})

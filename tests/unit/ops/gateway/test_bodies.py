@@ -44,8 +44,8 @@ def test_what_the_door_refuses_keeps_its_code() -> None:
 
 def test_unknown_fields_are_refused_as_in_batch_files() -> None:
     with pytest.raises(ApiError) as caught:
-        to_asked(COMPLETIONS_URL, {"prompt": "x", "echo": True}, "gw-5")
-    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "echo")
+        to_asked(COMPLETIONS_URL, {"prompt": "x", "frobnicate": True}, "gw-5")
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "frobnicate")
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]"])
