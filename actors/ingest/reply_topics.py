@@ -59,6 +59,11 @@ class ReplyPolicy:
         return None
 
 
+# How often, at most, a worker asks the broker again for a topic it does not know: a topic
+# created this long ago is known to every worker (`tokenmill gateway` waits it out).
+MIN_REFRESH_S = 2.0
+
+
 class KnownTopics:
     """The broker's topic names as last read, read again when a name is missing.
 
@@ -69,7 +74,7 @@ class KnownTopics:
         self,
         list_topics: Callable[[], Awaitable[set[str]]],
         *,
-        min_refresh_s: float = 2.0,
+        min_refresh_s: float = MIN_REFRESH_S,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

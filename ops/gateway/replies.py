@@ -23,6 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from actors.ingest.reply_topics import MIN_REFRESH_S
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection
 from messages import headers as h
@@ -45,7 +46,7 @@ _result_codec = Codec(GenerateResult)
 _chunk_codec = Codec(GenerateChunk)
 _CANCEL_HEADERS = [(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, CANCEL_SCHEMA.encode())]
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-_WORKERS_SEE_NEW_TOPICS_S = 2.5
+_WORKERS_SEE_NEW_TOPICS_S = MIN_REFRESH_S + 0.5  # every worker has asked again since
 _SEND_TIMEOUT_S = 15.0  # a broker that acknowledges nothing this long is unreachable: 503
 
 
@@ -86,7 +87,7 @@ class Replies:
         if created:
             # A worker refuses a reply_to it does not know (`reply_to_refused`, answered on
             # its default results topic, where this gateway never looks) and asks the broker
-            # again at most every 2 s (`actors.ingest.reply_topics.KnownTopics`): a request
+            # again at most every `MIN_REFRESH_S` (`actors.ingest.reply_topics`): a request
             # sent sooner could be refused by a worker that looked just before the creation.
             await asyncio.sleep(_WORKERS_SEE_NEW_TOPICS_S)
         record_reader.install()  # a foreign record on the topic cannot stop the read
