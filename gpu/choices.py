@@ -108,6 +108,9 @@ class ChoiceGroups(Generic[C]):
         children = []
         for i in range(n):
             params = replace(request.params, n=1, seed=choice_seed(request.params.seed, i))
+            if i:  # the prompt's logprobs are the request's: choice 0 scores them, and the
+                # others may then take its prompt blocks from the prefix cache
+                params = replace(params, prompt_logprobs=None)
             children.append(
                 replace(request, request_id=child_id(request.request_id, i), params=params)
             )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gpu.backends.backend import Sampled
+from gpu.backends.backend import StepSample
 from gpu.backends.choose import build_backend
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.choices import ChoiceGroups
@@ -75,6 +75,11 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache served
     # One entry per token of `token_ids` when the request asked for logprobs (`gpu.logprobs`).
     logprobs: CompletionLogprobs | None = None
+    # When the request asked for prompt logprobs: one entry per prompt token (the first a
+    # placeholder: `unscored_first`), and the prompt decoded as the text is (for echo).
+    # With n > 1 they are the request's, on every choice alike.
+    prompt_logprobs: CompletionLogprobs | None = None
+    prompt_text: str | None = None
     # n > 1: every choice in order (the fields above are the first's; `gpu.choices.merge`).
     choices: tuple[Completion, ...] = ()
 
@@ -270,15 +275,21 @@ class Engine:
         batch = self.scheduler.schedule()
         if observer is not None:
             observer.phase_done("schedule")
-        sampled = []
+        out = StepSample([])
         if not batch.is_empty:
-            sampled = self._run(batch, observer)
+            out = self._run(batch, observer)
         self.scheduler.advance(batch)
         self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
         now = self.clock()
         new_tokens: list[tuple[str, int]] = []
         finished: list[Completion] = []
-        for chunk, token, logprob in sampled:
+        for chunk, entries in out.scored:
+            chunk.seq.prompt_logprobs.extend(entries)
+        for chunk in batch.chunks:
+            seq = chunk.seq
+            if seq.params.max_new_tokens == 0 and chunk.end == seq.num_prompt_tokens:
+                finished.append(self._finish(seq, "length"))  # a scored prompt, no token
+        for chunk, token, logprob in out.sampled:
             seq = chunk.seq
             seq.output_token_ids.append(token)
             if logprob is not None:
@@ -316,8 +327,9 @@ class Engine:
         return StepOutput(new_tokens, finished, stats)
 
     @torch.inference_mode()
-    def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> list[Sampled]:
-        """The batch through the backend: its sampled tokens (and logprobs where asked)."""
+    def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> StepSample:
+        """The batch through the backend: its sampled tokens (and logprobs where asked), and
+        the prompt logprobs its scored prompt positions gave."""
         backend = self.backend
         if observer is None:
             return backend.run(batch, self.matchers, self._masks)
@@ -380,6 +392,7 @@ class Engine:
         if reason == "stop" and shown and shown[-1] in seq.params.stop_token_ids:
             shown = shown[:-1]  # like EOS, a stop token ends the text without appearing in it
         text = self.model.tokenizer.decode(shown)
+        prompt_logprobs, prompt_text = self._prompt_logprobs(seq)
         if seq.params.stop and (cut := self._stop_string_at(seq)) is not None:
             text = text[:cut]
         return Completion(
@@ -395,6 +408,8 @@ class Engine:
             num_kv_blocks=kv_blocks,
             cached_tokens=seq.num_cached_tokens,
             logprobs=self._logprobs(seq),
+            prompt_logprobs=prompt_logprobs,
+            prompt_text=prompt_text,
         )
 
     def _logprobs(self, seq: Seq) -> CompletionLogprobs | None:
@@ -402,6 +417,14 @@ class Engine:
         if seq.params.logprobs is None:
             return None
         return CompletionLogprobs.of(seq.output_token_ids, seq.output_logprobs, self._token_text)
+
+    def _prompt_logprobs(self, seq: Seq) -> tuple[CompletionLogprobs | None, str | None]:
+        """`seq`'s prompt logprobs and prompt text, if its request asked for them."""
+        if seq.params.prompt_logprobs is None:
+            return None, None
+        prompt = seq.prompt_token_ids
+        logprobs = CompletionLogprobs.of_prompt(prompt, seq.prompt_logprobs, self._token_text)
+        return logprobs, self.model.tokenizer.decode(prompt)
 
     def _token_text(self, token: int) -> str:
         """One token decoded alone, special tokens included (kept: decoding costs µs)."""
@@ -436,9 +459,11 @@ def check_admission(
             max_prompt_tokens=prompt_limit(config.max_prompt_tokens, max_model_len),
             max_new_tokens_limit=config.max_new_tokens,
             max_model_len=max_model_len,
+            scoring=request.params.prompt_logprobs is not None,
         )
         check_sampling(request.params, vocab_size=vocab)
         check_logprobs(request.params.logprobs)
+        check_logprobs(request.params.prompt_logprobs, "prompt_logprobs")
         check_choices(request.params.n)
         check_vocabulary(request.prompt_token_ids, vocab, "prompt_token_ids")
         if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:  # the scheduler's aging sums it

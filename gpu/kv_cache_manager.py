@@ -192,8 +192,12 @@ class KVCacheManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks that start `seq`'s tokens, in order (none without caching, or
-        when `seq` already holds blocks). Its last token is left to compute."""
+        when `seq` already holds blocks). Its last token is left to compute. None either for
+        a sequence still scoring its prompt (`Sequence.scores_prompt`): a cached block has no
+        logits, so it computes its prompt again (the blocks it computes are still cached)."""
         if self.prefix_key is None or seq.block_table or seq.num_computed_tokens:
+            return []
+        if seq.scores_prompt:
             return []
         full = (seq.num_tokens - 1) // self.block_size
         hits: list[int] = []

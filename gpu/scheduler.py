@@ -75,17 +75,19 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     samples: bool  # the chunk reaches the sequence's last token: the step samples the next
+    # (not for a request with max_new_tokens 0: it only scores its prompt)
     is_decode: bool  # one new token after a computed context
 
     @classmethod
     def of(cls, seq: Sequence, start: int, num_tokens: int) -> ScheduledChunk:
         end = start + num_tokens
+        samples = end == seq.num_tokens and seq.params.max_new_tokens > 0
         return cls(
             seq=seq,
             start=start,
             num_tokens=num_tokens,
-            samples=end == seq.num_tokens,
-            is_decode=num_tokens == 1 and start > 0 and end == seq.num_tokens,
+            samples=samples,
+            is_decode=num_tokens == 1 and start > 0 and samples,
         )
 
     @property

@@ -57,6 +57,13 @@ class SamplingParams:
     `min_tokens` (EOS and `stop_token_ids` banned, stop strings unchecked, until that many
     tokens are out). `min_p` (after temperature): keep tokens whose probability is at least
     `min_p` times the top token's; 0 = off.
+
+    `prompt_logprobs`: report each prompt token's logprob (from the logits of the position
+    before it; the first token has none) and its `prompt_logprobs` most likely alternatives
+    (0..20; None: off). Such a request takes no prefix-cache hits while its prompt is unscored
+    (a cached block has no logits: its prompt is computed again), though the blocks it computes
+    are offered to the cache for others. With it set, `max_new_tokens` may be 0: the request
+    scores its prompt and finishes ("length") with no token sampled.
     """
 
     max_new_tokens: int = 16
@@ -76,6 +83,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     n: int = 1  # choices: the engine runs n sequences over the prompt (`gpu.choices`)
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -110,6 +118,10 @@ class Sequence:
     # One per output token when `params.logprobs` is set (a recompute samples no kept token
     # again, so the list stays aligned with `output_token_ids`).
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # With `params.prompt_logprobs`: entry i scores prompt token i + 1 (from position i's
+    # logits). Its length is the count of positions recorded, so a recompute after preemption
+    # records none twice.
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -122,6 +134,21 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        """It asks for prompt logprobs and some prompt position is still unrecorded."""
+        return (
+            self.params.prompt_logprobs is not None
+            and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
+
+    def unscored_prompt_positions(self, start: int, end: int) -> range:
+        """The positions of start .. end - 1 whose logits score a prompt token not yet
+        recorded (empty unless the request asks for prompt logprobs)."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, len(self.prompt_logprobs)), min(end, self.num_prompt_tokens - 1))
 
     def token_slice(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)

@@ -79,11 +79,18 @@ def prompt_limit(max_prompt_tokens: int | None, max_model_len: int) -> int:
     return min(max_prompt_tokens or max_model_len, max_model_len - 1)
 
 
-def check_max_new_tokens(max_new_tokens: int) -> None:
+def check_max_new_tokens(max_new_tokens: int, *, scoring: bool = False) -> None:
     """`max_new_tokens` is positive (`INVALID_MAX_TOKENS`) and at most `MAX_NEW_TOKENS`
     (`MAX_TOKENS_TOO_LARGE`), a bound of the wire: a model's own cap is checked with its
-    lengths (`check_lengths`)."""
-    if max_new_tokens <= 0:
+    lengths (`check_lengths`). `scoring` (the request asks for prompt logprobs): 0 is allowed
+    too, a request that only scores its prompt."""
+    if scoring and max_new_tokens < 0:
+        raise InvalidRequest(
+            ErrorCode.INVALID_MAX_TOKENS,
+            "max_new_tokens must be at least 0 (0 with prompt_logprobs: score the prompt only), "
+            f"got {number_text(max_new_tokens)}",
+        )
+    if max_new_tokens <= 0 and not scoring:
         raise InvalidRequest(
             ErrorCode.INVALID_MAX_TOKENS,
             f"max_new_tokens must be positive, got {number_text(max_new_tokens)}",
@@ -148,13 +155,14 @@ def check_sampling(params: SamplingFields, *, vocab_size: int | None = None) -> 
     check_vocabulary(p.stop_token_ids, vocab_size, "stop_token_ids")
 
 
-def check_logprobs(logprobs: int | None) -> None:
+def check_logprobs(logprobs: int | None, name: str = "logprobs") -> None:
     """`logprobs` is None (off) or in [0, `MAX_LOGPROBS`]: how many alternatives to report
-    beside each generated token's own logprob (`INVALID_SAMPLING_PARAMS`)."""
+    beside each generated token's own logprob (`INVALID_SAMPLING_PARAMS`). The same rule for
+    `prompt_logprobs` (`name`), beside each prompt token's (`MAX_PROMPT_LOGPROBS`)."""
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise InvalidRequest(
             ErrorCode.INVALID_SAMPLING_PARAMS,
-            f"logprobs must be in [0, {MAX_LOGPROBS}] (or null: off), got {number_text(logprobs)}",
+            f"{name} must be in [0, {MAX_LOGPROBS}] (or null: off), got {number_text(logprobs)}",
         )
 
 
@@ -238,11 +246,13 @@ def check_lengths(
     max_prompt_tokens: int,
     max_new_tokens_limit: int,
     max_model_len: int,
+    scoring: bool = False,
 ) -> None:
     """The length rules of a tokenized prompt on a model, in this order: not empty
     (`EMPTY_PROMPT`), at most `max_prompt_tokens` (`PROMPT_TOO_LONG`), `max_new_tokens`
-    positive (`INVALID_MAX_TOKENS`) and at most `max_new_tokens_limit`, and prompt plus new
-    tokens within `max_model_len` (both `MAX_TOKENS_TOO_LARGE`)."""
+    positive (`INVALID_MAX_TOKENS`; 0 too when `scoring`: prompt logprobs asked) and at most
+    `max_new_tokens_limit`, and prompt plus new tokens within `max_model_len` (both
+    `MAX_TOKENS_TOO_LARGE`)."""
     if num_prompt_tokens == 0:
         raise InvalidRequest(ErrorCode.EMPTY_PROMPT, "the prompt has no tokens")
     if num_prompt_tokens > max_prompt_tokens:
@@ -250,7 +260,7 @@ def check_lengths(
             ErrorCode.PROMPT_TOO_LONG,
             f"prompt has {num_prompt_tokens} tokens; the limit is {max_prompt_tokens}",
         )
-    check_max_new_tokens(max_new_tokens)
+    check_max_new_tokens(max_new_tokens, scoring=scoring)
     if max_new_tokens > max_new_tokens_limit:
         raise InvalidRequest(
             ErrorCode.MAX_TOKENS_TOO_LARGE,

@@ -71,6 +71,8 @@ MAX_LOGIT_BIAS = 100.0
 # as vLLM's and OpenAI's chat cap (`top_logprobs` ≤ 20). A result with logprobs grows with them
 # and is not within `result_size_bound`: one past the producer's limit is `result_too_large`.
 MAX_LOGPROBS = 20
+# `prompt_logprobs` has the same range: the alternatives reported per prompt token.
+MAX_PROMPT_LOGPROBS = MAX_LOGPROBS
 # `n` in [1, MAX_CHOICES]: the choices of one request, each a sequence in the engine (sharing the
 # prompt's KV blocks); admission and backpressure count all of them.
 MAX_CHOICES = 16

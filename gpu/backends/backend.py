@@ -15,9 +15,9 @@ native CPU backend, the one-call decode step (`gpu/backends/native.py`). The eng
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -28,13 +28,30 @@ from gpu.backends.step_batch import StepBuilder
 from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import KVPool
-from gpu.logprobs import TokenLogprob, raw_logprobs, read_sampled
+from gpu.logprobs import (
+    TokenLogprob,
+    prompt_logprobs,
+    raw_logprobs,
+    read_sampled,
+    read_step,
+    unpack_prompt_row,
+)
 from gpu.penalties import apply_penalties, penalty_rows
 from gpu.sampling import SamplingRows, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 
 # A chunk that samples, its next token, and that token's logprobs (None: its request asks none).
 Sampled = tuple[ScheduledChunk, int, TokenLogprob | None]
+# A prefill chunk of a request asking prompt logprobs: its scored positions' logprobs, in order
+# (`Sequence.unscored_prompt_positions`).
+Scored = tuple[ScheduledChunk, list[TokenLogprob]]
+
+
+class StepSample(NamedTuple):
+    """What a step's logits give: the sampled tokens, and the prompt logprobs scored."""
+
+    sampled: list[Sampled]
+    scored: Sequence[Scored] = ()
 
 
 class CausalLM(Protocol):
@@ -56,6 +73,9 @@ class PreparedStep:
     inputs: ModelInputs | None = None
     size: int = 0
     padded: torch.Tensor | None = None  # [words] in the graphs' layout(size)
+    # Prompt positions whose logits score the next prompt token, by chunk: their logits rows
+    # follow the sampled rows (prefills only: the static decode path never has any).
+    scored: Mapping[ScheduledChunk, range] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,9 +146,15 @@ class Backend:
             assert self.graphs is not None
             padded = self.graphs.stage(self.builder, chunks, size, rows)
             return PreparedStep(chunks, sampling, rows, size=size, padded=padded)
-        return PreparedStep(chunks, sampling, rows, inputs=self.builder.build(chunks, rows))
+        scored = {
+            c: positions
+            for c in chunks
+            if not c.is_decode and (positions := c.seq.unscored_prompt_positions(c.start, c.end))
+        }
+        inputs = self.builder.build(chunks, rows, scored)
+        return PreparedStep(chunks, sampling, rows, inputs=inputs, scored=scored)
 
-    def compute(self, step: PreparedStep) -> torch.Tensor:  # [sampled rows, vocab] float32
+    def compute(self, step: PreparedStep) -> torch.Tensor:  # [sampled + scored rows, vocab]
         """The step's forward: a static decode step's replay, or `forward`."""
         if step.padded is not None:
             assert self.graphs is not None
@@ -140,15 +166,27 @@ class Backend:
     def sample(
         self,
         step: PreparedStep,
-        logits: torch.Tensor,  # [sampled rows, vocab] float32
+        logits: torch.Tensor,  # [sampled rows + scored prompt rows, vocab] float32
         matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
-    ) -> list[Sampled]:
+    ) -> StepSample:
         """The sampled next token of each chunk that samples, with its logprobs where its
-        request asks (`gpu.logprobs`: of these raw logits). `matchers`: the grammar of each
-        constrained request, by id, whose masks `masks` builds."""
+        request asks (`gpu.logprobs`: of these raw logits), and the prompt logprobs of the
+        step's scored positions. `matchers`: the grammar of each constrained request, by id,
+        whose masks `masks` builds."""
+        prompt = None
+        if step.scored:  # their logits rows follow the sampled rows
+            n = len(step.sampling)
+            targets = self.builder.prompt_targets()
+            assert targets is not None
+            k = max(c.seq.params.prompt_logprobs or 0 for c in step.scored)
+            prompt = prompt_logprobs(logits[n:], targets, k)
+            logits = logits[:n]
+            if not step.sampling:
+                _, _, rows = read_step(logits.new_empty(0, dtype=torch.long), None, prompt)
+                return StepSample([], _scored(step, rows))
         if not step.sampling:
-            return []
+            return StepSample([])
         # Before anything changes the logits: logprobs are the model's own (None: none asks).
         raw = raw_logprobs(logits, [c.seq.params.logprobs for c in step.sampling])
         mask = None
@@ -169,11 +207,17 @@ class Backend:
                 penalties=penalties,
                 any_min_p=step.rows.any_min_p,
             )
+        if prompt is not None:  # tokens, logprobs and prompt logprobs in the step's one read
+            ids_out, logprobs, rows = read_step(tokens, raw, prompt)
+            sampled = list(zip(step.sampling, ids_out, logprobs, strict=True))
+            return StepSample(sampled, _scored(step, rows))
         if raw is not None:  # tokens and logprobs in the step's one read
             ids_out, logprobs = read_sampled(tokens, raw)
-            return list(zip(step.sampling, ids_out, logprobs, strict=True))
+            return StepSample(list(zip(step.sampling, ids_out, logprobs, strict=True)))
         ids_out = tokens.tolist()  # the step's one read from the device
-        return [(chunk, token, None) for chunk, token in zip(step.sampling, ids_out, strict=True)]
+        return StepSample(
+            [(chunk, token, None) for chunk, token in zip(step.sampling, ids_out, strict=True)]
+        )
 
     @torch.inference_mode()
     def run(
@@ -181,8 +225,8 @@ class Backend:
         batch: ScheduledBatch,
         matchers: Mapping[str, GrammarMatcher] | None = None,
         masks: TokenMasks | None = None,
-    ) -> list[Sampled]:
-        """Prepare, compute and sample a batch: its sampled tokens."""
+    ) -> StepSample:
+        """Prepare, compute and sample a batch: its sampled tokens (and prompt logprobs)."""
         step = self.prepare(batch)
         return self.sample(step, self.compute(step), matchers, masks)
 
@@ -207,3 +251,15 @@ class Backend:
         if self.graphs is not None and self.device.type == "cuda":
             with torch.inference_mode():
                 self.graphs.capture()
+
+
+def _scored(step: PreparedStep, rows: list[list[float]]) -> list[Scored]:
+    """The prompt rows read back, as each scored chunk's `TokenLogprob`s (its own k)."""
+    out: list[Scored] = []
+    begin = 0
+    for chunk, positions in step.scored.items():
+        k = chunk.seq.params.prompt_logprobs or 0
+        end = begin + len(positions)
+        out.append((chunk, [unpack_prompt_row(row, k) for row in rows[begin:end]]))
+        begin = end
+    return out

@@ -10,6 +10,7 @@ blocks takes groups of similar length, each with its mask.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 import torch
 
@@ -67,6 +68,7 @@ class StepBuilder:
         self.inputs = StepInputs(device)
         self._sampling: tuple[Staged, ...] | None = None
         self._penalties: tuple[bool, tuple[Staged, ...]] | None = None
+        self._prompt_targets: Staged | None = None
 
     def draw_seed(self) -> int:
         return self._seeds.getrandbits(63)
@@ -82,13 +84,19 @@ class StepBuilder:
         return [p + shift if p < original else p for p in range(start, end)]
 
     def build(
-        self, chunks: list[ScheduledChunk], sampling: SamplingRows | None = None
+        self,
+        chunks: list[ScheduledChunk],
+        sampling: SamplingRows | None = None,
+        scored: Mapping[ScheduledChunk, range] | None = None,
     ) -> ModelInputs:
         """Inputs for chunks (decodes first, shortest context first).
 
         Everything is staged on the host first and sent in one copy; the tensors returned
         are views of the device buffer, valid until the next `build`. `sampling`: the sampled
-        rows' parameters, sent in the same copy (`sampling_tensors`)."""
+        rows' parameters, sent in the same copy (`sampling_tensors`). `scored`: prompt
+        positions whose logits score the next prompt token, by chunk (prompt logprobs): their
+        rows follow the sampled rows in `logits_rows`, in `chunks`' order, and the tokens they
+        score are staged too (`prompt_targets`)."""
         stage = self.inputs
         stage.begin()
         ids: list[int] = []
@@ -96,6 +104,8 @@ class StepBuilder:
         rope_rows: list[int] = []
         slot_mapping: list[int] = []
         sample_rows: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_targets: list[int] = []
         bs = self.block_size
         partial: list[int] = []  # blocks first written this step whose tail stays unwritten
         for chunk in chunks:
@@ -111,6 +121,10 @@ class StepBuilder:
                 rope_rows.extend(self.rope_rows(seq.num_tokens, chunk.start, chunk.end))
             if chunk.samples:
                 sample_rows.append(len(ids) - 1)
+            if scored and (positions_scored := scored.get(chunk)):
+                base = len(ids) - chunk.num_tokens - chunk.start  # row of position 0
+                prompt_rows.extend(base + p for p in positions_scored)
+                prompt_targets.extend(seq.prompt_token_ids[p + 1] for p in positions_scored)
 
         decodes = [c for c in chunks if c.is_decode]
         lengths_of = [c.end for c in decodes]
@@ -133,7 +147,8 @@ class StepBuilder:
         ]
         staged_lengths = stage.put(lengths_of)
         # Only mid-prompt chunks: the K/V writes are the whole point; logits of row 0 unused.
-        staged_rows = stage.put(sample_rows or [0])
+        staged_rows = stage.put(sample_rows + prompt_rows or [0])
+        self._prompt_targets = stage.put(prompt_targets) if prompt_targets else None
         local = None
         if self.window is not None:
             local = WindowStaging.stage(
@@ -237,6 +252,10 @@ class StepBuilder:
             return None
         penalized, staged = self._penalties
         return PenaltyTensors.of([self.inputs.view(s) for s in staged], penalized)
+
+    def prompt_targets(self) -> torch.Tensor | None:  # [prompt rows] int64
+        """The last `build`'s scored prompt rows' targets on the device (None: none)."""
+        return None if self._prompt_targets is None else self.inputs.view(self._prompt_targets)
 
     def sampling_tensors(self) -> SamplingTensors | None:
         """The last step's staged sampling parameters on the device (None: all greedy)."""

@@ -46,6 +46,8 @@ ALLOWED = {
     ): "the step's one read: the sampled tokens",
     ("gpu/logprobs.py", "read_sampled", "tolist"): "the step's one read, in place of the "
     "tokens' own on a step where a row asks for logprobs: tokens and logprobs together",
+    ("gpu/logprobs.py", "read_step", "tolist"): "the step's one read, in place of the tokens' "
+    "own on a step that scores prompt positions: tokens, logprobs and prompt logprobs together",
     ("gpu/sampling.py", "sample", "tolist"): "the wrapper for callers outside a step (the "
     "backend stages its rows and calls sample_tokens)",
     ("gpu/sampling.py", "SamplingRows.to_tensors", "tensor"): "for callers outside a step",

@@ -12,6 +12,7 @@ import pytest
 from messages.admission import (
     check_choices,
     check_lengths,
+    check_logprobs,
     check_max_new_tokens,
     check_sampling,
     check_token_ids,
@@ -267,6 +268,22 @@ def test_max_new_tokens_must_be_positive(max_new_tokens: int) -> None:
     assert error.message == f"max_new_tokens must be positive, got {max_new_tokens}"
     check_max_new_tokens(1)
     assert broken(lambda: lengths(10, max_new_tokens)).code is ErrorCode.INVALID_MAX_TOKENS
+
+
+def test_max_new_tokens_may_be_0_to_score_a_prompt() -> None:
+    check_max_new_tokens(0, scoring=True)
+    error = broken(lambda: check_max_new_tokens(-1, scoring=True))
+    assert error.code is ErrorCode.INVALID_MAX_TOKENS
+    assert "at least 0" in error.message
+
+
+@pytest.mark.parametrize("k", [-1, 21])
+def test_prompt_logprobs_range_is_logprobs(k: int) -> None:
+    error = broken(lambda: check_logprobs(k, "prompt_logprobs"))
+    assert error.code is ErrorCode.INVALID_SAMPLING_PARAMS
+    assert error.message.startswith("prompt_logprobs must be in [0, 20]")
+    check_logprobs(20, "prompt_logprobs")
+    check_logprobs(None, "prompt_logprobs")
 
 
 @pytest.mark.parametrize("max_new_tokens", [MAX_NEW_TOKENS + 1, 10**400])
