@@ -83,6 +83,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         min_tokens=request.min_tokens,
         constraint=constraint,
         logprobs=request.logprobs,
+        prompt_logprobs=request.prompt_logprobs,
     )
     return EngineRequest(
         request_id=request.id,

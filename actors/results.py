@@ -223,6 +223,8 @@ def engine_outcome(
     cached_tokens: int = 0,
     logprobs: TokenLogprobs | None = None,
     choices: list[Choice] | None = None,
+    prompt_logprobs: TokenLogprobs | None = None,
+    prompt_text: str | None = None,
 ) -> Outcome:
     """The outcome of a request that reached the engine (finished, aborted or refused there).
 
@@ -230,7 +232,8 @@ def engine_outcome(
     model has another count than the ingest's); `preemptions`: times it was preempted;
     `kv_blocks`: the KV-cache blocks it held at its end; `cached_tokens`: prompt tokens the
     prefix cache served; `logprobs`: the tokens' logprobs, when the request asked; `choices`:
-    every choice of a request with `n` > 1 (the fields above are the first's).
+    every choice of a request with `n` > 1 (the fields above are the first's);
+    `prompt_logprobs` and `prompt_text`: the prompt's, when the request asked for them.
     """
     if prompt_tokens is None:
         prompt_tokens = len(item.prompt_token_ids)
@@ -259,6 +262,8 @@ def engine_outcome(
         metadata=item.request.metadata,
         logprobs=logprobs,
         choices=choices or [],
+        prompt_logprobs=prompt_logprobs,
+        prompt_text=prompt_text,
     )
     return Outcome(
         record=item.record,

@@ -54,6 +54,12 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     - `n`: how many choices to generate, 1 to `messages.limits.MAX_CHOICES` (16); the result's
       `choices` holds them all (its `text` and `token_ids` are the first's). They share the
       prompt's prefill; a seeded request gives the same choices every time. Not with `stream`.
+    - `prompt_logprobs`: None (off), or how many most likely alternatives to report beside each
+      prompt token's own logprob, 0 to `messages.limits.MAX_PROMPT_LOGPROBS` (20); the result's
+      `prompt_logprobs` holds them (the first prompt token has none) and its `prompt_text` the
+      prompt decoded. Such a request computes its whole prompt (no prefix-cache hits: a cached
+      block has no logits). With it, `max_new_tokens` may be 0: the prompt is scored and
+      nothing generated (perplexity of a text).
     """
 
     v: int = SCHEMA_VERSION
@@ -91,3 +97,4 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     min_tokens: int = 0
     logprobs: int | None = None
     n: int = 1
+    prompt_logprobs: int | None = None

@@ -68,6 +68,11 @@ class TokenLogprobs(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
 
     Values are float32's, from the model's raw logits: before temperature, top-k/top-p,
     penalties and constraint masks (vLLM's default), so they do not change with the temperature.
+
+    A prompt's (`GenerateResult.prompt_logprobs`) has one entry per prompt token and
+    `unscored_first` true: no logits score the first prompt token, so entry 0's logprob (0.0)
+    and its empty alternatives are placeholders, shown as null (OpenAI's and vLLM's shapes);
+    `token_ids` holds the prompt's ids (a completion's are the result's `token_ids`).
     """
 
     tokens: list[str] = msgspec.field(default_factory=list)
@@ -75,6 +80,8 @@ class TokenLogprobs(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     top_ids: list[list[int]] = msgspec.field(default_factory=list)
     top_logprobs: list[list[float]] = msgspec.field(default_factory=list)
     top_tokens: list[list[str]] = msgspec.field(default_factory=list)
+    unscored_first: bool = False
+    token_ids: list[int] = msgspec.field(default_factory=list)  # a prompt's: its tokens' ids
 
 
 class Choice(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -96,6 +103,10 @@ class GenerateResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     `finish_reason` and `logprobs` above are the first's; `usage.completion_tokens` counts all
     of them); empty otherwise. With `n` choices a result is up to `n` times larger: one past
     the producer's limit is answered `result_too_large`.
+    `prompt_logprobs`: when the request asked for them, one entry per prompt token (the first a
+    placeholder: `TokenLogprobs.unscored_first`); with `n` > 1 they are the request's, here
+    once. `prompt_text`: then too, the prompt's tokens decoded as `text` is (special tokens
+    left out), for echoing the prompt (OpenAI's `echo`).
     """
 
     v: int = SCHEMA_VERSION
@@ -112,6 +123,8 @@ class GenerateResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     logprobs: TokenLogprobs | None = None
     choices: list[Choice] = msgspec.field(default_factory=list)
+    prompt_logprobs: TokenLogprobs | None = None
+    prompt_text: str | None = None
 
     @property
     def ok(self) -> bool:

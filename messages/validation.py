@@ -71,9 +71,10 @@ def check_request(request: GenerateRequest) -> None:
         raise InvalidRequest(ErrorCode.EMPTY_PROMPT, f"`{given[0]}` is empty")
     if request.prompt_token_ids is not None:
         check_token_ids(request.prompt_token_ids, "prompt_token_ids")
-    check_max_new_tokens(request.max_new_tokens)
+    check_max_new_tokens(request.max_new_tokens, scoring=request.prompt_logprobs is not None)
     check_sampling(request)
     check_logprobs(request.logprobs)
+    check_logprobs(request.prompt_logprobs, "prompt_logprobs")
     check_choices(request.n, stream=request.stream)
     if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(

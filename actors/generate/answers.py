@@ -47,6 +47,8 @@ def wire_logprobs(logprobs: CompletionLogprobs | None) -> TokenLogprobs | None:
         top_ids=logprobs.top_ids,
         top_logprobs=logprobs.top_logprobs,
         top_tokens=logprobs.top_tokens,
+        unscored_first=logprobs.unscored_first,
+        token_ids=logprobs.token_ids,
     )
 
 
@@ -108,6 +110,8 @@ class Answers:
                     cached_tokens=completion.cached_tokens,
                     logprobs=wire_logprobs(completion.logprobs),
                     choices=wire_choices(completion),
+                    prompt_logprobs=wire_logprobs(completion.prompt_logprobs),
+                    prompt_text=completion.prompt_text,
                 )
             )
 

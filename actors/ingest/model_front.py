@@ -104,6 +104,7 @@ class ModelFront:
             max_prompt_tokens=self.max_prompt_tokens,
             max_new_tokens_limit=self.max_new_tokens,
             max_model_len=self.max_model_len,
+            scoring=request.prompt_logprobs is not None,
         )
         return ids
 

@@ -55,3 +55,13 @@ def test_the_request_s_constraint_reaches_the_engine(
     runs = engine_request(admitted(request), [5, 6, 7])
     assert runs.params.constraint == constraint
     assert runs.request_id == "r1" and list(runs.prompt_token_ids) == [5, 6, 7]
+
+
+def test_prompt_logprobs_and_a_scoring_length_reach_the_engine() -> None:
+    request = GenerateRequest(id="r1", prompt="Hi", max_new_tokens=0, prompt_logprobs=3)
+    runs = engine_request(admitted(request), [5, 6, 7])
+    assert (runs.params.prompt_logprobs, runs.params.max_new_tokens) == (3, 0)
+    assert (
+        engine_request(admitted(GenerateRequest(id="r2", prompt="Hi")), [5]).params.prompt_logprobs
+        is None
+    )

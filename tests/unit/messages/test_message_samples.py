@@ -50,12 +50,14 @@ SAMPLE_FILES = {
     "request_logprobs.json",
     "request_minimal.json",
     "request_penalties.json",
+    "request_prompt_logprobs.json",
     "request_stream.json",
     "request_structured_output.json",
     "request_token_ids.json",
     "result_deadline.json",
     "result_error.json",
     "result_logprobs.json",
+    "result_prompt_logprobs.json",
     "result_success.json",
 }
 
@@ -317,3 +319,16 @@ def test_dead_letter_codes() -> None:
 
 def test_finish_reasons() -> None:
     assert [reason.value for reason in FinishReason] == FINISH_REASONS
+
+
+def test_prompt_logprobs_samples() -> None:
+    request = load("request_prompt_logprobs.json")
+    assert request.prompt_logprobs == 1 and request.max_new_tokens == 0
+    result = load("result_prompt_logprobs.json")
+    assert result.prompt_logprobs.unscored_first
+    assert result.prompt_logprobs.token_logprobs[1:] == [-7.5, -1.25]
+    assert result.prompt_text == "The capital of"
+    # Older results (and requests) have none.
+    assert load("result_logprobs.json").prompt_logprobs is None
+    assert load("result_logprobs.json").logprobs.unscored_first is False
+    assert load("request_logprobs.json").prompt_logprobs is None

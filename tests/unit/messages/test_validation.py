@@ -101,6 +101,20 @@ def test_max_new_tokens_must_be_positive(max_new_tokens: int) -> None:
     assert str(max_new_tokens) in error.message
 
 
+def test_max_new_tokens_may_be_0_with_prompt_logprobs() -> None:
+    check_request(request(max_new_tokens=0, prompt_logprobs=0))
+    error = broken(request(max_new_tokens=-1, prompt_logprobs=0))
+    assert error.code is ErrorCode.INVALID_MAX_TOKENS
+
+
+@pytest.mark.parametrize("k", [-1, 21])
+def test_prompt_logprobs_in_0_to_20(k: int) -> None:
+    error = broken(request(prompt_logprobs=k))
+    assert error.code is ErrorCode.INVALID_SAMPLING_PARAMS
+    assert error.message.startswith("prompt_logprobs must be in [0, 20]")
+    check_request(request(prompt_logprobs=20))
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [

@@ -92,6 +92,26 @@ async def test_a_runs_logprobs_reach_every_result() -> None:
         )  # fmt: skip
 
 
+async def test_a_runs_prompt_logprobs_and_text_reach_the_result() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    prompt = CompletionLogprobs(
+        tokens=["x", "y"], token_logprobs=[0.0, -2.0], top_ids=[[], [4]], top_logprobs=[[], [-1.0]],
+        top_tokens=[[], ["z"]], unscored_first=True, token_ids=[5, 6],
+    )  # fmt: skip
+    await answer.finished(
+        entry, replace(completion(), prompt_logprobs=prompt, prompt_text="xy", token_ids=[])
+    )
+    [outcome] = sent(outcomes)
+    assert isinstance(outcome, Outcome)
+    assert outcome.result.prompt_text == "xy"
+    assert outcome.result.prompt_logprobs == TokenLogprobs(
+        tokens=["x", "y"], token_logprobs=[0.0, -2.0], top_ids=[[], [4]], top_logprobs=[[], [-1.0]],
+        top_tokens=[[], ["z"]], unscored_first=True, token_ids=[5, 6],
+    )  # fmt: skip
+    assert outcome.result.usage.completion_tokens == 0
+
+
 async def test_a_streamed_requests_last_chunk_goes_before_its_result() -> None:
     answer, outcomes = answers()
     stream = TokenStream(

@@ -220,6 +220,14 @@ def test_prompt_too_long(front: ModelFront, tokenizer: Tokenizer) -> None:
     assert refused(front, request(prompt=text)).code is ErrorCode.PROMPT_TOO_LONG
 
 
+def test_max_new_tokens_0_only_to_score_a_prompt(front: ModelFront) -> None:
+    assert front.prompt_tokens(
+        request(prompt_token_ids=[1, 2], max_new_tokens=0, prompt_logprobs=0)
+    )
+    error = refused(front, request(prompt_token_ids=[1, 2], max_new_tokens=0))
+    assert error.code is ErrorCode.INVALID_MAX_TOKENS
+
+
 def test_max_new_tokens_over_the_cap(front: ModelFront) -> None:
     assert front.prompt_tokens(request(prompt_token_ids=[1], max_new_tokens=MAX_NEW_TOKENS))
     error = refused(front, request(prompt_token_ids=[1], max_new_tokens=MAX_NEW_TOKENS + 1))
