@@ -19,7 +19,7 @@ code, the message and the input line number.
 
 Penalties and biases are honoured: OpenAI's `presence_penalty`, `frequency_penalty` and
 `logit_bias` (keys are token ids written as strings), and vLLM's `repetition_penalty`, `min_p`
-and `min_tokens`. Body fields tokenmill cannot honour (`echo`, `suffix`, …, any
+and `min_tokens`. Body fields tokenmill cannot honour (`suffix`, …, any
 field it does not know) are refused, never silently ignored; only fields that
 cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
 ignored. An omitted `temperature` means greedy, tokenmill's default, not OpenAI's 1.0.
@@ -28,7 +28,15 @@ Logprobs are served: completions' `logprobs: k` and chat's `logprobs: true` with
 `top_logprobs: k` (k in 0..20), in OpenAI's shapes (`CompletionLogprobs`, `ChatLogprobs`). The
 values are the model's raw logits' (before temperature, penalties and constraints: vLLM's
 default); token texts are each token decoded alone (a piece of a UTF-8 character reads as
-U+FFFD, and its `bytes` are that text's). `echo` (prompt logprobs) is still refused.
+U+FFFD, and its `bytes` are that text's).
+
+Prompt logprobs, completions only: `echo: true` answers with the prompt's text before the
+completion's and, with `logprobs: k`, the prompt's tokens before the completion's in
+`logprobs` (the first prompt token's `token_logprobs` and `top_logprobs` entries null, as no
+logits score it); `max_tokens: 0` is allowed with it (score a text, generate nothing). vLLM's
+`prompt_logprobs: k` answers with the choice's `prompt_logprobs` in vLLM's shape
+(`PromptLogprob`): null first, then per prompt token `{token id: {logprob, rank,
+decoded_token}}` holding the token and the k most likely (`rank` null for a token outside them).
 
 Constraints are served in the fields users' files carry, one per line: OpenAI's
 `response_format` (chat), vLLM's `structured_outputs` (`json`, `regex`, `choice`, `grammar`,
@@ -93,6 +101,7 @@ class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False)
     best_of: int | None = None
     logprobs: int | None = None
     suffix: str | None = None
+    prompt_logprobs: int | None = None  # vLLM's extension: the prompt tokens' logprobs
 
 
 class ContentPart(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -146,12 +155,23 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     """A completion choice's `logprobs` (the legacy completions shape), one entry per token:
     its text, its logprob, `{token text: logprob}` of the `logprobs` most likely tokens (and the
     chosen one, when not among them: up to k + 1 entries, as OpenAI gives), and where its text
-    starts in the completion's text (its tokens' texts laid end to end)."""
+    starts in the completion's text (its tokens' texts laid end to end). With `echo` the
+    prompt's tokens come first, the first one's logprob and alternatives null."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    """One token at one prompt position, in vLLM's `prompt_logprobs` shape: its logprob, its
+    rank among the position's alternatives (1 = most likely; null when it is not among the k
+    reported) and its text decoded alone."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
@@ -159,6 +179,8 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str
+    # vLLM's: per prompt token (null for the first), by token id (as a string)
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class Completion(msgspec.Struct, kw_only=True):

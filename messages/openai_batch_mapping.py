@@ -6,6 +6,13 @@
     out = refusal_line(refused, line_number=7)            # a BatchOutputLine with `error`
 
 Pure functions: no I/O, no clock except `created` stamps.
+
+Prompt logprobs (completions' `echo` and vLLM's `prompt_logprobs`) become the request's
+`prompt_logprobs` (the most alternatives either asks); what the line asked rides in the request's
+metadata beside `custom_id` (`ECHO_KEY`: the line's `logprobs`, "" for none; `PROMPT_LOGPROBS_KEY`)
+and comes back in the result's, so `answer_line` shapes the answer from the result alone. The
+echoed text is the result's `prompt_text`: the worker decodes the prompt's tokens, so a prompt
+given as token ids is echoed too.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from messages.openai_batch import (
     ErrorBody,
     ErrorObject,
     LineError,
+    PromptLogprob,
     PromptTokensDetails,
     TokenUsage,
     TopLogprob,
@@ -86,6 +94,9 @@ _STATUS = {
 _Body = TypeVar("_Body", CompletionBody, ChatCompletionBody)
 _PATH = re.compile(r"(?:at `\$\.|missing required field `)([A-Za-z_]+)")
 _TOKEN_ID = re.compile(r"-?[0-9]{1,20}")  # out-of-range ids are refused with the request
+# The request metadata a line's prompt-logprob asks ride in (see the module's docstring).
+ECHO_KEY = "openai.echo"
+PROMPT_LOGPROBS_KEY = "openai.prompt_logprobs"
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -145,7 +156,7 @@ def to_request(
         exc.custom_id = line.custom_id
         raise
     fields["id"] = request_id
-    fields["metadata"] = {"custom_id": line.custom_id}
+    fields["metadata"] = {"custom_id": line.custom_id, **fields.get("metadata", {})}
     if model is not None:
         fields["model"] = model
     if fields.get("max_new_tokens") is None:
@@ -164,7 +175,6 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     if line.url == COMPLETIONS_URL:
         completion = _convert(line.body, CompletionBody)
         _refuse_unsupported(completion)
-        _refuse_if(bool(completion.echo), "echo")
         if completion.best_of is not None and completion.best_of != (completion.n or 1):
             raise BatchLineRefused(
                 LineCode.UNSUPPORTED_PARAMETER,
@@ -177,7 +187,7 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
         fields |= constraint_fields(completion)
         if completion.logprobs is not None:
             fields["logprobs"] = completion.logprobs  # its range is checked with the request
-        return fields
+        return fields | _prompt_logprobs_fields(completion)
     assert line.url == CHAT_COMPLETIONS_URL
     chat = _convert(line.body, ChatCompletionBody)
     _refuse_unsupported(chat)
@@ -197,6 +207,25 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     tool_call = tool_call_format(chat.tools, chat.tool_choice)
     fields |= constraint_fields(chat, response_format=chat.response_format, tool_call=tool_call)
     return fields
+
+
+def _prompt_logprobs_fields(completion: CompletionBody) -> dict[str, Any]:
+    """The request's `prompt_logprobs` for `echo` and vLLM's `prompt_logprobs`, and the
+    metadata saying what the answer shows (ranges are checked with the request)."""
+    echo, asked = bool(completion.echo), completion.prompt_logprobs
+    if not echo and asked is None:
+        return {}
+    metadata = {}
+    ks = [asked or 0]
+    if echo:  # the prompt's text at least; its logprobs with the line's `logprobs`
+        metadata[ECHO_KEY] = "" if completion.logprobs is None else str(completion.logprobs)
+        ks.append(completion.logprobs or 0)
+    if asked is not None:
+        metadata[PROMPT_LOGPROBS_KEY] = str(asked)
+    return {
+        "prompt_logprobs": asked if asked is not None and asked < 0 else max(ks),
+        "metadata": metadata,
+    }
 
 
 def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
@@ -371,7 +400,7 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         id=f"cmpl-{result.id}",
         created=created,
         model=model,
-        choices=[_completion_choice(c) for c in choices],
+        choices=[_completion_choice(c, result) for c in choices],
         usage=usage,
     )
 
@@ -393,13 +422,64 @@ def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
     )
 
 
-def _completion_choice(choice: Choice) -> CompletionChoice:
+def _completion_choice(choice: Choice, result: GenerateResult) -> CompletionChoice:
+    """`choice` in the completions shape; with the line's `echo` the prompt (its text, and
+    its logprobs before the completion's), with its `prompt_logprobs` vLLM's field (the
+    prompt's are the request's, the same for every choice)."""
+    asked = result.metadata
+    prompt = result.prompt_logprobs
+    text, parts = choice.text, [] if choice.logprobs is None else [choice.logprobs]
+    if ECHO_KEY in asked and result.prompt_text is not None:
+        text = result.prompt_text + text
+        if asked[ECHO_KEY] and prompt is not None:
+            parts.insert(0, _top(prompt, int(asked[ECHO_KEY])))
+    vllm = None
+    if PROMPT_LOGPROBS_KEY in asked and prompt is not None:
+        vllm = _vllm_prompt_logprobs(_top(prompt, int(asked[PROMPT_LOGPROBS_KEY])))
     return CompletionChoice(
         index=choice.index,
-        text=choice.text,
-        logprobs=None if choice.logprobs is None else _completion_logprobs(choice.logprobs),
+        text=text,
+        logprobs=_completion_logprobs(*parts) if parts else None,
         finish_reason=str(choice.finish_reason),
+        prompt_logprobs=vllm,
     )
+
+
+def _top(lp: TokenLogprobs, k: int) -> TokenLogprobs:
+    """`lp` with each position's alternatives cut to the `k` most likely."""
+    return msgspec.structs.replace(
+        lp,
+        top_ids=[ids[:k] for ids in lp.top_ids],
+        top_logprobs=[values[:k] for values in lp.top_logprobs],
+        top_tokens=[texts[:k] for texts in lp.top_tokens],
+    )
+
+
+def _vllm_prompt_logprobs(lp: TokenLogprobs) -> list[dict[str, PromptLogprob] | None]:
+    """A prompt's logprobs in vLLM's shape: null for the first token, then per token
+    `{id: PromptLogprob}` of the token itself (first; its rank null when it is not among the
+    k reported) and the k most likely (ranks 1..k)."""
+    out: list[dict[str, PromptLogprob] | None] = []
+    for i, (own, token, logprob, ids, values, texts) in enumerate(
+        zip(
+            lp.token_ids,
+            lp.tokens,
+            lp.token_logprobs,
+            lp.top_ids,
+            lp.top_logprobs,
+            lp.top_tokens,
+            strict=True,
+        )
+    ):
+        if i == 0 and lp.unscored_first:
+            out.append(None)
+            continue
+        rank = ids.index(own) + 1 if own in ids else None
+        entry = {str(own): PromptLogprob(logprob=logprob, rank=rank, decoded_token=token)}
+        for place, (tid, value, text) in enumerate(zip(ids, values, texts, strict=True), 1):
+            entry.setdefault(str(tid), PromptLogprob(logprob=value, rank=place, decoded_token=text))
+        out.append(entry)
+    return out
 
 
 def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
@@ -422,21 +502,31 @@ def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     )
 
 
-def _completion_logprobs(lp: TokenLogprobs) -> CompletionLogprobs:
-    """The result's logprobs in the completions shape; a top-k dict also holds the chosen
-    token, as OpenAI's do (two tokens with one text share an entry: the likelier stays)."""
-    top: list[dict[str, float]] = []
-    for token, logprob, texts, values in zip(
-        lp.tokens, lp.token_logprobs, lp.top_tokens, lp.top_logprobs, strict=True
-    ):
-        entry: dict[str, float] = {}
-        for text, value in zip(texts, values, strict=True):
-            entry.setdefault(text, value)  # most likely first
-        entry.setdefault(token, logprob)
-        top.append(entry)
-    offsets = list(itertools.accumulate((len(t) for t in lp.tokens), initial=0))[:-1]
+def _completion_logprobs(*parts: TokenLogprobs) -> CompletionLogprobs:
+    """The result's logprobs (with `echo`, the prompt's then the completion's) in the
+    completions shape; a top-k dict also holds the chosen token, as OpenAI's do (two tokens
+    with one text share an entry: the likelier stays). A prompt's first token is null."""
+    tokens: list[str] = []
+    logprobs: list[float | None] = []
+    top: list[dict[str, float] | None] = []
+    for lp in parts:
+        for i, (token, logprob, texts, values) in enumerate(
+            zip(lp.tokens, lp.token_logprobs, lp.top_tokens, lp.top_logprobs, strict=True)
+        ):
+            tokens.append(token)
+            if i == 0 and lp.unscored_first:  # no logits score a prompt's first token
+                logprobs.append(None)
+                top.append(None)
+                continue
+            entry: dict[str, float] = {}
+            for text, value in zip(texts, values, strict=True):
+                entry.setdefault(text, value)  # most likely first
+            entry.setdefault(token, logprob)
+            logprobs.append(logprob)
+            top.append(entry)
+    offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
     return CompletionLogprobs(
-        tokens=lp.tokens, token_logprobs=lp.token_logprobs, top_logprobs=top, text_offset=offsets
+        tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets
     )
 
 

@@ -321,7 +321,6 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
     [
         (chat_line, {"stream": True}, "stream"),
         (completion_line, {"stream": True}, "stream"),
-        (completion_line, {"echo": True}, "echo"),
         (completion_line, {"best_of": 3}, "best_of"),
         (completion_line, {"suffix": "!"}, "suffix"),
         # tools with tool_choice "auto" (their default): openai_tools says why
@@ -408,7 +407,13 @@ def test_a_completion_result_answers_with_a_text_completion() -> None:
         "created": 1_700_000_000,
         "model": "smollm2-135m",
         "choices": [
-            {"index": 0, "text": "Hello there", "logprobs": None, "finish_reason": "length"}
+            {
+                "index": 0,
+                "text": "Hello there",
+                "logprobs": None,
+                "finish_reason": "length",
+                "prompt_logprobs": None,  # vLLM's field, null unless asked
+            }
         ],
         "usage": {
             "prompt_tokens": 3,
@@ -780,3 +785,127 @@ def test_a_penalty_out_of_range_is_refused_with_its_error_code(
 ) -> None:
     refused = request_refused(completion_line(custom_id="p1", **body))
     assert (refused.code, refused.custom_id) == (code, "p1")
+
+
+# --- prompt logprobs: echo and vLLM's prompt_logprobs ------------------------------------------
+
+PROMPT = TokenLogprobs(
+    tokens=["The", " sky", " is"],
+    token_logprobs=[0.0, -3.0, -0.5],
+    top_ids=[[], [11, 12, 13], [14, 15, 16]],
+    top_logprobs=[[], [-1.0, -2.0, -2.5], [-0.5, -1.5, -3.0]],
+    top_tokens=[[], [" sun", " sea", " day"], [" is", " was", " has"]],
+    unscored_first=True,
+    token_ids=[10, 99, 14],
+)
+
+
+def scored_result(line: BatchInputLine, **fields: Any) -> GenerateResult:
+    """A result for `line`'s request, as a worker answers it (the request's metadata back)."""
+    made = request(line)
+    return ok_result(
+        metadata=made.metadata, prompt_logprobs=PROMPT, prompt_text="The sky is", **fields
+    )
+
+
+def completion_choice(line: BatchInputLine, result: GenerateResult) -> dict[str, Any]:
+    body = as_json(answer_line(line.custom_id, COMPLETIONS_URL, result))["response"]["body"]
+    choice: dict[str, Any] = body["choices"][0]
+    return choice
+
+
+def test_echo_asks_the_prompts_logprobs_with_the_lines_k() -> None:
+    made = request(completion_line(echo=True, logprobs=2, max_tokens=0))
+    assert (made.prompt_logprobs, made.logprobs, made.max_new_tokens) == (2, 2, 0)
+    # Echo without logprobs still needs the prompt's text: the prompt is scored with k = 0.
+    assert request(completion_line(echo=True)).prompt_logprobs == 0
+    # Both: the most either asks; each answer cuts its own.
+    assert request(completion_line(echo=True, logprobs=1, prompt_logprobs=4)).prompt_logprobs == 4
+    assert request(completion_line(prompt_logprobs=3)).prompt_logprobs == 3
+
+
+def test_max_tokens_0_needs_prompt_logprobs() -> None:
+    refused = request_refused(completion_line(max_tokens=0, logprobs=1))
+    assert refused.code is ErrorCode.INVALID_MAX_TOKENS
+    assert request(completion_line(max_tokens=0, prompt_logprobs=0)).max_new_tokens == 0
+
+
+@pytest.mark.parametrize("k", [-1, 21])
+def test_prompt_logprobs_out_of_range_are_refused(k: int) -> None:
+    refused = request_refused(completion_line(prompt_logprobs=k))
+    assert refused.code is ErrorCode.INVALID_SAMPLING_PARAMS
+    assert "prompt_logprobs" in refused.message
+
+
+def test_echo_with_logprobs_covers_the_prompt_then_the_completion() -> None:
+    line = completion_line(echo=True, logprobs=2)
+    choice = completion_choice(line, scored_result(line, text="Hello", logprobs=LOGPROBS))
+    assert choice["text"] == "The sky isHello"
+    assert choice["logprobs"] == {
+        "tokens": ["The", " sky", " is", "Hel", "lo"],
+        "token_logprobs": [None, -3.0, -0.5, -0.25, -1.5],
+        "top_logprobs": [
+            None,
+            {" sun": -1.0, " sea": -2.0, " sky": -3.0},  # k = 2, and the prompt's own token
+            {" is": -0.5, " was": -1.5},
+            {"Hel": -0.25, "Hi": -2.0},
+            {"!": -1.0, "é": -1.25, "lo": -1.5},
+        ],
+        "text_offset": [0, 3, 7, 10, 13],
+    }
+    assert choice["prompt_logprobs"] is None  # vLLM's field only when asked
+
+
+def test_echo_with_max_tokens_0_is_the_prompts_logprobs_only() -> None:
+    line = completion_line(echo=True, logprobs=0, max_tokens=0)
+    result = scored_result(line, text="", token_ids=[], logprobs=TokenLogprobs())
+    choice = completion_choice(line, result)
+    assert choice["text"] == "The sky is"
+    assert choice["logprobs"]["tokens"] == ["The", " sky", " is"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -3.0, -0.5]
+    assert choice["logprobs"]["top_logprobs"] == [None, {" sky": -3.0}, {" is": -0.5}]
+    assert choice["logprobs"]["text_offset"] == [0, 3, 7]
+
+
+def test_echo_without_logprobs_is_the_text_only() -> None:
+    line = completion_line(echo=True)
+    choice = completion_choice(line, scored_result(line, text="Hello"))
+    assert (choice["text"], choice["logprobs"]) == ("The sky isHello", None)
+
+
+def test_vllm_prompt_logprobs_in_vllms_shape() -> None:
+    line = completion_line(prompt_logprobs=2, max_tokens=0)
+    choice = completion_choice(line, scored_result(line, text="", token_ids=[]))
+    assert choice["text"] == ""  # no echo
+    assert choice["logprobs"] is None
+    assert choice["prompt_logprobs"] == [
+        None,
+        {
+            "99": {"logprob": -3.0, "rank": None, "decoded_token": " sky"},  # not in the top 2
+            "11": {"logprob": -1.0, "rank": 1, "decoded_token": " sun"},
+            "12": {"logprob": -2.0, "rank": 2, "decoded_token": " sea"},
+        },
+        {
+            "14": {"logprob": -0.5, "rank": 1, "decoded_token": " is"},
+            "15": {"logprob": -1.5, "rank": 2, "decoded_token": " was"},
+        },
+    ]
+
+
+def test_every_choice_echoes_the_requests_prompt() -> None:
+    line = completion_line(echo=True, logprobs=1, n=2)
+    choices = [
+        Choice(index=i, text=t, token_ids=[1], finish_reason=FinishReason.LENGTH, logprobs=lp)
+        for i, (t, lp) in enumerate([("A", LOGPROBS), ("B", LOGPROBS)])
+    ]
+    result = scored_result(line, choices=choices)
+    body = as_json(answer_line("q1", COMPLETIONS_URL, result))["response"]["body"]
+    assert [c["text"] for c in body["choices"]] == ["The sky isA", "The sky isB"]
+    for c in body["choices"]:
+        assert c["logprobs"]["tokens"][:3] == ["The", " sky", " is"]
+        assert c["logprobs"]["token_logprobs"][0] is None
+
+
+def test_chat_has_no_prompt_logprobs_field() -> None:
+    refused = request_refused(chat_line(prompt_logprobs=1))
+    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "prompt_logprobs")
