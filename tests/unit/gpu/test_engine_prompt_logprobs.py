@@ -194,3 +194,23 @@ def test_static_decode_path_unchanged(models) -> None:  # type: ignore[no-untype
     run = run_all(Engine(model, replace(CHUNKY, decode_graphs="eager")), requests)
     for prompt, completion in zip(prompts, run.completions, strict=True):
         assert_prompt_matches(completion, prompt, hf_prompt_logprobs(hf, prompt), 2)
+
+
+def test_only_the_scoring_requests_rows_are_added(models) -> None:  # type: ignore[no-untyped-def]
+    model, _ = models["llama"]
+    engine = Engine(model, CHUNKY)
+    plain = SamplingParams(max_new_tokens=2)
+    engine.add(EngineRequest("plain", [5, 6, 7, 8], plain))
+    step = engine.backend.prepare(engine.scheduler.schedule())
+    assert step.inputs is not None and not step.scored
+    assert step.inputs.logits_rows.tolist() == [3]  # no scoring request: the sampled row alone
+
+    engine = Engine(model, CHUNKY)
+    engine.add(EngineRequest("plain", [5, 6, 7, 8], plain))
+    engine.add(EngineRequest("scored", [9, 10, 11], replace(plain, prompt_logprobs=1)))
+    step = engine.backend.prepare(engine.scheduler.schedule())
+    assert step.inputs is not None
+    # The sampled rows keep their places (the prompts' last tokens, rows 3 and 6); the scoring
+    # prompt's positions 0 and 1 (rows 4 and 5) follow them.
+    assert step.inputs.logits_rows.tolist() == [3, 6, 4, 5]
+    assert [(c.seq.request_id, r) for c, r in step.scored.items()] == [("scored", range(0, 2))]
