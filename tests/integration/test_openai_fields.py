@@ -57,6 +57,9 @@ LINES: list[dict[str, Any]] = [
     ),
     chat("biased", "Count: 1, 2, 3,", max_tokens=8, min_tokens=8, logit_bias={"28": -100}),  # ","
     completion("min-p", "Once upon a time", max_tokens=8, temperature=1.0, seed=11, min_p=0.2),
+    # Prompt logprobs: a text scored (perplexity), and vLLM's field beside a completion.
+    completion("echo-score", "The capital of France is", max_tokens=0, echo=True, logprobs=3),
+    completion("prompt-logprobs", "The capital of France is", max_tokens=3, prompt_logprobs=2),
 ]
 
 
@@ -151,3 +154,18 @@ async def test_a_batch_file_with_the_openai_fields_is_answered_as_the_engine_ans
     biased = served["biased"]["response"]["body"]
     assert biased["usage"]["completion_tokens"] == 8  # min_tokens: no EOS before 8
     assert "," not in biased["choices"][0]["message"]["content"]
+
+    # Prompt logprobs: echo with max_tokens 0 is the prompt alone, its first token null.
+    echoed_body = served["echo-score"]["response"]["body"]
+    [echoed] = echoed_body["choices"]
+    assert echoed["text"] == "The capital of France is"
+    assert echoed_body["usage"]["completion_tokens"] == 0
+    prompt_tokens = echoed_body["usage"]["prompt_tokens"]
+    assert len(echoed["logprobs"]["tokens"]) == prompt_tokens
+    assert echoed["logprobs"]["token_logprobs"][0] is None
+    assert echoed["logprobs"]["top_logprobs"][0] is None
+    assert all(v is not None and v <= 0 for v in echoed["logprobs"]["token_logprobs"][1:])
+    [vllm] = served["prompt-logprobs"]["response"]["body"]["choices"]
+    assert vllm["prompt_logprobs"][0] is None and len(vllm["prompt_logprobs"]) == prompt_tokens
+    assert all(2 <= len(entry) <= 3 for entry in vllm["prompt_logprobs"][1:])
+    assert not vllm["text"].startswith("The capital")  # no echo
