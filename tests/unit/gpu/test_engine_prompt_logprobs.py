@@ -214,3 +214,21 @@ def test_only_the_scoring_requests_rows_are_added(models) -> None:  # type: igno
     # prompt's positions 0 and 1 (rows 4 and 5) follow them.
     assert step.inputs.logits_rows.tolist() == [3, 6, 4, 5]
     assert [(c.seq.request_id, r) for c, r in step.scored.items()] == [("scored", range(0, 2))]
+
+
+@pytest.mark.slow
+def test_smollm2_prompt_logprobs_match_transformers(smollm2_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = load_model(smollm2_path)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
+    ).eval()
+    texts = ["The capital of France is Paris.", "def fibonacci(n):", "Kafka topics carry"]
+    prompts = model.tokenizer.encode_batch(texts)
+    params = SamplingParams(max_new_tokens=0, prompt_logprobs=K)
+    requests = [EngineRequest(str(i), p, params) for i, p in enumerate(prompts)]
+    run = run_all(Engine(model, EngineConfig(max_num_batched_tokens=8)), requests)
+    for prompt, completion in zip(prompts, run.completions, strict=True):
+        assert completion.token_ids == []
+        assert_prompt_matches(completion, prompt, hf_prompt_logprobs(hf, prompt), K)
