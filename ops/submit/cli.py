@@ -41,6 +41,13 @@ from ops.connection.options import kafka_connection, kafka_options
     help="For PROMPT: each token's logprob and its K most likely alternatives (0-20), in the "
     "printed result's `logprobs`.",
 )
+@click.option(
+    "--prompt-logprobs",
+    type=int,
+    default=None,
+    help="For PROMPT: each prompt token's logprob and its K most likely alternatives (0-20), in "
+    "the printed result's `prompt_logprobs`; with it --max-new-tokens may be 0 (score the text).",
+)
 @click.option("--presence-penalty", type=float, default=None, help="For PROMPT: -2 to 2.")
 @click.option("--frequency-penalty", type=float, default=None, help="For PROMPT: -2 to 2.")
 @click.option("--repetition-penalty", type=float, default=None, help="For PROMPT: 0.01 to 2.")
@@ -136,7 +143,7 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
         if kwargs[name] is not None:
             fields[field] = kwargs[name]
     penalties = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
-    for name in (*penalties, "min_tokens"):
+    for name in (*penalties, "min_tokens", "prompt_logprobs"):
         if kwargs.get(name) is not None:
             fields[name] = kwargs[name]
     if kwargs.get("logit_bias"):

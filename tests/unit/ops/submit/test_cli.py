@@ -29,6 +29,12 @@ def test_logprobs_are_asked_only_when_given() -> None:
     assert _prompt_request(options(logprobs=5)).logprobs == 5
 
 
+def test_prompt_logprobs_are_asked_only_when_given() -> None:
+    assert _prompt_request(options()).prompt_logprobs is None
+    scoring = _prompt_request(options(prompt_logprobs=2, max_new_tokens=0))
+    assert (scoring.prompt_logprobs, scoring.max_new_tokens) == (2, 0)
+
+
 def test_a_regex_a_choice_or_a_grammar_file_is_the_structured_output(tmp_path: Path) -> None:
     assert _prompt_request(options()).structured_output is None
     regex = _prompt_request(options(regex="[0-9]+")).structured_output
