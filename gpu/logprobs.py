@@ -102,17 +102,31 @@ def _id_dtype(vocab: int) -> torch.dtype:
     return torch.float32 if vocab <= 1 << 24 else torch.float64
 
 
+# Prompt rows log-softmaxed at once: a chunk may score hundreds of positions, and each pass
+# holds float32 copies of its rows' logits; this many keeps them within what sampling's rows use.
+PROMPT_ROWS_PER_PASS = 64
+
+
 def prompt_logprobs(
     logits: torch.Tensor,  # [rows, vocab] float32: prompt positions' logits, as the model's
     targets: torch.Tensor,  # [rows] int64: the prompt token each row scores (the next one)
     k: int,  # alternatives per row (the most any scored request asks for)
 ) -> torch.Tensor:  # [rows, 1 + 2k]: the target's logprob, top-k values, top-k ids
-    """Each row's log-softmax at its target and its top `k`, packed for `read_step`."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [rows, vocab]
-    chosen = logp.gather(-1, targets.unsqueeze(-1))  # [rows, 1]
-    top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [rows, k] each
-    dtype = _id_dtype(logp.shape[-1])
-    return torch.cat([chosen.to(dtype), top.values.to(dtype), top.indices.to(dtype)], dim=-1)
+    """Each row's log-softmax at its target and its top `k`, packed for `read_step`
+    (`PROMPT_ROWS_PER_PASS` rows at a time)."""
+    dtype = _id_dtype(logits.shape[-1])
+    k = min(k, logits.shape[-1])
+    packed = []
+    for begin in range(0, logits.shape[0], PROMPT_ROWS_PER_PASS):
+        rows = slice(begin, begin + PROMPT_ROWS_PER_PASS)
+        logp = torch.log_softmax(logits[rows].float(), dim=-1)  # [pass rows, vocab]
+        chosen = logp.gather(-1, targets[rows].unsqueeze(-1))  # [pass rows, 1]
+        top = logp.topk(k, dim=-1)  # [pass rows, k] each
+        columns = [chosen, top.values, top.indices]
+        packed.append(torch.cat([c.to(dtype) for c in columns], dim=-1))
+    if len(packed) == 1:
+        return packed[0]
+    return torch.cat(packed) if packed else logits.new_empty((0, 1 + 2 * k), dtype=dtype)
 
 
 def unpack_prompt_row(row: Sequence[float], k: int) -> TokenLogprob:

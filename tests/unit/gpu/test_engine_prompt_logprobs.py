@@ -102,6 +102,15 @@ def test_chunked_prefill_contributes_each_chunk(models) -> None:  # type: ignore
     assert_prompt_matches(done[0], prompt, hf_prompt_logprobs(hf, prompt), 3)
 
 
+def test_a_long_chunk_is_scored_in_passes(models) -> None:  # type: ignore[no-untyped-def]
+    model, hf = models["qwen2"]
+    prompt = random_prompts(model.config.vocab_size, 1, seed=28, low=150, high=151)[0]
+    config = replace(CHUNKY, max_num_batched_tokens=256)  # one chunk: 149 rows, 3 passes
+    params = SamplingParams(max_new_tokens=1, prompt_logprobs=4)
+    [done] = run_all(Engine(model, config), [EngineRequest("a", prompt, params)]).completions
+    assert_prompt_matches(done, prompt, hf_prompt_logprobs(hf, prompt), 4)
+
+
 def test_a_cached_prefix_is_recomputed_for_its_logprobs(models) -> None:  # type: ignore[no-untyped-def]
     model, hf = models["qwen2"]
     vocab = model.config.vocab_size
