@@ -70,8 +70,19 @@ def to_asked(
         raise ApiError.refused(exc) from None
     tool_call = calls_tool(line)
     if stream:
-        if tool_call or request.logprobs is not None:
-            param = "tools" if tool_call else "logprobs"
+        # A chunk carries text only: what only the final answer can hold is not streamed.
+        unstreamable = [
+            name
+            for name, asked in (
+                ("tools", tool_call),
+                ("logprobs", request.logprobs is not None),
+                ("echo", bool(body.get("echo"))),
+                ("prompt_logprobs", request.prompt_logprobs is not None),
+            )
+            if asked
+        ]
+        if unstreamable:
+            param = unstreamable[0]
             raise ApiError(
                 400,
                 f"`{param}` with `stream: true` is not supported: ask without streaming",

@@ -35,6 +35,27 @@ def test_stream_with_n_is_refused_with_the_door_s_code() -> None:
     assert (caught.value.status, caught.value.code) == (400, ErrorCode.INVALID_REQUEST)
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": 2}, "logprobs"),
+        ({"echo": True, "logprobs": 1}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ],
+)
+def test_what_only_the_final_answer_holds_is_not_streamed(
+    fields: dict[str, object], param: str
+) -> None:
+    with pytest.raises(ApiError) as caught:
+        to_asked(COMPLETIONS_URL, {"prompt": "x", "stream": True, **fields}, "gw-7")
+    assert (caught.value.status, caught.value.code, caught.value.param) == (
+        400,
+        "unsupported_parameter",
+        param,
+    )
+
+
 def test_what_the_door_refuses_keeps_its_code() -> None:
     with pytest.raises(ApiError) as caught:
         to_asked(COMPLETIONS_URL, {"prompt": "x", "temperature": -1}, "gw-4")
