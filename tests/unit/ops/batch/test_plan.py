@@ -212,7 +212,9 @@ async def test_a_bad_line_becomes_an_error_line(
 
 async def test_line_errors_are_counted_by_code() -> None:
     run, _ = new_run()
-    for number, raw in enumerate([b"[]", b"{", line("a", suffix="!"), line("b", stream=True)], start=1):
+    for number, raw in enumerate(
+        [b"[]", b"{", line("a", suffix="!"), line("b", stream=True)], start=1
+    ):
         error_line(run.plan(number, raw))
     assert run.summary.line_errors == 4
     assert run.summary.errors_by_code == {"invalid_json": 2, "unsupported_parameter": 2}
