@@ -23,14 +23,8 @@ from msgspec import structs
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused
 from messages.openai_batch import BatchOutputLine
-from messages.openai_batch_mapping import (
-    LineCode,
-    answer_line,
-    calls_tool,
-    parse_line,
-    refusal_line,
-    to_request,
-)
+from messages.openai_batch_answers import answer_line, refusal_line
+from messages.openai_batch_mapping import LineCode, calls_tool, parse_line, to_request
 from messages.request import GenerateRequest
 from messages.result import FinishReason, GenerateResult
 from ops.batch.ids import Fingerprints

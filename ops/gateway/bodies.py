@@ -16,7 +16,8 @@ import msgspec
 
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import BatchInputLine
-from messages.openai_batch_mapping import LineCode, answer_line, calls_tool, to_request
+from messages.openai_batch_answers import answer_line
+from messages.openai_batch_mapping import LineCode, calls_tool, to_request
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from messages.validation import check_request

@@ -23,7 +23,8 @@ from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from messages.codec import JSON
-from messages.openai_batch_mapping import answer_line, parse_line, to_request
+from messages.openai_batch_answers import answer_line
+from messages.openai_batch_mapping import parse_line, to_request
 from ops.models.offline import run_all
 from tests.integration.pipeline import new_lane
 from tests.integration.test_batch import (

@@ -21,13 +21,8 @@ from messages.openai_batch import (
     BatchInputLine,
     BatchOutputLine,
 )
-from messages.openai_batch_mapping import (
-    LineCode,
-    answer_line,
-    parse_line,
-    refusal_line,
-    to_request,
-)
+from messages.openai_batch_answers import answer_line, refusal_line
+from messages.openai_batch_mapping import LineCode, parse_line, to_request
 from messages.request import ChatMessage, GenerateRequest
 from messages.result import (
     Choice,

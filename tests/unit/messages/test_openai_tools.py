@@ -14,7 +14,8 @@ import pytest
 from messages.error_codes import ErrorCode
 from messages.limits import MAX_TOOLS
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchInputLine
-from messages.openai_batch_mapping import LineCode, answer_line, calls_tool
+from messages.openai_batch_answers import answer_line
+from messages.openai_batch_mapping import LineCode, calls_tool
 from messages.openai_tools import FunctionDef, call_schema, parse_tool_call
 from messages.result import Choice, FinishReason
 from tests.unit.messages.test_openai_batch_mapping import (

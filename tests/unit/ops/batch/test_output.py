@@ -20,7 +20,8 @@ from messages.openai_batch import (
     AnsweredLine,
     BatchOutputLine,
 )
-from messages.openai_batch_mapping import LineCode, answer_line, refusal_line
+from messages.openai_batch_answers import answer_line, refusal_line
+from messages.openai_batch_mapping import LineCode
 from messages.result import ErrorInfo, FinishReason, GenerateResult, ModelRef, Usage
 from ops.batch.output import OutputWriter, read_answered
 from ops.errors import BatchOutputBusy
