@@ -1,0 +1,91 @@
+"""What goes into the engine and what comes out: `EngineRequest` in (`Engine.add`), a
+`StepOutput` per `Engine.step` (new tokens, finished `Completion`s, `StepStats`).
+
+Plain values, apart from the engine's step: callers that only make requests and read results
+(the actors, benchmarks, the echo engine) need nothing else of it. `gpu.engine` exports them
+too, where callers have always found them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpu.logprobs import CompletionLogprobs
+from gpu.sequence import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0  # larger runs first
+    arrival_time: float | None = None  # monotonic seconds; now when None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: its tokens, text, why it stopped, and when things happened."""
+
+    request_id: str
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | ...
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float
+    num_preemptions: int
+    num_kv_blocks: int = 0  # KV-cache blocks it held when it finished (its peak)
+    cached_tokens: int = 0  # prompt tokens whose K/V the prefix cache served
+    # One entry per token of `token_ids` when the request asked for logprobs (`gpu.logprobs`).
+    logprobs: CompletionLogprobs | None = None
+    # When the request asked for prompt logprobs: one entry per prompt token (the first a
+    # placeholder: `unscored_first`), and the prompt decoded as the text is (for echo).
+    # With n > 1 they are the request's, on every choice alike.
+    prompt_logprobs: CompletionLogprobs | None = None
+    prompt_text: str | None = None
+    # n > 1: every choice in order (the fields above are the first's; `gpu.choices.merge`).
+    choices: tuple[Completion, ...] = ()
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return (self.first_token_time - self.arrival_time) * 1e3
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first_token_time is None or len(self.token_ids) < 2:
+            return None
+        return (self.finish_time - self.first_token_time) * 1e3 / (len(self.token_ids) - 1)
+
+    @property
+    def total_ms(self) -> float:
+        return (self.finish_time - self.arrival_time) * 1e3
+
+
+@dataclass(frozen=True)
+class StepStats:
+    start_ns: int  # wall clock (time.time_ns), for spans recorded after the fact
+    end_ns: int
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    num_waiting: int
+    num_running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_blocks_cached: int = 0  # unreferenced blocks kept for their prefix
+    prompt_tokens: int = 0  # of requests admitted this step for the first time
+    cached_prompt_tokens: int = 0  # of those, served by the prefix cache
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    new_tokens: list[tuple[str, int]]  # (request_id, token id), in the order sampled
+    finished: list[Completion]
+    stats: StepStats
