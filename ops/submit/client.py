@@ -25,18 +25,16 @@ from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection, connection_of
 from messages import headers as h
 from messages.chunk import GenerateChunk
-from messages.codec import JSON, Codec, normalize_content_type
-from messages.errors import MessageError
+from messages.codec import JSON, Codec
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.connection.check import started_producer
 from ops.errors import SubmitError
+from ops.gateway.replies import decode_reply
 
 _tracer = trace.get_tracer("tokenmill.client")
 _propagator = TraceContextTextMapPropagator()
 _request_codec = Codec(GenerateRequest)
-_result_codec = Codec(GenerateResult)
-_chunk_codec = Codec(GenerateChunk)
 
 
 def read_jobs(path: Path) -> list[GenerateRequest]:
@@ -152,18 +150,9 @@ class SubmitClient:
         replies: list[GenerateResult | GenerateChunk] = []
         for records in fetched.values():
             for record in records:
-                schema = h.header(record.headers, h.SCHEMA)
-                codec: Codec[GenerateResult] | Codec[GenerateChunk]
-                if schema is None or schema == h.RESULT_SCHEMA.encode():
-                    codec = _result_codec
-                elif schema == h.CHUNK_SCHEMA.encode():
-                    codec = _chunk_codec
-                else:
-                    continue  # a record of a kind this client does not know
-                try:
-                    replies.append(codec.decode(record.value or b"", _ctype(record)))
-                except (msgspec.DecodeError, MessageError, RecursionError):
-                    continue  # not a reply we could have asked for
+                # None: a record of a kind this client does not know, or not a reply at all
+                if (reply := decode_reply(record)) is not None:
+                    replies.append(reply)
         return replies
 
     async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:
@@ -192,11 +181,6 @@ class SubmitClient:
                     if isinstance(reply, GenerateResult):
                         self.missing.discard(reply.id)
                     yield reply
-
-
-def _ctype(record: object) -> str:
-    headers = getattr(record, "headers", ())
-    return normalize_content_type(h.header(headers, h.CONTENT_TYPE))
 
 
 def _tracing_set_up() -> bool:
