@@ -369,3 +369,43 @@ def json_bench(**kwargs: Any) -> None:
     _say(f"loading {choice.model}")
     eng = build_engine(choice)
     _show(_run(lambda: run_json_bench(eng, options)), kwargs)
+
+
+@bench.command("gateway")
+@engine_options
+@_opt("--engine", "kind", type=click.Choice(["echo", "torch"]), default="echo",
+      text="The worker's engine: echo (no model: the gateway's own ceiling) or torch (the "
+      "model: is the gateway the bottleneck before the worker is?).")  # fmt: skip
+@kafka_options
+@_int("--partitions", 6, "Partitions of the run's requests and results topics.")
+@_opt("--requests", type=click.IntRange(min=1), text="Requests per run [echo: 2000, torch: 96].")
+@_int("--concurrency", 32, "Requests in flight on each path (a closed loop of this many lanes).")
+@_int("--rounds", 3, "Rounds of a direct and a gateway run, taking turns at going first.")
+@_int("--prompt-tokens", 32, "Tokens of every prompt (random token ids).")
+@_int("--max-output", 32, "New tokens every request asks for.")
+@_int("--seed", 0, "Seeds the prompts.", low=0)
+@_int("--timeout", 600, "Seconds to wait for the worker, the gateway and each result.")
+@_report_options
+def gateway_bench(**kwargs: Any) -> None:
+    """What `tokenmill gateway` adds: HTTP → Kafka → HTTP against a Kafka client, one run.
+
+    One `tokenmill worker` (--engine echo: no model; torch: --model) on a broker started for
+    the run (unless --bootstrap-servers or --kafka-config give one) is driven two ways in
+    --rounds rounds, taking turns at going first: direct, this process producing the requests
+    to Kafka and reading the results; and through a `tokenmill gateway` subprocess, the same
+    requests as POST /v1/completions bodies over keep-alive HTTP/1.1. Each path keeps
+    --concurrency requests in flight. Reports requests/s, latency p50/p99 and the latency
+    the gateway adds at each, the median of the rounds' throughput ratios (gateway / direct;
+    with torch, target ≥ 0.95: the gateway is not the bottleneck), and CPU seconds per
+    process (client, gateway, worker and broker share this host's CPUs).
+    """
+    from ops.bench.gateway import GatewayBenchOptions, run_gateway_bench
+
+    if kwargs["model"] is None and kwargs["random_weights"] is None:
+        kwargs["model"] = "smollm2-135m"
+    choice = engine_choice(kwargs)
+    if choice.random_weights is not None:
+        raise click.UsageError("--random-weights: the worker loads checkpoints only")
+    given = {"engine": choice, "kafka": _bench_kafka(kwargs), "timeout_s": kwargs["timeout"]}
+    options = _given(GatewayBenchOptions, kwargs, **given)
+    _show(_run(lambda: run_gateway_bench(options, _say)), kwargs)

@@ -1,0 +1,310 @@
+"""`bench gateway`: what `tokenmill gateway` adds to a request, against a Kafka client.
+
+One worker (`--engine echo`: no model; `torch`: the model) serves two paths in one run, in
+rounds taking turns at going first (`alternate`). direct: the bench's load client produces
+`GenerateRequest`s to the requests topic and reads the results topic. gateway: the same
+requests as `POST /v1/completions` bodies (token-id prompts) to a `tokenmill gateway`
+subprocess, which produces them with its own reply topic and answers from the result. The
+direct records are made by the gateway's own mapper (`to_asked`), so both paths carry the same
+request. Both are closed loops of `concurrency` lanes, each sending its next request once its
+last is answered. Per path: requests/s, latency p50/p99 (send → answer back here), CPU seconds
+per process; each run has prompts of its own (none found in the worker's prefix cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import h11
+import msgspec
+import numpy as np
+
+from actors.kafka.connection import KafkaConnection
+from gpu.engine import Engine
+from messages.openai_batch import COMPLETIONS_URL
+from messages.request import GenerateRequest
+from ops.bench.load import LoadClient, worker
+from ops.bench.report import Narrate, Report, alternate, percentiles, quiet, ratio
+from ops.bench.rig import CpuMeter, Rig, log_tail, rig, worker_process
+from ops.bench.workload import Workload
+from ops.connection.options import connection_argv
+from ops.gateway.bodies import to_asked
+from ops.models.engine_options import EngineChoice
+from ops.models.registry import resolve_model
+from ops.services.local_process import free_port
+from ops.worker.echo_engine import EchoEngine, load_echo_model
+
+PATHS = ("direct", "gateway")
+DEFAULT_REQUESTS = {"echo": 2000, "torch": 96}  # per run: seconds each on 2 cores
+Call = Callable[[int, int], Awaitable[bool]]  # (lane, request index) → answered well
+
+
+@dataclass(frozen=True)
+class GatewayBenchOptions:
+    engine: EngineChoice  # the worker's model and engine options
+    kind: str = "echo"  # the worker's --engine: echo | torch
+    requests: int | None = None  # per run; None: DEFAULT_REQUESTS[kind]
+    concurrency: int = 32
+    rounds: int = 3
+    prompt_tokens: int = 32
+    max_output: int = 32  # new tokens every request asks for
+    seed: int = 0
+    kafka: KafkaConnection | None = None  # None: start a broker for this run
+    partitions: int = 6
+    timeout_s: float = 600.0
+
+    @property
+    def per_run(self) -> int:
+        return self.requests or DEFAULT_REQUESTS[self.kind]
+
+
+@dataclass
+class LoopRun:
+    latencies_ms: list[float | None]  # None: not answered well
+    wall_s: float
+
+
+async def closed_loop(call: Call, count: int, concurrency: int) -> LoopRun:
+    """Requests 0..count-1 on `concurrency` lanes, each taking the next request left as soon
+    as its last one is answered."""
+    latencies: list[float | None] = [None] * count
+    todo = iter(range(count))
+
+    async def lane(n: int) -> None:
+        for i in todo:  # shared by the lanes
+            start = time.perf_counter()
+            if await call(n, i):
+                latencies[i] = (time.perf_counter() - start) * 1e3
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as tasks:
+        for n in range(min(concurrency, count)):
+            tasks.create_task(lane(n))
+    return LoopRun(latencies, time.perf_counter() - start)
+
+
+def figures(runs: Sequence[LoopRun]) -> dict[str, Any]:
+    """Runs of one path pooled: answered requests over summed wall time; the percentiles of
+    every answered request's latency."""
+    latencies = [x for r in runs for x in r.latencies_ms]
+    ok, wall = sum(1 for x in latencies if x is not None), sum(r.wall_s for r in runs)
+    return {
+        "requests": len(latencies), "ok": ok, "errors": len(latencies) - ok,
+        "wall_s": round(wall, 3), "requests_per_s": ratio(ok, wall, 1),
+        "latency_ms": percentiles(latencies, (50, 99)),
+    }  # fmt: skip
+
+
+def compare(runs: Sequence[dict[str, Any]], loops: Sequence[LoopRun]) -> dict[str, Any]:
+    """Each path pooled (CPU seconds by process summed, and per wall second); the gateway's
+    latency minus the direct one's at each percentile; the median of the rounds' throughput
+    ratios (gateway / direct, each round's two runs)."""
+    out: dict[str, Any] = {}
+    for p in PATHS:
+        mine = [(r, loop) for r, loop in zip(runs, loops, strict=True) if r["path"] == p]
+        out[p] = figures([loop for _, loop in mine])
+        cpu = {k: _summed([r["cpu_s"][k] for r, _ in mine]) for k in mine[0][0]["cpu_s"]}
+        busy = {k: ratio(v, out[p]["wall_s"], 2) for k, v in cpu.items()}
+        out[p] |= {"cpu_s": cpu, "cores_busy": busy}  # cores busy near 1.0: a process's limit
+    d, g = out["direct"]["latency_ms"], out["gateway"]["latency_ms"]
+    out["added_latency_ms"] = {
+        q: None if d[q] is None or g[q] is None else round(g[q] - d[q], 2) for q in d
+    }
+    rates = {p: [r["requests_per_s"] for r in runs if r["path"] == p] for p in PATHS}
+    ratios = [ratio(b, a) for a, b in zip(rates["direct"], rates["gateway"], strict=True)]
+    known = [x for x in ratios if x is not None]
+    whole = known and len(known) == len(ratios)
+    out["throughput_ratio"] = round(float(np.median(known)), 3) if whole else None
+    out["ratios"] = ratios
+    per_request = ratio(out["gateway"]["cpu_s"].get("gateway"), out["gateway"]["ok"], 6)
+    out["gateway_cpu_us_per_request"] = None if per_request is None else round(per_request * 1e6)
+    return out
+
+
+def _summed(values: Sequence[float | None]) -> float | None:
+    return None if any(v is None for v in values) else round(sum(cast(list[float], values)), 2)
+
+
+def body(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+
+
+def direct_call(client: LoadClient, batch: Sequence[GenerateRequest], within_s: float) -> Call:
+    """Produce request i (acked, as the gateway waits for its ack too) and wait for its result."""
+
+    async def call(_lane: int, i: int) -> bool:
+        rid = batch[i].id
+        await (await client.send(batch[i]))
+        return not await client.missing([rid], within_s) and client.arrived[rid].result.ok
+
+    return call
+
+
+class HttpLane:
+    """One keep-alive HTTP/1.1 connection. h11 (uvicorn's parser, installed with it), not an
+    HTTP client library: none is a dependency, and on a 2-core host a lighter client leaves
+    more of the CPU to the gateway it measures."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def post(self, path: str, payload: bytes) -> int:
+        """POST `payload` (JSON); the answer's status once its body has been read."""
+        head = [("host", "bench"), ("content-type", "application/json"),
+                ("content-length", str(len(payload)))]  # fmt: skip
+        for event in (h11.Request(method="POST", target=path, headers=head),
+                      h11.Data(data=payload), h11.EndOfMessage()):  # fmt: skip
+            self.writer.write(self.conn.send(event) or b"")
+        status = 0
+        while not isinstance(got := self.conn.next_event(), h11.EndOfMessage):
+            if got is h11.NEED_DATA:
+                self.conn.receive_data(await self.reader.read(1 << 16))
+            elif isinstance(got, h11.Response):
+                status = got.status_code
+            elif isinstance(got, h11.ConnectionClosed):
+                raise ConnectionError("the gateway closed the connection")
+        self.conn.start_next_cycle()
+        return status
+
+
+def gateway_call(lanes: Sequence[HttpLane], payloads: Sequence[bytes]) -> Call:
+    async def call(lane: int, i: int) -> bool:
+        return await lanes[lane].post(COMPLETIONS_URL, payloads[i]) == 200
+
+    return call
+
+
+@dataclass
+class Gateway:
+    proc: asyncio.subprocess.Process
+    lanes: list[HttpLane]
+    argv: list[str]
+
+
+@contextlib.asynccontextmanager
+async def gateway(r: Rig, topics: dict[str, str], o: GatewayBenchOptions) -> AsyncIterator[Gateway]:
+    """`tokenmill gateway` on a free port, sending to the worker's topics (no events topic:
+    GET /v1/models is not measured); yields once it listens, which it does only after its
+    reply topic exists and the workers have had time to see it."""
+    port, log = free_port(), r.tmp / "gateway.log"
+    connection, secrets = connection_argv(r.kafka)
+    flags = {"--port": port, "--requests-topic": topics["requests"], "--events-topic": "",
+             "--cancel-topic": topics["cancel"], "--max-inflight": max(256, o.concurrency),
+             "--request-timeout": o.timeout_s}  # fmt: skip
+    argv = [sys.executable, "-c", "from ops.cli import main; main()", "gateway", *connection]
+    argv += [str(x) for pair in flags.items() for x in pair]
+    async with worker_process(argv, log, env=secrets) as proc:  # SIGTERM: a clean stop
+        lanes: list[HttpLane] = []
+        async with asyncio.timeout(o.timeout_s):
+            while len(lanes) < o.concurrency:  # across processes, no event to wait on: poll
+                if proc.returncode is not None:
+                    raise RuntimeError(f"the gateway exited:\n{log_tail(log)}")
+                try:
+                    lanes.append(HttpLane(*await asyncio.open_connection("127.0.0.1", port)))
+                except OSError:
+                    await asyncio.sleep(0.2)
+        try:
+            yield Gateway(proc, lanes, argv[3:])
+        finally:
+            for lane in lanes:
+                lane.writer.close()
+
+
+async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Report:
+    """Warm both paths up, then the rounds; the report (`tokenmill bench gateway --help`)."""
+    n, c = o.per_run, o.concurrency
+    warm = min(n, 2 * c)
+    say(f"reading {o.engine.model}'s tokenizer and config")
+    model = await asyncio.to_thread(load_echo_model, resolve_model(o.engine.model))
+    # The workload reads only the model's config, tokenizer and max_model_len: echo has them.
+    echo = cast(Engine, EchoEngine(model, o.engine.engine))
+    spec = Workload(seed=o.seed).fixed(2 * warm + 2 * o.rounds * n, o.prompt_tokens, o.max_output)
+    prompts = [q.prompt_token_ids for q in spec.build(echo)]
+    bodies = [body(p, o.max_output) for p in prompts]
+
+    def direct_requests(at: int, count: int, tag: str) -> list[GenerateRequest]:
+        asked = [to_asked(COMPLETIONS_URL, bodies[at + i], f"{tag}-{i}") for i in range(count)]
+        return [a.request for a in asked]
+
+    def payloads(at: int, count: int) -> list[bytes]:
+        return [msgspec.json.encode(b) for b in bodies[at : at + count]]
+
+    report = Report(f"gateway-{o.kind}")
+    runs: list[dict[str, Any]] = []
+    loops: list[LoopRun] = []
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
+        async with rig(o.kafka, Path(tmp), say, o.partitions) as r:
+            report["kafka"] = r.facts()
+            say(f"worker (--engine {o.kind}): starting, {warm} warm-up requests")
+            warm_up = direct_requests(0, warm, "warm")
+            async with (
+                worker(r, o.kind, o.engine, o.kind, warm_up, o.timeout_s) as wk,
+                gateway(r, wk.topics, o) as gw,
+            ):
+                say(f"gateway: listening; {warm} warm-up requests through it")
+                await closed_loop(gateway_call(gw.lanes, payloads(warm, warm)), warm, c)
+                pids: dict[str, int | None] = {"client": os.getpid(), "gateway": gw.proc.pid}
+                meter = CpuMeter(pids | {"worker": wk.proc.pid, "broker": r.broker_pid})
+                for k, path in enumerate(alternate(PATHS, o.rounds)):
+                    at, tag = 2 * warm + k * n, f"round {k // 2 + 1}/{o.rounds}"
+                    say(f"{tag}, {path}: {n} requests, {c} at a time")
+                    if path == "direct":
+                        batch = direct_requests(at, n, f"run{k}")
+                        call = direct_call(wk.client, batch, o.timeout_s)
+                    else:
+                        call = gateway_call(gw.lanes, payloads(at, n))
+                    meter.start()
+                    loops.append(await closed_loop(call, n, c))
+                    runs.append({"round": k // 2 + 1, "path": path} | figures(loops[-1:]))
+                    runs[-1]["cpu_s"] = meter.read()
+                argv = {"worker": wk.argv, "gateway": gw.argv}
+    return _report(report, o, runs, loops, argv)
+
+
+def _report(
+    report: Report, o: GatewayBenchOptions, runs: list[dict[str, Any]], loops: list[LoopRun],
+    argv: dict[str, list[str]],
+) -> Report:  # fmt: skip
+    report["engine"] = {"kind": o.kind, "model": o.engine.model}
+    report["workload"] = {
+        "requests_per_run": o.per_run, "concurrency": o.concurrency, "rounds": o.rounds,
+        "warm_up_requests_per_path": min(o.per_run, 2 * o.concurrency),
+        "prompt_tokens": o.prompt_tokens, "max_new_tokens": o.max_output, "seed": o.seed,
+        "requests": "random token ids as /v1/completions `prompt`, temperature 0; direct: "
+                    "the same bodies through the gateway's mapper, produced by aiokafka",
+    }  # fmt: skip
+    report["processes"] = {
+        "client": "this process: the direct path's load client (aiokafka) and the gateway "
+                  "path's HTTP/1.1 keep-alive lanes (h11), one event loop",
+        "gateway": "`tokenmill gateway` subprocess (uvicorn, one process)",
+        "worker": f"`tokenmill worker --engine {o.kind}` subprocess",
+        "broker": "started for this run on this machine" if o.kafka is None else "given",
+        "shared_cpus": report["host"]["cpus"],
+    }  # fmt: skip
+    report["argv"] = argv
+    report["runs"] = runs
+    report |= compare(runs, loops)
+    d, g, added = report["direct"], report["gateway"], report["added_latency_ms"]
+    for path in PATHS:
+        f = report[path]
+        report.headline(path, f"{f['requests_per_s']} req/s · latency {f['latency_ms']} ms")
+    report.headline("added", f"{added['p50']} ms at p50, {added['p99']} ms at p99")
+    report.headline("ratio", f"{report['throughput_ratio']} (rounds {report['ratios']})")
+    busy = g["cores_busy"].get("gateway")
+    text = f"{report['gateway_cpu_us_per_request']} µs CPU a request, {busy} cores busy"
+    report.headline("gateway cpu", text)
+    if o.kind == "torch":  # the worker's engine is the bottleneck: the gateway must keep up
+        report.target("throughput_ratio_vs_direct", report["throughput_ratio"], 0.95)
+    if d["errors"] or g["errors"]:
+        report["warnings"].append(f"errors: direct {d['errors']}, gateway {g['errors']}")
+    return report.finish()
