@@ -8,6 +8,7 @@ go through the batch mapper (`ops.gateway.bodies`), the one mapping of OpenAI bo
 
     POST /v1/completions, POST /v1/chat/completions   (`stream: true`: SSE)
     GET  /v1/models                                   what the fleet serves
+    /v1/files, /v1/batches                            the Batch API (`ops.gateway.batch_routes`)
     GET  /healthz, GET /metrics                       no key asked
 """
 
@@ -27,8 +28,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
-from ops.gateway.bodies import Asked, parse_body, to_asked
-from ops.gateway.errors import ApiError, error_body, too_large, unauthorized
+from ops.gateway.batch_routes import batch_router
+from ops.gateway.batch_runner import BatchRunner
+from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
+from ops.gateway.errors import ApiError, error_body, unauthorized
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
@@ -40,8 +43,14 @@ log = structlog.get_logger("tokenmill.gateway")
 T = TypeVar("T")
 
 
-def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None) -> FastAPI:
-    """The ASGI app; its lifespan starts and stops `gateway.replies` and `fleet`."""
+def build_app(
+    gateway: Gateway,
+    keys: KeyCheck,
+    fleet: FleetWatch | None = None,
+    batches: BatchRunner | None = None,
+) -> FastAPI:
+    """The ASGI app; its lifespan starts and stops `gateway.replies`, `fleet` and `batches`
+    (None: no /v1/files nor /v1/batches)."""
     metrics = GatewayMetrics()
     replies: Replies = gateway.replies
     settings = gateway.settings
@@ -51,17 +60,23 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         await replies.start()
         if fleet is not None:
             await fleet.start()
+        if batches is not None:
+            await batches.start()
         log.info("gateway_started", reply_topic=replies.reply_topic, keys=keys.required)
         try:
             yield
         finally:
             await gateway.stop()
+            if batches is not None:
+                await batches.stop()
             if fleet is not None:
                 await fleet.stop()
             await replies.stop()
             log.info("gateway_stopped", dropped=replies.dropped)
 
     app = FastAPI(title="tokenmill gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if batches is not None:
+        app.include_router(batch_router(batches, batches.files, keys, settings.max_file_bytes))
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -90,7 +105,7 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
         try:
             if not keys.allows(request.headers.get("authorization")):
                 raise unauthorized()
-            body = parse_body(await _body(request, settings.max_body_bytes))
+            body = parse_body(await read_body(request, settings.max_body_bytes))
             asked = to_asked(url, body, request_id, default_max_tokens=settings.default_max_tokens)
             stream = asked.stream
             traced = request_span(
@@ -173,6 +188,7 @@ def build_app(gateway: Gateway, keys: KeyCheck, fleet: FleetWatch | None = None)
     async def prometheus() -> Response:
         metrics.in_flight.set(gateway.in_flight)
         metrics.dropped.set(replies.dropped)
+        metrics.batches_running.set(batches.running if batches is not None else 0)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
@@ -203,20 +219,6 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None
             await working
         return None
     return working.result()
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The body, read no further than `limit` bytes (413 past it)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_large(limit)
-        parts.append(part)
-    return b"".join(parts)
 
 
 def _answered(

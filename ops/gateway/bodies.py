@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from fastapi import Request
 
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import BatchInputLine
@@ -21,7 +22,7 @@ from messages.openai_batch_mapping import LineCode, calls_tool, to_request
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from messages.validation import check_request
-from ops.gateway.errors import ApiError
+from ops.gateway.errors import ApiError, too_large
 
 _decoder = msgspec.json.Decoder()
 
@@ -105,3 +106,17 @@ def answer(asked: Asked, result: GenerateResult, created: int) -> tuple[int, Any
     )
     assert line.response is not None
     return line.response.status_code, msgspec.to_builtins(line.response.body)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, read no further than `limit` bytes (413 past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(part)
+    return b"".join(parts)

@@ -33,3 +33,8 @@ class GatewayMetrics:
             "Results that arrived for a request whose client had gone (a running total).",
             registry=self.registry,
         )
+        self.batches_running = Gauge(
+            "tokenmill_gateway_batches_running",
+            "Batches (/v1/batches) this instance runs now.",
+            registry=self.registry,
+        )

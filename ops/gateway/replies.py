@@ -61,12 +61,14 @@ class Replies:
         cancel_topic: str,
         reply_topic: str,
         reply_partitions: int = 3,
+        batch_reply_topic: str | None = None,
     ) -> None:
         self.kafka = kafka
         self.requests_topic = requests_topic
         self.cancel_topic = cancel_topic
         self.reply_topic = reply_topic
         self.reply_partitions = reply_partitions
+        self.batch_reply_topic = batch_reply_topic  # the batches' results (`BatchRunner`)
         self.dropped = 0  # results that arrived for no waiting request
         self._waiting: dict[str, asyncio.Queue[Reply]] = {}
         self._producer: AIOKafkaProducer | None = None
@@ -77,11 +79,13 @@ class Replies:
         """Create the reply topic, start the producer and the reader (from the topic's end)."""
         self._producer = await started_producer(self.kafka, GatewayStartError)
         try:
-            created = await create_topics(
-                self.kafka,
-                requests_partitions=self.reply_partitions,
-                names={"results": self.reply_topic},
-            )
+            created = []
+            for topic in self.topics:
+                created += await create_topics(
+                    self.kafka,
+                    requests_partitions=self.reply_partitions,
+                    names={"results": topic},
+                )
         except TopicCreateError as exc:
             raise GatewayStartError(str(exc)) from exc
         if created:
@@ -115,6 +119,11 @@ class Replies:
             await self._producer.stop()
         if delete_topic:
             await self._delete_topic()
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics this instance creates at start and deletes at a clean stop."""
+        return [t for t in (self.reply_topic, self.batch_reply_topic) if t]
 
     def open(self, request_id: str) -> asyncio.Queue[Reply]:
         """The queue that will receive `request_id`'s chunks and result (before sending)."""
@@ -186,10 +195,10 @@ class Replies:
         admin = AIOKafkaAdminClient(**self.kafka.client_kwargs(), request_timeout_ms=10_000)
         try:
             await admin.start()
-            await admin.delete_topics([self.reply_topic], timeout_ms=10_000)
-            log.info("gateway_reply_topic_deleted", topic=self.reply_topic)
+            await admin.delete_topics(self.topics, timeout_ms=10_000)
+            log.info("gateway_reply_topic_deleted", topics=self.topics)
         except (KafkaError, TimeoutError) as exc:
-            log.warning("gateway_reply_topic_not_deleted", topic=self.reply_topic, error=repr(exc))
+            log.warning("gateway_reply_topic_not_deleted", topics=self.topics, error=repr(exc))
         finally:
             await admin.close()
 

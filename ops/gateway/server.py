@@ -3,8 +3,9 @@
     server = gateway_server(settings, kafka, keys)   # a uvicorn.Server, not started
     await server.serve()                             # until SIGINT/SIGTERM: a clean stop
 
-A clean stop finishes the requests in flight (uvicorn's graceful shutdown), then the app's
-lifespan deletes the instance's reply topic.
+A clean stop finishes the requests in flight (uvicorn's graceful shutdown), stops the batches
+running here (each resumes at the next start on the same `--batch-dir`), then the app's
+lifespan deletes the instance's reply topics.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import uvicorn
 
 from actors.kafka.connection import KafkaConnection
 from ops.gateway.app import build_app
+from ops.gateway.batch_runner import BatchRunner
+from ops.gateway.batches import BatchStore
+from ops.gateway.files import FileStore
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck, check_exposure
 from ops.gateway.replies import Replies
@@ -34,9 +38,19 @@ def gateway_server(
         cancel_topic=settings.cancel_topic,
         reply_topic=settings.reply_topic(instance),
         reply_partitions=settings.reply_partitions,
+        batch_reply_topic=settings.batch_reply_topic(instance),
+    )
+    root = settings.batch_root()
+    files = FileStore(root / "files")
+    batches = BatchRunner(
+        BatchStore(root / "batches"),
+        files,
+        kafka,
+        settings,
+        results_topic=settings.batch_reply_topic(instance),
     )
     fleet = FleetWatch(kafka, settings.events_topic) if settings.events_topic else None
-    app = build_app(Gateway(settings, replies, instance), keys, fleet)
+    app = build_app(Gateway(settings, replies, instance), keys, fleet, batches)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from actors.config import DEFAULT_CANCEL_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_REQUESTS_TOPIC
 
 _TOPIC_PART = re.compile(r"[A-Za-z0-9._-]{1,100}")
-_TOPIC_PART = re.compile(r"[A-Za-z0-9._-]{1,100}")
 REPLY_TOPIC_PATTERN = "tokenmill.gateway.{instance}.results"  # matches the workers' `*.results`
+BATCH_REPLY_TOPIC_PATTERN = "tokenmill.gateway.{instance}.batches.results"  # and so does this
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,32 @@ class GatewaySettings:
         metadata={"help": "For bodies without max_tokens [default: 16, as the batch mapper]."},
     )
 
+    batch_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where /v1/files and /v1/batches keep their files and batches; a batch "
+            "left unfinished resumes when a gateway starts on it again [default: "
+            "$XDG_STATE_HOME/tokenmill/gateway, else ~/.local/state/tokenmill/gateway].",
+        },
+    )
+    batch_max_inflight: int = field(
+        default=64,
+        metadata={"help": "Requests in flight at once for each running batch."},
+    )
+    max_file_bytes: int = field(
+        default=1 << 30,
+        metadata={"help": "Largest file upload accepted (POST /v1/files); larger: 413."},
+    )
+
     def __post_init__(self) -> None:
         if self.max_inflight < 1:
             raise ValueError("--max-inflight must be at least 1")
         if not self.request_timeout > 0:
             raise ValueError("--request-timeout must be positive")
+        if self.batch_max_inflight < 1:
+            raise ValueError("--batch-max-inflight must be at least 1")
+        if self.max_file_bytes < 1:
+            raise ValueError("--max-file-bytes must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("--max-body-bytes must be positive")
         if not 0 <= self.port < 65536:
@@ -77,3 +100,12 @@ class GatewaySettings:
 
     def reply_topic(self, instance: str) -> str:
         return REPLY_TOPIC_PATTERN.format(instance=instance)
+
+    def batch_reply_topic(self, instance: str) -> str:
+        return BATCH_REPLY_TOPIC_PATTERN.format(instance=instance)
+
+    def batch_root(self) -> Path:
+        if self.batch_dir:
+            return Path(self.batch_dir).expanduser()
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(state) / "tokenmill" / "gateway"

@@ -49,6 +49,7 @@ async def test_an_http_call_and_its_worker_spans_are_one_trace(
     argv = [
         sys.executable, "-m", "ops", "gateway", "--bootstrap-servers", kafka_bootstrap,
         "--port", "0", "--requests-topic", lane.requests, "--events-topic", "",
+        "--batch-dir", str(tmp_path / "batches"),
     ]  # fmt: skip
     gateway = spawn(argv, log, env)
     caller_trace = os.urandom(16).hex()

@@ -11,6 +11,7 @@ import pytest
 from ops.services.kafka import LocalKafka
 from ops.services.kafka_security import KINDS
 from ops.services.local_process import free_port
+from tests.integration.gateway_fleet import fleet  # noqa: F401 - a fixture: the gateway tests'
 
 
 @contextlib.contextmanager

@@ -13,116 +13,16 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
-from actors.kafka.connection import KafkaConnection
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
-from ops.gateway.bodies import to_asked
-from ops.gateway.keys import KeyCheck
-from ops.gateway.server import gateway_server
-from ops.gateway.settings import GatewaySettings
-from ops.services.topics import create_topics
-from ops.submit.client import SubmitClient
-from tests.integration.pipeline import REPO, Lane, WorkerProcess, new_lane
+from tests.integration.gateway_fleet import KEY, MODEL, Fleet, client, direct_text, gateway
+from tests.integration.pipeline import REPO, new_lane
 
 pytestmark = pytest.mark.slow
-
-MODEL = "smollm2-135m"
-KEY = "sk-test-gateway"
-
-
-@dataclass(frozen=True)
-class Fleet:
-    lane: Lane
-    cancel: str
-    events: str
-    worker: WorkerProcess
-
-    def settings(self, **overrides: Any) -> GatewaySettings:
-        base = GatewaySettings(
-            port=0,
-            requests_topic=self.lane.requests,
-            cancel_topic=self.cancel,
-            events_topic=self.events,
-            request_timeout=300.0,
-        )
-        return replace(base, **overrides)
-
-
-@pytest.fixture(scope="module")
-def fleet(
-    kafka_bootstrap: str, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Fleet]:
-    """One SmolLM2 worker with cancel and events topics, for every test of this module."""
-
-    async def topics() -> tuple[Lane, str, str]:
-        lane = await new_lane(kafka_bootstrap)
-        prefix = lane.requests.removesuffix(".requests")
-        cancel, events = f"{prefix}.cancel", f"{prefix}.events"
-        names = {"cancel": cancel, "events": events, "control": f"{prefix}.control"}
-        await create_topics(kafka_bootstrap, names=names)
-        return lane, cancel, events
-
-    lane, cancel, events = asyncio.run(topics())
-    extra = [
-        "--cancel-topic", cancel,
-        "--events-topic", events,
-        "--control-topic", f"{lane.requests.removesuffix('.requests')}.control",
-    ]  # fmt: skip
-    log = tmp_path_factory.mktemp("gateway") / "worker.log"
-    worker = WorkerProcess(lane, MODEL, log, extra=extra).start()
-    try:
-        asyncio.run(worker.wait_for_log(("cancel_ready", "cancel_started"), within_s=300))
-        asyncio.run(worker.wait_for_log("ingest_started", within_s=300))
-        yield Fleet(lane, cancel, events, worker)
-    finally:
-        worker.close()
-
-
-@asynccontextmanager
-async def gateway(
-    fleet: Fleet, *, keys: tuple[bytes, ...] = (), **overrides: Any
-) -> AsyncIterator[str]:
-    """A gateway serving in this process; its base URL (`http://127.0.0.1:PORT/v1`)."""
-    server = gateway_server(
-        fleet.settings(**overrides), KafkaConnection(fleet.lane.bootstrap), KeyCheck(keys)
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # uvicorn's own flag: the lifespan ran and it listens
-        if task.done():
-            task.result()
-            raise AssertionError("the gateway stopped before it started")
-        await asyncio.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        await task
-
-
-def client(base_url: str, key: str = KEY) -> openai.AsyncOpenAI:
-    """The SDK's async client (the gateway shares this event loop); `async with` it."""
-    return openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
-
-
-async def direct_text(fleet: Fleet, url: str, body: dict[str, Any]) -> str:
-    """The worker's answer to `body` asked straight on Kafka (the same mapping)."""
-    request = to_asked(url, body, f"direct-{uuid.uuid4().hex[:8]}").request
-    async with SubmitClient(fleet.lane.bootstrap, fleet.lane.requests, fleet.lane.results) as sub:
-        await sub.send([request])
-        results = [r async for r in sub.results({request.id}, within_s=300)]
-    [result] = results
-    assert result.ok, result.error
-    return result.text
 
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -320,7 +220,7 @@ async def test_the_command_serves_until_sigterm_then_deletes_its_reply_topic(
     argv = [
         sys.executable, "-m", "ops", "gateway", "--bootstrap-servers", kafka_bootstrap,
         "--port", "0", "--requests-topic", lane.requests, "--events-topic", "",
-        "--instance-id", "cli-test",
+        "--instance-id", "cli-test", "--batch-dir", str(tmp_path / "batches"),
     ]  # fmt: skip
     process = spawn(argv, log)
     try:
