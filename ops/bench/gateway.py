@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -66,16 +66,26 @@ class GatewayBenchOptions:
     def per_run(self) -> int:
         return self.requests or DEFAULT_REQUESTS[self.kind]
 
+    @property
+    def warm_up(self) -> int:  # unmeasured requests on each path before the rounds
+        return min(self.per_run, 4 * self.concurrency)
+
 
 @dataclass
-class LoopRun:
-    latencies_ms: list[float | None]  # None: not answered well
+class Run:
+    """One path's closed loop in one round: each request's latency (None: not answered
+    well), the loop's wall time, and the CPU seconds each process spent in it."""
+
+    round: int
+    path: str
+    latencies_ms: list[float | None]
     wall_s: float
+    cpu_s: dict[str, float | None] = field(default_factory=dict)
 
 
-async def closed_loop(call: Call, count: int, concurrency: int) -> LoopRun:
+async def closed_loop(call: Call, count: int, concurrency: int) -> tuple[list[float | None], float]:
     """Requests 0..count-1 on `concurrency` lanes, each taking the next request left as soon
-    as its last one is answered."""
+    as its last one is answered: each latency (ms) and the wall time (s)."""
     latencies: list[float | None] = [None] * count
     todo = iter(range(count))
 
@@ -89,45 +99,40 @@ async def closed_loop(call: Call, count: int, concurrency: int) -> LoopRun:
     async with asyncio.TaskGroup() as tasks:
         for n in range(min(concurrency, count)):
             tasks.create_task(lane(n))
-    return LoopRun(latencies, time.perf_counter() - start)
+    return latencies, time.perf_counter() - start
 
 
-def figures(runs: Sequence[LoopRun]) -> dict[str, Any]:
-    """Runs of one path pooled: answered requests over summed wall time; the percentiles of
-    every answered request's latency."""
+def figures(runs: Sequence[Run]) -> dict[str, Any]:
+    """Runs of one path pooled: answered requests over summed wall time, the percentiles of
+    every answered request's latency, CPU seconds by process and per wall second (near 1.0:
+    that process was the limit)."""
     latencies = [x for r in runs for x in r.latencies_ms]
     ok, wall = sum(1 for x in latencies if x is not None), sum(r.wall_s for r in runs)
+    cpu = {k: _summed([r.cpu_s[k] for r in runs]) for k in runs[0].cpu_s}
     return {
         "requests": len(latencies), "ok": ok, "errors": len(latencies) - ok,
         "wall_s": round(wall, 3), "requests_per_s": ratio(ok, wall, 1),
         "latency_ms": percentiles(latencies, (50, 99)),
+        "cpu_s": cpu, "cores_busy": {k: ratio(v, wall, 2) for k, v in cpu.items()},
     }  # fmt: skip
 
 
-def compare(runs: Sequence[dict[str, Any]], loops: Sequence[LoopRun]) -> dict[str, Any]:
-    """Each path pooled (CPU seconds by process summed, and per wall second); the gateway's
-    latency minus the direct one's at each percentile; the median of the rounds' throughput
-    ratios (gateway / direct, each round's two runs)."""
-    out: dict[str, Any] = {}
-    for p in PATHS:
-        mine = [(r, loop) for r, loop in zip(runs, loops, strict=True) if r["path"] == p]
-        out[p] = figures([loop for _, loop in mine])
-        cpu = {k: _summed([r["cpu_s"][k] for r, _ in mine]) for k in mine[0][0]["cpu_s"]}
-        busy = {k: ratio(v, out[p]["wall_s"], 2) for k, v in cpu.items()}
-        out[p] |= {"cpu_s": cpu, "cores_busy": busy}  # cores busy near 1.0: a process's limit
+def compare(runs: Sequence[Run]) -> dict[str, Any]:
+    """Each path pooled; the gateway's latency minus the direct one's at each percentile
+    (of the two distributions, not per request); the median of the rounds' throughput
+    ratios (gateway / direct); the gateway's CPU per request."""
+    out = {p: figures([r for r in runs if r.path == p]) for p in PATHS}
     d, g = out["direct"]["latency_ms"], out["gateway"]["latency_ms"]
-    out["added_latency_ms"] = {
-        q: None if d[q] is None or g[q] is None else round(g[q] - d[q], 2) for q in d
-    }
-    rates = {p: [r["requests_per_s"] for r in runs if r["path"] == p] for p in PATHS}
+    added = {q: None if d[q] is None or g[q] is None else round(g[q] - d[q], 2) for q in d}
+    rates = {p: [figures([r])["requests_per_s"] for r in runs if r.path == p] for p in PATHS}
     ratios = [ratio(b, a) for a, b in zip(rates["direct"], rates["gateway"], strict=True)]
     known = [x for x in ratios if x is not None]
-    whole = known and len(known) == len(ratios)
-    out["throughput_ratio"] = round(float(np.median(known)), 3) if whole else None
-    out["ratios"] = ratios
-    per_request = ratio(out["gateway"]["cpu_s"].get("gateway"), out["gateway"]["ok"], 6)
-    out["gateway_cpu_us_per_request"] = None if per_request is None else round(per_request * 1e6)
-    return out
+    median = round(float(np.median(known)), 3) if known and len(known) == len(ratios) else None
+    cpu = ratio(out["gateway"]["cpu_s"].get("gateway"), out["gateway"]["ok"], 6)
+    return out | {
+        "added_latency_ms": added, "throughput_ratio": median, "ratios": ratios,
+        "gateway_cpu_us_per_request": None if cpu is None else round(cpu * 1e6),
+    }  # fmt: skip
 
 
 def _summed(values: Sequence[float | None]) -> float | None:
@@ -222,8 +227,7 @@ async def gateway(r: Rig, topics: dict[str, str], o: GatewayBenchOptions) -> Asy
 
 async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Report:
     """Warm both paths up, then the rounds; the report (`tokenmill bench gateway --help`)."""
-    n, c = o.per_run, o.concurrency
-    warm = min(n, 2 * c)
+    n, c, warm = o.per_run, o.concurrency, o.warm_up
     say(f"reading {o.engine.model}'s tokenizer and config")
     model = await asyncio.to_thread(load_echo_model, resolve_model(o.engine.model))
     # The workload reads only the model's config, tokenizer and max_model_len: echo has them.
@@ -240,71 +244,70 @@ async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Rep
         return [msgspec.json.encode(b) for b in bodies[at : at + count]]
 
     report = Report(f"gateway-{o.kind}")
-    runs: list[dict[str, Any]] = []
-    loops: list[LoopRun] = []
+    runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         async with rig(o.kafka, Path(tmp), say, o.partitions) as r:
             report["kafka"] = r.facts()
-            say(f"worker (--engine {o.kind}): starting, {warm} warm-up requests")
-            warm_up = direct_requests(0, warm, "warm")
+            say(f"worker (--engine {o.kind}): starting")
+            first = direct_requests(0, min(c, warm), "first")  # answered: the worker is up
             async with (
-                worker(r, o.kind, o.engine, o.kind, warm_up, o.timeout_s) as wk,
+                worker(r, o.kind, o.engine, o.kind, first, o.timeout_s) as wk,
                 gateway(r, wk.topics, o) as gw,
             ):
-                say(f"gateway: listening; {warm} warm-up requests through it")
+                say(f"gateway: listening; {warm} warm-up requests on each path")
+                warm_up = direct_call(wk.client, direct_requests(0, warm, "warm"), o.timeout_s)
+                await closed_loop(warm_up, warm, c)
                 await closed_loop(gateway_call(gw.lanes, payloads(warm, warm)), warm, c)
-                pids: dict[str, int | None] = {"client": os.getpid(), "gateway": gw.proc.pid}
-                meter = CpuMeter(pids | {"worker": wk.proc.pid, "broker": r.broker_pid})
+                pids = {"client": os.getpid(), "gateway": gw.proc.pid, "worker": wk.proc.pid}
+                meter = CpuMeter({**pids, "broker": r.broker_pid})
                 for k, path in enumerate(alternate(PATHS, o.rounds)):
-                    at, tag = 2 * warm + k * n, f"round {k // 2 + 1}/{o.rounds}"
-                    say(f"{tag}, {path}: {n} requests, {c} at a time")
+                    at, run = 2 * warm + k * n, Run(k // 2 + 1, path, [], 0.0)
+                    say(f"round {run.round}/{o.rounds}, {path}: {n} requests, {c} at a time")
                     if path == "direct":
                         batch = direct_requests(at, n, f"run{k}")
                         call = direct_call(wk.client, batch, o.timeout_s)
                     else:
                         call = gateway_call(gw.lanes, payloads(at, n))
                     meter.start()
-                    loops.append(await closed_loop(call, n, c))
-                    runs.append({"round": k // 2 + 1, "path": path} | figures(loops[-1:]))
-                    runs[-1]["cpu_s"] = meter.read()
+                    run.latencies_ms, run.wall_s = await closed_loop(call, n, c)
+                    run.cpu_s = meter.read()
+                    runs.append(run)
                 argv = {"worker": wk.argv, "gateway": gw.argv}
-    return _report(report, o, runs, loops, argv)
+    return _report(report, o, runs, argv)
 
 
 def _report(
-    report: Report, o: GatewayBenchOptions, runs: list[dict[str, Any]], loops: list[LoopRun],
-    argv: dict[str, list[str]],
-) -> Report:  # fmt: skip
+    report: Report, o: GatewayBenchOptions, runs: list[Run], argv: dict[str, list[str]]
+) -> Report:
     report["engine"] = {"kind": o.kind, "model": o.engine.model}
     report["workload"] = {
         "requests_per_run": o.per_run, "concurrency": o.concurrency, "rounds": o.rounds,
-        "warm_up_requests_per_path": min(o.per_run, 2 * o.concurrency),
+        "warm_up_requests_per_path": o.warm_up,
         "prompt_tokens": o.prompt_tokens, "max_new_tokens": o.max_output, "seed": o.seed,
-        "requests": "random token ids as /v1/completions `prompt`, temperature 0; direct: "
-                    "the same bodies through the gateway's mapper, produced by aiokafka",
+        "requests": "random token ids as the /v1/completions `prompt`, temperature 0; "
+                    "direct: the same bodies through the gateway's mapper",
     }  # fmt: skip
     report["processes"] = {
-        "client": "this process: the direct path's load client (aiokafka) and the gateway "
-                  "path's HTTP/1.1 keep-alive lanes (h11), one event loop",
-        "gateway": "`tokenmill gateway` subprocess (uvicorn, one process)",
-        "worker": f"`tokenmill worker --engine {o.kind}` subprocess",
+        "client": "this process, one event loop: the direct path's load client (aiokafka) "
+                  "and the gateway path's keep-alive HTTP/1.1 lanes (h11)",
+        "gateway": "a `tokenmill gateway` subprocess (uvicorn, one process)",
+        "worker": f"a `tokenmill worker --engine {o.kind}` subprocess",
         "broker": "started for this run on this machine" if o.kafka is None else "given",
-        "shared_cpus": report["host"]["cpus"],
+        "argv": argv,
     }  # fmt: skip
-    report["argv"] = argv
-    report["runs"] = runs
-    report |= compare(runs, loops)
-    d, g, added = report["direct"], report["gateway"], report["added_latency_ms"]
+    report["runs"] = [{"round": r.round, "path": r.path} | figures([r]) for r in runs]
+    report |= compare(runs)
     for path in PATHS:
         f = report[path]
-        report.headline(path, f"{f['requests_per_s']} req/s · latency {f['latency_ms']} ms")
-    report.headline("added", f"{added['p50']} ms at p50, {added['p99']} ms at p99")
+        report.headline(path, f"{f['requests_per_s']} req/s, latency {f['latency_ms']} ms")
+    report.headline("added", f"{report['added_latency_ms']} ms")
     report.headline("ratio", f"{report['throughput_ratio']} (rounds {report['ratios']})")
-    busy = g["cores_busy"].get("gateway")
+    busy = report["gateway"]["cores_busy"].get("gateway")
     text = f"{report['gateway_cpu_us_per_request']} µs CPU a request, {busy} cores busy"
     report.headline("gateway cpu", text)
-    if o.kind == "torch":  # the worker's engine is the bottleneck: the gateway must keep up
+    if o.kind == "torch":  # the worker's engine is the limit: the gateway must keep up
         report.target("throughput_ratio_vs_direct", report["throughput_ratio"], 0.95)
-    if d["errors"] or g["errors"]:
-        report["warnings"].append(f"errors: direct {d['errors']}, gateway {g['errors']}")
+    errors = {p: report[p]["errors"] for p in PATHS}
+    if any(errors.values()):
+        report["warnings"].append(f"requests not answered well: {errors}")
     return report.finish()
