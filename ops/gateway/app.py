@@ -147,7 +147,7 @@ def build_app(
                     metrics.requests.labels(endpoint, "499", "client_disconnected").inc()
                     return Response(status_code=499)  # nginx's "client closed request"
                 return _answered(metrics, endpoint, *done, started, named)
-            answered = await gateway.stream(asked, trace, place)
+            answered = await gateway.stream(asked, trace, place, served_alone())
             streaming = not isinstance(answered[0], int)
         finally:
             if not streaming:
@@ -160,6 +160,11 @@ def build_app(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
         )
+
+    def served_alone() -> str:
+        """The one model the fleet serves, or "" (none known, or several)."""
+        served = fleet.fleet.models() if fleet is not None else []
+        return served[0].name if len(served) == 1 else ""
 
     @app.post(COMPLETIONS_URL)
     async def completions(request: Request) -> Response:

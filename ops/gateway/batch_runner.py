@@ -27,7 +27,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -56,7 +56,6 @@ _RETRY_S = (2.0, 5.0, 15.0, 60.0)  # pauses after a failed run, then the last ag
 class _Job:
     record: BatchRecord
     saved: float = 0.0  # when the record was last written (monotonic)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set by a cancel
 
 
 class BatchRunner:
@@ -170,8 +169,7 @@ class BatchRunner:
         self.store.cancel_asked(batch_id).touch()
         job = self._jobs.get(batch_id)
         if job is not None:
-            self._cancelling(job)
-            job.wake.set()
+            self._cancelling(job)  # its run sees it within `_WATCH_S`
             return job.record
         shown = self.store.get(batch_id) or record
         shown.status, shown.cancelling_at = "cancelling", shown.cancelling_at or int(time.time())
@@ -252,6 +250,8 @@ class BatchRunner:
             summary = await run_batch(options, _Counting(job, lambda: self._save(job)))
         finally:
             watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
             cancel_marker(output).unlink(missing_ok=True)
         return summary.complete and not summary.cancel_requested
 
@@ -259,14 +259,15 @@ class BatchRunner:
         """Stop the run (`batch cancel`'s marker) once cancelled or past the window."""
         while True:
             self._stop_if_ending(job, marker)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(job.wake.wait(), _WATCH_S)
+            await asyncio.sleep(_WATCH_S)
 
     async def _pause(self, job: _Job, seconds: float) -> None:
         """Wait `seconds`, or less when the batch is cancelled or expires first."""
-        left = min(seconds, max(job.record.expires_at - time.time(), 0.0))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.wake.wait(), left)
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if self._ending(job) is not None:
+                return
+            await asyncio.sleep(_WATCH_S)
 
     def _stop_if_ending(self, job: _Job, marker: Path) -> None:
         if self._ending(job) is not None:

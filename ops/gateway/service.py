@@ -64,12 +64,13 @@ class Gateway:
             self.replies.close(request_id)
 
     async def stream(
-        self, asked: Asked, trace: list[tuple[str, bytes]], place: Place
+        self, asked: Asked, trace: list[tuple[str, bytes]], place: Place, model: str = ""
     ) -> tuple[int, object] | tuple[bytes, AsyncIterator[bytes]]:
         """Send `asked` and wait for its first reply: a refusal as (status, body), else the
         first SSE event and the rest. The events, once started, own the request and `place`:
         they release it and, when not iterated to the end (the client went away), cancel the
-        request. (`place.release()` may be called again: it releases once.)"""
+        request. (`place.release()` may be called again: it releases once.) `model`: the name
+        the chunks carry when the body names none (chunks do not say which model made them)."""
         request_id = asked.request.id
         queue = self.replies.open(request_id)
         try:
@@ -82,7 +83,7 @@ class Gateway:
         if isinstance(first, GenerateResult) and first.error is not None:
             self.replies.close(request_id)
             return answer(asked, first, int(time.time()))
-        events = self._events(asked, queue, first, deadline, place)
+        events = self._events(asked, queue, first, deadline, place, model)
         return await anext(events), events  # started: its `finally` now always runs
 
     async def _events(
@@ -92,11 +93,11 @@ class Gateway:
         reply: Reply,
         deadline: float,
         place: Place,
+        model: str,
     ) -> AsyncIterator[bytes]:
         request_id = asked.request.id
-        shape = ChunkShape(
-            asked.url, request_id, asked.request.model or "", int(time.time()), asked.include_usage
-        )
+        shown = asked.request.model or model
+        shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
         cursor = StreamCursor()
         answered = False
         try:
