@@ -16,6 +16,7 @@ from typing import Any
 
 from actors.kafka.connection import KafkaConnection
 from messages.request import GenerateRequest
+from ops.bench.gateway_batch import through_gateway
 from ops.bench.load import flood, worker
 from ops.bench.report import REPO, Narrate, Report, quiet, ratio
 from ops.bench.rig import Rig, child_env, rig
@@ -31,6 +32,7 @@ class BatchBenchOptions:
     kafka: KafkaConnection | None = None  # None: start a broker for this run
     partitions: int = 6
     timeout_s: float = 1800.0
+    gateway: bool = False  # also run each file as a batch of `tokenmill gateway`'s Batch API
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,20 @@ async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
                 raw = requests("raw", o.lines)
                 report["baseline"] = await flood(w.client, raw, r.meter(w.proc), o.timeout_s)
                 del raw
-                report["batch"] = {}
+                report["batch"], through = {}, {}
                 for lines in (small, o.lines):
+                    source = _source(o, r, lines)
                     say(f"batch: {lines} lines through `tokenmill batch run`")
-                    run = await asyncio.to_thread(_batch_run, o, r, w.topics, lines)
+                    run = await asyncio.to_thread(_batch_run, o, r, w.topics, source, lines)
                     report["batch"][str(lines)] = run
+                    if o.gateway:
+                        say(f"batch: {lines} lines through the gateway's /v1/batches")
+                        through[str(lines)] = await asyncio.to_thread(
+                            through_gateway, r, w.topics, source, lines, o.max_inflight,
+                            o.timeout_s,
+                        )  # fmt: skip
+                if through:
+                    report["gateway"] = through
             report["warm_up_s"], report["worker_exit_code"] = w.warm_up_s, w.exit_code
     rate, big = report["baseline"]["requests_per_s"], report["batch"][str(o.lines)]
     rss = {"small": report["batch"][str(small)]["peak_rss_mb"], "large": big["peak_rss_mb"]}
@@ -104,17 +115,35 @@ async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
         "peak_rss_growth_mb": round(rss["large"] - rss["small"], 1),
         "client_cpu_us_per_line": round(big["cpu_s"] / o.lines * 1e6, 1),
     }
+    if o.gateway:
+        gw = report["gateway"]
+        gw_rate = gw[str(o.lines)]["requests_per_s"]
+        gw_rss = {"small": gw[str(small)]["peak_rss_mb"], "large": gw[str(o.lines)]["peak_rss_mb"]}
+        report["results"] |= {
+            "gateway_requests_per_s": gw_rate,
+            "gateway_vs_batch_run": ratio(gw_rate, big["requests_per_s"]),
+            "gateway_peak_rss_mb": gw_rss,
+            "gateway_peak_rss_growth_mb": (
+                None if None in gw_rss.values() else round(gw_rss["large"] - gw_rss["small"], 1)
+            ),
+        }
     report.headline("results", report["results"])
     return report.finish()
 
 
-def _batch_run(o: BatchBenchOptions, r: Rig, topics: dict[str, str], lines: int) -> dict[str, Any]:
+def _source(o: BatchBenchOptions, r: Rig, lines: int) -> Path:
     source = r.tmp / f"in-{lines}.jsonl"
     with source.open("w") as f:
         for i in range(lines):
             body = {"model": o.engine.model, "prompt": _prompt(i), "max_tokens": 2}
             line = {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions"}
             f.write(json.dumps(line | {"body": body}) + "\n")
+    return source
+
+
+def _batch_run(
+    o: BatchBenchOptions, r: Rig, topics: dict[str, str], source: Path, lines: int
+) -> dict[str, Any]:
     connection, secrets = connection_argv(r.kafka)
     argv = [
         sys.executable, "-m", "ops", "batch", "run", str(source),

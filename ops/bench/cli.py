@@ -231,6 +231,8 @@ def pipeline(**kwargs: Any) -> None:
 @kafka_options
 @_int("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_int("--timeout", 1800, "Seconds to wait for results (and for progress in a batch run).")
+@_opt("--gateway", is_flag=True, text="Also run each file through `tokenmill gateway`'s Batch "
+      "API (/v1/files, /v1/batches): its requests/s and the gateway's peak RSS.")  # fmt: skip
 @_report_options
 def batch_bench(**kwargs: Any) -> None:
     """`tokenmill batch run` against a raw Kafka client, and its memory as files grow.
@@ -239,8 +241,8 @@ def batch_bench(**kwargs: Any) -> None:
     times: from this process's raw aiokafka producer as fast as it goes (the baseline), then
     as OpenAI Batch lines through `tokenmill batch run` for a tenth of --lines and for
     --lines. Reports requests/s of each, their ratio, and the batch client's peak RSS for
-    both sizes. On a broker started for the run unless --bootstrap-servers or --kafka-config
-    give one.
+    both sizes; with --gateway, the same for each file as a batch of a `tokenmill gateway`.
+    On a broker started for the run unless --bootstrap-servers or --kafka-config give one.
     """
     from gpu.engine_config import EngineConfig
     from ops.bench.batch import BatchBenchOptions, run_batch_bench

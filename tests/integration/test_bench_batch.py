@@ -11,7 +11,7 @@ from ops.bench.batch import BatchBenchOptions, run_batch_bench
 from ops.models.engine_options import EngineChoice
 
 
-async def test_the_report_compares_the_batch_client_with_a_raw_client(
+async def test_the_report_compares_the_batch_client_and_the_gateway_with_a_raw_client(
     kafka_bootstrap: str, smollm2_path: Path
 ) -> None:
     options = BatchBenchOptions(
@@ -21,6 +21,7 @@ async def test_the_report_compares_the_batch_client_with_a_raw_client(
         kafka=KafkaConnection(kafka_bootstrap),
         partitions=2,
         timeout_s=300,
+        gateway=True,
     )
     said: list[str] = []
     report = await run_batch_bench(options, said.append)
@@ -35,3 +36,7 @@ async def test_the_report_compares_the_batch_client_with_a_raw_client(
     assert results["batch_vs_raw_client"] > 0
     assert set(results["peak_rss_mb"]) == {"small", "large"}
     assert any("tokenmill batch run" in line for line in said)
+    for lines, run in report["gateway"].items():  # the same files as /v1/batches batches
+        assert run["complete"] and run["ok"] == int(lines)
+    assert results["gateway_vs_batch_run"] > 0
+    assert set(results["gateway_peak_rss_mb"]) == {"small", "large"}

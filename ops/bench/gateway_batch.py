@@ -1,0 +1,152 @@
+"""`bench batch --gateway`: the same batch file through the gateway's Batch API.
+
+    measured = through_gateway(rig, topics, source, lines, max_inflight, timeout_s)
+
+Starts `tokenmill gateway` (its CLI, as deployed) on the run's broker and a folder of its own,
+uploads `source` (`POST /v1/files`), creates the batch (`POST /v1/batches`), asks for it
+every 0.2 s until it is final, and reads the gateway process's peak RSS (`VmHWM`) and CPU
+seconds before stopping it. Requests/s count from the batch's creation to its completion, as
+`batch run`'s count from its start to its end: both exclude starting the process; the
+gateway's also excludes the upload, whose time is reported apart.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ops.bench.report import REPO
+from ops.bench.rig import Rig, child_env, cpu_seconds
+from ops.connection.options import connection_argv
+from ops.services.local_process import free_port
+
+_FINAL = ("completed", "failed", "cancelled", "expired")
+
+
+def through_gateway(
+    r: Rig,
+    topics: dict[str, str],
+    source: Path,
+    lines: int,
+    max_inflight: int,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Run `source` as a gateway batch; what it measured (raises RuntimeError on failure)."""
+    port = free_port()
+    folder = r.tmp / f"gateway-{lines}"
+    connection, secrets = connection_argv(r.kafka)
+    argv = [
+        sys.executable, "-m", "ops", "gateway", *connection, "--port", str(port),
+        "--requests-topic", topics["requests"], "--events-topic", "", "--batch-dir", str(folder),
+        "--batch-max-inflight", str(max_inflight),
+        "--max-file-bytes", str(source.stat().st_size + 1024),
+    ]  # fmt: skip
+    log = r.tmp / f"gateway-{lines}.log"
+    with log.open("wb") as out:
+        gateway = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=out, env=child_env(secrets))
+    try:
+        _until_serving(gateway, log, timeout_s)
+        started = time.perf_counter()
+        file_id = _upload(port, source)["id"]
+        uploaded = time.perf_counter()
+        cpu_before = cpu_seconds(gateway.pid)
+        batch = _call(port, "POST", "/v1/batches", {
+            "input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h",
+        })  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while batch["status"] not in _FINAL:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway's batch is {batch['status']} after {timeout_s} s")
+            time.sleep(0.2)  # the next look at its progress
+            batch = _call(port, "GET", f"/v1/batches/{batch['id']}")
+        wall = time.perf_counter() - uploaded
+        cpu_after = cpu_seconds(gateway.pid)
+        rss_mb = _peak_rss_mb(gateway.pid)
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(60)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+    counts = batch["request_counts"]
+    if batch["status"] != "completed" or counts["completed"] != lines:
+        raise RuntimeError(f"the gateway's batch ended {batch['status']}: {counts}")
+    cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 2)
+    return {
+        "complete": True,
+        "ok": counts["completed"],
+        "upload_s": round(uploaded - started, 2),
+        "wall_s": round(wall, 2),
+        "requests_per_s": round(lines / wall, 1),
+        "peak_rss_mb": rss_mb,  # the gateway process's high-water mark, upload included
+        "cpu_s": cpu,
+    }
+
+
+def _until_serving(gateway: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not re.search(r"running on http://", log.read_text(errors="replace")):
+        if gateway.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)  # it is starting
+
+
+def _call(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        connection.request(method, path, body=data, headers={"content-type": "application/json"})
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{method} {path}: {response.status} {answer[:500]!r}")
+        return json.loads(answer)
+    finally:
+        connection.close()
+
+
+def _upload(port: int, source: Path) -> Any:
+    """`POST /v1/files` as a multipart form, the file streamed from disk."""
+    boundary = uuid.uuid4().hex
+    head = (
+        f'--{boundary}\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\ncontent-disposition: form-data; name="file"; '
+        f'filename="{source.name}"\r\ncontent-type: application/jsonl\r\n\r\n'
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    size = len(head) + source.stat().st_size + len(tail)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        connection.putrequest("POST", "/v1/files")
+        connection.putheader("content-type", f"multipart/form-data; boundary={boundary}")
+        connection.putheader("content-length", str(size))
+        connection.endheaders()
+        connection.send(head)
+        with source.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                connection.send(chunk)
+        connection.send(tail)
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"upload: {response.status} {answer[:500]!r}")
+        return json.loads(answer)
+    finally:
+        connection.close()
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return round(int(found[1]) / 1024, 1) if found else None
