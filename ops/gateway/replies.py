@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 
 import msgspec
 import structlog
@@ -26,6 +25,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from actors.ingest.reply_topics import MIN_REFRESH_S
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection
+from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.cancel import CANCEL_SCHEMA, CancelRequest, cancel_codec
 from messages.chunk import GenerateChunk
@@ -45,7 +45,6 @@ _request_codec = Codec(GenerateRequest)
 _result_codec = Codec(GenerateResult)
 _chunk_codec = Codec(GenerateChunk)
 _CANCEL_HEADERS = [(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, CANCEL_SCHEMA.encode())]
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _WORKERS_SEE_NEW_TOPICS_S = MIN_REFRESH_S + 0.5  # every worker has asked again since
 _SEND_TIMEOUT_S = 15.0  # a broker that acknowledges nothing this long is unreachable: 503
 
@@ -221,10 +220,10 @@ def decode_reply(record: ConsumerRecord[bytes, bytes]) -> Reply | None:
 
 
 def trace_headers(traceparent: str | None, tracestate: str | None) -> list[tuple[str, bytes]]:
-    """An incoming W3C trace context, as record headers, when it is well formed."""
-    if not traceparent or not _TRACEPARENT.fullmatch(traceparent.strip()):
-        return []
-    out = [(h.TRACEPARENT, traceparent.strip().encode())]
-    if tracestate and len(tracestate) <= 512:
-        out.append((h.TRACESTATE, tracestate.encode()))
-    return out
+    """An incoming W3C trace context, as record headers, when it is well formed (the rules
+    and size limits the workers read it with: `actors.telemetry.trace_context`)."""
+    given = [(h.TRACEPARENT, traceparent.strip().encode())] if traceparent else []
+    if given and tracestate:
+        given.append((h.TRACESTATE, tracestate.encode()))
+    trace = TraceContext.of(given)
+    return list(trace.headers) if trace.parent is not None else []
