@@ -146,7 +146,9 @@ def build_app(
                     gateway.cancel_later(asked.request.id, "client_disconnected")
                     metrics.requests.labels(endpoint, "499", "client_disconnected").inc()
                     return Response(status_code=499)  # nginx's "client closed request"
-                return _answered(metrics, endpoint, *done, started, named)
+                status, body, worker = done
+                headers = named | ({"x-tokenmill-worker": worker} if worker else {})
+                return _answered(metrics, endpoint, status, body, started, headers)
             answered = await gateway.stream(asked, trace, place, served_alone())
             streaming = not isinstance(answered[0], int)
         finally:

@@ -2,7 +2,7 @@
 
     gateway = Gateway(settings, replies)
     place = gateway.admit()                           # or ApiError 429
-    status, body = await gateway.complete(asked)      # or ApiError 503 / 504; then release
+    status, body, worker = await gateway.complete(asked)   # or ApiError 503 / 504; release
     answered = await gateway.stream(asked, place)     # (status, body), or the SSE events,
                                                       # which release the place themselves
 
@@ -49,8 +49,11 @@ class Gateway:
         self.in_flight += 1
         return Place(self)
 
-    async def complete(self, asked: Asked, trace: list[tuple[str, bytes]]) -> tuple[int, object]:
-        """Send `asked`, wait for its result: its status and body (batch mapper's shapes)."""
+    async def complete(
+        self, asked: Asked, trace: list[tuple[str, bytes]]
+    ) -> tuple[int, object, str]:
+        """Send `asked`, wait for its result: its status and body (the batch mapper's shapes),
+        and the worker that answered (its id; "" when the result does not say)."""
         request_id = asked.request.id
         queue = self.replies.open(request_id)
         try:
@@ -59,7 +62,7 @@ class Gateway:
             while True:
                 reply = await self._next(queue, deadline, request_id)
                 if isinstance(reply, GenerateResult):
-                    return answer(asked, reply, int(time.time()))
+                    return *answer(asked, reply, int(time.time())), reply.worker
         finally:
             self.replies.close(request_id)
 

@@ -20,7 +20,7 @@ import pytest
 
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
 from tests.integration.gateway_fleet import KEY, MODEL, Fleet, client, direct_text, gateway
-from tests.integration.pipeline import REPO, new_lane
+from tests.integration.pipeline import REPO, WorkerProcess, new_lane
 
 pytestmark = pytest.mark.slow
 
@@ -193,23 +193,38 @@ async def test_a_body_over_max_body_bytes_is_413(fleet: Fleet) -> None:
         assert (large.value.status_code, large.value.code) == (413, "request_too_large")
 
 
-async def test_two_instances_each_get_their_own_answers(fleet: Fleet) -> None:
-    async with (
-        gateway(fleet) as first_base,
-        gateway(fleet) as second_base,
-        client(first_base) as first,
-        client(second_base) as second,
-    ):
-        prompts = [f"{n} + {n} =" for n in range(4)]
-        asks = [
-            api.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
-            for prompt in prompts
-            for api in (first, second)
-        ]
-        answers = await asyncio.gather(*asks)
-        assert all(a.choices[0].text for a in answers)
-        for n in range(4):  # the same greedy prompt, answered alike through either instance
-            assert answers[2 * n].choices[0].text == answers[2 * n + 1].choices[0].text
+async def test_two_instances_and_two_workers_answer_each_request_to_the_instance_that_asked(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    prefix = fleet.lane.requests.removesuffix(".requests")
+    extra = ["--cancel-topic", fleet.cancel, "--events-topic", fleet.events,
+             "--control-topic", f"{prefix}.control"]  # fmt: skip
+    second_worker = WorkerProcess(fleet.lane, MODEL, tmp_path / "worker2.log", extra=extra)
+    second_worker.start()
+    try:
+        await second_worker.wait_for_log("ingest_started", within_s=300)
+        async with (
+            gateway(fleet, instance_id="one") as first_base,
+            gateway(fleet, instance_id="two") as second_base,
+            client(first_base) as first,
+            client(second_base) as second,
+        ):
+            prompts = [f"{n} + {n} =" for n in range(12)]
+            asks = [
+                api.completions.with_raw_response.create(model=MODEL, prompt=p, max_tokens=2)
+                for p in prompts
+                for api in (first, second)
+            ]
+            raw = await asyncio.gather(*asks)
+    finally:
+        second_worker.close()
+    for n, answered in enumerate(raw):  # even: asked of "one"; odd: of "two"
+        assert answered.headers["x-request-id"].startswith(f"gw-{('one', 'two')[n % 2]}-")
+    texts = [answered.parse().choices[0].text for answered in raw]
+    assert all(texts)
+    assert texts[0::2] == texts[1::2]  # the same greedy prompt, alike through either instance
+    # 24 requests on 3 partitions shared by two workers: both answered some
+    assert len({answered.headers["x-tokenmill-worker"] for answered in raw}) == 2
 
 
 async def test_the_command_serves_until_sigterm_then_deletes_its_reply_topic(
