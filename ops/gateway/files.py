@@ -32,6 +32,7 @@ from ops.gateway.errors import ApiError
 
 UPLOAD_PURPOSES = ("batch",)  # what clients may upload; the gateway writes "batch_output"
 _SHOWN_ERRORS = 10  # line errors named in a refusal
+MAX_LINE_BYTES = 16 << 20  # one request line; memory for the check stays within this
 _ID = re.compile(r"file-[A-Za-z0-9_-]{1,64}")
 
 
@@ -184,7 +185,17 @@ def _copy_checked(source: IO[bytes], out: IO[bytes]) -> tuple[int, set[str]]:
 
 
 def _numbered(source: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    for number, raw in enumerate(source, start=1):
+    """Each line with its newline, read no further than `MAX_LINE_BYTES` (past it: 400)."""
+    number = 0
+    while raw := source.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise ApiError(
+                400,
+                f"line {number} is over {MAX_LINE_BYTES} bytes (far past what Kafka carries)",
+                code="invalid_file",
+                param="file",
+            )
         yield number, raw if raw.endswith(b"\n") else raw + b"\n"
 
 

@@ -73,3 +73,12 @@ def test_delete_removes_the_record_and_the_bytes(tmp_path: Path) -> None:
     assert files.delete(stored.id)
     assert files.get(stored.id) is None and not files.path(stored.id).exists()
     assert files.listed() == []
+
+
+def test_a_line_past_the_line_limit_refuses_the_upload_without_reading_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ops.gateway.files.MAX_LINE_BYTES", 64)
+    with pytest.raises(ApiError) as refused:
+        FileStore(tmp_path).save_upload(io.BytesIO(b"x" * 1000), "long.jsonl", "batch")
+    assert "line 1 is over 64 bytes" in refused.value.message
