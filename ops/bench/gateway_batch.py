@@ -104,11 +104,7 @@ def _call(port: int, method: str, path: str, body: dict[str, Any] | None = None)
     try:
         data = json.dumps(body).encode() if body is not None else None
         connection.request(method, path, body=data, headers={"content-type": "application/json"})
-        response = connection.getresponse()
-        answer = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"{method} {path}: {response.status} {answer[:500]!r}")
-        return json.loads(answer)
+        return _answer(connection, f"{method} {path}")
     finally:
         connection.close()
 
@@ -134,13 +130,17 @@ def _upload(port: int, source: Path) -> Any:
             while chunk := f.read(1 << 20):
                 connection.send(chunk)
         connection.send(tail)
-        response = connection.getresponse()
-        answer = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"upload: {response.status} {answer[:500]!r}")
-        return json.loads(answer)
+        return _answer(connection, "POST /v1/files")
     finally:
         connection.close()
+
+
+def _answer(connection: http.client.HTTPConnection, asked: str) -> Any:
+    response = connection.getresponse()
+    answer = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{asked}: {response.status} {answer[:500]!r}")
+    return json.loads(answer)
 
 
 def _peak_rss_mb(pid: int) -> float | None:

@@ -104,8 +104,7 @@ class FileStore:
                 param="purpose",
             )
         file_id = new_file_id()
-        target = self.path(file_id)
-        partial = target.with_name(target.name + ".part")
+        partial = self.root / f"{file_id}.jsonl.part"
         try:
             with partial.open("wb") as out:
                 lines, urls = _copy_checked(source, out)
@@ -114,20 +113,18 @@ class FileStore:
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
-        os.replace(partial, target)
-        stored = StoredFile(
-            id=file_id,
-            bytes=target.stat().st_size,
-            created_at=int(time.time()),
-            filename=filename,
-            purpose=purpose,
-            lines=lines,
-            urls=sorted(urls),
-        )
-        self._write_record(stored)
-        return stored
+        return self.adopt(file_id, partial, filename, purpose, lines=lines, urls=sorted(urls))
 
-    def adopt(self, file_id: str, source: Path, filename: str, purpose: str) -> StoredFile:
+    def adopt(
+        self,
+        file_id: str,
+        source: Path,
+        filename: str,
+        purpose: str,
+        *,
+        lines: int = 0,
+        urls: list[str] | None = None,
+    ) -> StoredFile:
         """Take `source` (moved in) as file `file_id`; a file of that id is replaced."""
         target = self.path(file_id)
         os.replace(source, target)
@@ -137,6 +134,8 @@ class FileStore:
             created_at=int(time.time()),
             filename=filename,
             purpose=purpose,
+            lines=lines,
+            urls=urls or [],
         )
         self._write_record(stored)
         return stored
