@@ -189,10 +189,22 @@ def gateway_call(lanes: Sequence[HttpLane], payloads: Sequence[bytes]) -> Call:
     return call
 
 
+@contextlib.asynccontextmanager
+async def http_lanes(port: int, count: int) -> AsyncIterator[list[HttpLane]]:
+    """`count` fresh connections. uvicorn closes one idle for 5 s (a direct run is longer),
+    so each gateway run opens its own, before it is timed."""
+    lanes = [HttpLane(*await asyncio.open_connection("127.0.0.1", port)) for _ in range(count)]
+    try:
+        yield lanes
+    finally:
+        for lane in lanes:
+            lane.writer.close()
+
+
 @dataclass
 class Gateway:
     proc: asyncio.subprocess.Process
-    lanes: list[HttpLane]
+    port: int
     argv: list[str]
 
 
@@ -209,20 +221,18 @@ async def gateway(r: Rig, topics: dict[str, str], o: GatewayBenchOptions) -> Asy
     argv = [sys.executable, "-c", "from ops.cli import main; main()", "gateway", *connection]
     argv += [str(x) for pair in flags.items() for x in pair]
     async with worker_process(argv, log, env=secrets) as proc:  # SIGTERM: a clean stop
-        lanes: list[HttpLane] = []
         async with asyncio.timeout(o.timeout_s):
-            while len(lanes) < o.concurrency:  # across processes, no event to wait on: poll
+            while True:  # across processes, no event to wait on: poll until it listens
                 if proc.returncode is not None:
                     raise RuntimeError(f"the gateway exited:\n{log_tail(log)}")
                 try:
-                    lanes.append(HttpLane(*await asyncio.open_connection("127.0.0.1", port)))
+                    _, probe = await asyncio.open_connection("127.0.0.1", port)
                 except OSError:
                     await asyncio.sleep(0.2)
-        try:
-            yield Gateway(proc, lanes, argv[3:])
-        finally:
-            for lane in lanes:
-                lane.writer.close()
+                    continue
+                probe.close()
+                break
+        yield Gateway(proc, port, argv[3:])
 
 
 async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Report:
@@ -257,20 +267,23 @@ async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Rep
                 say(f"gateway: listening; {warm} warm-up requests on each path")
                 warm_up = direct_call(wk.client, direct_requests(0, warm, "warm"), o.timeout_s)
                 await closed_loop(warm_up, warm, c)
-                await closed_loop(gateway_call(gw.lanes, payloads(warm, warm)), warm, c)
+                async with http_lanes(gw.port, c) as lanes:
+                    await closed_loop(gateway_call(lanes, payloads(warm, warm)), warm, c)
                 pids = {"client": os.getpid(), "gateway": gw.proc.pid, "worker": wk.proc.pid}
                 meter = CpuMeter({**pids, "broker": r.broker_pid})
                 for k, path in enumerate(alternate(PATHS, o.rounds)):
                     at, run = 2 * warm + k * n, Run(k // 2 + 1, path, [], 0.0)
                     say(f"round {run.round}/{o.rounds}, {path}: {n} requests, {c} at a time")
-                    if path == "direct":
-                        batch = direct_requests(at, n, f"run{k}")
-                        call = direct_call(wk.client, batch, o.timeout_s)
-                    else:
-                        call = gateway_call(gw.lanes, payloads(at, n))
-                    meter.start()
-                    run.latencies_ms, run.wall_s = await closed_loop(call, n, c)
-                    run.cpu_s = meter.read()
+                    async with contextlib.AsyncExitStack() as stack:
+                        if path == "direct":
+                            batch = direct_requests(at, n, f"run{k}")
+                            call = direct_call(wk.client, batch, o.timeout_s)
+                        else:
+                            lanes = await stack.enter_async_context(http_lanes(gw.port, c))
+                            call = gateway_call(lanes, payloads(at, n))
+                        meter.start()
+                        run.latencies_ms, run.wall_s = await closed_loop(call, n, c)
+                        run.cpu_s = meter.read()
                     runs.append(run)
                 argv = {"worker": wk.argv, "gateway": gw.argv}
     return _report(report, o, runs, argv)
