@@ -5,6 +5,8 @@ a canned server. The run itself: tests/integration/test_bench_gateway.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 from gpu.engine_config import EngineConfig
 from messages.openai_batch import COMPLETIONS_URL
@@ -15,8 +17,8 @@ CHOICE = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
 CPU = {"client": 0.5, "gateway": 1.0, "worker": 2.0, "broker": None}
 
 
-def _run(round_: int, path: str, latencies: list[float | None], wall_s: float) -> Run:
-    return Run(round_, path, latencies, wall_s, dict(CPU))
+def _run(round_: int, path: str, latencies: Sequence[float | None], wall_s: float) -> Run:
+    return Run(round_, path, list(latencies), wall_s, dict(CPU))
 
 
 async def test_the_closed_loop_keeps_concurrency_requests_in_flight_and_times_each() -> None:
@@ -106,21 +108,37 @@ def test_requests_per_run_default_by_engine_and_the_warm_up_follows() -> None:
     assert (small.per_run, small.warm_up) == (10, 10)
 
 
-async def _serve_canned(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Answer each request on the connection with a 200 JSON body, sent in two writes."""
-    while b"content-length" in (head := await reader.readuntil(b"\r\n\r\n")):
-        await reader.readexactly(int(head.split(b"content-length: ")[1].split(b"\r\n")[0]))
-        writer.write(b'HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{"ok": ')
-        await writer.drain()
-        writer.write(b"true}")
+def _canned_server(closed: asyncio.Event) -> Any:
+    """A handler answering each request on its connection with a 200 JSON body sent in two
+    writes; `closed` is set once the client has gone and the connection is closed."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while b"content-length" in (head := await reader.readuntil(b"\r\n\r\n")):
+                await reader.readexactly(int(head.split(b"content-length: ")[1].split(b"\r\n")[0]))
+                writer.write(b'HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{"ok": ')
+                await writer.drain()
+                writer.write(b"true}")
+        except asyncio.IncompleteReadError:  # the client closed the connection
+            pass
+        finally:
+            writer.close()
+            await writer.wait_closed()
+            closed.set()
+
+    return serve
 
 
 async def test_an_http_lane_posts_twice_on_one_connection() -> None:
-    server = await asyncio.start_server(_serve_canned, "127.0.0.1", 0)
+    closed = asyncio.Event()
+    server = await asyncio.start_server(_canned_server(closed), "127.0.0.1", 0)
     lane = HttpLane(*await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1]))
 
     statuses = [await lane.post(COMPLETIONS_URL, b'{"prompt": [1]}') for _ in range(2)]
 
     assert statuses == [200, 200]
     lane.writer.close()
+    await lane.writer.wait_closed()
+    await closed.wait()
     server.close()
+    await server.wait_closed()
