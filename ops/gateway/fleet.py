@@ -1,22 +1,42 @@
-"""What the fleet serves, for `GET /v1/models`: read from the workers' events topic.
+"""What the fleet serves, for `GET /v1/models`: read from the workers' events topic, checked
+against the requests' consumer group.
 
 Each worker announces its model when it starts (`worker_started`) and when it swaps
 (`model_swapped`), and answers status requests with it (`status_reply`); `worker_stopped`
 takes it off. The gateway reads the events topic from its beginning (it is small: one record
 per such event) and keeps each worker's current model; the models listed are those at least
-one live worker serves. A worker that died without a `worker_stopped` stays listed until the
-topic's retention forgets it.
+one listed worker serves.
+
+A worker killed without a `worker_stopped` (SIGKILL, out of memory, its machine lost) says
+nothing more, but its ingest consumer leaves the requests' consumer group once the worker's
+session timeout passes (`--session-timeout-ms`, 10 s by default). So every `--models-refresh`
+seconds the gateway describes that group (`--group-id`) and lists only:
+
+    the workers whose ingest consumer is a member (client id `tokenmill-<worker id>`),
+    and those whose last event is at most one refresh interval old
+
+(a worker just started may not have joined the group yet). The others are hidden, not
+forgotten: each check decides afresh, and any event unhides, so a worker cut off from the
+broker for a while is listed again once it is back. Describing a group is a read (the
+group's Describe ACL): the gateway holds no control secret and sends no command. A check that
+fails (no such ACL, the broker away) changes nothing: what was listed stays listed, and the
+failure is logged at warning once, until a check works again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import structlog
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import for_code
 
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection
@@ -27,6 +47,8 @@ from messages.events import Event, ModelSwapped, StatusReply, WorkerStarted, Wor
 
 log = structlog.get_logger("tokenmill.gateway")
 _event_codec: Codec[Event] = Codec(Event)  # type: ignore[arg-type]  # a union, not a class
+CLIENT_PREFIX = "tokenmill-"  # + worker id: the ingest consumer's client_id (actors/kafka)
+_DESCRIBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -36,11 +58,14 @@ class ServedModel:
 
 
 class Fleet:
-    """Each worker's current model, from the events it publishes (`apply`)."""
+    """Each worker's current model, from the events it publishes (`apply`), less the workers
+    a check of the consumer group hides (`list_only`)."""
 
     def __init__(self) -> None:
         self._by_worker: dict[str, str] = {}
         self._since: dict[str, int] = {}
+        self._heard: dict[str, float] = {}  # worker: `at` of its latest event
+        self._hidden: set[str] = set()
 
     def apply(self, event: Event) -> None:
         match event:
@@ -50,32 +75,72 @@ class Fleet:
                 self._serve(event.worker, model.name, event.at)
             case WorkerStopped():
                 self._by_worker.pop(event.worker, None)
+                self._heard.pop(event.worker, None)
+                self._hidden.discard(event.worker)
+                return
+        if event.worker in self._by_worker:
+            self._heard[event.worker] = max(event.at, self._heard.get(event.worker, event.at))
+            self._hidden.discard(event.worker)
 
     def _serve(self, worker: str, name: str, at: float) -> None:
         self._by_worker[worker] = name
         self._since.setdefault(name, int(at))
 
+    def list_only(self, members: Set[str], now: float, grace_s: float) -> None:
+        """Hide every worker that is not in `members` (the worker ids in the consumer group)
+        and has published nothing for more than `grace_s` before `now` (unix seconds); list
+        the others again."""
+        self._hidden = {
+            worker
+            for worker in self._by_worker
+            if worker not in members and now - self._heard[worker] > grace_s
+        }
+
+    @property
+    def hidden(self) -> frozenset[str]:
+        return frozenset(self._hidden)
+
     def models(self) -> list[ServedModel]:
-        return [ServedModel(n, self._since[n]) for n in sorted(set(self._by_worker.values()))]
+        names = {name for w, name in self._by_worker.items() if w not in self._hidden}
+        return [ServedModel(n, self._since[n]) for n in sorted(names)]
 
 
 class FleetWatch:
-    """Reads the events topic into a `Fleet` in a task of its own, from the beginning."""
+    """Reads the events topic into a `Fleet` in a task of its own, from the beginning; every
+    `refresh_s` seconds, checks it against the members of consumer group `group_id` (None or
+    a `refresh_s` of 0: never). `clock`: the wall clock, which the events' `at` is read on."""
 
-    def __init__(self, kafka: KafkaConnection, topic: str) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConnection,
+        topic: str,
+        group_id: str | None = None,
+        refresh_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.kafka = kafka
         self.topic = topic
+        self.group_id = group_id
+        self.refresh_s = refresh_s
+        self.clock = clock
         self.fleet = Fleet()
         self._task: asyncio.Task[None] | None = None
+        self._admin: AIOKafkaAdminClient | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="gateway-fleet")
+        self._task = asyncio.create_task(self._run(), name="gateway-fleet")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def _run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watch(), name="gateway-fleet-events")
+            if self.group_id and self.refresh_s > 0:
+                tg.create_task(self._check(self.group_id), name="gateway-fleet-group")
 
     async def _watch(self) -> None:
         record_reader.install()
@@ -98,6 +163,64 @@ class FleetWatch:
                             self.fleet.apply(event)
         finally:
             await consumer.stop()
+
+    async def _check(self, group_id: str) -> None:
+        failing = False
+        try:
+            while True:
+                await asyncio.sleep(self.refresh_s)
+                try:
+                    members = await self._members(group_id)
+                # KafkaError, OSError and TimeoutError are what an outage or a missing ACL
+                # raises; anything else (a client half through its bootstrap) says no more,
+                # and must not stop the events' reading.
+                except Exception as exc:
+                    await self._close_admin()
+                    if not failing:
+                        log.warning("fleet_group_unread", group=group_id, error=repr(exc))
+                    failing = True
+                    continue
+                if failing:
+                    log.info("fleet_group_read", group=group_id)
+                failing = False
+                hidden = self.fleet.hidden
+                self.fleet.list_only(members, self.clock(), self.refresh_s)
+                if self.fleet.hidden != hidden:
+                    log.info(
+                        "fleet_workers_hidden", group=group_id, workers=sorted(self.fleet.hidden)
+                    )
+        finally:
+            await self._close_admin()
+
+    async def _members(self, group_id: str) -> set[str]:
+        async with asyncio.timeout(_DESCRIBE_TIMEOUT_S):
+            if self._admin is None:
+                self._admin = AIOKafkaAdminClient(**self.kafka.client_kwargs())
+                await self._admin.start()
+            return group_workers(await self._admin.describe_consumer_groups([group_id]))
+
+    async def _close_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_DESCRIBE_TIMEOUT_S):
+                    await admin.close()
+
+
+def group_workers(responses: Iterable[Any]) -> set[str]:
+    """The worker ids among the members of the groups in raw DescribeGroups `responses`
+    (aiokafka's `describe_consumer_groups`); a group's error code raised as its KafkaError."""
+    workers: set[str] = set()
+    for response in responses:
+        # (error_code, group, state, protocol_type, protocol, members[, authorized_operations])
+        for error_code, group, _state, _type, _protocol, members, *_ in response.groups:
+            if error_code:
+                raise for_code(error_code)(f"describing group {group}")
+            # member: (member_id, client_id, client_host, member_metadata, member_assignment)
+            for _member_id, client_id, *_ in members:
+                if client_id.startswith(CLIENT_PREFIX):
+                    workers.add(client_id.removeprefix(CLIENT_PREFIX))
+    return workers
 
 
 def _decode(value: bytes | None, headers: h.Headers) -> Event | None:

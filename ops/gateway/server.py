@@ -49,7 +49,11 @@ def gateway_server(
         settings,
         results_topic=settings.batch_reply_topic(instance),
     )
-    fleet = FleetWatch(kafka, settings.events_topic) if settings.events_topic else None
+    fleet = (
+        FleetWatch(kafka, settings.events_topic, settings.group_id, settings.models_refresh)
+        if settings.events_topic
+        else None
+    )
     app = build_app(Gateway(settings, replies, instance), keys, fleet, batches)
     config = uvicorn.Config(
         app,

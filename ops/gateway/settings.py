@@ -7,7 +7,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.config import DEFAULT_CANCEL_TOPIC, DEFAULT_EVENTS_TOPIC, DEFAULT_REQUESTS_TOPIC
+from actors.config import (
+    DEFAULT_CANCEL_TOPIC,
+    DEFAULT_EVENTS_TOPIC,
+    DEFAULT_REQUESTS_TOPIC,
+    WorkerConfig,
+)
 
 _TOPIC_PART = re.compile(r"[A-Za-z0-9._-]{1,100}")
 REPLY_TOPIC_PATTERN = "tokenmill.gateway.{instance}.results"  # matches the workers' `*.results`
@@ -53,6 +58,20 @@ class GatewaySettings:
         default=DEFAULT_EVENTS_TOPIC,
         metadata={"help": "The workers' events, read for GET /v1/models."},
     )
+    group_id: str = field(
+        default=WorkerConfig.group,  # a dataclass field's default, as a class attribute
+        metadata={
+            "help": "The workers' consumer group (their --group): GET /v1/models lists only "
+            "workers whose ingest consumer is a member, or that were heard from lately."
+        },
+    )
+    models_refresh: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds between checks of --group-id's members; a worker gone from the "
+            "group, silent this long, leaves GET /v1/models (0: never checked)."
+        },
+    )
     instance_id: str | None = field(
         default=None,
         metadata={"help": "This instance's name in its reply topic [default: random]."},
@@ -91,6 +110,8 @@ class GatewaySettings:
             raise ValueError("--batch-max-inflight must be at least 1")
         if self.max_file_bytes < 1:
             raise ValueError("--max-file-bytes must be positive")
+        if not self.models_refresh >= 0:  # NaN too
+            raise ValueError("--models-refresh must be 0 or more")
         if self.max_body_bytes < 1:
             raise ValueError("--max-body-bytes must be positive")
         if not 0 <= self.port < 65536:

@@ -1,10 +1,26 @@
-"""What `GET /v1/models` lists: each live worker's current model, from its events."""
+"""What `GET /v1/models` lists: each live worker's current model, from its events, less the
+workers gone from the consumer group."""
 
 from __future__ import annotations
 
-from messages.events import ModelSwapped, StatusReply, WorkerStarted, WorkerStopped
+import asyncio
+import io
+
+import pytest
+from aiokafka.errors import GroupAuthorizationFailedError
+from aiokafka.protocol.admin import DescribeGroupsResponse_v1, DescribeGroupsResponse_v3
+from structlog.testing import capture_logs
+
+from actors.kafka.connection import KafkaConnection
+from messages.events import (
+    ModelSwapped,
+    StatusReply,
+    WorkerDraining,
+    WorkerStarted,
+    WorkerStopped,
+)
 from messages.result import ModelRef
-from ops.gateway.fleet import Fleet, ServedModel
+from ops.gateway.fleet import Fleet, FleetWatch, ServedModel, group_workers
 
 
 def ref(name: str) -> ModelRef:
@@ -45,3 +61,120 @@ def test_a_status_reply_names_a_worker_started_before_the_topic_s_retention() ->
     )  # fmt: skip
     fleet.apply(reply)
     assert [m.name for m in fleet.models()] == ["smollm2"]
+
+
+def test_a_worker_gone_from_the_group_and_silent_a_refresh_long_is_hidden() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.apply(started("w2", "gemma3", 100.0))
+    fleet.list_only({"w1"}, now=131.0, grace_s=30.0)
+    assert fleet.models() == [ServedModel("smollm2", 100)]
+    assert fleet.hidden == {"w2"}
+
+
+def test_a_worker_heard_from_within_a_refresh_stays_listed_before_it_joins() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.list_only(set(), now=130.0, grace_s=30.0)
+    assert [m.name for m in fleet.models()] == ["smollm2"]
+
+
+def test_any_later_event_counts_as_heard_from() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.apply(WorkerDraining(worker="w1", at=200.0, reason="signal", in_flight=0))
+    fleet.list_only(set(), now=220.0, grace_s=30.0)
+    assert [m.name for m in fleet.models()] == ["smollm2"]
+
+
+def test_a_hidden_worker_is_listed_again_when_it_rejoins_or_speaks() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.list_only(set(), now=200.0, grace_s=30.0)
+    assert fleet.models() == []
+    fleet.list_only({"w1"}, now=230.0, grace_s=30.0)
+    assert [m.name for m in fleet.models()] == ["smollm2"]
+    fleet.list_only(set(), now=260.0, grace_s=30.0)
+    fleet.apply(status("w1", "smollm2", 261.0))
+    assert [m.name for m in fleet.models()] == ["smollm2"]
+
+
+def test_a_model_stays_listed_while_one_listed_worker_serves_it() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.apply(started("w2", "smollm2", 150.0))
+    fleet.list_only({"w2"}, now=300.0, grace_s=30.0)
+    assert fleet.models() == [ServedModel("smollm2", 100)]
+
+
+def test_members_that_are_not_known_workers_list_nothing() -> None:
+    fleet = Fleet()
+    fleet.list_only({"w7"}, now=300.0, grace_s=30.0)
+    assert fleet.models() == [] and fleet.hidden == set()
+
+
+def test_a_stopped_worker_is_forgotten_even_while_hidden() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.list_only(set(), now=200.0, grace_s=30.0)
+    fleet.apply(WorkerStopped(worker="w1", at=201.0, answered=0, failed_on_shutdown=0))
+    assert fleet.hidden == set()
+    fleet.list_only(set(), now=300.0, grace_s=30.0)
+    assert fleet.models() == []
+
+
+def test_group_workers_reads_client_ids_from_a_describe_groups_response() -> None:
+    member = ("m-1", "tokenmill-host-42", "/10.0.0.1", b"", b"")
+    other = ("m-3", "rdkafka", "/10.0.0.2", b"", b"")
+    raw = DescribeGroupsResponse_v3(
+        throttle_time_ms=0,
+        groups=[(0, "tokenmill", "Stable", "consumer", "range", [member, other], 0)],
+    ).encode()
+    assert group_workers([DescribeGroupsResponse_v3.decode(io.BytesIO(raw))]) == {"host-42"}
+
+
+def test_group_workers_raises_a_group_s_error() -> None:
+    denied = DescribeGroupsResponse_v1(
+        throttle_time_ms=0, groups=[(30, "tokenmill", "", "", "", [])]
+    )
+    with pytest.raises(GroupAuthorizationFailedError):
+        group_workers([denied])
+
+
+async def test_a_group_that_cannot_be_read_hides_no_one_and_warns_once() -> None:
+    answers: list[set[str] | Exception] = [GroupAuthorizationFailedError()] * 3 + [{"w1"}]
+    all_given = asyncio.Event()
+
+    async def members(group_id: str) -> set[str]:  # a fake broker, then one that hangs
+        assert group_id == "g"
+        if not answers:
+            all_given.set()
+            await asyncio.Event().wait()
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    watch = FleetWatch(KafkaConnection("127.0.0.1:1"), "events", "g", 0.001, clock=lambda: 500.0)
+    watch._members = members  # type: ignore[method-assign]
+    watch.fleet.apply(started("w1", "smollm2", 100.0))
+    watch.fleet.apply(started("w2", "gemma3", 100.0))
+    with capture_logs() as logs:
+        checking = asyncio.create_task(watch._check("g"))
+        await asyncio.wait_for(all_given.wait(), 30)
+        checking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await checking
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("fleet_group_unread", "warning"),
+        ("fleet_group_read", "info"),
+        ("fleet_workers_hidden", "info"),
+    ]
+    assert [m.name for m in watch.fleet.models()] == ["smollm2"]
+
+
+def status(worker: str, name: str, at: float) -> StatusReply:
+    return StatusReply(
+        worker=worker, at=at, model=ref(name), uptime_s=1.0, queued=0, running=0,
+        kv_blocks_used=0, kv_blocks_total=8,
+    )  # fmt: skip
