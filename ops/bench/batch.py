@@ -98,10 +98,9 @@ async def run_batch_bench(o: BatchBenchOptions, say: Narrate = quiet) -> Report:
                     report["batch"][str(lines)] = run
                     if o.gateway:
                         say(f"batch: {lines} lines through the gateway's /v1/batches")
-                        through[str(lines)] = await asyncio.to_thread(
-                            through_gateway, r, w.topics, source, lines, o.max_inflight,
-                            o.timeout_s,
-                        )  # fmt: skip
+                        through[str(lines)] = await through_gateway(
+                            r, w.topics, source, lines, o.max_inflight, o.timeout_s
+                        )
                 if through:
                     report["gateway"] = through
             report["warm_up_s"], report["worker_exit_code"] = w.warm_up_s, w.exit_code

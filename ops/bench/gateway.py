@@ -16,15 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import h11
 import msgspec
 import numpy as np
 
@@ -32,15 +30,14 @@ from actors.kafka.connection import KafkaConnection
 from gpu.engine import Engine
 from messages.openai_batch import COMPLETIONS_URL
 from messages.request import GenerateRequest
+from ops.bench.gateway_process import HttpLane, gateway_process, http_lanes
 from ops.bench.load import LoadClient, worker
 from ops.bench.report import Narrate, Report, alternate, percentiles, quiet, ratio
-from ops.bench.rig import CpuMeter, Rig, log_tail, rig, worker_process
+from ops.bench.rig import CpuMeter, rig
 from ops.bench.workload import Workload
-from ops.connection.options import connection_argv
 from ops.gateway.bodies import to_asked
 from ops.models.engine_options import EngineChoice
 from ops.models.registry import resolve_model
-from ops.services.local_process import free_port
 from ops.worker.echo_engine import EchoEngine, load_echo_model
 
 PATHS = ("direct", "gateway")
@@ -154,34 +151,6 @@ def direct_call(client: LoadClient, batch: Sequence[GenerateRequest], within_s: 
     return call
 
 
-class HttpLane:
-    """One keep-alive HTTP/1.1 connection. h11 (uvicorn's parser, installed with it), not an
-    HTTP client library: none is a dependency, and on a 2-core host a lighter client leaves
-    more of the CPU to the gateway it measures."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.conn = h11.Connection(h11.CLIENT)
-
-    async def post(self, path: str, payload: bytes) -> int:
-        """POST `payload` (JSON); the answer's status once its body has been read."""
-        head = [("host", "bench"), ("content-type", "application/json"),
-                ("content-length", str(len(payload)))]  # fmt: skip
-        for event in (h11.Request(method="POST", target=path, headers=head),
-                      h11.Data(data=payload), h11.EndOfMessage()):  # fmt: skip
-            self.writer.write(self.conn.send(event) or b"")
-        status = 0
-        while not isinstance(got := self.conn.next_event(), h11.EndOfMessage):
-            if got is h11.NEED_DATA:
-                self.conn.receive_data(await self.reader.read(1 << 16))
-            elif isinstance(got, h11.Response):
-                status = got.status_code
-            elif isinstance(got, h11.ConnectionClosed):
-                raise ConnectionError("the gateway closed the connection")
-        self.conn.start_next_cycle()
-        return status
-
-
 def gateway_call(lanes: Sequence[HttpLane], payloads: Sequence[bytes]) -> Call:
     async def call(lane: int, i: int) -> bool:
         return await lanes[lane].post(COMPLETIONS_URL, payloads[i]) == 200
@@ -189,50 +158,8 @@ def gateway_call(lanes: Sequence[HttpLane], payloads: Sequence[bytes]) -> Call:
     return call
 
 
-@contextlib.asynccontextmanager
-async def http_lanes(port: int, count: int) -> AsyncIterator[list[HttpLane]]:
-    """`count` fresh connections. uvicorn closes one idle for 5 s (a direct run is longer),
-    so each gateway run opens its own, before it is timed."""
-    lanes = [HttpLane(*await asyncio.open_connection("127.0.0.1", port)) for _ in range(count)]
-    try:
-        yield lanes
-    finally:
-        for lane in lanes:
-            lane.writer.close()
-
-
-@dataclass
-class Gateway:
-    proc: asyncio.subprocess.Process
-    port: int
-    argv: list[str]
-
-
-@contextlib.asynccontextmanager
-async def gateway(r: Rig, topics: dict[str, str], o: GatewayBenchOptions) -> AsyncIterator[Gateway]:
-    """`tokenmill gateway` on a free port, sending to the worker's topics (no events topic:
-    GET /v1/models is not measured); yields once it listens, which it does only after its
-    reply topic exists and the workers have had time to see it."""
-    port, log = free_port(), r.tmp / "gateway.log"
-    connection, secrets = connection_argv(r.kafka)
-    flags = {"--port": port, "--requests-topic": topics["requests"], "--events-topic": "",
-             "--cancel-topic": topics["cancel"], "--max-inflight": max(256, o.concurrency),
-             "--request-timeout": o.timeout_s}  # fmt: skip
-    argv = [sys.executable, "-c", "from ops.cli import main; main()", "gateway", *connection]
-    argv += [str(x) for pair in flags.items() for x in pair]
-    async with worker_process(argv, log, env=secrets) as proc:  # SIGTERM: a clean stop
-        async with asyncio.timeout(o.timeout_s):
-            while True:  # across processes, no event to wait on: poll until it listens
-                if proc.returncode is not None:
-                    raise RuntimeError(f"the gateway exited:\n{log_tail(log)}")
-                try:
-                    _, probe = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    await asyncio.sleep(0.2)
-                    continue
-                probe.close()
-                break
-        yield Gateway(proc, port, argv[3:])
+def _gateway_flags(o: GatewayBenchOptions) -> dict[str, object]:
+    return {"--max-inflight": max(256, o.concurrency), "--request-timeout": o.timeout_s}
 
 
 async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Report:
@@ -262,7 +189,7 @@ async def run_gateway_bench(o: GatewayBenchOptions, say: Narrate = quiet) -> Rep
             first = direct_requests(0, min(c, warm), "first")  # answered: the worker is up
             async with (
                 worker(r, o.kind, o.engine, o.kind, first, o.timeout_s) as wk,
-                gateway(r, wk.topics, o) as gw,
+                gateway_process(r, wk.topics, _gateway_flags(o), o.timeout_s) as gw,
             ):
                 say(f"gateway: listening; {warm} warm-up requests on each path")
                 warm_up = direct_call(wk.client, direct_requests(0, warm, "warm"), o.timeout_s)

@@ -1,8 +1,8 @@
 """`bench batch --gateway`: the same batch file through the gateway's Batch API.
 
-    measured = through_gateway(rig, topics, source, lines, max_inflight, timeout_s)
+    measured = await through_gateway(rig, topics, source, lines, max_inflight, timeout_s)
 
-Starts `tokenmill gateway` (its CLI, as deployed) on the run's broker and a folder of its own,
+Starts `tokenmill gateway` (`ops.bench.gateway_process`) on the run's broker,
 uploads `source` (`POST /v1/files`), creates the batch (`POST /v1/batches`), asks for it
 every 0.2 s until it is final, and reads the gateway process's peak RSS (`VmHWM`) and CPU
 seconds before stopping it. Requests/s count from the batch's creation to its completion, as
@@ -12,26 +12,22 @@ gateway's also excludes the upload, whose time is reported apart.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from ops.bench.report import REPO
-from ops.bench.rig import Rig, child_env, cpu_seconds
-from ops.connection.options import connection_argv
-from ops.services.local_process import free_port
+from ops.bench.gateway_process import gateway_process
+from ops.bench.rig import Rig, cpu_seconds
 
 _FINAL = ("completed", "failed", "cancelled", "expired")
 
 
-def through_gateway(
+async def through_gateway(
     r: Rig,
     topics: dict[str, str],
     source: Path,
@@ -40,63 +36,39 @@ def through_gateway(
     timeout_s: float,
 ) -> dict[str, Any]:
     """Run `source` as a gateway batch; what it measured (raises RuntimeError on failure)."""
-    port = free_port()
-    folder = r.tmp / f"gateway-{lines}"
-    connection, secrets = connection_argv(r.kafka)
-    argv = [
-        sys.executable, "-m", "ops", "gateway", *connection, "--port", str(port),
-        "--requests-topic", topics["requests"], "--events-topic", "", "--batch-dir", str(folder),
-        "--batch-max-inflight", str(max_inflight),
-        "--max-file-bytes", str(source.stat().st_size + 1024),
-    ]  # fmt: skip
-    log = r.tmp / f"gateway-{lines}.log"
-    with log.open("wb") as out:
-        gateway = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=out, env=child_env(secrets))
-    try:
-        _until_serving(gateway, log, timeout_s)
-        started = time.perf_counter()
-        file_id = _upload(port, source)["id"]
-        uploaded = time.perf_counter()
-        cpu_before = cpu_seconds(gateway.pid)
-        batch = _call(port, "POST", "/v1/batches", {
-            "input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h",
-        })  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while batch["status"] not in _FINAL:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the gateway's batch is {batch['status']} after {timeout_s} s")
-            time.sleep(0.2)  # the next look at its progress
-            batch = _call(port, "GET", f"/v1/batches/{batch['id']}")
-        wall = time.perf_counter() - uploaded
-        cpu_after = cpu_seconds(gateway.pid)
-        rss_mb = _peak_rss_mb(gateway.pid)
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(60)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
+    flags = {"--batch-max-inflight": max_inflight, "--max-file-bytes": 1 << 40}  # any file
+    async with gateway_process(r, topics, flags, timeout_s) as gw:
+        pid = gw.proc.pid
+        measured = await asyncio.to_thread(_run, gw.port, pid, source, timeout_s)
+        measured["peak_rss_mb"] = _peak_rss_mb(pid)  # the gateway's high-water mark, upload too
+    batch = measured.pop("batch")
     counts = batch["request_counts"]
     if batch["status"] != "completed" or counts["completed"] != lines:
         raise RuntimeError(f"the gateway's batch ended {batch['status']}: {counts}")
-    cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 2)
-    return {
-        "complete": True,
-        "ok": counts["completed"],
-        "upload_s": round(uploaded - started, 2),
-        "wall_s": round(wall, 2),
-        "requests_per_s": round(lines / wall, 1),
-        "peak_rss_mb": rss_mb,  # the gateway process's high-water mark, upload included
-        "cpu_s": cpu,
-    }
+    return {"complete": True, "ok": counts["completed"], **measured,
+            "requests_per_s": round(lines / measured["wall_s"], 1)}  # fmt: skip
 
 
-def _until_serving(gateway: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+def _run(port: int, pid: int, source: Path, timeout_s: float) -> dict[str, Any]:
+    """Upload, create, and ask until final: the batch, and the times and CPU it took."""
+    started = time.perf_counter()
+    file_id = _upload(port, source)["id"]
+    uploaded = time.perf_counter()
+    cpu_before = cpu_seconds(pid)
+    batch = _call(port, "POST", "/v1/batches", {
+        "input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h",
+    })  # fmt: skip
     deadline = time.monotonic() + timeout_s
-    while not re.search(r"running on http://", log.read_text(errors="replace")):
-        if gateway.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)  # it is starting
+    while batch["status"] not in _FINAL:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway's batch is {batch['status']} after {timeout_s} s")
+        time.sleep(0.2)  # the next look at its progress
+        batch = _call(port, "GET", f"/v1/batches/{batch['id']}")
+    wall = time.perf_counter() - uploaded
+    cpu_after = cpu_seconds(pid)
+    cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 2)
+    return {"batch": batch, "upload_s": round(uploaded - started, 2), "wall_s": round(wall, 2),
+            "cpu_s": cpu}  # fmt: skip
 
 
 def _call(port: int, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

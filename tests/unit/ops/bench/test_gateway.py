@@ -10,7 +10,8 @@ from typing import Any
 
 from gpu.engine_config import EngineConfig
 from messages.openai_batch import COMPLETIONS_URL
-from ops.bench.gateway import GatewayBenchOptions, HttpLane, Run, closed_loop, compare, figures
+from ops.bench.gateway import GatewayBenchOptions, Run, closed_loop, compare, figures
+from ops.bench.gateway_process import HttpLane
 from ops.models.engine_options import EngineChoice
 
 CHOICE = EngineChoice(model="m", dtype=None, device=None, engine=EngineConfig())
