@@ -50,7 +50,7 @@ def gateway_server(
         results_topic=settings.batch_reply_topic(instance),
     )
     fleet = (
-        FleetWatch(kafka, settings.events_topic, settings.group_id, settings.models_refresh)
+        FleetWatch(kafka, settings.events_topic, settings.group, settings.models_refresh)
         if settings.events_topic
         else None
     )

@@ -58,7 +58,7 @@ class GatewaySettings:
         default=DEFAULT_EVENTS_TOPIC,
         metadata={"help": "The workers' events, read for GET /v1/models."},
     )
-    group_id: str = field(
+    group: str = field(
         default=WorkerConfig.group,  # a dataclass field's default, as a class attribute
         metadata={
             "help": "The workers' consumer group (their --group): GET /v1/models lists only "
@@ -68,7 +68,7 @@ class GatewaySettings:
     models_refresh: float = field(
         default=30.0,
         metadata={
-            "help": "Seconds between checks of --group-id's members; a worker gone from the "
+            "help": "Seconds between checks of --group's members; a worker gone from the "
             "group, silent this long, leaves GET /v1/models (0: never checked)."
         },
     )

@@ -46,7 +46,7 @@ async def test_a_worker_killed_without_a_word_leaves_the_models_listed(
         requests_topic=lane.requests,
         cancel_topic=names["cancel"],
         events_topic=names["events"],
-        group_id=lane.group,
+        group=lane.group,
         models_refresh=1.0,
         batch_dir=str(tmp_path / "batches"),
     )
