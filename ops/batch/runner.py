@@ -64,8 +64,9 @@ async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
     writer = OutputWriter(options.output)  # first: it locks the file and mends its end
     cancel_marker(options.output).unlink(missing_ok=True)  # left by an earlier run's cancel
     try:
-        answered = read_answered(options.output)
-        summary.total = count_lines(options.input)
+        # in threads: a long file takes seconds to read, and the loop may serve others
+        answered = await asyncio.to_thread(read_answered, options.output)
+        summary.total = await asyncio.to_thread(count_lines, options.input)
         plan = BatchPlan(
             answered=answered,
             progress=progress,

@@ -12,8 +12,11 @@ replaces the first. Memory stays bounded: one line at a time.
 
 from __future__ import annotations
 
+import copy
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -32,16 +35,26 @@ _WRITE_EVERY = 1024  # unanswered lines appended per write
 def finish(
     store: BatchStore, files: FileStore, record: BatchRecord, ending: str | None
 ) -> BatchRecord:
-    """End `record`: `completed`, or `ending` ("cancelled" / "expired") for a run stopped
-    early. Returns the final record (also saved)."""
+    """End a copy of `record`: `completed`, or `ending` ("cancelled" / "expired") for a run
+    stopped early, or "failed" for one whose input is gone. Returns it (also saved); once it
+    is saved, the run's output (now split in two) is removed."""
+    record = copy.deepcopy(record)  # the caller's stays as it was until this returns
     now = int(time.time())
+    output = store.output(record.id)
+    if ending == "failed":
+        record.status, record.failed_at = "failed", now
+        record.errors = {"object": "list", "data": [{
+            "code": "input_file_missing", "param": "input_file_id", "line": None,
+            "message": f"the input file {record.input_file_id} was deleted while the batch ran",
+        }]}  # fmt: skip
+        store.save(record)
+        return record
     if ending is None:
         record.status, record.finalizing_at = "finalizing", record.finalizing_at or now
         store.save(record)
-    output = store.output(record.id)
-    if ending is not None:
+    else:
         _answer_the_rest(files.path(record.input_file_id), output, f"batch_{ending}")
-    ok, errors, usage = _split(output, files, record.id)
+    ok, errors, usage = _split(output, files, record.id, ending)
     counts = record.request_counts
     counts.completed, counts.failed = ok.lines, errors.lines
     record.output_file_id = ok.file_id
@@ -56,6 +69,7 @@ def finish(
         record.status, record.completed_at = "completed", now
     store.save(record)
     store.cancel_asked(record.id).unlink(missing_ok=True)
+    output.unlink(missing_ok=True)
     return record
 
 
@@ -102,6 +116,9 @@ class _Part:
         self.lines += 1
 
     def close(self, *, keep: bool = True) -> None:
+        if keep:
+            self.out.flush()
+            os.fsync(self.out.fileno())
         self.out.close()
         assert self.file_id is not None
         if keep and self.lines:
@@ -111,7 +128,12 @@ class _Part:
             self.file_id = None  # as OpenAI's: no file when no line would be in it
 
 
-def _split(output: Path, files: FileStore, batch_id: str) -> tuple[_Part, _Part, dict[str, int]]:
+def _split(
+    output: Path, files: FileStore, batch_id: str, ending: str | None
+) -> tuple[_Part, _Part, dict[str, Any]]:
+    """Status 200 to the output file, the rest to the error file; a run stopped early also
+    sends there the answers its stop cut short (finish reason `cancelled`), marked with
+    `batch_<ending>`, as OpenAI's error file holds the requests a stop left unfinished."""
     stem = batch_id.removeprefix("batch_")
     ok = _Part(files, f"file-{stem}-output", f"{batch_id}_output.jsonl")
     errors = _Part(files, f"file-{stem}-errors", f"{batch_id}_errors.jsonl")
@@ -128,15 +150,42 @@ def _split(output: Path, files: FileStore, batch_id: str) -> tuple[_Part, _Part,
                     line = _decoder.decode(raw)
                 except msgspec.DecodeError:
                     continue  # not an answer: no run of ours wrote it
-                (ok if line.status_code == 200 else errors).add(raw)
                 body = (line.response or {}).get("body")
+                if line.status_code != 200:
+                    errors.add(raw)
+                elif ending is not None and _cut_short(body):
+                    errors.add(_marked(raw, f"batch_{ending}"))
+                else:
+                    ok.add(raw)
                 used = body.get("usage") if isinstance(body, dict) else None
                 if isinstance(used, dict):
-                    usage["input_tokens"] += int(used.get("prompt_tokens") or 0)
-                    usage["output_tokens"] += int(used.get("completion_tokens") or 0)
+                    usage["input_tokens"] += _count(used.get("prompt_tokens"))
+                    usage["output_tokens"] += _count(used.get("completion_tokens"))
         kept = True
     finally:
         ok.close(keep=kept)
         errors.close(keep=kept)
     usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-    return ok, errors, usage
+    details = {"input_tokens_details": {"cached_tokens": 0},
+               "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+    return ok, errors, usage | details
+
+
+def _cut_short(body: Any) -> bool:
+    choices = body.get("choices") if isinstance(body, dict) else None
+    return isinstance(choices, list) and any(
+        isinstance(c, dict) and c.get("finish_reason") == "cancelled" for c in choices
+    )
+
+
+def _marked(raw: bytes, code: str) -> bytes:
+    """The answer line with an `error` saying the batch's stop cut it short (its response,
+    with the tokens made, is kept)."""
+    line = msgspec.json.decode(raw)
+    why = "cancelled" if code == "batch_cancelled" else "expired"
+    line["error"] = {"code": code, "message": f"cut short: the batch {why} while it ran"}
+    return msgspec.json.encode(line) + b"\n"
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) else 0

@@ -20,10 +20,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
-from ops.gateway.batch_runner import BatchRunner, not_found
+from ops.gateway.batch_runner import BatchRunner
 from ops.gateway.batches import BatchRecord
 from ops.gateway.bodies import read_body
-from ops.gateway.errors import ApiError, unauthorized
+from ops.gateway.errors import ApiError, not_found, unauthorized
 from ops.gateway.files import FileStore
 from ops.gateway.keys import KeyCheck
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import structlog
 from aiokafka.errors import KafkaError
+from msgspec import structs
 
 from actors.kafka.connection import KafkaConnection
 from messages.openai_batch import SUPPORTED_URLS
@@ -41,7 +42,7 @@ from ops.batch.runner import BatchOptions, run_batch
 from ops.errors import OpsError
 from ops.gateway.batch_ending import finish
 from ops.gateway.batches import BatchRecord, BatchStore, new_batch_id, window_seconds
-from ops.gateway.errors import ApiError
+from ops.gateway.errors import ApiError, not_found
 from ops.gateway.files import FileStore
 from ops.gateway.settings import GatewaySettings
 
@@ -75,6 +76,7 @@ class BatchRunner:
         self._jobs: dict[str, _Job] = {}  # the batches this instance runs now
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._slots = asyncio.Semaphore(settings.batch_max_running)
 
     @property
     def running(self) -> int:
@@ -158,8 +160,8 @@ class BatchRunner:
         record = self.get(batch_id)
         if record is None:
             raise not_found("batch", batch_id)
-        if record.status in ("cancelling", "cancelled"):
-            return record
+        if record.status in ("cancelling", "cancelled", "finalizing"):
+            return record  # finalizing: every line is answered; it ends completed
         if record.final:
             raise ApiError(
                 400,
@@ -171,9 +173,8 @@ class BatchRunner:
         if job is not None:
             self._cancelling(job)  # its run sees it within `_WATCH_S`
             return job.record
-        shown = self.store.get(batch_id) or record
-        shown.status, shown.cancelling_at = "cancelling", shown.cancelling_at or int(time.time())
-        return shown  # its run (here at the next sweep, or another instance's) ends it
+        now = int(time.time())  # its run (here at the next sweep, or another instance's) ends it
+        return structs.replace(record, status="cancelling", cancelling_at=now)
 
     def _launch(self, batch_id: str) -> None:
         if batch_id not in self._tasks:
@@ -183,44 +184,71 @@ class BatchRunner:
 
     async def _sweep(self) -> None:
         while True:
-            for record in await asyncio.to_thread(self.store.listed):
+            try:
+                listed = await asyncio.to_thread(self.store.listed)
+            except OSError as exc:  # the folder is unreadable now: look again later
+                log.warning("gateway_batch_sweep_failed", error=repr(exc))
+                listed = []
+            for record in reversed(listed):  # the oldest first: slots go in creation order
                 if not record.final:
                     self._launch(record.id)
             await asyncio.sleep(SWEEP_S)
 
     async def _own(self, batch_id: str) -> None:
-        """Run the batch to its end, if no other run holds it."""
-        fd = self.store.lock(batch_id)
-        if fd is None:
-            return  # another instance runs it
-        try:
-            record = self.store.get(batch_id)  # read again, under the lock
-            if record is None or record.final:
+        """Run the batch to its end in one of `--batch-max-running` slots, if no other run
+        holds it."""
+        async with self._slots:
+            try:
+                fd = self.store.lock(batch_id)
+            except OSError as exc:
+                log.error("gateway_batch_error", batch_id=batch_id, error=repr(exc))
                 return
-            job = self._jobs[batch_id] = _Job(record)
-            log.info("gateway_batch_running", batch_id=batch_id, total=record.request_counts.total)
-            await self._run(job)
-        except Exception as exc:  # a batch's failure must not stop the gateway
-            log.error("gateway_batch_error", batch_id=batch_id, error=repr(exc))
-        finally:
-            self._jobs.pop(batch_id, None)
-            os.close(fd)
+            if fd is None:
+                return  # another instance runs it
+            try:
+                record = self.store.get(batch_id)  # read again, under the lock
+                if record is None or record.final:
+                    return
+                job = self._jobs[batch_id] = _Job(record)
+                log.info("gateway_batch_running", batch_id=batch_id,
+                         total=record.request_counts.total)  # fmt: skip
+                await self._run(job)
+            except Exception as exc:  # a batch's failure must not stop the gateway
+                log.error("gateway_batch_error", batch_id=batch_id, error=repr(exc))
+            finally:
+                self._jobs.pop(batch_id, None)
+                os.close(fd)
 
     async def _run(self, job: _Job) -> None:
+        if not self.files.path(job.record.input_file_id).exists():
+            await self._end(job, "failed")  # deleted under it (another instance's DELETE)
+            return
         failures = 0
-        while (ending := self._ending(job)) is None:
+        ending = "done" if job.record.status == "finalizing" else self._ending(job)
+        while ending is None:
             try:
-                done = await self._run_once(job)
+                if await self._run_once(job):
+                    break  # every line answered
             except (OpsError, KafkaError, OSError) as exc:
                 pause = _RETRY_S[min(failures, len(_RETRY_S) - 1)]
                 failures += 1
                 log.warning("gateway_batch_paused", batch_id=job.record.id, error=str(exc),
                             retry_in_s=pause)  # fmt: skip
                 await self._pause(job, pause)
-                continue
-            if done:
-                break
-        record = await asyncio.to_thread(finish, self.store, self.files, job.record, ending)
+            ending = self._ending(job)
+        await self._end(job, None if ending == "done" else ending)
+
+    async def _end(self, job: _Job, ending: str | None) -> None:
+        """`finish` in a thread; the batch's lock is held until the thread is done, even when
+        this task is cancelled (a stop), so no other run finishes it at the same time."""
+        ended = asyncio.ensure_future(
+            asyncio.to_thread(finish, self.store, self.files, job.record, ending)
+        )
+        try:
+            record = await asyncio.shield(ended)
+        except asyncio.CancelledError:
+            await ended
+            raise
         job.record = record
         counts = record.request_counts
         log.info("gateway_batch_ended", batch_id=record.id, status=record.status,
@@ -282,7 +310,7 @@ class BatchRunner:
         return "expired" if time.time() >= record.expires_at else None
 
     def _cancelling(self, job: _Job) -> None:
-        if job.record.cancelling_at is None:
+        if job.record.cancelling_at is None and job.record.status == "in_progress":
             job.record.status, job.record.cancelling_at = "cancelling", int(time.time())
             self._save(job)
 
@@ -312,7 +340,3 @@ class _Counting:
 
     def finished(self) -> None:
         self._save()
-
-
-def not_found(kind: str, name: str) -> ApiError:
-    return ApiError(404, f"no {kind} {name!r}", code="not_found")

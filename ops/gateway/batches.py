@@ -6,13 +6,15 @@
     store.lock(batch_id)        # held by the one instance that runs the batch, or None
 
 A record is rewritten whole by an atomic rename, so a reader (this instance, or another one
-sharing the folder) never sees half of one. Only the instance holding a batch's lock writes
-its record; a cancel asked of any instance is a marker file (`cancel_asked`) that the holder
-acts on.
+sharing the folder) never sees half of one. A record is written first by the instance that
+creates the batch, then only by the one holding the batch's lock; a cancel asked of any
+instance is a marker file (`cancel_asked`) that the holder acts on.
 
-Statuses, as OpenAI's: `validating` → `failed` (the input is not runnable) or `in_progress`
-→ `finalizing` → `completed`; a cancel: `cancelling` → `cancelled`; the completion window
-passing: `expired`. The last four are final.
+Statuses, as OpenAI's: `failed` at creation (the input asks for another endpoint) or
+`in_progress` → `finalizing` → `completed`; a cancel: `cancelling` → `cancelled`; the
+completion window passing: `expired`; the input deleted under a run: `failed`. `validating`
+is never stored: the upload was checked. `failed`, `completed`, `cancelled` and `expired`
+are final.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class RequestCounts(msgspec.Struct):
 
 
 class BatchRecord(msgspec.Struct, kw_only=True):
-    """OpenAI's Batch object, field for field, and the window in seconds."""
+    """OpenAI's Batch object (no `model`: the lines name theirs), and the window in seconds."""
 
     id: str
     endpoint: str
@@ -110,10 +112,7 @@ class BatchStore:
         return sorted((b for b in found if b is not None), key=lambda b: (-b.created_at, b.id))
 
     def save(self, record: BatchRecord) -> None:
-        target = self.root / f"{record.id}.json"
-        partial = target.with_name(target.name + ".part")
-        partial.write_bytes(msgspec.json.encode(record))
-        os.replace(partial, target)
+        write_atomically(self.root / f"{record.id}.json", msgspec.json.encode(record))
 
     def output(self, batch_id: str) -> Path:
         """Where the batch's run appends its answers (`ops.batch.output`)."""
@@ -137,3 +136,22 @@ class BatchStore:
 def _safe(batch_id: str) -> str:
     """`batch_id` as a name in the folder: never a path out of it."""
     return batch_id if _ID.fullmatch(batch_id) else "batch_invalid"
+
+
+def write_atomically(target: Path, data: bytes) -> None:
+    """`data` as `target`, whole or not at all, and on disk (a power loss keeps it): written
+    beside it under a name of its own, synced, renamed over it."""
+    partial = target.with_name(f"{target.name}.{secrets.token_hex(4)}.part")
+    try:
+        with partial.open("wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself
+    finally:
+        os.close(folder)

@@ -75,6 +75,10 @@ def unauthorized() -> ApiError:
     )
 
 
+def not_found(kind: str, name: str) -> ApiError:
+    return ApiError(404, f"no {kind} {name!r}", code="not_found")
+
+
 def too_many(max_inflight: int) -> ApiError:
     return ApiError(
         429,

@@ -28,6 +28,7 @@ import msgspec
 from messages.errors import BatchLineRefused
 from messages.openai_batch_mapping import LineCode, parse_line
 from ops.batch.ids import Fingerprints
+from ops.gateway.batches import write_atomically
 from ops.gateway.errors import ApiError
 
 UPLOAD_PURPOSES = ("batch",)  # what clients may upload; the gateway writes "batch_output"
@@ -141,10 +142,7 @@ class FileStore:
         return stored
 
     def _write_record(self, stored: StoredFile) -> None:
-        record = self.root / f"{stored.id}.json"
-        partial = record.with_name(record.name + ".part")
-        partial.write_bytes(msgspec.json.encode(stored))
-        os.replace(partial, record)
+        write_atomically(self.root / f"{stored.id}.json", msgspec.json.encode(stored))
 
 
 def _copy_checked(source: IO[bytes], out: IO[bytes]) -> tuple[int, set[str]]:

@@ -10,7 +10,7 @@ one listed worker serves.
 A worker killed without a `worker_stopped` (SIGKILL, out of memory, its machine lost) says
 nothing more, but its ingest consumer leaves the requests' consumer group once the worker's
 session timeout passes (`--session-timeout-ms`, 10 s by default). So every `--models-refresh`
-seconds the gateway describes that group (`--group-id`) and lists only:
+seconds the gateway describes that group (`--group`) and lists only:
 
     the workers whose ingest consumer is a member (client id `tokenmill-<worker id>`),
     and those whose last event is at most one refresh interval old

@@ -96,6 +96,10 @@ class GatewaySettings:
         default=64,
         metadata={"help": "Requests in flight at once for each running batch."},
     )
+    batch_max_running: int = field(
+        default=4,
+        metadata={"help": "Batches this instance runs at once; the others wait, oldest first."},
+    )
     max_file_bytes: int = field(
         default=1 << 30,
         metadata={"help": "Largest file upload accepted (POST /v1/files); larger: 413."},
@@ -106,6 +110,8 @@ class GatewaySettings:
             raise ValueError("--max-inflight must be at least 1")
         if not self.request_timeout > 0:
             raise ValueError("--request-timeout must be positive")
+        if self.batch_max_running < 1:
+            raise ValueError("--batch-max-running must be at least 1")
         if self.batch_max_inflight < 1:
             raise ValueError("--batch-max-inflight must be at least 1")
         if self.max_file_bytes < 1:

@@ -202,7 +202,8 @@ async def test_two_instances_and_two_workers_answer_each_request_to_the_instance
     second_worker = WorkerProcess(fleet.lane, MODEL, tmp_path / "worker2.log", extra=extra)
     second_worker.start()
     try:
-        await second_worker.wait_for_log("ingest_started", within_s=300)
+        # it has its share of the partitions (the group rebalanced) once it logs this
+        await second_worker.wait_for_log("partitions_assigned", within_s=300)
         async with (
             gateway(fleet, instance_id="one") as first_base,
             gateway(fleet, instance_id="two") as second_base,

@@ -56,6 +56,10 @@ async def lines_of(api: openai.AsyncOpenAI, file_id: str | None) -> list[dict[st
     return [json.loads(line) for line in content.content.splitlines()]
 
 
+def finish_reason(line: dict[str, Any]) -> str:
+    return str(line["response"]["body"]["choices"][0]["finish_reason"])
+
+
 async def test_a_batch_answers_each_line_as_the_worker_does_directly(fleet: Fleet) -> None:
     questions = {f"q{n}": f"Name a color, number {n}." for n in range(4)}
     lines = [chat_line(cid, q) for cid, q in questions.items()]
@@ -137,7 +141,8 @@ async def test_a_cancelled_batch_answers_every_line_once(fleet: Fleet) -> None:
     answered = Counter(line["custom_id"] for line in outputs + errors)
     assert set(answered) == {line["custom_id"] for line in lines}
     assert set(answered.values()) == {1}
-    assert any(e["error"] and e["error"]["code"] == "batch_cancelled" for e in errors)
+    assert outputs and all(finish_reason(o) != "cancelled" for o in outputs)  # whole answers
+    assert errors and all(e["error"]["code"] == "batch_cancelled" for e in errors)
 
 
 async def test_a_batch_past_its_window_expires_with_every_line_answered_once(fleet: Fleet) -> None:
@@ -155,7 +160,8 @@ async def test_a_batch_past_its_window_expires_with_every_line_answered_once(fle
     answered = Counter(line["custom_id"] for line in outputs + errors)
     assert sorted(answered) == sorted(line["custom_id"] for line in lines)
     assert set(answered.values()) == {1}
-    assert any(e["error"] and e["error"]["code"] == "batch_expired" for e in errors)
+    assert all(finish_reason(o) != "cancelled" for o in outputs)
+    assert errors and all(e["error"]["code"] == "batch_expired" for e in errors)
 
 
 async def test_a_gateway_killed_mid_batch_finishes_it_when_started_again(

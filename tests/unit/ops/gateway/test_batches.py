@@ -6,6 +6,7 @@ import io
 import json
 import os
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 
@@ -68,8 +69,11 @@ def test_one_lock_per_batch(tmp_path: Path) -> None:
     os.close(again)
 
 
-def answered(custom_id: str, status: int = 200) -> BatchOutputLine:
-    body = {"usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+def answered(custom_id: str, status: int = 200, finish_reason: str = "stop") -> BatchOutputLine:
+    body = {
+        "choices": [{"index": 0, "text": "x", "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
     response = BatchResponse(status_code=status, request_id=custom_id, body=body)
     return BatchOutputLine(id=f"batch_req_{custom_id}", custom_id=custom_id, response=response)
 
@@ -95,7 +99,10 @@ def test_a_finished_run_is_split_into_output_and_error_files(tmp_path: Path) -> 
     assert done.status == "completed" and done.completed_at is not None
     counts = done.request_counts
     assert (counts.total, counts.completed, counts.failed) == (3, 2, 1)
-    assert done.usage == {"input_tokens": 9, "output_tokens": 6, "total_tokens": 15}
+    assert done.usage is not None
+    assert (done.usage["input_tokens"], done.usage["output_tokens"]) == (9, 6)
+    assert done.usage["total_tokens"] == 15
+    assert not store.output(batch.id).exists()  # split in two, then removed
     assert done.output_file_id is not None and done.error_file_id is not None
     ok = [json.loads(x) for x in files.path(done.output_file_id).read_bytes().splitlines()]
     bad = [json.loads(x) for x in files.path(done.error_file_id).read_bytes().splitlines()]
@@ -105,14 +112,18 @@ def test_a_finished_run_is_split_into_output_and_error_files(tmp_path: Path) -> 
 
 
 def test_a_cancelled_batch_answers_every_line_never_run_once_even_when_finished_twice(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, files, batch = batch_with_input(tmp_path, ["a", "b", "c"])
     writer = OutputWriter(store.output(batch.id))
     writer.write([answered("b")])
     writer.close()
-    finish(store, files, batch, "cancelled")
-    done = finish(store, files, batch, "cancelled")  # a gateway killed while finishing
+    with monkeypatch.context() as killed:  # a gateway killed while finishing, before the split
+        killed.setattr("ops.gateway.batch_ending._split", Mock(side_effect=OSError("killed")))
+        with pytest.raises(OSError):
+            finish(store, files, batch, "cancelled")
+    assert batch.status == "in_progress"  # the caller's record is left as it was
+    done = finish(store, files, batch, "cancelled")
     assert done.status == "cancelled" and done.cancelled_at is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
     assert done.error_file_id is not None
@@ -126,3 +137,24 @@ def test_an_expired_batch_that_never_ran_has_only_an_error_file(tmp_path: Path) 
     done = finish(store, files, batch, "expired")
     assert done.status == "expired" and done.output_file_id is None
     assert (done.request_counts.completed, done.request_counts.failed) == (0, 2)
+
+
+def test_answers_a_stop_cut_short_go_to_the_error_file_marked_with_why(tmp_path: Path) -> None:
+    store, files, batch = batch_with_input(tmp_path, ["a", "b"])
+    writer = OutputWriter(store.output(batch.id))
+    writer.write([answered("a"), answered("b", finish_reason="cancelled")])
+    writer.close()
+    done = finish(store, files, batch, "expired")
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    assert done.error_file_id is not None
+    [cut] = [json.loads(x) for x in files.path(done.error_file_id).read_bytes().splitlines()]
+    assert cut["custom_id"] == "b" and cut["error"]["code"] == "batch_expired"
+    assert cut["response"]["body"]["choices"][0]["text"] == "x"  # the tokens made are kept
+
+
+def test_a_batch_whose_input_is_gone_fails(tmp_path: Path) -> None:
+    store, files, batch = batch_with_input(tmp_path, ["a"])
+    files.delete(batch.input_file_id)
+    done = finish(store, files, batch, "failed")
+    assert done.status == "failed" and done.failed_at is not None
+    assert done.errors is not None and done.errors["data"][0]["code"] == "input_file_missing"
