@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import structlog
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -81,6 +82,12 @@ def build_app(
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameter(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        where = ".".join(str(part) for part in exc.errors()[0].get("loc", ())) or None
+        body = error_body(400, f"invalid parameter {where}", code="invalid_request", param=where)
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

@@ -98,7 +98,8 @@ def batch_router(
     @router.delete("/v1/files/{file_id}")
     async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
         check_key(request)
-        users = [b.id for b in runner.store.listed() if b.input_file_id == file_id and not b.final]
+        listed = await asyncio.to_thread(runner.store.listed)
+        users = [b.id for b in listed if b.input_file_id == file_id and not b.final]
         if users:
             raise ApiError(400, f"file {file_id} is the input of running batch {users[0]}",
                            code="file_in_use", param="file_id")  # fmt: skip
