@@ -20,13 +20,16 @@ from ops.settings import build, config_file_option, options
 @kafka_options
 @options(GatewaySettings)
 def gateway(**kwargs: Any) -> None:
-    """Serve OpenAI's HTTP API (completions, chat completions, models) onto the Kafka fleet.
+    """Serve OpenAI's HTTP API (completions, chat completions, models, files and batches) onto
+    the Kafka fleet.
 
     Each body is mapped as `tokenmill batch run` maps a batch line, sent to the requests topic
     with `reply_to` set to this instance's own reply topic
     (`tokenmill.gateway.<instance>.results`, created at start, deleted at a clean stop), and
     answered from the worker's result; `stream: true` is answered as Server-Sent Events from
-    the workers' chunks. Listening beyond loopback needs --api-key-file. Loads no model:
+    the workers' chunks. /v1/files and /v1/batches keep their state in --batch-dir; a batch
+    left unfinished resumes when a gateway starts on that folder again. Listening beyond
+    loopback needs --api-key-file. Loads no model:
     the workers tokenize and generate. Reference: docs/gateway.md.
     """
     from ops.connection.check import ensure_reachable
