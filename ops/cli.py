@@ -50,7 +50,8 @@ COMMANDS: Mapping[str, LazyCommand] = {
     ),
     "gateway": LazyCommand(
         "ops.gateway.cli:gateway",
-        "Serve OpenAI's HTTP API (completions, chat completions, models) onto the Kafka fleet.",
+        "Serve OpenAI's HTTP API (completions, chat completions, models, files and batches) "
+        "onto the Kafka fleet.",
     ),
     "generate": LazyCommand(
         "ops.models.generate_cli:generate",
