@@ -3,109 +3,30 @@ and writes the report to a result file with --out (JSON with the date, host and 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import click
 
-from actors.kafka.connection import KafkaConnection
-from ops.connection.options import kafka_connection, kafka_options
-from ops.errors import OpsError
+# What every command shares (ops/bench/cli_options.py), under the short names used below.
+from ops.bench.cli_options import POSITIVE as _POSITIVE
+from ops.bench.cli_options import bench_kafka as _bench_kafka
+from ops.bench.cli_options import given as _given
+from ops.bench.cli_options import int_option as _int
+from ops.bench.cli_options import option as _opt
+from ops.bench.cli_options import report_options as _report_options
+from ops.bench.cli_options import run as _run
+from ops.bench.cli_options import say as _say
+from ops.bench.cli_options import show as _show
+from ops.bench.cli_options import workload as _workload
+from ops.bench.cli_options import workload_options as _workload_options
+from ops.connection.options import kafka_options
 from ops.models.engine_options import EngineChoice, build_engine, engine_choice, engine_options
-
-F = Callable[..., Any]
-_NOT_GIVEN = KafkaConnection()
-_POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
 @click.group()
 def bench() -> None:
     """Benchmarks; each prints one JSON document with --json and writes it with --out."""
-
-
-def _int(name: str, default: int, text: str, low: int = 1) -> Callable[[F], F]:
-    kind = click.IntRange(min=low)
-    return click.option(name, type=kind, default=default, show_default=True, help=text)
-
-
-def _opt(*decls: str, text: str, **kw: Any) -> Callable[[F], F]:
-    return click.option(*decls, show_default="default" in kw, help=text, **kw)
-
-
-def _options(*options: Callable[[F], F]) -> Callable[[F], F]:
-    def apply(command: F) -> F:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return apply
-
-
-_report_options = _options(
-    _opt("--json", "as_json", is_flag=True, text="Print the full report as JSON."),
-    _opt("--out", type=click.Path(path_type=Path), text="Also write the JSON report here (a "
-         "folder: <date>-<bench>-<host>.json in it; the project keeps its own in docs/results)."),
-)  # fmt: skip
-_workload_options = _options(  # the seeded workload, the same for engine and pipeline
-    _int("--requests", 64, "Requests in the (throughput) workload."),
-    _int("--seed", 0, "Seeds the workload.", low=0),
-    _int("--min-prompt", 16, "Shortest prompt, in tokens."),
-    _int("--max-prompt", 256, "Longest prompt, in tokens."),
-    _int("--min-output", 16, "Shortest output, in tokens."),
-    _int("--max-output", 256, "Longest output, in tokens."),
-)
-
-
-def _given(cls: Any, kwargs: dict[str, Any], **more: Any) -> Any:
-    """`cls` (a dataclass) from the options named as its fields, and `more`."""
-    return cls(**{f.name: kwargs[f.name] for f in fields(cls) if f.name in kwargs} | more)
-
-
-def _workload(kwargs: dict[str, Any]) -> Any:
-    from ops.bench.workload import Workload
-
-    return _given(Workload, kwargs)
-
-
-def _bench_kafka(kwargs: dict[str, Any]) -> KafkaConnection | None:
-    """The broker given (`--bootstrap-servers` or `--kafka-config`) with the other connection
-    options; None: start one for the run (other connection options are then a usage error)."""
-    given = kwargs["bootstrap_servers"] is not None or kwargs["kafka_config"] is not None
-    kafka = kafka_connection(kwargs)  # takes the connection options out of kwargs
-    if given:
-        return kafka
-    stray = [f.name for f in fields(kafka) if getattr(kafka, f.name) != getattr(_NOT_GIVEN, f.name)]
-    if stray:
-        raise click.UsageError(
-            f"{', '.join(stray)} given without --bootstrap-servers or --kafka-config: "
-            "without them the bench starts its own plaintext broker"
-        )
-    return None
-
-
-def _say(line: str) -> None:
-    click.echo(line, err=True)
-
-
-def _run(make: Callable[[], Any]) -> Any:
-    """`make()` (run to its end if a coroutine); its errors as click errors."""
-    from gpu.errors import EngineError
-
-    try:
-        made = make()
-        return asyncio.run(made) if asyncio.iscoroutine(made) else made
-    except (ValueError, RuntimeError, OpsError, EngineError) as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def _show(report: Any, kwargs: dict[str, Any]) -> None:
-    """The report as text or JSON on stdout, and into `--out`."""
-    click.echo(report.json() if kwargs["as_json"] else report.text())
-    if kwargs["out"] is not None:
-        _say(f"report written to {report.write(kwargs['out'])}")
 
 
 @bench.command("engine")

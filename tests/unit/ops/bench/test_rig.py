@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from actors.kafka.connection import KafkaConnection
 from gpu.engine_config import EngineConfig
-from ops.bench.cli import _bench_kafka, bench
+from ops.bench.cli import bench
+from ops.bench.cli_options import bench_kafka
 from ops.bench.rig import Rig, child_env, worker_argv
 from ops.models.engine_options import EngineChoice
 
@@ -31,7 +32,7 @@ def _connection(monkeypatch: pytest.MonkeyPatch, *args: str) -> KafkaConnection 
     for name in [n for n in os.environ if n.startswith("TOKENMILL_")]:
         monkeypatch.delenv(name)
     with bench.commands["batch"].make_context("batch", list(args)) as ctx:
-        return _bench_kafka(dict(ctx.params))
+        return bench_kafka(dict(ctx.params))
 
 
 def test_no_broker_given_means_start_one(monkeypatch: pytest.MonkeyPatch) -> None:
