@@ -12,11 +12,12 @@ there too (`gpu.grammar`): one that cannot be compiled is rejected with
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
+from gpu.admission import check_admission as check_admission  # callers find it here too
 from gpu.backends.backend import StepSample
 from gpu.backends.choose import build_backend
 from gpu.block_allocator import BlockAllocator, blocks_for
@@ -39,17 +40,7 @@ from gpu.prefix_hash import root_key
 from gpu.scheduler import ScheduledBatch, Scheduler
 from gpu.sequence import Sequence as Seq
 from gpu.step_observer import StepObserver
-from messages.admission import (
-    check_choices,
-    check_lengths,
-    check_logprobs,
-    check_sampling,
-    check_vocabulary,
-    prompt_limit,
-)
 from messages.error_codes import ErrorCode
-from messages.errors import InvalidRequest
-from messages.limits import MAX_PRIORITY, MIN_PRIORITY
 
 
 class Engine:
@@ -360,43 +351,3 @@ class Engine:
             text = self.model.tokenizer.decode([token], skip_special_tokens=False)
             self._token_texts[token] = text
         return text
-
-
-def check_admission(
-    request: EngineRequest,
-    config: EngineConfig,
-    max_model_len: int,
-    vocab: int,
-    running: Container[str],
-) -> None:
-    """The engine's admission: raise `RequestRejected` for the first rule `request` breaks.
-
-    The rules are `messages.admission`'s (lengths, sampling, vocabulary), plus the engine's
-    own: an id already running is a `DUPLICATE_REQUEST`. Shared by every engine (the real one
-    and the benchmark's echo engine).
-    """
-    if request.request_id in running:
-        raise RequestRejected(
-            ErrorCode.DUPLICATE_REQUEST, f"request {request.request_id!r} is already running"
-        )
-    try:
-        check_lengths(
-            len(request.prompt_token_ids),
-            request.params.max_new_tokens,
-            max_prompt_tokens=prompt_limit(config.max_prompt_tokens, max_model_len),
-            max_new_tokens_limit=config.max_new_tokens,
-            max_model_len=max_model_len,
-            scoring=request.params.prompt_logprobs is not None,
-        )
-        check_sampling(request.params, vocab_size=vocab)
-        check_logprobs(request.params.logprobs)
-        check_logprobs(request.params.prompt_logprobs, "prompt_logprobs")
-        check_choices(request.params.n)
-        check_vocabulary(request.prompt_token_ids, vocab, "prompt_token_ids")
-        if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:  # the scheduler's aging sums it
-            raise InvalidRequest(
-                ErrorCode.INVALID_REQUEST,
-                f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {request.priority}",
-            )
-    except InvalidRequest as exc:
-        raise RequestRejected(exc.code, exc.message) from None

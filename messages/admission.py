@@ -6,7 +6,7 @@ and its message exist once:
 - `messages.validation.check_request`, when a record is decoded (no model needed),
 - `actors.ingest.model_front.ModelFront.prompt_tokens`, once the model that will run it is
   known (its vocabulary and limits, the prompt's length after tokenizing),
-- `gpu.engine.check_admission`, the engine's own door, for callers that come straight to it
+- `gpu.admission.check_admission`, the engine's own door, for callers that come straight to it
   (`tokenmill generate`, benchmarks), which turns the `InvalidRequest` into `RequestRejected`.
 
 Each function raises `messages.errors.InvalidRequest` with the code of the first rule broken

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpu.engine import Completion, EngineRequest, StepOutput, StepStats, check_admission
+from gpu.admission import check_admission
+from gpu.engine import Completion, EngineRequest, StepOutput, StepStats
 from gpu.engine_config import EngineConfig
 from gpu.errors import CheckpointError
 from gpu.loading.model_config import load_hf_config

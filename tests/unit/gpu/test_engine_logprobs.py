@@ -39,15 +39,24 @@ def assert_matches(completion: Completion, reference: torch.Tensor, k: int) -> N
     assert len(lp.token_logprobs) == len(lp.top_ids) == len(lp.tokens) == n
     chosen = reference[torch.arange(n), torch.tensor(completion.token_ids)]
     torch.testing.assert_close(torch.tensor(lp.token_logprobs), chosen, atol=ATOL, rtol=0)
+    assert_top_k(lp.top_ids, lp.top_logprobs, reference, k)
+
+
+def assert_top_k(
+    top_ids: list[list[int]], top_logprobs: list[list[float]], reference: torch.Tensor, k: int
+) -> None:
+    """Each row's top k values are `reference`'s row's, and each id carries its own value
+    (near-ties may order the ids differently)."""
     values = reference.topk(k, dim=-1).values
-    torch.testing.assert_close(torch.tensor(lp.top_logprobs), values, atol=ATOL, rtol=0)
-    # Each reported id carries its own value (near-ties may order the ids differently).
-    at_ids = reference.gather(-1, torch.tensor(lp.top_ids))
-    torch.testing.assert_close(torch.tensor(lp.top_logprobs), at_ids, atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor(top_logprobs), values, atol=ATOL, rtol=0)
+    at_ids = reference.gather(-1, torch.tensor(top_ids))
+    torch.testing.assert_close(torch.tensor(top_logprobs), at_ids, atol=ATOL, rtol=0)
 
 
-@pytest.fixture(scope="module")
-def models(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[LoadedModel, object]]:
+def engine_and_reference(
+    tiny_checkpoints: dict[str, Path],
+) -> dict[str, tuple[LoadedModel, object]]:
+    """Each tiny architecture loaded by the engine and by transformers (float32)."""
     from transformers import AutoModelForCausalLM
 
     return {
@@ -57,6 +66,11 @@ def models(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[LoadedModel, ob
         )
         for arch, path in tiny_checkpoints.items()
     }
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[LoadedModel, object]]:
+    return engine_and_reference(tiny_checkpoints)
 
 
 # The dynamic path, and the static decode path CUDA graphs replay (run eagerly here).

@@ -21,10 +21,14 @@ from messages.error_codes import ErrorCode
 from ops.models.offline import run_all
 from tests.tiny_models import ARCHS
 from tests.unit.gpu.test_engine import CHUNKY, random_prompts
-from tests.unit.gpu.test_engine_logprobs import assert_matches, hf_logprobs
-
-ATOL = 1e-4
-K = 5
+from tests.unit.gpu.test_engine_logprobs import (
+    ATOL,
+    K,
+    assert_matches,
+    assert_top_k,
+    engine_and_reference,
+    hf_logprobs,
+)
 
 
 def hf_prompt_logprobs(hf, prompt: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -46,24 +50,12 @@ def assert_prompt_matches(completion: Completion, prompt: list[int], reference, 
     chosen = reference[torch.arange(n - 1), torch.tensor(prompt[1:])]
     torch.testing.assert_close(torch.tensor(lp.token_logprobs[1:]), chosen, atol=ATOL, rtol=0)
     assert {len(ids) for ids in lp.top_ids[1:]} == {k}
-    values = reference.topk(k, dim=-1).values
-    torch.testing.assert_close(torch.tensor(lp.top_logprobs[1:]), values, atol=ATOL, rtol=0)
-    # Each reported id carries its own value (near-ties may order the ids differently).
-    at_ids = reference.gather(-1, torch.tensor(lp.top_ids[1:]))
-    torch.testing.assert_close(torch.tensor(lp.top_logprobs[1:]), at_ids, atol=ATOL, rtol=0)
+    assert_top_k(lp.top_ids[1:], lp.top_logprobs[1:], reference, k)
 
 
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[LoadedModel, object]]:
-    from transformers import AutoModelForCausalLM
-
-    return {
-        arch: (
-            load_model(path),
-            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
-        )
-        for arch, path in tiny_checkpoints.items()
-    }
+    return engine_and_reference(tiny_checkpoints)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
