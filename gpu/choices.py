@@ -57,6 +57,10 @@ class ChoiceCompletion(Protocol):
     def num_kv_blocks(self) -> int: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def draft_tokens(self) -> int: ...
+    @property
+    def accepted_draft_tokens(self) -> int: ...
 
 
 R = TypeVar("R", bound=ChoiceRequest)
@@ -169,5 +173,7 @@ def merge(request_id: str, choices: list[C]) -> C:
         num_preemptions=sum(c.num_preemptions for c in choices),
         num_kv_blocks=sum(c.num_kv_blocks for c in choices),
         cached_tokens=min(c.cached_tokens for c in choices),
+        draft_tokens=sum(c.draft_tokens for c in choices),
+        accepted_draft_tokens=sum(c.accepted_draft_tokens for c in choices),
         choices=tuple(replace(c, request_id=request_id) for c in choices),
     )

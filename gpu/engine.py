@@ -49,10 +49,14 @@ class Engine:
         model: LoadedModel,
         config: EngineConfig | None = None,
         *,
+        draft: LoadedModel | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`draft`: the draft model, when `config.speculative_model` names one (loaded by the
+        caller: `ops.models.engine_options.build_engine`)."""
         self.model = model
         self.config = config = config or EngineConfig()
+        self.draft_model = draft
         self.max_model_len = config.resolved_max_model_len(model.config)
         self.num_blocks = size_kv_pool(model, config, self.max_model_len)  # for sequences
         self.kv = KVPool(

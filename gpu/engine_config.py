@@ -16,6 +16,7 @@ from gpu.memory.activation_reserve import activation_reserve_bytes, decode_graph
 from gpu.memory.kv_budget import kv_budget_bytes, num_kv_blocks
 from gpu.model_config import GEMMA_FAMILY, ModelConfig
 from gpu.scheduler import SchedulerConfig
+from gpu.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from gpu.loading.loader import LoadedModel
@@ -84,6 +85,26 @@ class EngineConfig:
         },
     )
 
+    # `gpu.speculative.config`: guess tokens and verify them in one forward.
+    speculative: str | None = field(
+        default=None,
+        metadata={
+            "help": "Speculative decoding by prompt lookup: ngram[:k=K,n=MIN-MAX] (k tokens "
+            "guessed per step, 4 by default; n-grams of 3 down to 1). Outputs are the same "
+            "either way; it steps aside by itself when the batch is too large to gain."
+        },
+    )
+    speculative_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Speculative decoding with a draft model that shares the model's tokenizer "
+            "(a name or path; the served model's own path drafts with it quantized to int4)."
+        },
+    )
+    speculative_k: int | None = field(
+        default=None, metadata={"help": "Tokens guessed per step (1-16; default 4)."}
+    )
+
     def __post_init__(self) -> None:
         from gpu.quant.scheme import Quantization
 
@@ -103,6 +124,7 @@ class EngineConfig:
             "num_kv_blocks": self.num_kv_blocks,
             "kv_cache_memory": self.kv_cache_memory,
         }
+        self.speculation()  # SpeculativeConfigError naming what is wrong
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -115,6 +137,10 @@ class EngineConfig:
                 f"max_prompt_tokens ({self.max_prompt_tokens}) must be below max_model_len "
                 f"({self.max_model_len}): a request needs room for at least one new token"
             )
+
+    def speculation(self) -> SpeculativeConfig | None:
+        """The speculative decoding asked for, or None."""
+        return SpeculativeConfig.parse(self.speculative, self.speculative_model, self.speculative_k)
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         limit = model.max_position_embeddings

@@ -46,6 +46,9 @@ class Completion:
     # With n > 1 they are the request's, on every choice alike.
     prompt_logprobs: CompletionLogprobs | None = None
     prompt_text: str | None = None
+    # Speculative decoding: tokens guessed for it, and how many of them the model accepted.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     # n > 1: every choice in order (the fields above are the first's; `gpu.choices.merge`).
     choices: tuple[Completion, ...] = ()
 
@@ -82,6 +85,12 @@ class StepStats:
     kv_blocks_cached: int = 0  # unreferenced blocks kept for their prefix
     prompt_tokens: int = 0  # of requests admitted this step for the first time
     cached_prompt_tokens: int = 0  # of those, served by the prefix cache
+    # Speculative decoding: the proposer that guessed (None: no sequence speculated this
+    # step), the sequences verified, tokens guessed and tokens of those accepted.
+    proposer: str | None = None
+    num_verified_seqs: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,8 @@ class MemoryPlanError(EngineError):
 
 class SmokeTestFailed(EngineError):
     """A freshly loaded model produced non-finite logits or no tokens on a tiny prompt."""
+
+
+class SpeculativeConfigError(EngineError, ValueError):
+    """A speculative decoding setting that cannot work: an unknown proposer, a k out of range,
+    a draft model whose tokenizer is not the target's."""

@@ -84,6 +84,8 @@ class SamplingParams:
     min_tokens: int = 0
     n: int = 1  # choices: the engine runs n sequences over the prompt (`gpu.choices`)
     prompt_logprobs: int | None = None
+    # False: never speculate for this request (the engine's speculation is on).
+    speculate: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -122,6 +124,12 @@ class Sequence:
     # logits). Its length is the count of positions recorded, so a recompute after preemption
     # records none twice.
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Speculative decoding (`gpu.speculative`): the tokens guessed for this step, checked by
+    # its forward after the sequence's last token (not part of its tokens until accepted),
+    # and over its life how many were guessed and how many of those accepted.
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
