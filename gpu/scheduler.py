@@ -29,7 +29,7 @@ prompt compute it once. With `window` set, the manager releases blocks behind th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpu.block_allocator import BlockAllocator
@@ -69,30 +69,44 @@ class ScheduledChunk:
 
     `samples` and `is_decode` are fixed when the chunk is scheduled: the sequence grows once
     the step's token is appended, and the chunk must still describe what was computed.
+
+    A verify chunk (speculative decoding) ends with `draft`: tokens guessed after the
+    sequence's last one, which are not (yet) its tokens. Its forward writes their K/V and
+    samples at each of its last `1 + len(draft)` positions; the engine keeps the guesses the
+    samples agree with (`gpu.speculative.verify`) and `Scheduler.advance` discards the rest.
     """
 
     seq: Sequence
     start: int
-    num_tokens: int
+    num_tokens: int  # the drafted tokens included
     samples: bool  # the chunk reaches the sequence's last token: the step samples the next
     # (not for a request with max_new_tokens 0: it only scores its prompt)
-    is_decode: bool  # one new token after a computed context
+    is_decode: bool  # one new token after a computed context (no draft)
+    draft: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, seq: Sequence, start: int, num_tokens: int) -> ScheduledChunk:
+    def of(
+        cls, seq: Sequence, start: int, num_tokens: int, draft: tuple[int, ...] = ()
+    ) -> ScheduledChunk:
         end = start + num_tokens
-        samples = end == seq.num_tokens and seq.params.max_new_tokens > 0
+        samples = end - len(draft) == seq.num_tokens and seq.params.max_new_tokens > 0
         return cls(
             seq=seq,
             start=start,
             num_tokens=num_tokens,
             samples=samples,
             is_decode=num_tokens == 1 and start > 0 and samples,
+            draft=draft,
         )
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
+
+    @property
+    def num_sampled(self) -> int:
+        """Rows of the step's logits this chunk samples: its last token's and each guess's."""
+        return 1 + len(self.draft) if self.samples else 0
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,12 @@ class ScheduledBatch:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
+        """Tokens of sequences past their prompt: decodes, and verify chunks' guesses too."""
+        return sum(c.num_tokens for c in self.chunks if c.is_decode or c.draft)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(c.draft) for c in self.chunks)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -175,9 +194,10 @@ class Scheduler:
                 self._preempt(seq)
                 preempted.append(seq)
                 continue
-            self.kv_cache.allocate(seq, end)
-            chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n))
-            budget -= n
+            draft = self._draft(seq, n, budget - n - sum(s.num_uncomputed_tokens for s in queue))
+            self.kv_cache.allocate(seq, end + len(draft))
+            chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n + len(draft), draft))
+            budget -= n + len(draft)
 
         prompt = cached = 0
         if not preempted:
@@ -220,6 +240,18 @@ class Scheduler:
             in_flight.update(kv.hashes_in_flight(seq))
         return prompt_tokens, cached_tokens
 
+    def _draft(self, seq: Sequence, n: int, spare: int) -> tuple[int, ...]:
+        """The guesses of a decoding `seq` (`Sequence.draft_token_ids`) that fit: within the
+        budget's `spare` tokens (what every other running sequence needs comes first) and
+        the free blocks. Nothing is ever preempted for a guess."""
+        if not seq.draft_token_ids or n != 1 or seq.num_uncomputed_tokens != 1:
+            return ()
+        draft = seq.draft_token_ids[: max(spare, 0)]
+        end = seq.num_computed_tokens + 1
+        while draft and not self.kv_cache.can_allocate(seq, end + len(draft)):
+            draft = draft[: len(draft) - self.config.block_size]  # one block fewer
+        return tuple(draft)
+
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it waits and is recomputed from its tokens."""
         self.kv_cache.free(seq)
@@ -229,11 +261,29 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.append(seq)
 
-    def advance(self, batch: ScheduledBatch) -> None:
-        """Record that the batch's chunks were computed (their K/V are now in the pool)."""
+    def advance(
+        self, batch: ScheduledBatch, accepted: Mapping[Sequence, int] | None = None
+    ) -> None:
+        """Record that the batch's chunks were computed (their K/V are now in the pool).
+
+        `accepted`: for each verify chunk's sequence, how many of its guesses it kept (their
+        tokens already appended to its output); the K/V written for the others are dropped:
+        its table is trimmed back, freeing whole blocks past them (the next steps overwrite
+        the rest), and only blocks full of kept tokens are offered to the prefix cache. A
+        sequence that finished this step is left alone (its blocks are already back)."""
         for chunk in batch.chunks:
-            chunk.seq.num_computed_tokens = chunk.end
-            self.kv_cache.computed(chunk.seq)
+            seq = chunk.seq
+            if seq.is_finished:
+                continue
+            if chunk.draft:
+                kept = (accepted or {}).get(seq, 0)
+                if not 0 <= kept <= len(chunk.draft):
+                    raise ValueError(f"{seq.request_id}: kept {kept} of {len(chunk.draft)}")
+                seq.num_computed_tokens = chunk.end - len(chunk.draft) + kept
+                self.kv_cache.trim(seq, seq.num_computed_tokens)
+            else:
+                seq.num_computed_tokens = chunk.end
+            self.kv_cache.computed(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take a sequence out of the scheduler for good and return its blocks."""
