@@ -33,12 +33,13 @@ from gpu.grammar.mask import TokenMasks
 from gpu.grammar.matcher import GrammarMatcher
 from gpu.kv_pool import PAD_BLOCK, KVPool
 from gpu.loading.loader import LoadedModel
-from gpu.logprobs import CompletionLogprobs
 from gpu.model_config import GEMMA_FAMILY
 from gpu.models.layers import long_rope_rows
+from gpu.output_processor import OutputProcessor
 from gpu.prefix_hash import root_key
 from gpu.scheduler import ScheduledBatch, Scheduler
 from gpu.sequence import Sequence as Seq
+from gpu.speculative.build import build_speculator
 from gpu.step_observer import StepObserver
 from messages.error_codes import ErrorCode
 
@@ -112,7 +113,12 @@ class Engine:
         self.matchers: dict[str, GrammarMatcher] = {}  # constrained requests' grammar state
         self._masks: TokenMasks | None = None  # built with the first constrained request
         self.observer: StepObserver | None = None  # `observe`: told each step's phases
-        self._token_texts: dict[int, str] = {}  # logprobs' token texts; at most the vocabulary
+        original = None if self.long_rope is None else self.long_rope[0]
+        self.outputs = OutputProcessor(
+            model.tokenizer, model.eos_token_ids, self.max_model_len, self.matchers, original
+        )
+        # Speculative decoding, when the config asks (`gpu.speculative`); None: off.
+        self.speculator = build_speculator(model, config, self.max_model_len, original, draft)
 
     # -- admission ---------------------------------------------------------------------
 
@@ -190,50 +196,45 @@ class Engine:
         self.backend.ops = self._ops if observer is None else observer.wrap(self._ops)
 
     def step(self) -> StepOutput:
+        """One step: guess (when speculating), schedule, run the model once, hand the sampled
+        tokens to the output processor, then free what stopped."""
         start_ns = time.time_ns()
         observer = self.observer
         if observer is not None:
             observer.step_began()
+        speculator = self.speculator
+        if speculator is not None:
+            speculator.propose(self.scheduler.running, self.matchers)
         batch = self.scheduler.schedule()
         if observer is not None:
             observer.phase_done("schedule")
         out = StepSample([])
         if not batch.is_empty:
             out = self._run(batch, observer)
-        self.scheduler.advance(batch)
+        progress = self.outputs.apply(batch, out, self.clock())
+        self.scheduler.advance(batch, progress.accepted)
+        if speculator is not None:
+            speculator.clear()
         self.peak_blocks_used = max(self.peak_blocks_used, self.blocks_used)
-        now = self.clock()
-        new_tokens: list[tuple[str, int]] = []
-        finished: list[Completion] = []
-        for chunk, entries in out.scored:
-            chunk.seq.prompt_logprobs.extend(entries)
-        for chunk in batch.chunks:
-            seq = chunk.seq
-            if seq.params.max_new_tokens == 0 and chunk.end == seq.num_prompt_tokens:
-                finished.append(self._finish(seq, "length"))  # a scored prompt, no token
-        for chunk, token, logprob in out.sampled:
-            seq = chunk.seq
-            seq.output_token_ids.append(token)
-            if logprob is not None:
-                seq.output_logprobs.append(logprob)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            new_tokens.append((seq.request_id, token))
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                finished.append(self._finish(seq, reason))
-            elif self.long_rope is not None and seq.num_tokens == self.long_rope[0] + 1:
-                # LongRoPE: grown past the original length, the sequence switches to the long
-                # factors, and its K/V (short-rotated) are recomputed as transformers does.
-                # Its blocks stay; the scheduler prefills it again from position 0.
-                seq.num_computed_tokens = 0
+        finished = [self._finish(seq, reason) for seq, reason in progress.stopped]
+        for seq in progress.recompute:
+            if not seq.is_finished:
+                seq.num_computed_tokens = 0  # LongRoPE: prefilled again from position 0
         finished = self.groups.gather(finished)  # a choice waits for its request's others
         if observer is not None:
             observer.phase_done("collect")
             observer.step_done()
+        end_ns = time.time_ns()
+        if speculator is not None:
+            speculator.measured(
+                decode_only=batch.num_prefill_tokens == 0,
+                drafted=progress.num_verified_seqs > 0,
+                tokens=len(progress.new_tokens),
+                seconds=(end_ns - start_ns) / 1e9,
+            )
         stats = StepStats(
             start_ns=start_ns,
-            end_ns=time.time_ns(),
+            end_ns=end_ns,
             num_seqs=len(batch.chunks),
             num_prefill_tokens=batch.num_prefill_tokens,
             num_decode_tokens=batch.num_decode_tokens,
@@ -245,8 +246,12 @@ class Engine:
             kv_blocks_cached=self.allocator.num_cached,
             prompt_tokens=batch.prompt_tokens,
             cached_prompt_tokens=batch.cached_tokens,
+            proposer=speculator.name if speculator and progress.num_verified_seqs else None,
+            num_verified_seqs=progress.num_verified_seqs,
+            num_draft_tokens=progress.num_draft_tokens,
+            num_accepted_draft_tokens=progress.num_accepted_draft_tokens,
         )
-        return StepOutput(new_tokens, finished, stats)
+        return StepOutput(progress.new_tokens, finished, stats)
 
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> StepSample:
@@ -263,95 +268,12 @@ class Engine:
         observer.phase_done("sample")
         return sampled
 
-    def _stop_reason(self, seq: Seq, token: int) -> str | None:
-        p = seq.params
-        matcher = self.matchers.get(seq.request_id)
-        if matcher is not None:
-            # Keyed on the accepted output tokens: a recomputed (preempted) sequence's
-            # matcher is where its output left it.
-            matcher.advance(seq.output_token_ids)
-            if matcher.failed is not None:
-                return "error"
-            if matcher.is_terminated:
-                return "stop"  # the output is complete; only EOS could follow
-        # Under min_tokens nothing stops (EOS and stop tokens are banned then too).
-        if len(seq.output_token_ids) >= p.min_tokens:
-            if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-                return "stop"
-            if p.stop and self._stop_string_at(seq, tail_only=True) is not None:
-                return "stop"
-        if len(seq.output_token_ids) >= p.max_new_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _stop_string_at(self, seq: Seq, *, tail_only: bool = False) -> int | None:
-        """Where the earliest stop string begins in the decoded output, if one occurs.
-
-        With `tail_only`, only the last few tokens are decoded: a stop string that the newest
-        token completes lies within them (a character spans at most 4 byte-level tokens), so a
-        step costs O(longest stop), not O(output).
-        """
-        tokens, min_tokens = seq.output_token_ids, seq.params.min_tokens
-        tail = 4 * max(len(s) for s in seq.params.stop) + 4
-        if tail_only and len(tokens) - min_tokens > tail:  # the tail is all past min_tokens
-            tokens = tokens[-tail:]
-            min_tokens = 0
-        text = self.model.tokenizer.decode(tokens)
-        before = 0  # under min_tokens, a stop string counts once a token past them ends it
-        if min_tokens > 1:
-            before = len(self.model.tokenizer.decode(tokens[: min_tokens - 1]))
-        stops = seq.params.stop
-        hits = [i for s in stops if (i := text.find(s, max(0, before - len(s) + 1))) >= 0]
-        return min(hits) if hits else None
-
     def _finish(self, seq: Seq, reason: str) -> Completion:
         kv_blocks = len(seq.block_table)  # before the scheduler frees them
         self.scheduler.finish(seq, reason)
         del self.sequences[seq.request_id]
         self.matchers.pop(seq.request_id, None)
+        if self.speculator is not None:
+            self.speculator.release(seq.request_id)
         seq.finish_time = self.clock()
-        shown = seq.output_token_ids
-        if reason == "stop" and shown and shown[-1] in seq.params.stop_token_ids:
-            shown = shown[:-1]  # like EOS, a stop token ends the text without appearing in it
-        text = self.model.tokenizer.decode(shown)
-        prompt_logprobs, prompt_text = self._prompt_logprobs(seq)
-        if seq.params.stop and (cut := self._stop_string_at(seq)) is not None:
-            text = text[:cut]
-        return Completion(
-            request_id=seq.request_id,
-            prompt_tokens=seq.num_prompt_tokens,
-            token_ids=list(seq.output_token_ids),
-            text=text,
-            finish_reason=reason,
-            arrival_time=seq.arrival_time,
-            first_token_time=seq.first_token_time,
-            finish_time=seq.finish_time,
-            num_preemptions=seq.num_preemptions,
-            num_kv_blocks=kv_blocks,
-            cached_tokens=seq.num_cached_tokens,
-            logprobs=self._logprobs(seq),
-            prompt_logprobs=prompt_logprobs,
-            prompt_text=prompt_text,
-        )
-
-    def _logprobs(self, seq: Seq) -> CompletionLogprobs | None:
-        """`seq`'s logprobs with its tokens' texts, if its request asked for them."""
-        if seq.params.logprobs is None:
-            return None
-        return CompletionLogprobs.of(seq.output_token_ids, seq.output_logprobs, self._token_text)
-
-    def _prompt_logprobs(self, seq: Seq) -> tuple[CompletionLogprobs | None, str | None]:
-        """`seq`'s prompt logprobs and prompt text, if its request asked for them."""
-        if seq.params.prompt_logprobs is None:
-            return None, None
-        prompt = seq.prompt_token_ids
-        logprobs = CompletionLogprobs.of_prompt(prompt, seq.prompt_logprobs, self._token_text)
-        return logprobs, self.model.tokenizer.decode(prompt)
-
-    def _token_text(self, token: int) -> str:
-        """One token decoded alone, special tokens included (kept: decoding costs µs)."""
-        text = self._token_texts.get(token)
-        if text is None:
-            text = self.model.tokenizer.decode([token], skip_special_tokens=False)
-            self._token_texts[token] = text
-        return text
+        return self.outputs.completion(seq, reason, kv_blocks)

@@ -40,8 +40,9 @@ from gpu.penalties import apply_penalties, penalty_rows
 from gpu.sampling import SamplingRows, apply_mask, sample_tokens, sampling_rows
 from gpu.scheduler import ScheduledBatch, ScheduledChunk
 
-# A chunk that samples, its next token, and that token's logprobs (None: its request asks none).
-Sampled = tuple[ScheduledChunk, int, TokenLogprob | None]
+# A chunk that samples, the token sampled at each of its sampled rows (one; a verify chunk's
+# 1 + len(draft), `gpu.speculative.verify`) and each one's logprobs (None: none asked).
+Sampled = tuple[ScheduledChunk, list[int], list[TokenLogprob | None]]
 # A prefill chunk of a request asking prompt logprobs: its scored positions' logprobs, in order
 # (`Sequence.unscored_prompt_positions`).
 Scored = tuple[ScheduledChunk, list[TokenLogprob]]
@@ -69,6 +70,7 @@ class PreparedStep:
 
     chunks: list[ScheduledChunk]  # decodes first, shortest context first, then prefills
     sampling: list[ScheduledChunk]  # the chunks whose logits are sampled, in row order
+    # (`ScheduledChunk.num_sampled` rows each)
     rows: SamplingRows  # their sampling parameters (staged with the inputs)
     inputs: ModelInputs | None = None
     size: int = 0
@@ -138,9 +140,12 @@ class Backend:
         if self.graphs is not None and all(c.is_decode for c in chunks):
             size = self.graphs.size_for(len(chunks))
         sampling = chunks if size is not None else [c for c in chunks if c.samples]
-        params = [c.seq.params for c in sampling]
-        ends = [c.end for c in sampling]
-        penalties = penalty_rows([c.seq for c in sampling], ends, self.eos_token_ids)
+        rows_of = _rows(sampling)
+        params = [c.seq.params for c, _ in rows_of]
+        # Tokens before each row's: a guess's row follows the guesses before it (which the
+        # penalties count as the completion's, as they will be if accepted).
+        ends = [c.end - len(c.draft) + j for c, j in rows_of]
+        penalties = penalty_rows([c.seq for c, _ in rows_of], ends, self.eos_token_ids)
         rows = sampling_rows(params, ends, self.builder.draw_seed, penalties)
         if size is not None:
             assert self.graphs is not None
@@ -175,8 +180,9 @@ class Backend:
         step's scored positions. `matchers`: the grammar of each constrained request, by id,
         whose masks `masks` builds."""
         prompt = None
+        rows_of = _rows(step.sampling)
         if step.scored:  # their logits rows follow the sampled rows
-            n = len(step.sampling)
+            n = len(rows_of)
             targets = self.builder.prompt_targets()
             assert targets is not None
             k = max(c.seq.params.prompt_logprobs or 0 for c in step.scored)
@@ -188,11 +194,13 @@ class Backend:
         if not step.sampling:
             return StepSample([])
         # Before anything changes the logits: logprobs are the model's own (None: none asks).
-        raw = raw_logprobs(logits, [c.seq.params.logprobs for c in step.sampling])
+        raw = raw_logprobs(logits, [c.seq.params.logprobs for c, _ in rows_of])
         mask = None
         if matchers and masks is not None:
-            rows_matchers = [matchers.get(c.seq.request_id) for c in step.sampling]
-            mask = masks.build(rows_matchers, logits.shape[-1])
+            rows_matchers = [matchers.get(c.seq.request_id) for c, _ in rows_of]
+            # A guess's row is masked where its grammar stands after the guesses before it.
+            ahead = [c.draft[:j] for c, j in rows_of]
+            mask = masks.build(rows_matchers, logits.shape[-1], ahead)
         tensors = self.builder.sampling_tensors()
         penalties = self.builder.penalty_tensors()
         if tensors is None:  # every row greedy: only the argmax is used
@@ -209,15 +217,12 @@ class Backend:
             )
         if prompt is not None:  # tokens, logprobs and prompt logprobs in the step's one read
             ids_out, logprobs, rows = read_step(tokens, raw, prompt)
-            sampled = list(zip(step.sampling, ids_out, logprobs, strict=True))
-            return StepSample(sampled, _scored(step, rows))
+            return StepSample(_by_chunk(step.sampling, ids_out, logprobs), _scored(step, rows))
         if raw is not None:  # tokens and logprobs in the step's one read
             ids_out, logprobs = read_sampled(tokens, raw)
-            return StepSample(list(zip(step.sampling, ids_out, logprobs, strict=True)))
+            return StepSample(_by_chunk(step.sampling, ids_out, logprobs))
         ids_out = tokens.tolist()  # the step's one read from the device
-        return StepSample(
-            [(chunk, token, None) for chunk, token in zip(step.sampling, ids_out, strict=True)]
-        )
+        return StepSample(_by_chunk(step.sampling, ids_out, [None] * len(ids_out)))
 
     @torch.inference_mode()
     def run(
@@ -251,6 +256,24 @@ class Backend:
         if self.graphs is not None and self.device.type == "cuda":
             with torch.inference_mode():
                 self.graphs.capture()
+
+
+def _rows(sampling: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, int]]:
+    """Each sampled row as (its chunk, its index among the chunk's rows)."""
+    return [(c, j) for c in sampling for j in range(max(c.num_sampled, 1))]
+
+
+def _by_chunk(
+    sampling: list[ScheduledChunk], ids: list[int], logprobs: Sequence[TokenLogprob | None]
+) -> list[Sampled]:
+    """The rows read back, grouped by chunk (`_rows`' order)."""
+    out: list[Sampled] = []
+    begin = 0
+    for chunk in sampling:
+        end = begin + max(chunk.num_sampled, 1)
+        out.append((chunk, ids[begin:end], list(logprobs[begin:end])))
+        begin = end
+    return out
 
 
 def _scored(step: PreparedStep, rows: list[list[float]]) -> list[Scored]:

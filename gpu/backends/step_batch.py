@@ -115,12 +115,13 @@ class StepBuilder:
                 partial.append(seq.block_table[last])
             table = seq.block_table
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(chunk.start, chunk.end))
-            ids.extend(seq.token_slice(chunk.start, chunk.end))
+            ids.extend(seq.token_slice(chunk.start, chunk.end - len(chunk.draft)))
+            ids.extend(chunk.draft)  # a verify chunk's guesses follow its last token
             positions.extend(range(chunk.start, chunk.end))
             if self.long_rope is not None:
                 rope_rows.extend(self.rope_rows(seq.num_tokens, chunk.start, chunk.end))
-            if chunk.samples:
-                sample_rows.append(len(ids) - 1)
+            if chunk.samples:  # the last token's row, and each guess's
+                sample_rows.extend(range(len(ids) - chunk.num_sampled, len(ids)))
             if scored and (positions_scored := scored.get(chunk)):
                 base = len(ids) - chunk.num_tokens - chunk.start  # row of position 0
                 prompt_rows.extend(base + p for p in positions_scored)

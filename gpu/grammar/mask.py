@@ -57,15 +57,32 @@ class TokenMasks:
             )
         return self._host[:rows]
 
-    def build(self, matchers: Sequence[GrammarMatcher | None], vocab: int) -> StepMask | None:
+    def build(
+        self,
+        matchers: Sequence[GrammarMatcher | None],
+        vocab: int,
+        ahead: Sequence[Sequence[int]] | None = None,
+    ) -> StepMask | None:
         """The mask of each sampled row that has a matcher (`matchers[i]`: row i's, None for
-        an unconstrained row), or None when no row is constrained."""
+        an unconstrained row), or None when no row is constrained. `ahead[i]`: tokens row i
+        follows beyond its matcher's accepted output (a verify chunk's earlier guesses): its
+        mask is the grammar's after them, computed one row at a time on this thread (several
+        rows share one matcher)."""
         rows = [row for row, m in enumerate(matchers) if m is not None]
         if not rows:
             return None
         host = self._buffer(len(rows))  # [constrained, words]
-        slots = [(m, j) for j, m in enumerate(m for m in matchers if m is not None)]
-        fill_bitmasks(self.executor, slots, host.data_ptr(), self.words * 4, len(rows))
+        row_bytes = self.words * 4
+        slots: list[tuple[GrammarMatcher, int]] = []
+        for j, row in enumerate(rows):
+            matcher = matchers[row]
+            assert matcher is not None
+            if ahead is not None and ahead[row]:
+                matcher.mask_after(ahead[row], host.data_ptr() + j * row_bytes, row_bytes)
+            else:
+                slots.append((matcher, j))
+        if slots:
+            fill_bitmasks(self.executor, slots, host.data_ptr(), row_bytes, len(rows))
         cuda = self.device.type == "cuda"
         bitmask = host.to(self.device, non_blocking=True) if cuda else host
         index = torch.tensor(rows, dtype=torch.long)

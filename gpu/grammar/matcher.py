@@ -43,6 +43,24 @@ class GrammarMatcher:
             return None
         return self.inner.get_error() or "the grammar library failed"
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, in order after the accepted output, the grammar allows (a
+        speculative guess is cut at its first refused token)."""
+        if not tokens or self.is_terminated:
+            return 0
+        return int(self.inner.validate_tokens(list(tokens)))
+
+    def mask_after(self, ahead: Sequence[int], pointer: int, row_bytes: int) -> None:
+        """Write the bitmask of what may follow the accepted output then `ahead` (guesses
+        `valid_prefix` allowed) into the row at `pointer`; the matcher is left as it was."""
+        if ahead:
+            self.inner.consume_tokens(list(ahead))
+        try:
+            self.inner.unsafe_compute_mask_ptr(pointer, row_bytes)
+        finally:
+            if ahead:
+                self.inner.rollback(len(ahead))
+
     def allowed(self, token_id: int) -> bool:
         """Whether `token_id` may come next (one probe; the sampler uses `fill_bitmasks`)."""
         return self.inner.validate_tokens([token_id]) == 1
