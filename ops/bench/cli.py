@@ -39,14 +39,17 @@ def bench() -> None:
 @_opt("--profile", "profile_dir", type=click.Path(file_okay=False, path_type=Path),
       text="After the timed runs, profile engine steps; Chrome traces go here.")  # fmt: skip
 @_int("--profile-decode-steps", 8, "Decode steps in the decode trace.")
-@_opt("--workload", type=click.Choice(["mixed", "shared-prefix", "openai-fields"]),
-      default="mixed", text="mixed: the seeded workload against transformers; shared-prefix: "
+@_opt("--workload", type=click.Choice(["mixed", "copy", "shared-prefix", "openai-fields"]),
+      default="mixed", text="mixed: the seeded workload against transformers (with "
+      "--speculative or --speculative-model: against the engine without speculation); copy: "
+      "up to --requests rewrite, extract and code-edit prompts (chat template, greedy, up to "
+      "--max-output new tokens), with speculation against without; shared-prefix: "
       "--requests requests sharing one --prefix-tokens system prompt, prefix caching on and "
       "off; openai-fields: the workload with logprobs (k = 5) against without, and n = 4 "
       "choices of --prefix-tokens prompts against 4 separate requests.")  # fmt: skip
 @_int("--prefix-tokens", 512, "shared-prefix, openai-fields: tokens of the shared prompt.")
-@_int("--repeats", 1, "shared-prefix, openai-fields: runs of each setting (alternating; "
-      "best kept).")  # fmt: skip
+@_opt("--repeats", type=click.IntRange(min=1), text="Runs of each setting (alternating; best "
+      "kept) of shared-prefix, openai-fields (default 1) and speculation (default 3).")  # fmt: skip
 @_opt("--decode-roofline/--no-decode-roofline", default=None, text="Batch-1 decode against "
       "the bandwidth roofline, decode tok/s at batch 16 and 64 (default: on CUDA).")  # fmt: skip
 @_int("--roofline-prompt-tokens", 128, "Decode roofline: every sequence's prompt.")
@@ -62,6 +65,11 @@ def engine(**kwargs: Any) -> None:
     TTFT/TPOT, KV blocks used, FLOP rates against a GEMM peak measured in the same run, and
     whether the targets were met. transformers is a dev dependency; without it those
     contenders are skipped. --workload shared-prefix measures prefix caching instead.
+
+    With --speculative or --speculative-model (or --workload copy), the engine runs with
+    speculative decoding and without, alternating in rounds: decode and end-to-end tokens/s
+    and their ratios, acceptance, tokens per verified sequence and step, and the share of
+    decode steps that speculated (`ops/bench/speculative.py`).
     """
     from ops.bench.engine import EngineBenchOptions, run_bench
     from ops.bench.shared_prefix import run_shared_prefix
@@ -70,13 +78,18 @@ def engine(**kwargs: Any) -> None:
     _say(f"loading {choice.model}")
     eng = build_engine(choice)
     k = kwargs
+    if k["workload"] == "copy" or (k["workload"] == "mixed" and eng.config.speculation()):
+        from ops.bench.speculative import run_speculative_bench
+
+        spec_args = (k["workload"], _workload(k), k["repeats"] or 3, _say)
+        return _show(_run(lambda: run_speculative_bench(eng, *spec_args)), k)
     if k["workload"] == "shared-prefix":
-        args = (k["requests"], k["seed"], k["prefix_tokens"], k["repeats"], _say)
+        args = (k["requests"], k["seed"], k["prefix_tokens"], k["repeats"] or 1, _say)
         return _show(_run(lambda: run_shared_prefix(eng, *args)), k)
     if k["workload"] == "openai-fields":
         from ops.bench.openai_fields import run_openai_fields
 
-        fields_args = (_workload(k), k["prefix_tokens"], k["repeats"], _say)
+        fields_args = (_workload(k), k["prefix_tokens"], k["repeats"] or 1, _say)
         return _show(_run(lambda: run_openai_fields(eng, *fields_args)), k)
     options = _given(EngineBenchOptions, k, workload=_workload(k))
     report = _run(lambda: run_bench(eng, options, _say))
