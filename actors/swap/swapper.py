@@ -274,14 +274,28 @@ def _same_path(a: Path, b: Path) -> bool:
 
 def engine_builder_like(active: Any) -> EngineBuilder:
     """A builder for engines like `active` (same engine settings, dtype and device); it keeps
-    those settings, never `active` itself, so a swapped-out engine can be freed."""
+    those settings, never `active` itself, so a swapped-out engine can be freed.
+
+    With a draft model (`--speculative-model`), the new engine drafts as `active` does: a
+    target that drafted for itself (its own checkpoint, int4) is followed by one that does the
+    same; any other draft is kept and drafts for the new model (refused, failing the swap,
+    where their tokenizers differ)."""
     config, dtype, device = active.config, active.model.dtype, active.model.device
+    draft = getattr(active, "draft_model", None)
+    own_draft = draft is not None and _same_path(draft.path, active.model.path)
+    kept = None if own_draft else draft
 
     def build(path: Path) -> Any:
         from gpu.engine import Engine
         from gpu.loading.loader import load_model
+        from gpu.speculative.draft_model import check_draft, load_draft
 
         model = load_model(path, dtype=dtype, device=device, quantization=config.quantization)
-        return Engine(model, config)
+        spare = kept
+        if own_draft:
+            spare = load_draft(path, model, config.quantization, name=f"{model.name} draft")
+        elif spare is not None:
+            check_draft(spare, model)
+        return Engine(model, config, draft=spare)
 
     return build

@@ -8,6 +8,7 @@ will run them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,19 @@ class Tokenizer:
         ids = [[i] for i in range(self.vocab_size)]
         texts = self.inner.decode_batch(ids, skip_special_tokens=False)
         return max((len(t.encode()) for t in texts), default=1)
+
+    @functools.cached_property
+    def vocab_digest(self) -> str:
+        """A sha256 ("sha256:<hex>") over the vocabulary (each token's text and id) and the
+        special (added) tokens: equal digests tokenize alike, so one model's ids mean the same
+        to the other (a draft model's proposals, `gpu.speculative.draft_model`). Stable across
+        processes."""
+        vocab = sorted(self.inner.get_vocab(with_added_tokens=True).items(), key=lambda t: t[1])
+        added = sorted(
+            (i, t.content, t.special) for i, t in self.inner.get_added_tokens_decoder().items()
+        )
+        text = json.dumps({"vocab": vocab, "added": added}, ensure_ascii=False)
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.inner.encode(text, add_special_tokens=add_special_tokens).ids)

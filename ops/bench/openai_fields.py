@@ -66,7 +66,9 @@ def run_openai_fields(
     plain = engine_requests(mixed, "plain-")
     with_logprobs = [replace(r, params=replace(r.params, logprobs=LOGPROBS)) for r in plain]
     prompts = random_prompts(engine, workload.requests, prefix_tokens, workload.seed)
-    uncached = Engine(engine.model, replace(engine.config, prefix_caching=False))
+    uncached = Engine(
+        engine.model, replace(engine.config, prefix_caching=False), draft=engine.draft_model
+    )
     settings = {
         "without_logprobs": (engine, plain),
         "logprobs_5": (engine, with_logprobs),

@@ -51,7 +51,9 @@ def run_shared_prefix(
     for setting in alternate(("on", "off"), repeats):
         if setting not in engines:
             engines[setting] = Engine(
-                engine.model, replace(engine.config, prefix_caching=setting == "on")
+                engine.model,
+                replace(engine.config, prefix_caching=setting == "on"),
+                draft=engine.draft_model,
             )
         eng = engines[setting]
         if setting == "on" and not eng.prefix_caching:

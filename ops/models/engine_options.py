@@ -20,6 +20,7 @@ from ops.settings import build, options
 
 if TYPE_CHECKING:
     from gpu.engine import Engine
+    from gpu.loading.loader import LoadedModel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,9 +105,34 @@ def build_engine(choice: EngineChoice) -> Engine:
                 device=device,
                 quantization=choice.engine.quantization,
             )
-        return Engine(model, choice.engine)
+        return Engine(model, choice.engine, draft=load_engine_draft(choice, model))
     except (EngineError, ModelFetchError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         # Allocating the KV pool or the weights failed: say how much was asked for.
         raise click.ClickException(f"cannot allocate the engine's memory: {exc}") from exc
+
+
+def load_engine_draft(choice: EngineChoice, target: LoadedModel) -> LoadedModel | None:
+    """The draft model `--speculative-model` names for `target` (None without one), resolved
+    as `--model` is; naming the target's own model loads it int4
+    (`gpu.speculative.draft_model.load_draft`). Raises what loading raises."""
+    from gpu.loading.random_weights import load_random_model
+    from gpu.speculative.draft_model import SELF_DRAFT_QUANTIZATION, check_draft, load_draft
+    from ops.models.registry import resolve_model
+
+    spec = choice.engine.speculation()
+    if spec is None or spec.model is None:
+        return None
+    if spec.model == choice.model and choice.random_weights is not None:
+        draft = load_random_model(
+            choice.random_weights,
+            name=f"{choice.model} {SELF_DRAFT_QUANTIZATION}",
+            dtype=target.dtype,
+            device=target.device,
+            quantization=SELF_DRAFT_QUANTIZATION,
+        )
+        check_draft(draft, target)
+        return draft
+    path = target.path if spec.model == choice.model else resolve_model(spec.model)
+    return load_draft(path, target, choice.engine.quantization, name=spec.model)

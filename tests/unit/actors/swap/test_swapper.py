@@ -263,3 +263,26 @@ async def test_usage_counts_the_tokens_of_the_model_that_ran_it(tiny_checkpoints
         (out,) = await rig.outcomes.take(1, Outcome)
         expected = len(rig.gpu.front.tokenizer.encode("The quick brown fox"))
         assert out.result.usage.prompt_tokens == expected != 40
+
+
+def test_a_swapped_in_engine_drafts_as_the_active_one_did(tiny_checkpoints) -> None:
+    from gpu.speculative.draft_model import load_draft
+
+    llama, qwen2, gpt2 = (tiny_checkpoints[a] for a in ("llama", "qwen2", "gpt2"))
+    target = load_model(llama)
+    config = EngineConfig(max_num_seqs=4, speculative_model=str(llama))
+    own = Engine(target, config, draft=load_draft(llama, target))
+    # It drafted for itself (int4): so does the new model, with its own checkpoint.
+    swapped = engine_builder_like(own)(qwen2)
+    assert swapped.draft_model is not None and swapped.draft_model.path == qwen2
+    assert swapped.draft_model.quantization.startswith("int4")
+    # Another model drafted: it drafts for the new one too, the same weights.
+    other = Engine(
+        target,
+        EngineConfig(max_num_seqs=4, speculative_model=str(qwen2)),
+        draft=load_draft(qwen2, target),
+    )
+    assert engine_builder_like(other)(gpt2).draft_model is other.draft_model
+    assert (
+        engine_builder_like(Engine(target, EngineConfig(max_num_seqs=4)))(gpt2).draft_model is None
+    )

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +114,59 @@ def test_the_options_need_no_torch(module: str) -> None:
     """`--help` stays fast: the declarations live in a module that imports no torch."""
     code = f"import sys, {module}; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_build_engine_loads_the_draft_model(tiny_checkpoints: dict[str, Path]) -> None:
+    from gpu.speculative.draft_model import DraftModelProposer
+    from ops.models.engine_options import build_engine
+
+    llama, qwen2 = str(tiny_checkpoints["llama"]), str(tiny_checkpoints["qwen2"])
+    config = EngineConfig(max_model_len=128, num_kv_blocks=64, speculative_model=llama)
+    engine = build_engine(EngineChoice(model=llama, engine=config))
+    assert engine.draft_model is not None, "the target's own checkpoint drafts, int4"
+    assert engine.draft_model.quantization.startswith("int4")
+    assert engine.draft_model.digest == engine.model.digest
+    assert engine.model.quantization == "none"
+    other = build_engine(EngineChoice(model=llama, engine=replace(config, speculative_model=qwen2)))
+    assert other.draft_model is not None and other.draft_model.name == qwen2
+    assert other.draft_model.quantization == "none"
+    assert (other.draft_model.dtype, other.draft_model.device) == (
+        other.model.dtype,
+        other.model.device,
+    )
+    DraftModelProposer(other.draft_model, other.model, other.config, other.max_model_len)
+    plain = build_engine(EngineChoice(model=llama, engine=replace(config, speculative_model=None)))
+    assert plain.draft_model is None
+
+
+def test_a_draft_with_another_tokenizer_is_a_click_error(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    from ops.models.engine_options import build_engine
+
+    stranger = tmp_path / "stranger"
+    shutil.copytree(tiny_checkpoints["qwen2"], stranger)
+    tokenizer = json.loads((stranger / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]  # two tokens trade ids: same size, other meaning
+    first, second = sorted(vocab)[100:102]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (stranger / "tokenizer.json").write_text(json.dumps(tokenizer))
+    llama = str(tiny_checkpoints["llama"])
+    config = EngineConfig(max_model_len=128, num_kv_blocks=64, speculative_model=str(stranger))
+    with pytest.raises(click.ClickException, match="does not share the tokenizer"):
+        build_engine(EngineChoice(model=llama, engine=config))
+
+
+def test_smollm2_drafts_for_itself_int4(smollm2_path: Path) -> None:
+    import torch
+
+    from gpu.loading.loader import load_model
+    from ops.models.engine_options import load_engine_draft
+
+    target = load_model(smollm2_path, name="smollm2-135m", dtype=torch.float32, device="cpu")
+    choice = EngineChoice(
+        model="smollm2-135m", engine=EngineConfig(speculative_model="smollm2-135m")
+    )
+    draft = load_engine_draft(choice, target)
+    assert draft is not None and draft.quantization.startswith("int4")
+    assert draft.tokenizer.vocab_digest == target.tokenizer.vocab_digest
