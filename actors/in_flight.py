@@ -84,6 +84,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         constraint=constraint,
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
+        speculate=request.speculate,
     )
     return EngineRequest(
         request_id=request.id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, CancelledIn, DeadLetter, Outcome, RecordRef
@@ -23,6 +24,10 @@ from messages.result import (
     TokenLogprobs,
     Usage,
 )
+
+if TYPE_CHECKING:  # only read here; gpu.logprobs imports torch, which the ingest needs not
+    from gpu.engine_io import Completion
+    from gpu.logprobs import CompletionLogprobs
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -205,66 +210,127 @@ def _utf8(text: str, max_bytes: int) -> bytes:
     return text.encode(errors="replace")[:max_bytes].decode(errors="ignore").encode()
 
 
+def wire_logprobs(logprobs: CompletionLogprobs | None) -> TokenLogprobs | None:
+    """A completion's logprobs as the result carries them."""
+    if logprobs is None:
+        return None
+    return TokenLogprobs(
+        tokens=logprobs.tokens,
+        token_logprobs=logprobs.token_logprobs,
+        top_ids=logprobs.top_ids,
+        top_logprobs=logprobs.top_logprobs,
+        top_tokens=logprobs.top_tokens,
+        unscored_first=logprobs.unscored_first,
+        token_ids=logprobs.token_ids,
+    )
+
+
+def wire_choices(completion: Completion) -> list[Choice]:
+    """A completion's choices (n > 1) as the result carries them; none for one choice."""
+    return [
+        Choice(
+            index=i,
+            text=choice.text,
+            token_ids=choice.token_ids,
+            finish_reason=finish_reason(choice.finish_reason),
+            logprobs=wire_logprobs(choice.logprobs),
+        )
+        for i, choice in enumerate(completion.choices)
+    ]
+
+
+def wire_usage(completion: Completion) -> Usage:
+    """A completion's token counts as the result carries them: every choice's new tokens, and
+    its speculation's guesses split into accepted and rejected."""
+    if completion.choices:
+        completion_tokens = sum(len(c.token_ids) for c in completion.choices)
+    else:
+        completion_tokens = len(completion.token_ids)
+    accepted = completion.accepted_draft_tokens
+    return Usage(
+        prompt_tokens=completion.prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=completion.prompt_tokens + completion_tokens,
+        cached_tokens=completion.cached_tokens,
+        accepted_draft_tokens=accepted,
+        rejected_draft_tokens=max(0, completion.draft_tokens - accepted),
+    )
+
+
 def engine_outcome(
     item: Admitted,
+    completion: Completion,
     *,
-    text: str,
-    token_ids: list[int],
-    reason: str,
     model: ModelRef,
     worker: str,
     queued_ms: float,
-    ttft_ms: float | None,
-    tpot_ms: float | None,
     error: ErrorInfo | None = None,
-    prompt_tokens: int | None = None,
-    preemptions: int = 0,
-    kv_blocks: int = 0,
-    cached_tokens: int = 0,
-    logprobs: TokenLogprobs | None = None,
-    choices: list[Choice] | None = None,
-    prompt_logprobs: TokenLogprobs | None = None,
-    prompt_text: str | None = None,
 ) -> Outcome:
-    """The outcome of a request that reached the engine (finished, aborted or refused there).
+    """The outcome of a request the engine ran (finished, or aborted there): its result is
+    `completion`, the engine's one value for it, mapped whole (text, tokens, finish reason,
+    usage as the engine counted it, ttft/tpot, logprobs, choices, prompt logprobs and text).
 
-    `prompt_tokens`: as the engine counted them (a request tokenized again for a swapped-in
-    model has another count than the ingest's); `preemptions`: times it was preempted;
-    `kv_blocks`: the KV-cache blocks it held at its end; `cached_tokens`: prompt tokens the
-    prefix cache served; `logprobs`: the tokens' logprobs, when the request asked; `choices`:
-    every choice of a request with `n` > 1 (the fields above are the first's);
-    `prompt_logprobs` and `prompt_text`: the prompt's, when the request asked for them.
+    `model`: the model it ran on; `queued_ms`: consumed → admitted to the engine; `error`:
+    why it was aborted, when it was. A request answered without a run has
+    `unrun_outcome`.
     """
-    if prompt_tokens is None:
-        prompt_tokens = len(item.prompt_token_ids)
-    completion_tokens = sum(len(c.token_ids) for c in choices) if choices else len(token_ids)
     result = GenerateResult(
         id=item.request.id,
-        text=text,
-        token_ids=token_ids,
-        finish_reason=finish_reason(reason),
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            cached_tokens=cached_tokens,
-        ),
+        text=completion.text,
+        token_ids=completion.token_ids,
+        finish_reason=finish_reason(completion.finish_reason),
+        usage=wire_usage(completion),
         model=model,
         timings=Timings(
             queued_ms=queued_ms,
-            ttft_ms=ttft_ms,
-            tpot_ms=tpot_ms,
+            ttft_ms=completion.ttft_ms,
+            tpot_ms=completion.tpot_ms,
             total_ms=(time.monotonic() - item.consumed_at) * 1000,
         ),
         worker=worker,
         error=error,
         source=item.record.source(),
         metadata=item.request.metadata,
-        logprobs=logprobs,
-        choices=choices or [],
-        prompt_logprobs=prompt_logprobs,
-        prompt_text=prompt_text,
+        logprobs=wire_logprobs(completion.logprobs),
+        choices=wire_choices(completion),
+        prompt_logprobs=wire_logprobs(completion.prompt_logprobs),
+        prompt_text=completion.prompt_text,
     )
+    return _admitted_outcome(
+        item, result, preemptions=completion.num_preemptions, kv_blocks=completion.num_kv_blocks
+    )
+
+
+def unrun_outcome(
+    item: Admitted,
+    reason: str,
+    *,
+    model: ModelRef,
+    worker: str,
+    error: ErrorInfo | None = None,
+) -> Outcome:
+    """The outcome of an admitted request answered without a run, so without a `Completion`:
+    cancelled before the engine had it, refused by the engine, or failed with it. No tokens;
+    its prompt tokens as the ingest counted them; queued until now."""
+    prompt_tokens = len(item.prompt_token_ids)
+    queued_ms = (time.monotonic() - item.consumed_at) * 1000
+    result = GenerateResult(
+        id=item.request.id,
+        finish_reason=finish_reason(reason),
+        usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        model=model,
+        timings=Timings(queued_ms=queued_ms, total_ms=queued_ms),
+        worker=worker,
+        error=error,
+        source=item.record.source(),
+        metadata=item.request.metadata,
+    )
+    return _admitted_outcome(item, result)
+
+
+def _admitted_outcome(
+    item: Admitted, result: GenerateResult, *, preemptions: int = 0, kv_blocks: int = 0
+) -> Outcome:
     return Outcome(
         record=item.record,
         result=result,
@@ -285,16 +351,6 @@ def cancelled_before_engine(
 ) -> Outcome:
     """The outcome of a request cancelled before the engine had it (in a bucket or queued):
     `finish_reason` cancelled, no tokens, no error."""
-    outcome = engine_outcome(
-        item,
-        text="",
-        token_ids=[],
-        reason="cancelled",
-        model=model,
-        worker=worker,
-        queued_ms=(time.monotonic() - item.consumed_at) * 1000,
-        ttft_ms=None,
-        tpot_ms=None,
-    )
+    outcome = unrun_outcome(item, "cancelled", model=model, worker=worker)
     outcome.cancelled_in = where
     return outcome

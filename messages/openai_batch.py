@@ -91,6 +91,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    speculate: bool | None = None  # tokenmill's: false opts out of speculative decoding
 
 
 class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
@@ -144,11 +145,22 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True):
+    """OpenAI's names for speculative decoding's guesses (its "predicted outputs"): those the
+    model accepted (part of the completion) and those it rejected."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class TokenUsage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails = msgspec.field(
+        default_factory=CompletionTokensDetails
+    )
 
 
 class CompletionLogprobs(msgspec.Struct, kw_only=True):

@@ -32,6 +32,7 @@ from messages.openai_batch import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    CompletionTokensDetails,
     ErrorBody,
     ErrorObject,
     LineError,
@@ -85,12 +86,7 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
             error=ErrorObject(message=result.error.message, type=kind, code=result.error.code)
         )
     model = result.model.name if result.model else ""
-    usage = TokenUsage(
-        prompt_tokens=result.usage.prompt_tokens,
-        completion_tokens=result.usage.completion_tokens,
-        total_tokens=result.usage.total_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=result.usage.cached_tokens),
-    )
+    usage = token_usage(result)
     # n > 1: every choice; else the result is its one choice.
     choices = result.choices or [
         Choice(
@@ -115,6 +111,24 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         model=model,
         choices=[_completion_choice(c, result) for c in choices],
         usage=usage,
+    )
+
+
+def token_usage(result: GenerateResult) -> TokenUsage:
+    """`result`'s usage in OpenAI's shape (the batch line's, the HTTP answer's and the last
+    streamed event's): prefix-cache hits as `prompt_tokens_details.cached_tokens`, speculative
+    decoding's accepted and rejected guesses as `completion_tokens_details`'
+    `accepted_prediction_tokens` and `rejected_prediction_tokens`."""
+    usage = result.usage
+    return TokenUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(
+            accepted_prediction_tokens=usage.accepted_draft_tokens,
+            rejected_prediction_tokens=usage.rejected_draft_tokens,
+        ),
     )
 
 

@@ -254,6 +254,8 @@ def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None)
         fields["min_tokens"] = body.min_tokens
     if body.logit_bias:
         fields["logit_bias"] = _logit_bias(body.logit_bias)
+    if body.speculate is not None:
+        fields["speculate"] = body.speculate
     return fields
 
 

@@ -60,6 +60,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
       prompt decoded. Such a request computes its whole prompt (no prefix-cache hits: a cached
       block has no logits). With it, `max_new_tokens` may be 0: the prompt is scored and
       nothing generated (perplexity of a text).
+    - `speculate`: False opts this request out of speculative decoding when the worker runs
+      with it (`--speculative`); its output is the same either way (greedy: token for token;
+      sampled: the same distribution), only its speed and `usage`'s draft counts differ.
     """
 
     v: int = SCHEMA_VERSION
@@ -98,3 +101,4 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     logprobs: int | None = None
     n: int = 1
     prompt_logprobs: int | None = None
+    speculate: bool = True

@@ -20,12 +20,16 @@ class FinishReason(enum.StrEnum):
 
 class Usage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """Token counts. `cached_tokens`: of the prompt tokens, those whose K/V the prefix cache
-    served (they were not computed again)."""
+    served (they were not computed again). With speculative decoding, the tokens guessed for
+    the request that the model accepted (`accepted_draft_tokens`, part of the completion's
+    tokens) and rejected (`rejected_draft_tokens`, computed and thrown away); 0 without it."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
 
 
 class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):

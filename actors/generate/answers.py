@@ -14,14 +14,13 @@ import structlog
 
 from actors.in_flight import InFlight
 from actors.mail import Admitted, Outcome, StreamChunk
-from actors.results import engine_outcome, finish_reason
+from actors.results import engine_outcome, unrun_outcome
 from actors.runtime import Address
 from actors.swap.model_slots import ModelSlots
 from gpu.engine import Completion
-from gpu.logprobs import CompletionLogprobs
 from messages.chunk import GenerateChunk
 from messages.error_codes import ErrorCode
-from messages.result import Choice, ErrorInfo, TokenLogprobs
+from messages.result import ErrorInfo
 
 log = structlog.get_logger("tokenmill.gpu")
 
@@ -35,35 +34,6 @@ CRASHED = ErrorInfo(
     code=ErrorCode.ENGINE_ERROR,
     message="the GPU actor crashed twice while running this request",
 )
-
-
-def wire_logprobs(logprobs: CompletionLogprobs | None) -> TokenLogprobs | None:
-    """A completion's logprobs as the result carries them."""
-    if logprobs is None:
-        return None
-    return TokenLogprobs(
-        tokens=logprobs.tokens,
-        token_logprobs=logprobs.token_logprobs,
-        top_ids=logprobs.top_ids,
-        top_logprobs=logprobs.top_logprobs,
-        top_tokens=logprobs.top_tokens,
-        unscored_first=logprobs.unscored_first,
-        token_ids=logprobs.token_ids,
-    )
-
-
-def wire_choices(completion: Completion) -> list[Choice]:
-    """A completion's choices (n > 1) as the result carries them; none for one choice."""
-    return [
-        Choice(
-            index=i,
-            text=choice.text,
-            token_ids=choice.token_ids,
-            finish_reason=finish_reason(choice.finish_reason),
-            logprobs=wire_logprobs(choice.logprobs),
-        )
-        for i, choice in enumerate(completion.choices)
-    ]
 
 
 class Answers:
@@ -95,23 +65,11 @@ class Answers:
             await self.outcomes.send(
                 engine_outcome(
                     copy,
-                    text=completion.text,
-                    token_ids=completion.token_ids,
-                    reason=completion.finish_reason,
+                    completion,
                     model=entry.model,
                     worker=self.worker_id,
                     queued_ms=(entry.admitted_at - copy.consumed_at) * 1000,
-                    ttft_ms=completion.ttft_ms,
-                    tpot_ms=completion.tpot_ms,
                     error=error,
-                    prompt_tokens=completion.prompt_tokens,
-                    preemptions=completion.num_preemptions,
-                    kv_blocks=completion.num_kv_blocks,
-                    cached_tokens=completion.cached_tokens,
-                    logprobs=wire_logprobs(completion.logprobs),
-                    choices=wire_choices(completion),
-                    prompt_logprobs=wire_logprobs(completion.prompt_logprobs),
-                    prompt_text=completion.prompt_text,
                 )
             )
 
@@ -122,17 +80,8 @@ class Answers:
         await self.outcomes.send(self.error_outcome(item, error))
 
     def error_outcome(self, item: Admitted, error: ErrorInfo) -> Outcome:
-        return engine_outcome(
-            item,
-            text="",
-            token_ids=[],
-            reason="error",
-            model=self.slots.front.ref,
-            worker=self.worker_id,
-            queued_ms=(time.monotonic() - item.consumed_at) * 1000,
-            ttft_ms=None,
-            tpot_ms=None,
-            error=error,
+        return unrun_outcome(
+            item, "error", model=self.slots.front.ref, worker=self.worker_id, error=error
         )
 
     async def due_chunks(self, running: Iterable[InFlight]) -> None:

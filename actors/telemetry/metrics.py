@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from actors.mail import CancelledIn, FlushReason
+from actors.telemetry.speculative_metrics import SpeculativeMetrics
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -249,6 +250,8 @@ class WorkerMetrics:
             registry=r,
         )
 
+        self.speculative = SpeculativeMetrics(r)
+
         # Known label values start at 0, so rate() sees the first increment.
         for reason in get_args(FlushReason):
             self.bucket_flushes.labels(reason)
@@ -289,7 +292,8 @@ class WorkerMetrics:
         self.bucket_flushes.labels(reason).inc()
 
     def observe_step(self, stats: StepStats) -> None:
-        """One engine step: its duration, the KV pool's occupancy, preemptions, prefix hits."""
+        """One engine step: its duration, the KV pool's occupancy, preemptions, prefix hits,
+        speculation's guesses."""
         self.step_duration.observe(max(0, stats.end_ns - stats.start_ns) / 1e9)
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
@@ -304,6 +308,7 @@ class WorkerMetrics:
             self._hit_window.append((stats.prompt_tokens, stats.cached_prompt_tokens))
             prompt = sum(p for p, _ in self._hit_window)
             self.kv_prefix_hit_ratio.set(sum(c for _, c in self._hit_window) / prompt)
+        self.speculative.observe_step(stats)
 
     def set_queue_depth(self, n: int) -> None:
         self.queue_depth.set(n)

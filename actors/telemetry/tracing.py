@@ -181,7 +181,9 @@ def start_request_spans(
         if timings.ttft_ms is not None:
             first_token = consumed + int(timings.ttft_ms * 1e6)
             records.append(child("prefill", _INTERNAL, admitted, first_token))
-            records.append(child("decode", _INTERNAL, first_token, outcome.finished_ns))
+            decode = child("decode", _INTERNAL, first_token, outcome.finished_ns)
+            decode.attributes = _decode_attributes(outcome)
+            records.append(decode)
     send = child(f"send {outcome.reply_topic}", _PRODUCER, now, now)
     send.attributes = {
         "messaging.system": "kafka",
@@ -263,6 +265,18 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
     if result.finish_reason is FinishReason.CANCELLED:  # aborted in the engine unless it says
         attributes["tokenmill.cancelled_in"] = outcome.cancelled_in or "engine"
     return attributes
+
+
+def _decode_attributes(outcome: Outcome) -> dict[str, AttributeValue]:
+    """Speculative decoding's counts, for a request that had tokens guessed for it."""
+    usage = outcome.result.usage
+    drafted = usage.accepted_draft_tokens + usage.rejected_draft_tokens
+    if drafted == 0:
+        return {}
+    return {
+        "tokenmill.speculative.draft_tokens": drafted,
+        "tokenmill.speculative.accepted_tokens": usage.accepted_draft_tokens,
+    }
 
 
 def _operation(request: GenerateRequest | None) -> str:

@@ -18,8 +18,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from messages.chunk import GenerateChunk
 from messages.openai_batch import CHAT_COMPLETIONS_URL
+from messages.openai_batch_answers import token_usage
 from messages.result import GenerateResult
 from ops.submit.assembly import StreamedText
 
@@ -97,12 +100,7 @@ class ChunkShape:
     def usage(self, result: GenerateResult) -> bytes:
         """The last event with `stream_options.include_usage`: no choices, the usage."""
         out = self._envelope([])
-        out["usage"] = {
-            "prompt_tokens": result.usage.prompt_tokens,
-            "completion_tokens": result.usage.completion_tokens,
-            "total_tokens": result.usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens},
-        }
+        out["usage"] = msgspec.to_builtins(token_usage(result))
         return event(out)
 
     def _choice(self, finish_reason: str | None = None, **content: Any) -> dict[str, Any]:

@@ -33,6 +33,8 @@ KEY_ATTRIBUTES = (
     "tokenmill.ttft_ms",
     "tokenmill.kv_blocks",
     "tokenmill.preemptions",
+    "tokenmill.speculative.draft_tokens",
+    "tokenmill.speculative.accepted_tokens",
     "error.type",
 )
 

@@ -65,3 +65,9 @@ def test_prompt_logprobs_and_a_scoring_length_reach_the_engine() -> None:
         engine_request(admitted(GenerateRequest(id="r2", prompt="Hi")), [5]).params.prompt_logprobs
         is None
     )
+
+
+def test_a_requests_speculation_opt_out_reaches_the_engine() -> None:
+    assert engine_request(admitted(GenerateRequest(id="r1", prompt="Hi")), [5]).params.speculate
+    opted_out = GenerateRequest(id="r2", prompt="Hi", speculate=False)
+    assert not engine_request(admitted(opted_out), [5]).params.speculate

@@ -9,14 +9,31 @@ import pytest
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, Outcome, RecordRef
-from actors.results import engine_outcome, finish_reason, rejected_at_door, undeliverable
+from actors.results import (
+    cancelled_before_engine,
+    engine_outcome,
+    finish_reason,
+    rejected_at_door,
+    undeliverable,
+    unrun_outcome,
+)
 from actors.telemetry.trace_context import TraceContext
+from gpu.engine_io import Completion
+from gpu.logprobs import CompletionLogprobs
 from messages import headers as h
 from messages.codec import JSON, MSGPACK
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.limits import MAX_ERROR_MESSAGE_CHARS
 from messages.request import GenerateRequest
-from messages.result import Choice, ErrorInfo, FinishReason, ModelRef, SourceRef
+from messages.result import (
+    Choice,
+    ErrorInfo,
+    FinishReason,
+    ModelRef,
+    SourceRef,
+    TokenLogprobs,
+    Usage,
+)
 
 RECORD = RecordRef("tokenmill.requests", 3, 1041, timestamp_ms=1_767_225_600_000, key=b"k-1")
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -259,18 +276,30 @@ def admitted(prompt_tokens: int = 5, **fields: Any) -> Admitted:
     )
 
 
-def finished(item: Admitted, reason: str, token_ids: list[int], **kw: Any) -> Outcome:
-    args: dict[str, Any] = {
-        "text": "abc",
+def completion(
+    item: Admitted, reason: str, token_ids: list[int], text: str = "abc", **kw: Any
+) -> Completion:
+    """What the engine hands over for `item`: 20 ms to the first token, 5 ms a token after."""
+    arrival = item.consumed_at
+    first = arrival + 0.020
+    fields: dict[str, Any] = {
+        "request_id": item.request.id,
+        "prompt_tokens": len(item.prompt_token_ids),
         "token_ids": token_ids,
-        "reason": reason,
-        "model": MODEL,
-        "worker": "w1",
-        "queued_ms": 1.5,
-        "ttft_ms": 20.0,
-        "tpot_ms": 5.0,
+        "text": text,
+        "finish_reason": reason,
+        "arrival_time": arrival,
+        "first_token_time": first if token_ids else None,
+        "finish_time": first + 0.005 * max(0, len(token_ids) - 1),
+        "num_preemptions": 0,
     }
-    return engine_outcome(item, **{**args, **kw})
+    return Completion(**{**fields, **kw})
+
+
+def finished(item: Admitted, reason: str, token_ids: list[int], **kw: Any) -> Outcome:
+    error = kw.pop("error", None)
+    ran = completion(item, reason, token_ids, **kw)
+    return engine_outcome(item, ran, model=MODEL, worker="w1", queued_ms=1.5, error=error)
 
 
 def test_engine_outcome_usage_and_timings() -> None:
@@ -282,17 +311,60 @@ def test_engine_outcome_usage_and_timings() -> None:
     assert result.usage.total_tokens == 8
     assert (result.id, result.text, result.token_ids) == ("req-9", "abc", [10, 11, 12])
     assert (result.model, result.worker, result.metadata) == (MODEL, "w1", {"row": "1"})
-    assert (result.timings.queued_ms, result.timings.ttft_ms, result.timings.tpot_ms) == (
-        1.5,
-        20.0,
-        5.0,
-    )
+    assert result.timings.queued_ms == 1.5
+    assert (result.timings.ttft_ms, result.timings.tpot_ms) == pytest.approx((20.0, 5.0))
     assert 250 <= result.timings.total_ms < 60_000  # consumed 0.25 s ago
     assert result.source == RECORD.source()
     assert outcome.admitted and outcome.cost_tokens == 5 + 8
     assert outcome.trace == item.trace
     assert (outcome.reply_topic, outcome.content_type) == ("team.replies", MSGPACK)
     assert outcome.dead_letter is None
+
+
+def test_engine_outcome_maps_the_whole_completion() -> None:
+    item = admitted(prompt_tokens=5)
+    logprobs = CompletionLogprobs(
+        tokens=["a"],
+        token_logprobs=[-0.5],
+        top_ids=[[7]],
+        top_logprobs=[[-0.5]],
+        top_tokens=[["a"]],
+    )
+    prompt = CompletionLogprobs(
+        tokens=["x", "y"], token_logprobs=[0.0, -2.0], top_ids=[[], [4]], top_logprobs=[[], [-1.0]],
+        top_tokens=[[], ["z"]], unscored_first=True, token_ids=[5, 6],
+    )  # fmt: skip
+    ran = completion(
+        item, "stop", [7], prompt_tokens=4, num_preemptions=2, num_kv_blocks=3, cached_tokens=2,
+        logprobs=logprobs, prompt_logprobs=prompt, prompt_text="xy",
+        draft_tokens=6, accepted_draft_tokens=4,
+    )  # fmt: skip
+    outcome = engine_outcome(item, ran, model=MODEL, worker="w1", queued_ms=0.0)
+    result = outcome.result
+    assert (outcome.preemptions, outcome.kv_blocks) == (2, 3)
+    assert result.usage == Usage(
+        prompt_tokens=4,  # as the engine counted them, not the ingest
+        completion_tokens=1,
+        total_tokens=5,
+        cached_tokens=2,
+        accepted_draft_tokens=4,
+        rejected_draft_tokens=2,
+    )
+    assert result.logprobs == TokenLogprobs(
+        tokens=["a"],
+        token_logprobs=[-0.5],
+        top_ids=[[7]],
+        top_logprobs=[[-0.5]],
+        top_tokens=[["a"]],
+    )
+    assert result.prompt_logprobs is not None and result.prompt_logprobs.unscored_first
+    assert result.prompt_logprobs.token_ids == [5, 6] and result.prompt_text == "xy"
+    assert result.timings.tpot_ms is None  # one token: no time per token after the first
+
+
+def test_a_completion_without_speculation_reports_no_draft_tokens() -> None:
+    usage = finished(admitted(), "length", [1, 2]).result.usage
+    assert (usage.accepted_draft_tokens, usage.rejected_draft_tokens) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -326,19 +398,34 @@ def test_an_aborted_request_carries_its_error() -> None:
 
 def test_an_engine_refusal_has_no_completion() -> None:
     error = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message="out of KV blocks")
-    result = finished(admitted(prompt_tokens=3), "error", [], text="", error=error).result
-    assert result.finish_reason is FinishReason.ERROR
+    outcome = unrun_outcome(
+        admitted(prompt_tokens=3), "error", model=MODEL, worker="w1", error=error
+    )
+    result = outcome.result
+    assert result.finish_reason is FinishReason.ERROR and result.error == error
     assert (result.text, result.token_ids) == ("", [])
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (3, 0)
+    assert result.usage.total_tokens == 3
+    assert (result.timings.ttft_ms, result.timings.tpot_ms) == (None, None)
+    assert result.timings.queued_ms == result.timings.total_ms >= 250  # queued until now
+    assert outcome.admitted and (outcome.preemptions, outcome.kv_blocks) == (0, 0)
+
+
+def test_a_request_cancelled_before_the_engine() -> None:
+    outcome = cancelled_before_engine(admitted(), model=MODEL, worker="w1", where="bucket")
+    assert outcome.result.finish_reason is FinishReason.CANCELLED
+    assert outcome.result.error is None and outcome.cancelled_in == "bucket"
 
 
 def test_a_result_with_choices_counts_every_choices_tokens() -> None:
     item = admitted(prompt_tokens=5, n=2)
-    choices = [
+    first = completion(item, "length", [10, 11], text="ab")
+    second = completion(item, "stop", [12], text="c")
+    result = finished(item, "length", [10, 11], text="ab", choices=(first, second)).result
+    assert result.choices == [
         Choice(index=0, text="ab", token_ids=[10, 11], finish_reason=FinishReason.LENGTH),
         Choice(index=1, text="c", token_ids=[12], finish_reason=FinishReason.STOP),
     ]
-    result = finished(item, "length", [10, 11], choices=choices).result
-    assert result.choices == choices and result.token_ids == [10, 11]
+    assert result.token_ids == [10, 11]
     assert (result.usage.completion_tokens, result.usage.total_tokens) == (3, 8)
     assert item.cost_tokens == 5 + 2 * 8  # the prompt once, every choice's new tokens

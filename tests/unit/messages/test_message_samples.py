@@ -49,6 +49,7 @@ SAMPLE_FILES = {
     "request_json_schema.json",
     "request_logprobs.json",
     "request_minimal.json",
+    "request_no_speculation.json",
     "request_penalties.json",
     "request_prompt_logprobs.json",
     "request_stream.json",
@@ -58,6 +59,7 @@ SAMPLE_FILES = {
     "result_error.json",
     "result_logprobs.json",
     "result_prompt_logprobs.json",
+    "result_speculative.json",
     "result_success.json",
 }
 
@@ -332,3 +334,13 @@ def test_prompt_logprobs_samples() -> None:
     assert load("result_logprobs.json").prompt_logprobs is None
     assert load("result_logprobs.json").logprobs.unscored_first is False
     assert load("request_logprobs.json").prompt_logprobs is None
+
+
+def test_speculation_samples() -> None:
+    assert load("request_no_speculation.json").speculate is False
+    usage = load("result_speculative.json").usage
+    assert (usage.accepted_draft_tokens, usage.rejected_draft_tokens) == (5, 3)
+    # Older requests speculate (when the worker does); older results guessed nothing.
+    assert load("request_minimal.json").speculate is True
+    old = load("result_success.json").usage
+    assert (old.accepted_draft_tokens, old.rejected_draft_tokens) == (0, 0)

@@ -415,6 +415,10 @@ def test_a_completion_result_answers_with_a_text_completion() -> None:
             "completion_tokens": 2,
             "total_tokens": 5,
             "prompt_tokens_details": {"cached_tokens": 2},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         },
     }
 
@@ -442,8 +446,34 @@ def test_a_chat_result_answers_with_a_chat_completion() -> None:
             "completion_tokens": 2,
             "total_tokens": 5,
             "prompt_tokens_details": {"cached_tokens": 2},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         },
     }
+
+
+@pytest.mark.parametrize("url", [COMPLETIONS_URL, CHAT_COMPLETIONS_URL])
+def test_speculations_guesses_are_openais_prediction_tokens(url: str) -> None:
+    usage = Usage(
+        prompt_tokens=3, completion_tokens=6, total_tokens=9,
+        accepted_draft_tokens=4, rejected_draft_tokens=7,
+    )  # fmt: skip
+    body = as_json(answer_line("q1", url, ok_result(usage=usage)))["response"]["body"]
+    assert body["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 4,
+        "rejected_prediction_tokens": 7,
+    }
+
+
+@pytest.mark.parametrize("make", [chat_line, completion_line])
+def test_speculate_opts_a_line_out_of_speculative_decoding(make: Any) -> None:
+    assert request(make()).speculate, "speculation is on unless the body says"
+    assert request(make(speculate=True)).speculate
+    assert not request(make(speculate=False)).speculate
+    refused = request_refused(make(speculate="no"))
+    assert (refused.code, refused.param) == (LineCode.INVALID_BODY, "speculate")
 
 
 def test_created_defaults_to_now() -> None:

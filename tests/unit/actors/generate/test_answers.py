@@ -166,3 +166,14 @@ async def test_a_run_with_choices_answers_every_choice() -> None:
         (1, "c", [9], "stop"),
     ]
     assert (result.text, result.usage.completion_tokens) == ("ab", 3)
+
+
+async def test_a_runs_draft_counts_reach_every_results_usage() -> None:
+    answer, outcomes = answers()
+    entry = InFlight(item(1), cast(Any, None), model=RAN_ON, admitted_at=time.monotonic())
+    entry.copies.append(item(2))
+    await answer.finished(entry, replace(completion(), draft_tokens=5, accepted_draft_tokens=1))
+    for outcome in sent(outcomes):
+        assert isinstance(outcome, Outcome)
+        usage = outcome.result.usage
+        assert (usage.accepted_draft_tokens, usage.rejected_draft_tokens) == (1, 4)

@@ -212,3 +212,15 @@ def test_a_constrained_request_names_its_response_format() -> None:
     request = msgspec.structs.replace(base.request, structured_output=choice)
     spans, _ = recorded(dataclasses.replace(base, request=request))
     assert spans["process reqs"].attributes["tokenmill.structured_output"] == "choice"
+
+
+def test_the_decode_span_counts_speculations_guesses_when_there_were_some() -> None:
+    spans, _ = recorded(outcome())
+    assert not any(k.startswith("tokenmill.speculative.") for k in spans["decode"].attributes)
+    item = outcome()
+    item.result.usage.accepted_draft_tokens = 5
+    item.result.usage.rejected_draft_tokens = 3
+    spans, _ = recorded(item)
+    attributes = spans["decode"].attributes
+    assert attributes["tokenmill.speculative.draft_tokens"] == 8
+    assert attributes["tokenmill.speculative.accepted_tokens"] == 5

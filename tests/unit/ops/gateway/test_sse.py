@@ -27,11 +27,24 @@ def test_chat_chunks_carry_deltas_then_a_finish_then_usage() -> None:
     finish = data(shape.finish("stop"))["choices"][0]
     assert finish["delta"] == {} and finish["finish_reason"] == "stop"
     result = GenerateResult(
-        id="r1", usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
-    )
+        id="r1",
+        usage=Usage(
+            prompt_tokens=3, completion_tokens=2, total_tokens=5, cached_tokens=1,
+            accepted_draft_tokens=1, rejected_draft_tokens=2,
+        ),
+    )  # fmt: skip
     usage = data(shape.usage(result))
     assert usage["choices"] == []
-    assert usage["usage"]["total_tokens"] == 5
+    assert usage["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": 1,
+            "rejected_prediction_tokens": 2,
+        },
+    }
 
 
 def test_completion_chunks_are_text_completions() -> None:
