@@ -194,7 +194,9 @@ class Scheduler:
                 self._preempt(seq)
                 preempted.append(seq)
                 continue
-            draft = self._draft(seq, n, budget - n - sum(s.num_uncomputed_tokens for s in queue))
+            spare = budget - n - sum(s.num_uncomputed_tokens for s in queue)
+            held = sum(self.kv_cache.blocks_needed(s, s.num_tokens) for s in queue)
+            draft = self._draft(seq, n, spare, held)
             self.kv_cache.allocate(seq, end + len(draft))
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n + len(draft), draft))
             budget -= n + len(draft)
@@ -240,17 +242,16 @@ class Scheduler:
             in_flight.update(kv.hashes_in_flight(seq))
         return prompt_tokens, cached_tokens
 
-    def _draft(self, seq: Sequence, n: int, spare: int) -> tuple[int, ...]:
+    def _draft(self, seq: Sequence, n: int, spare: int, reserve: int) -> tuple[int, ...]:
         """The guesses of a decoding `seq` (`Sequence.draft_token_ids`) that fit: within the
-        budget's `spare` tokens (what every other running sequence needs comes first) and
-        the free blocks. Nothing is ever preempted for a guess."""
+        budget's `spare` tokens and the free blocks less `reserve` (what every sequence still
+        to schedule this step needs comes first). Nothing is ever preempted for a guess."""
         if not seq.draft_token_ids or n != 1 or seq.num_uncomputed_tokens != 1:
             return ()
-        draft = seq.draft_token_ids[: max(spare, 0)]
         end = seq.num_computed_tokens + 1
-        while draft and not self.kv_cache.can_allocate(seq, end + len(draft)):
-            draft = draft[: len(draft) - self.config.block_size]  # one block fewer
-        return tuple(draft)
+        free = max(self.kv_cache.num_free - reserve, 0)
+        room = (len(seq.block_table) + free) * self.config.block_size - end
+        return tuple(seq.draft_token_ids[: max(min(spare, room), 0)])
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it waits and is recomputed from its tokens."""

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[4]
 # llama: the fused layers; qwen3: q/k norms before the fused rotary; gemma2: soft-capped
 # scores and a window; gemma3: q/k norms, local and global layers (attention kernels only).
 ARCHS = ("llama", "qwen3", "gemma2", "gemma3")
-MODES = ("off", "eager")  # decode_graphs: dynamic steps, and the static path run eagerly
+# decode_graphs: dynamic steps, and the static path run eagerly; then with speculation on
+# (verify chunks: prefill attention over cached context, several sampled rows each).
+MODES = ("off", "eager", "eager+ngram")
 # Block size 4 and chunks of 12 tokens: prompts span blocks, and prefill continues over
 # cached context, so both attention kernels run.
 CONFIG = {"block_size": 4, "max_num_batched_tokens": 12, "num_kv_blocks": 256, "max_num_seqs": 4}
@@ -53,7 +55,9 @@ out = {}
 for arch, path in job["models"].items():
     model = load_model(path)
     for mode in job["modes"]:
-        engine = Engine(model, EngineConfig(decode_graphs=mode, **job["config"]))
+        graphs, _, spec = mode.partition("+")
+        config = EngineConfig(decode_graphs=graphs, speculative=spec or None, **job["config"])
+        engine = Engine(model, config)
         assert engine.attention_kernel == "triton-paged", engine.attention_kernel
         requests = [
             EngineRequest(str(i), p, SamplingParams(max_new_tokens=n, ignore_eos=True))
@@ -66,8 +70,8 @@ open(sys.argv[2], "w").write(json.dumps(out))
 
 
 def _prompts(vocab: int) -> list[tuple[list[int], int]]:
-    prompts = random_prompts(vocab, 3, seed=21, low=3, high=30)
-    return [(p, 4 + 2 * i) for i, p in enumerate(prompts)]
+    prompts = random_prompts(vocab, 3, seed=21, low=3, high=16)
+    return [(p * 2, 4 + 2 * i) for i, p in enumerate(prompts)]  # repeated: guesses match
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,7 @@ import copy
 import random
 from collections import Counter
 
-import pytest
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -373,17 +372,9 @@ class StrictPreemptionMachine(SpeculativeKVMachine):
 PlainMachine.TestCase.settings = SETTINGS
 PrefixCachingMachine.TestCase.settings = SETTINGS
 WindowMachine.TestCase.settings = SETTINGS
-# Expected to fail: no need to shrink the counterexample (the minimal one is in
-# test_scheduler_drafts.py).
-StrictPreemptionMachine.TestCase.settings = settings(
-    SETTINGS, max_examples=300, phases=[Phase.explicit, Phase.generate]
-)
+StrictPreemptionMachine.TestCase.settings = settings(SETTINGS, max_examples=300)
 
 TestPlain = PlainMachine.TestCase
 TestPrefixCaching = PrefixCachingMachine.TestCase
 TestWindow = WindowMachine.TestCase
-TestGuessesPreemptNobody = pytest.mark.xfail(
-    strict=True,
-    reason="Scheduler._draft checks the free blocks for the guessing sequence alone: its "
-    "guesses take blocks a later running sequence needs, which is then preempted",
-)(StrictPreemptionMachine.TestCase)
+TestGuessesPreemptNobody = StrictPreemptionMachine.TestCase
