@@ -135,7 +135,8 @@ class Backend:
     def prepare(self, batch: ScheduledBatch) -> PreparedStep:
         """The batch's inputs, staged and sent to the device in one copy."""
         # Decodes first, shortest context first (so length groups are contiguous), then prefills.
-        chunks = sorted(batch.chunks, key=lambda c: (not c.is_decode, c.end if c.is_decode else 0))
+        # (a verify chunk, `gpu.speculative.verify`, counts as decodes: `StepBuilder.build`)
+        chunks = sorted(batch.chunks, key=lambda c: (not _decodes(c), c.end if _decodes(c) else 0))
         size = None
         if self.graphs is not None and all(c.is_decode for c in chunks):
             size = self.graphs.size_for(len(chunks))
@@ -256,6 +257,11 @@ class Backend:
         if self.graphs is not None and self.device.type == "cuda":
             with torch.inference_mode():
                 self.graphs.capture()
+
+
+def _decodes(chunk: ScheduledChunk) -> bool:
+    """A decode, or a verify chunk: both attend as decodes (`StepBuilder.build`)."""
+    return chunk.is_decode or bool(chunk.draft)
 
 
 def _rows(sampling: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, int]]:

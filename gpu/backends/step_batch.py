@@ -41,6 +41,17 @@ def group_by_length(lengths: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _decode_rows(chunk: ScheduledChunk) -> list[ScheduledChunk]:
+    """A decode as itself; a verify chunk as one decode per position (`build`)."""
+    if not chunk.draft:
+        return [chunk]
+    seq = chunk.seq
+    return [
+        ScheduledChunk(seq, p, 1, samples=True, is_decode=True)
+        for p in range(chunk.start, chunk.end)
+    ]
+
+
 class StepBuilder:
     def __init__(
         self,
@@ -127,7 +138,12 @@ class StepBuilder:
                 prompt_rows.extend(base + p for p in positions_scored)
                 prompt_targets.extend(seq.prompt_token_ids[p + 1] for p in positions_scored)
 
-        decodes = [c for c in chunks if c.is_decode]
+        # Decode attention rows: one per decode, and one per position of a verify chunk (its
+        # last token and each guess: row j attends to the positions up to its own, whose K/V
+        # the step writes first), so guesses are checked by the decode kernels, not a prefill.
+        decodes = [row for c in chunks if c.is_decode or c.draft for row in _decode_rows(c)]
+        prefills = [c for c in chunks if not (c.is_decode or c.draft)]
+        rows_of = decodes + prefills  # in token order (the caller puts decodes first)
         lengths_of = [c.end for c in decodes]
         # A kernel stops at each sequence's length: one group pads nothing it reads.
         runs = [(0, len(decodes))] if self.in_place else group_by_length(lengths_of)
@@ -139,12 +155,12 @@ class StepBuilder:
         staged_groups = []
         for begin, end in runs:
             members = decodes[begin:end]
-            width = blocks_for(members[-1].end, bs)
+            width = blocks_for(max(c.end for c in members), bs)
             tables = [c.seq.block_table for c in members]
             staged_groups.append((stage.put_rows(tables, width, PAD_BLOCK), width))
         staged_spans = [
             stage.put(c.seq.block_table[: blocks_for(c.end, bs)]) if c.start else None
-            for c in chunks[len(decodes) :]
+            for c in prefills
         ]
         staged_lengths = stage.put(lengths_of)
         # Only mid-prompt chunks: the K/V writes are the whole point; logits of row 0 unused.
@@ -153,7 +169,7 @@ class StepBuilder:
         local = None
         if self.window is not None:
             local = WindowStaging.stage(
-                stage, self.window, bs, self.in_place, chunks, decodes, runs
+                stage, self.window, bs, self.in_place, rows_of, decodes, runs
             )
         self._stage_sampling(sampling)
         stage.send()
@@ -173,7 +189,7 @@ class StepBuilder:
 
         spans: list[PrefillSpan] = []
         row = len(decodes)
-        for chunk, staged_table in zip(chunks[len(decodes) :], staged_spans, strict=True):
+        for chunk, staged_table in zip(prefills, staged_spans, strict=True):
             n = chunk.num_tokens
             blocks = None if staged_table is None else stage.view(staged_table)
             # A chunk over cached context attends lower-right causally: query i, at position
