@@ -12,9 +12,11 @@ the proposer and how well it guesses on this traffic, so the rule is measured, n
   are its kept guesses plus one).
 - A group speculates while its speculative goodput is at least its plain one; a group not yet
   measured both ways tries speculation first, then plain.
-- Every `explore_every`-th step of a group runs the other way, so a change of traffic (guesses
-  that stop matching, a batch that grows) is seen: the cost is at most 1 step in
-  `explore_every` run the slower way.
+- Two steps of every `explore_every` of a group run the other way, so a change
+  of traffic (guesses that stop matching, a batch that grows) is seen: the cost is at most 2
+  steps in `explore_every` run the slower way. (Two, because the first speculative step after
+  plain ones is not measured: a draft model then catches up on the tokens it missed, a cost
+  that speculating all along does not pay; `Speculator.measured`.)
 
 Steps with prefill work measure nothing (their time is the prefill's).
 """
@@ -61,7 +63,7 @@ class StepAside:
         if group.plain is None:
             return False
         better = group.speculative >= group.plain
-        if group.steps % self.explore_every == 0:
+        if group.steps % self.explore_every in (0, self.explore_every - 1):
             return not better
         return better
 

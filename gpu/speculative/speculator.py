@@ -48,6 +48,7 @@ class Speculator:
         self._drafted: list[Sequence] = []
         self._num_decoding = 0
         self._speculating = False
+        self._drafted_before = False  # the previous step verified guesses
 
     @property
     def name(self) -> str:
@@ -102,8 +103,11 @@ class Speculator:
 
     def measured(self, decode_only: bool, drafted: bool, tokens: int, seconds: float) -> None:
         """How the step went: the policy learns from decode-only steps (`drafted`: some
-        verify chunk ran; `tokens`: tokens out)."""
-        if decode_only and self._num_decoding:
+        verify chunk ran; `tokens`: tokens out). The first speculative step after plain ones
+        is not measured: a draft model catches up then on every token it missed."""
+        warming = drafted and not self._drafted_before
+        self._drafted_before = drafted
+        if decode_only and self._num_decoding and not warming:
             self.policy.measured(self._num_decoding, drafted, tokens, seconds)
 
     def release(self, seq_id: str) -> None:

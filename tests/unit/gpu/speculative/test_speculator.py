@@ -123,3 +123,17 @@ def test_the_request_carries_the_sequences_tokens() -> None:
     )
     spec.release("a")
     assert spec.proposer.released == ["a"]
+
+
+def test_the_first_speculative_step_after_plain_ones_is_not_measured() -> None:
+    """A draft model catches up then on the tokens it missed: not what speculating costs."""
+    spec = speculator()
+    seq = decoding("a", max_new_tokens=50)
+    spec.propose([seq], {})
+    spec.measured(decode_only=True, drafted=True, tokens=1, seconds=1.0)  # warming: skipped
+    assert spec.policy.goodput(1) == (None, None)
+    spec.propose([seq], {})
+    spec.measured(decode_only=True, drafted=True, tokens=3, seconds=0.01)
+    assert spec.policy.goodput(1) == (300.0, None)
+    spec.measured(decode_only=False, drafted=False, tokens=9, seconds=0.01)  # prefill: no
+    assert spec.policy.goodput(1) == (300.0, None)
