@@ -18,15 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpu.backends.backend import StepSample
 from gpu.engine_io import Completion
 from gpu.grammar.matcher import GrammarMatcher
-from gpu.loading.tokenizer import Tokenizer
 from gpu.logprobs import CompletionLogprobs
 from gpu.scheduler import ScheduledBatch
 from gpu.sequence import Sequence
 from gpu.speculative.verify import accepted_run
+
+
+class Tokenizer(Protocol):
+    """What the processor needs of `gpu.loading.tokenizer.Tokenizer` (the core imports
+    nothing of gpu.loading)."""
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
 
 
 @dataclass

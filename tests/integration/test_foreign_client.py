@@ -60,6 +60,8 @@ async def test_a_librdkafka_client_round_trips(kafka_bootstrap, tiny_checkpoints
         "completion_tokens": 4,
         "total_tokens": 7,
         "cached_tokens": 0,  # prompt tokens the prefix cache served (none: the first request)
+        "accepted_draft_tokens": 0,  # speculative decoding's guesses kept (none: it is off)
+        "rejected_draft_tokens": 0,
     }
     assert result["metadata"] == {"team": "search"}
     assert result["model"]["name"] == "tiny"
