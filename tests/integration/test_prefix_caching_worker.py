@@ -4,15 +4,11 @@ served from cached blocks, say so in `usage.cached_tokens` and on /metrics, and 
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from messages.request import ChatMessage, GenerateRequest
 from messages.result import GenerateResult
-from ops.services.local_process import free_port
-from tests.integration.pipeline import WorkerProcess, new_lane, produce, results_by_id
-from tests.integration.test_supervision import samples, wait_ready
+from tests.integration.serving import serve_waves
 
 pytestmark = pytest.mark.slow
 
@@ -54,31 +50,11 @@ async def serve(
 ) -> tuple[dict[str, GenerateResult], dict[str, float]]:
     """Run the requests on a fresh worker: the first alone, then the rest; its results by id
     (each exactly once) and its prefix-cache metrics."""
-    lane = await new_lane(kafka_bootstrap, partitions=1)
-    port = free_port()
-    extra = ["--http-port", str(port), "--max-model-len", "512"]
-    worker = WorkerProcess(lane, str(smollm2_path), tmp_path / f"{name}.log", extra, env).start()
     first, rest = requests()
-    try:
-        await wait_ready(worker, port, within_s=300)
-        await produce(lane.bootstrap, lane.requests, first)
-        found = await results_by_id(lane, [r.id for r in first], within_s=300)
-        await produce(lane.bootstrap, lane.requests, rest)
-        found = await results_by_id(lane, [r.id for r in first + rest], within_s=300)
-        metrics = {
-            name: value
-            for (name, _), value in (await asyncio.to_thread(samples, port)).items()
-            if name.startswith("tokenmill_kv_prefix")
-        }
-    finally:
-        code = worker.terminate()
-    assert code == 0, worker.log()[-3000:]
-    answers = {}
-    for rid, results in found.items():
-        (result,) = results  # answered exactly once
-        assert result.error is None, result.error
-        answers[rid] = result
-    return answers, metrics
+    log = tmp_path / f"{name}.log"
+    return await serve_waves(
+        kafka_bootstrap, smollm2_path, log, [first, rest], env=env, metrics="tokenmill_kv_prefix"
+    )
 
 
 async def test_shared_system_prompts_are_served_from_cache_and_answers_do_not_change(

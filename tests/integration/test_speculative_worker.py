@@ -4,15 +4,11 @@ each result's usage how many guessed tokens it kept, and counts them on /metrics
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from messages.request import ChatMessage, GenerateRequest
 from messages.result import GenerateResult
-from ops.services.local_process import free_port
-from tests.integration.pipeline import WorkerProcess, new_lane, produce, results_by_id
-from tests.integration.test_supervision import samples, wait_ready
+from tests.integration.serving import serve_waves
 
 pytestmark = pytest.mark.slow
 
@@ -39,33 +35,15 @@ def jobs() -> list[GenerateRequest]:
 
 
 async def serve(
-    kafka_bootstrap: str, tmp_path, smollm2_path, name: str, extra: list[str]
+    kafka_bootstrap: str, tmp_path, smollm2_path, name: str, args: list[str]
 ) -> tuple[dict[str, GenerateResult], dict[str, float]]:
     """The jobs on a fresh worker: its results by id (each exactly once), its speculative
     metrics."""
-    lane = await new_lane(kafka_bootstrap, partitions=1)
-    port = free_port()
-    args = ["--http-port", str(port), "--max-model-len", "512", *extra]
-    worker = WorkerProcess(lane, str(smollm2_path), tmp_path / f"{name}.log", args).start()
-    requests = jobs()
-    try:
-        await wait_ready(worker, port, within_s=300)
-        await produce(lane.bootstrap, lane.requests, requests)
-        found = await results_by_id(lane, [r.id for r in requests], within_s=300)
-        metrics = {
-            metric: value
-            for (metric, _), value in (await asyncio.to_thread(samples, port)).items()
-            if metric.startswith("tokenmill_speculative")
-        }
-    finally:
-        code = worker.terminate()
-    assert code == 0, worker.log()[-3000:]
-    answers = {}
-    for rid, results in found.items():
-        (result,) = results  # answered exactly once
-        assert result.error is None, result.error
-        answers[rid] = result
-    return answers, metrics
+    log = tmp_path / f"{name}.log"
+    waves = [jobs()]
+    return await serve_waves(
+        kafka_bootstrap, smollm2_path, log, waves, args, metrics="tokenmill_speculative"
+    )
 
 
 async def test_a_speculating_worker_answers_as_one_without(
