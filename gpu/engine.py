@@ -105,7 +105,6 @@ class Engine:
         self.clock = clock
         self.sequences: dict[str, Seq] = {}  # by sequence id (a request's, or its choices')
         self.groups: ChoiceGroups[Completion] = ChoiceGroups()  # requests with n > 1
-        self.eos_token_ids = frozenset(model.eos_token_ids)
         self.peak_blocks_used = 0
         self.grammars = GrammarCompiler(
             model.tokenizer, model.config.vocab_size, model.eos_token_ids

@@ -47,7 +47,6 @@ class Speculator:
         self.policy = policy or StepAside()
         self._drafted: list[Sequence] = []
         self._num_decoding = 0
-        self._speculating = False
         self._drafted_before = False  # the previous step verified guesses
 
     @property
@@ -71,8 +70,7 @@ class Speculator:
         policy steps aside)."""
         decoding = [s for s in running if s.num_uncomputed_tokens == 1]
         self._num_decoding = len(decoding)
-        self._speculating = bool(decoding) and self.policy.speculate(len(decoding))
-        if not self._speculating:
+        if not decoding or not self.policy.speculate(len(decoding)):
             return
         asks = [(s, n) for s in decoding if (n := self.room(s)) > 0]
         if not asks:
