@@ -113,6 +113,23 @@ class WorkerConfig:
         },
     )
     emit_max_in_flight: int = 4096  # results sent but not yet acknowledged
+    exactly_once: bool = field(
+        default=False,
+        metadata={
+            "help": "Write results, dead letters and consumed offsets in Kafka transactions, "
+            "one transactional producer per input partition: a read_committed consumer sees "
+            "each result once, whatever crashes, pauses or rebalances happen."
+        },
+    )
+    transaction_interval_ms: float = field(
+        default=100.0,
+        metadata={
+            "help": "With --exactly-once: the longest a finished result waits for its "
+            "transaction (one also commits after each batch of completions).",
+            "old": "transaction_interval",
+        },
+    )
+    transaction_timeout_ms: int = 60_000  # the broker aborts a transaction left open this long
     delivery_timeout_ms: int = field(
         default=40_000,
         metadata={
@@ -238,6 +255,8 @@ class WorkerConfig:
             "emit_max_in_flight": self.emit_max_in_flight,
             "max_record_crashes": self.max_record_crashes,
             "delivery_timeout_ms": self.delivery_timeout_ms,
+            "transaction_interval_ms": self.transaction_interval_ms,
+            "transaction_timeout_ms": self.transaction_timeout_ms,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -37,6 +37,13 @@ Sends: `Delivered` to the ingest; `OutcomeBlocked` first when a dead letter bloc
 `stop()`: produce what is queued, wait for every acknowledgement (blocked dead letters are
 given up, undelivered), close.
 
+With `--exactly-once`, results and dead letters go instead through one transactional
+producer per input partition (`actors.transactions`): the ingest's `TakeOver` opens them,
+its `CommitOffsets` puts the consumed offsets in their transactions, and an outcome is
+reported delivered once its transaction commits (chunks stay on the plain producer: a
+read_committed reader sees them as they come). One whose partition was handed off or fenced
+is reported `Dropped`: the partition's owner answers its record.
+
 Its parts are in `actors.emit`: records, planning, chunks, delivery, dead letters.
 """
 
@@ -54,26 +61,42 @@ from actors.emit.delivery import Delivery
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, SentChunk, acknowledged, send
 from actors.kafka.broker_wait import started
-from actors.mail import Delivered, Outcome, OutcomeBlocked, RecordRef, StreamChunk
+from actors.mail import (
+    CommitOffsets,
+    Delivered,
+    Dropped,
+    HandOff,
+    LaneStart,
+    Outcome,
+    OutcomeBlocked,
+    RecordRef,
+    StreamChunk,
+    TakeOver,
+)
 from actors.runtime import Actor, Address, Mailbox
 from actors.send_errors import DeadLetterBlocked, ProducerBroken, UndeliveredResult, backoff_s
 from actors.telemetry.metrics import WorkerMetrics
 from actors.telemetry.request_log import log_outcome
 from actors.telemetry.tracing import RequestSpans, start_request_spans
+from actors.transactions.lane import LaneHooks
+from actors.transactions.lanes import Lanes
 
 log = structlog.get_logger("tokenmill.emitter")
 
 
-class EmitterActor(Actor[Outcome | StreamChunk]):
+Mail = Outcome | StreamChunk | TakeOver | LaneStart | CommitOffsets | HandOff
+
+
+class EmitterActor(Actor[Mail]):
     MAILBOX_SIZE = 1024
     BLOCKED_RETRY_S = 5.0  # the longest wait between two sends of a blocked dead letter
 
     def __init__(
         self,
         config: WorkerConfig,
-        mailbox: Mailbox[Outcome | StreamChunk] | None = None,
+        mailbox: Mailbox[Mail] | None = None,
         *,
-        delivered: Address[Delivered | OutcomeBlocked] | None = None,
+        delivered: Address[Delivered | OutcomeBlocked | Dropped] | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         """`delivered`: the ingest's mailbox, told of each acknowledged outcome and of each
@@ -97,6 +120,18 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
         self.blocked: dict[int, RecordRef] = {}
         self.dead_letters_abandoned = 0  # blocked ones given up at stop (left uncommitted)
         self._dlq = DeadLetterTopic()
+        self.lanes = Lanes(
+            config,
+            self.planner,
+            LaneHooks(
+                delivered=self._committed,
+                suppressed=self._suppressed,
+                dropped=self._dropped,
+                blocked=self._lane_blocked,
+                count=self._count,
+            ),
+        )
+        self.duplicates_suppressed = 0  # outcomes of records answered already (exactly-once)
 
     @property
     def answered_instead(self) -> int:
@@ -144,7 +179,7 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                     sent.ack = await send(producer, sent.record)
             async with asyncio.TaskGroup() as confirms:
                 while True:
-                    messages: list[Outcome | StreamChunk]
+                    messages: list[Mail]
                     if backlog:
                         messages, backlog = list(backlog), []
                     elif (first := await self.receive()) is not None:
@@ -156,17 +191,23 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                     for message in messages:  # before any await: a crash resends all of them
                         if isinstance(message, StreamChunk):
                             chunks.append(self.chunks.record(message))
-                        else:
+                        elif isinstance(message, Outcome):
                             self._unconfirmed[id(message)] = message
                             group.append(message)
+                        else:
+                            confirms.create_task(self._transactions(message))
                     for sent in chunks:  # before any outcome: a request's precede its result
                         sent.ack = await send(producer, sent.record)
+                    if self.config.exactly_once:
+                        confirms.create_task(self._to_lanes(producer, group))
+                        continue
                     pending = []
                     for outcome in group:
                         await self._window.acquire()
                         spans = start_request_spans(outcome, group=self.config.group)
                         pending.append(await self._produce(producer, outcome, spans))
                     confirms.create_task(self._confirm(producer, pending, confirms))
+            await self.stop_lanes()  # stopped: what the lanes hold is committed first
         finally:
             await producer.stop()
             log.info(
@@ -175,6 +216,11 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
                 dlq=self.dead_letters_sent,
                 answered_instead=self.answered_instead,
             )
+
+    async def stop_lanes(self) -> None:
+        """Commit what the lanes hold, then close them (the worker's last step)."""
+        await self.lanes.flush()
+        await self.lanes.close()
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -186,6 +232,67 @@ class EmitterActor(Actor[Outcome | StreamChunk]):
             max_request_size=self.config.producer_max_bytes,
             request_timeout_ms=self.config.delivery_timeout_ms,
         )
+
+    # -- exactly-once: outcomes to their partitions' transactions ------------------------
+
+    async def _transactions(self, message: TakeOver | LaneStart | CommitOffsets | HandOff) -> None:
+        match message:
+            case TakeOver(partitions=partitions, done=done):
+                failed = await self.lanes.take_over(partitions)
+                if not done.done():
+                    done.set_result(failed)
+            case LaneStart():
+                self.lanes.start(message)
+            case CommitOffsets(offsets=offsets, release=release, done=done):
+                ok = await self.lanes.commit(offsets, release=release)
+                if not done.done():
+                    done.set_result(ok)
+            case HandOff(partitions=partitions, done=handed):
+                await self.lanes.hand_off(partitions)
+                if not handed.done():
+                    handed.set_result(None)
+
+    async def _to_lanes(self, producer: AIOKafkaProducer, group: list[Outcome]) -> None:
+        """Each outcome to its partition's lane once its chunks are acknowledged (they precede
+        its result on the reply topic), then the lanes commit."""
+        for outcome in group:
+            spans = start_request_spans(outcome, group=self.config.group)
+            p = Pending(outcome, spans, [], [], key=id(outcome))
+            p.chunks = self.chunks.of(outcome)
+            for sent in p.chunks:
+                await self.delivery.settle_chunk(producer, sent)
+            self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
+            if not self.lanes.route(p):
+                await self._dropped(p)
+        self.lanes.wake()
+
+    async def _committed(self, p: Pending) -> None:
+        self._unconfirmed.pop(p.key, None)
+        await self._report(p)
+
+    async def _suppressed(self, p: Pending) -> None:
+        """`p`'s record was answered already: reported delivered, not produced again."""
+        self.duplicates_suppressed += 1
+        p.spans.end(None)
+        self.chunks.forget(p.outcome.result.id, p.chunks)
+        await self._notify(Delivered(record=p.outcome.record, admitted=p.outcome.admitted,
+                                     cost_tokens=p.outcome.cost_tokens))  # fmt: skip
+
+    async def _dropped(self, p: Pending) -> None:
+        """`p`'s partition is no longer this worker's: its owner answers the record."""
+        p.spans.end(None)
+        self.chunks.forget(p.outcome.result.id, p.chunks)
+        self._count("dropped_not_owner")
+        await self._notify(Dropped(record=p.outcome.record, admitted=p.outcome.admitted,
+                                   cost_tokens=p.outcome.cost_tokens))  # fmt: skip
+
+    async def _lane_blocked(self, p: Pending) -> None:
+        self._count("dead_letter_blocked")
+        await self._notify(OutcomeBlocked(p.outcome.record))
+
+    async def _notify(self, notice: Delivered | OutcomeBlocked | Dropped) -> None:
+        if self.delivered is not None:
+            await self.delivered.send(notice)
 
     # -- one outcome: its records, their acknowledgements, a blocked dead letter ----------
 

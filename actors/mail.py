@@ -4,6 +4,11 @@
          │                          └─StreamChunk─┘ (streamed requests, before their Outcome)
          └──────────────── Outcome (rejected at the door) ──────┘
 
+With `--exactly-once`, the ingest also tells the emitter which partitions it takes over
+(`TakeOver`, then `LaneStart` with each one's last commit) and what to commit
+(`CommitOffsets`): the emitter writes results and offsets in one transaction per partition.
+An outcome it cannot answer (its partition handed off or fenced) comes back as `Dropped`.
+
 An outcome whose dead letter the DLQ refuses is announced to the ingest first
 (`OutcomeBlocked`), its `Delivered` coming once the DLQ takes the letter.
 
@@ -17,7 +22,9 @@ import no actor either (`tests/unit/test_layering.py` checks it).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -27,6 +34,7 @@ from aiokafka.structs import TopicPartition
 from actors.ingest.model_front import ModelFront
 from actors.telemetry.span_link import SpanLink
 from actors.telemetry.trace_context import TraceContext
+from actors.transactions.answered import AnsweredOffsets
 from messages.chunk import GenerateChunk
 from messages.control import Command
 from messages.headers import Headers
@@ -190,3 +198,56 @@ class OutcomeBlocked:
     its stop, and the record is read again by the partition's next owner."""
 
     record: RecordRef
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """Ingest → emitter, with `--exactly-once`: these partitions are now this worker's. The
+    emitter opens a transactional producer for each, whose id names the partition: that fences
+    the last owner's producer and ends its open transaction. `done` resolves (with the
+    partitions that could not be opened) before the ingest reads the partitions' commits."""
+
+    partitions: frozenset[TopicPartition]
+    done: asyncio.Future[frozenset[TopicPartition]]
+
+
+@dataclass(frozen=True, slots=True)
+class LaneStart:
+    """Ingest → emitter, after `TakeOver`: a partition's last commit, read once it was fenced.
+    Outcomes below `offset` or in `answered` were answered already."""
+
+    tp: TopicPartition
+    offset: int | None
+    guard_metadata: str
+    answered: AnsweredOffsets
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsets:
+    """Ingest → emitter, with `--exactly-once`: commit each partition's offset with its
+    crash-guard metadata in the partition's next transaction (`release`: then close its lane).
+    `done` is False when a partition's lane was fenced (nothing of it was written)."""
+
+    offsets: Mapping[TopicPartition, tuple[int, str]]
+    release: bool
+    done: asyncio.Future[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """Ingest → emitter, with `--exactly-once`: these partitions were revoked; their lanes
+    close once a release in progress has committed (what still waits is dropped)."""
+
+    partitions: frozenset[TopicPartition]
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """Emitter → ingest, with `--exactly-once`: an outcome not answered here, its partition
+    handed off or fenced; the partition's owner answers the record. It releases the outcome's
+    backpressure and marks no offset done."""
+
+    record: RecordRef
+    admitted: bool
+    cost_tokens: int

@@ -28,6 +28,7 @@ from actors.cancel.actor import CancelActor
 from actors.config import WorkerConfig
 from actors.control import ControlActor
 from actors.emitter import EmitterActor
+from actors.emitter import Mail as EmitterMail
 from actors.faults import Faults
 from actors.gpu_actor import GpuActor
 from actors.health import Health
@@ -36,7 +37,7 @@ from actors.in_flight import EngineLike
 from actors.ingest.actor import IngestActor
 from actors.ingest.model_front import ModelFront, result_size_refusal
 from actors.kafka.broker_watch import BrokerWatch
-from actors.mail import Batch, Cancel, Outcome, StreamChunk, SwapOrder, VerifiedCommand
+from actors.mail import Batch, Cancel, SwapOrder, VerifiedCommand
 from actors.runtime import Mailbox
 from actors.supervisor import Supervisor
 from actors.swap.model_paths import AliasResolver
@@ -76,7 +77,7 @@ class Worker:
         # The mailboxes first: the actors send to each other in circles (see the diagram).
         ingest_mail = IngestActor.new_mailbox(config)
         gpu_mail: Mailbox[Batch | SwapOrder | Cancel] = Mailbox(GpuActor.MAILBOX_SIZE)
-        emitter_mail: Mailbox[Outcome | StreamChunk] = Mailbox(EmitterActor.MAILBOX_SIZE)
+        emitter_mail: Mailbox[EmitterMail] = Mailbox(EmitterActor.MAILBOX_SIZE)
         supervisor_mail: Mailbox[VerifiedCommand] = Mailbox(Supervisor.MAILBOX_SIZE)
         self.control = (
             ControlActor(config, supervisor_mail) if config.control_topic is not None else None
@@ -106,7 +107,13 @@ class Worker:
             on_cancel=metrics.observe_cancel if metrics else None,
         )
         self.ingest = IngestActor(
-            config, front, ingest_mail, batches=gpu_mail, outcomes=emitter_mail, metrics=metrics
+            config,
+            front,
+            ingest_mail,
+            batches=gpu_mail,
+            outcomes=emitter_mail,
+            metrics=metrics,
+            transactions=emitter_mail if config.exactly_once else None,
         )
         self.cancel = (
             CancelActor(config, self.ingest.cancels) if config.cancel_topic is not None else None

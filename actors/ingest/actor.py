@@ -31,13 +31,23 @@ from actors.ingest.ledger import Ledger
 from actors.ingest.model_front import ModelFront
 from actors.kafka.consumers import requests_consumer
 from actors.kafka.partition_reader import Consumer, PartitionReader, Record, names
-from actors.mail import Admitted, Batch, Cancel, Delivered, Outcome, OutcomeBlocked, UseModel
+from actors.mail import (
+    Admitted,
+    Batch,
+    Cancel,
+    Delivered,
+    Dropped,
+    Outcome,
+    OutcomeBlocked,
+    UseModel,
+)
 from actors.runtime import Actor, Address, Mailbox
 from actors.telemetry.metrics import WorkerMetrics
+from actors.transactions.client import Request, TransactionsClient
 
 log = structlog.get_logger("tokenmill.ingest")
 
-Mail = Delivered | OutcomeBlocked | UseModel
+Mail = Delivered | OutcomeBlocked | Dropped | UseModel
 
 
 class IngestActor(Actor[Mail]):
@@ -51,10 +61,12 @@ class IngestActor(Actor[Mail]):
         outcomes: Address[Outcome],
         metrics: WorkerMetrics | None = None,
         consumer: Callable[[], Consumer] | None = None,
+        transactions: Address[Request] | None = None,
     ) -> None:
         """`batches`: the GPU actor's mailbox; `outcomes`: the emitter's (records answered at
         the door go straight there); `consumer`: makes the requests topic's consumer (default:
-        `actors.kafka.consumers.requests_consumer`)."""
+        `actors.kafka.consumers.requests_consumer`); `transactions`: the emitter's mailbox
+        again, with `--exactly-once` (its lanes write the commits)."""
         super().__init__("ingest", mailbox or self.new_mailbox(config))
         self.config = config
         self.front = front
@@ -72,6 +84,8 @@ class IngestActor(Actor[Mail]):
         )
         self.cancels = self.batcher.cancels
         self.records_read = 0
+        self.answered_again = 0  # exactly-once: records read again that were answered already
+        self.transactions = TransactionsClient(transactions) if transactions else None
         self.reader, self.ledger = self._new_reader()
 
     def _new_reader(self) -> tuple[PartitionReader, Ledger]:
@@ -83,7 +97,7 @@ class IngestActor(Actor[Mail]):
             partitions=self,
             resume_at=lambda tp: self.ledger.fetched_to.get(tp),
         )
-        return reader, Ledger(self.config, reader)
+        return reader, Ledger(self.config, reader, self.transactions)
 
     @staticmethod
     def new_mailbox(config: WorkerConfig) -> Mailbox[Mail]:
@@ -186,6 +200,10 @@ class IngestActor(Actor[Mail]):
                 envelope = Envelope.of(record)
                 self.ledger.track(envelope.record)
                 self.records_read += 1
+                if self.ledger.answered_already(envelope.record):
+                    self.ledger.done(envelope.record)  # its result is committed already
+                    self.answered_again += 1
+                    continue
                 try:
                     deaths = self.ledger.quarantined(envelope.record)
                     if (entry := await self.door.enter(record, envelope, deaths)) is not None:
@@ -217,6 +235,9 @@ class IngestActor(Actor[Mail]):
                     case Delivered(record=ref, admitted=admitted, cost_tokens=cost):
                         self.ledger.done(ref)
                         if admitted:
+                            self._account(self.backpressure.release(1, cost))
+                    case Dropped(admitted=admitted, cost_tokens=cost):
+                        if admitted:  # its partition's owner answers it
                             self._account(self.backpressure.release(1, cost))
             self.ledger.notify()
 

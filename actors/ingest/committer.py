@@ -15,6 +15,11 @@ dies while running them leaves that behind. To keep that off the consume loop's 
 counts `headroom` more records than were fetched, and a fetch commits only when it passes
 that mark. A failed commit is logged and retried by the next one.
 
+With `--exactly-once` the commits are not the consumer's to write: `write` puts them in each
+partition's next transaction (see `actors.transactions`), beside the results, and the
+metadata of a commit read at assignment carries the offsets answered above it too
+(`answered`), which the ledger does not run again.
+
 A commit is also the one way to ask the group whether this member is still in it: `verify`
 writes one even when nothing changed, and says False when the group refused it (fenced).
 
@@ -28,8 +33,8 @@ meanwhile makes more records suspects than needed, never fewer).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeAlias, cast
 
 import structlog
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -38,24 +43,41 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from actors.ingest.crash_guard import RELEASED, CrashGuard, parse
 from actors.ingest.offsets import OffsetTracker
 from actors.kafka.partition_reader import Consumer, names
+from actors.transactions.answered import AnsweredOffsets, split
 
 log = structlog.get_logger("tokenmill.ingest")
 
+# With --exactly-once, how a commit is written instead of `consumer.commit`: in the partitions'
+# transactions (False: a partition's lane was fenced, and nothing was written).
+Write: TypeAlias = Callable[[dict[TopicPartition, tuple[int, str]]], Awaitable[bool]]
+
 
 class Committer:
-    def __init__(self, tracker: OffsetTracker, guard: CrashGuard, *, headroom: int) -> None:
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        guard: CrashGuard,
+        *,
+        headroom: int,
+        write: Write | None = None,
+    ) -> None:
         """`headroom`: records past the fetched ones counted as in flight, so that a fetch
-        needs a commit of its own only once per `headroom` records (not every fetch)."""
+        needs a commit of its own only once per `headroom` records (not every fetch);
+        `write`: how commits are written (default: `consumer.commit`)."""
         self.tracker = tracker
         self.guard = guard
         self.headroom = headroom
+        self.write = write
+        # What the last commits read at assignment say was answered above them.
+        self.answered: dict[TopicPartition, AnsweredOffsets] = {}
+        self.taken: dict[TopicPartition, tuple[int | None, str]] = {}  # those commits
         self._written: dict[TopicPartition, tuple[int, str]] = {}  # last commit, per partition
         self._in_flight_to: dict[TopicPartition, int] = {}  # the "fetched" on record
         self._lock = asyncio.Lock()  # one commit at a time, so `_written` stays true
 
     async def take_over(self, consumer: Consumer, assigned: set[TopicPartition]) -> None:
         """Read the last commit of each newly assigned partition, metadata and all, and hand
-        it to the crash guard."""
+        it to the crash guard (`taken` and `answered` keep what it said)."""
         if not assigned:
             return
         try:
@@ -66,7 +88,14 @@ class Committer:
         except KafkaError as exc:  # no guard this time: the records run as usual
             log.warning("commits_unread", error=repr(exc))
             return
-        held = [tp for tp, commit in commits.items() if parse(commit.metadata) is not None]
+        for tp in assigned:  # read: those with no commit yet start from nothing
+            self.taken[tp], self.answered[tp] = (None, ""), AnsweredOffsets()
+        metadata = {}
+        for tp, commit in commits.items():
+            base = commit.offset if commit.offset >= 0 else None
+            metadata[tp], self.answered[tp] = split(commit.metadata, base)
+            self.taken[tp] = (base, metadata[tp])
+        held = [tp for tp in commits if parse(metadata[tp]) is not None]
         try:
             ends = await consumer.end_offsets(held) if held else {}
         except KafkaError as exc:  # the guard then counts what the metadata says
@@ -74,7 +103,7 @@ class Committer:
             ends = {}
         for tp, commit in commits.items():
             offset = commit.offset if commit.offset >= 0 else None
-            deaths = self.assigned(tp, offset, commit.metadata or "", ends.get(tp))
+            deaths = self.assigned(tp, offset, metadata[tp], ends.get(tp))
             if offset is not None and self.guard.isolating(tp, offset):
                 log.warning("worker_died_with_records", topic=tp.topic, partition=tp.partition,
                             offset=offset, deaths=deaths,
@@ -92,6 +121,8 @@ class Committer:
         for tp in tps:
             self._written.pop(tp, None)
             self._in_flight_to.pop(tp, None)
+            self.answered.pop(tp, None)
+            self.taken.pop(tp, None)
             self.guard.revoked(tp)
 
     async def fetched(
@@ -150,7 +181,11 @@ class Committer:
             if not offsets:
                 return True
             try:
-                await consumer.commit({tp: (o.offset, o.metadata) for tp, o in offsets.items()})
+                wanted = {tp: (o.offset, o.metadata) for tp, o in offsets.items()}
+                if self.write is None:
+                    await consumer.commit(wanted)
+                elif not await self.write(wanted):
+                    raise CommitFailedError("a partition's transactional producer was fenced")
             except CommitFailedError as exc:
                 # Fenced: the group moved on without this member (a pause that outlived its
                 # session). Nothing was written; the partitions' new owners answer again

@@ -26,6 +26,14 @@ partitions on. The last heartbeat came at most one interval (aiokafka's 3 s) bef
 so only a stall past session - 3 s (at least half the broker's minimum session of 6 s) can cost
 the membership; past a third, this member asks the group (a commit) before it runs what it
 fetched. A slow loop on a live event loop costs that one commit.
+
+Exactly-once (`transactions`, with `--exactly-once`): the emitter writes the commits, in each
+partition's transaction. An assignment first has the emitter open the partitions' lanes
+(fencing their last owners), then reads their last commits and seeks to them (aiokafka may
+have read them before the fencing), and hands them to the lanes; what is fetched meanwhile
+is dropped (read again from there). Records the last commit names answered are not run
+again (`answered_already`). A partition whose lane cannot be opened stops the ingest
+(`KafkaError`): the restart rejoins the group.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 import structlog
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from actors.config import WorkerConfig
@@ -42,21 +51,39 @@ from actors.ingest.committer import Committer
 from actors.ingest.crash_guard import CrashGuard
 from actors.ingest.offsets import OffsetTracker
 from actors.kafka.partition_reader import Consumer, Fetched, PartitionReader, Record, names
-from actors.mail import RecordRef
+from actors.mail import LaneStart, RecordRef
+from actors.transactions.answered import AnsweredOffsets
+from actors.transactions.client import TransactionsClient
 
 log = structlog.get_logger("tokenmill.ingest")
 
+_NONE = AnsweredOffsets()
+
 
 class Ledger:
-    def __init__(self, config: WorkerConfig, reader: PartitionReader) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        reader: PartitionReader,
+        transactions: TransactionsClient | None = None,
+    ) -> None:
         """One per consumer: a restarted ingest holds no partition, and fetches each one from
         its last commit. Outcomes of the crashed run's records still arrive; they are no
-        longer tracked (their records are read again: at-least-once)."""
+        longer tracked (their records are read again: at-least-once, or with `transactions`
+        answered once: the emitter's lanes know what was answered)."""
         self.reader = reader
         self.commit_interval_s = config.commit_interval_s
         self.tracker = OffsetTracker()
         self.guard = CrashGuard(config.max_record_crashes)
-        self.committer = Committer(self.tracker, self.guard, headroom=config.fetch_max_records)
+        self.transactions = transactions
+        self.committer = Committer(
+            self.tracker,
+            self.guard,
+            headroom=config.fetch_max_records,
+            write=transactions.write if transactions is not None else None,
+        )
+        self._assigning = False  # exactly-once: fetches are dropped until the lanes start
+        self._unfenced: set[TopicPartition] = set()  # exactly-once: lanes that did not open
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._stall_s = config.session_timeout_ms / 3000
         self._fetched_at = time.monotonic()
@@ -72,10 +99,30 @@ class Ledger:
         # left, so offsets are tracked afresh.
         self.tracker.revoke(assigned)
         self.committer.forget(assigned)
-        await self.committer.take_over(consumer, assigned)
+        if self.transactions is None:
+            await self.committer.take_over(consumer, assigned)
+            return
+        self._assigning = True
+        try:
+            self._unfenced |= await self.transactions.take_over(assigned)
+            await self.committer.take_over(consumer, assigned)
+            for tp in assigned - self._unfenced:
+                if tp not in self.committer.answered:  # its commit was not read
+                    self._unfenced.add(tp)
+                    continue
+                offset, metadata = self.committer.taken[tp]
+                answered = self.committer.answered[tp]
+                await self.transactions.start(LaneStart(tp, offset, metadata, answered))
+                if offset is not None:
+                    consumer.seek(tp, offset)
+        finally:
+            self._assigning = False
 
     async def revoked(self, consumer: Consumer, revoked: set[TopicPartition]) -> None:
         await self.committer.commit(consumer, revoked, self.fetched_to, release=True)
+        if self.transactions is not None:
+            await self.transactions.hand_off(revoked)
+            self._unfenced -= revoked
         self.tracker.revoke(revoked)
         self.committer.forget(revoked)
         for tp in revoked:
@@ -96,7 +143,9 @@ class Ledger:
         # timeout ran out meanwhile), and the old assignment's records a moment later.
         self._stalled = self._stalled or now - self._fetched_at > self._stall_s
         self._fetched_at = now
-        if not fetched:
+        if self._unfenced:
+            raise KafkaError(f"exactly-once: no transactional producer for {names(self._unfenced)}")
+        if not fetched or self._assigning:
             return False
         stalled, self._stalled = self._stalled, False
         if self._fenced == generation:
@@ -138,6 +187,10 @@ class Ledger:
             log.warning("offset_rewound", topic=ref.topic, partition=ref.partition,
                         offset=ref.offset, previous=before)  # fmt: skip
         self.fetched_to[ref.tp] = ref.offset + 1
+
+    def answered_already(self, ref: RecordRef) -> bool:
+        """Exactly-once: the last commit read at assignment names this record answered."""
+        return ref.offset in self.committer.answered.get(ref.tp, _NONE)
 
     def quarantined(self, ref: RecordRef) -> int | None:
         """The deaths pinned on a record the crash guard will not let run again."""

@@ -1,7 +1,8 @@
 """The worker's three consumers, as its settings make them (each a `PartitionReader`'s factory).
 
 None commits on its own (`enable_auto_commit=False`): the ingest commits what the emitter
-delivered; the cancel and control readers never commit.
+delivered; the cancel and control readers never commit. All read committed records only
+(`isolation_level="read_committed"`): what an aborted transaction wrote is never seen.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def requests_consumer(config: WorkerConfig) -> AIOKafkaConsumer:
         client_id=f"tokenmill-{config.worker_id}",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        # Requests produced in transactions (retries, other pipelines) count once committed;
+        # an aborted one is never run.
+        isolation_level="read_committed",
         max_partition_fetch_bytes=config.max_request_bytes + (64 << 10),
         fetch_max_wait_ms=config.fetch_max_wait_ms,
     )
@@ -35,6 +39,7 @@ def cancel_consumer(config: WorkerConfig) -> AIOKafkaConsumer:
         client_id=f"tokenmill-{config.worker_id}-cancel",
         auto_offset_reset="latest",
         enable_auto_commit=False,
+        isolation_level="read_committed",
     )
 
 
@@ -47,4 +52,5 @@ def control_consumer(config: WorkerConfig) -> AIOKafkaConsumer:
         client_id=f"tokenmill-{config.worker_id}-control",
         auto_offset_reset="latest",
         enable_auto_commit=False,
+        isolation_level="read_committed",
     )

@@ -58,7 +58,9 @@ class LoadClient:
             **kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=linger_ms,
             max_batch_size=256 << 10,
         )  # fmt: skip
-        self.consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(
+            **kafka.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+        )
         self.arrived: dict[str, Arrival] = {}
         self.duplicates: Counter[str] = Counter()
         self._fetched = asyncio.Event()

@@ -56,7 +56,9 @@ async def send_command(
     await ensure_reachable(kafka, ControlError)
     producer = AIOKafkaProducer(**kafka.producer_kwargs(), acks="all")
     record_reader.install()  # a foreign record on the topic cannot stop the read
-    consumer = AIOKafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        **kafka.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+    )
     try:
         try:
             await producer.start()

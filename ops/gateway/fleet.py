@@ -152,6 +152,7 @@ class FleetWatch:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed",
         )
         await consumer.start()
         try:

@@ -94,7 +94,9 @@ class Replies:
             # sent sooner could be refused by a worker that looked just before the creation.
             await asyncio.sleep(_WORKERS_SEE_NEW_TOPICS_S)
         record_reader.install()  # a foreign record on the topic cannot stop the read
-        consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            **self.kafka.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+        )
         await consumer.start()
         self._consumer = consumer
         partitions = await self._producer.partitions_for(self.reply_topic)

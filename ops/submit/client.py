@@ -80,7 +80,9 @@ class SubmitClient:
     async def listen(self) -> None:
         """Start reading the results topic from its current end (before sending anything)."""
         record_reader.install()  # a foreign record on the topic cannot stop the read
-        consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            **self.kafka.client_kwargs(), enable_auto_commit=False, isolation_level="read_committed"
+        )
         await consumer.start()
         self._consumer = consumer
         assert self._producer is not None
