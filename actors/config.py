@@ -10,6 +10,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from actors.guards import step_progress
 from actors.ingest.backpressure import Watermarks
 from actors.ingest.buckets import BucketConfig, default_boundaries
 from actors.ingest.reply_topics import DEFAULT_ALLOWED_PATTERNS
@@ -236,6 +237,24 @@ class WorkerConfig:
             },
         },
     )
+    # Guards (actors/guards): a hung engine step; a resident set grown past a limit.
+    watchdog_floor_s: float = field(
+        default=step_progress.FLOOR_S,
+        metadata={
+            "help": "An engine step running longer than this and than --watchdog-step-multiple "
+            "× the slowest of the last 256 steps is hung: /healthz 503, leave the group, exit 1."
+        },
+    )
+    watchdog_step_multiple: float = field(
+        default=step_progress.MULTIPLE, metadata={"help": "See --watchdog-floor-s."}
+    )
+    max_rss: int | None = field(
+        default=None,
+        metadata={
+            "help": "Resident memory in bytes past which the worker drains and exits 0, for a "
+            "planned restart [default: no limit].",
+        },
+    )
 
     @property
     def producer_max_bytes(self) -> int:
@@ -259,6 +278,14 @@ class WorkerConfig:
             "transaction_timeout_ms": self.transaction_timeout_ms,
         }
         for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        guards = {
+            "watchdog_floor_s": self.watchdog_floor_s,
+            "watchdog_step_multiple": self.watchdog_step_multiple,
+            "max_rss": 1 if self.max_rss is None else self.max_rss,  # None: no limit
+        }
+        for name, value in guards.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         if not 0.0 <= self.log_sample_rate <= 1.0:

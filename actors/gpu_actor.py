@@ -16,6 +16,8 @@ Mailbox: `Batch`es and `Cancel`s from the ingest, `SwapOrder`s from the supervis
 publisher.
 `stop()`: fail everything still queued or running with `shutting_down`, then return.
 A step that raises fails the requests it held with `engine_error`; the actor goes on.
+Each step runs through `progress` (`actors.guards.step_progress`), which the watchdog reads to
+find a step that never returns.
 A request whose id is already running waits for that run and gets its result too when it is
 a copy of it (an equal request for the same reply topic: a redelivery, a client's retry);
 any other is answered `duplicate_request` on its own reply topic at once, never with
@@ -45,6 +47,7 @@ from actors.engine_thread import engine_thread
 from actors.faults import Faults
 from actors.generate.admission import admit
 from actors.generate.answers import CRASHED, DEADLINE, SHUTDOWN, Answers
+from actors.guards.step_progress import StepProgress
 from actors.in_flight import EngineLike, InFlight
 from actors.ingest.model_front import ModelFront
 from actors.mail import (
@@ -93,13 +96,15 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         on_step: StepObserver | None = None,
         streaming: StreamPolicy | None = None,
         on_cancel: CancelObserver | None = None,
+        progress: StepProgress | None = None,
     ) -> None:
         """`outcomes`: the emitter's mailbox. `thread`: the single-thread executor the engine
         was built on (see engine_thread); by default a new one, owned and shut down by this
         actor. `front`: the engine's `ModelFront` when the caller has it already. `flips`:
         the ingest's mailbox, told of each new active model; `events`: the events publisher;
         `swapper`: what carries out `SwapOrder`s (None: they are refused); `streaming`: the
-        worker's chunk intervals for streamed requests."""
+        worker's chunk intervals for streamed requests; `progress`: where the engine thread
+        reports its steps (default: one with the default bound, unwatched)."""
         super().__init__("gpu", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.thread = thread
         self.outcomes = outcomes
@@ -118,6 +123,7 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         self.on_step = on_step
         self.streaming = streaming or StreamPolicy()
         self.on_cancel = on_cancel
+        self.progress = progress or StepProgress()
         self.in_flight: dict[str, InFlight] = {}  # request id → what an engine runs for it
         self.held: list[Batch] = []  # batches received while not admitting
         self.steps = 0
@@ -221,7 +227,8 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
 
     async def _step(self, loop: asyncio.AbstractEventLoop, thread: Any, engine: Any) -> None:
         try:
-            out = await loop.run_in_executor(thread, engine.step)
+            step = functools.partial(self.faults.stepping, engine.step, self.steps)
+            out = await loop.run_in_executor(thread, self.progress.timed, step)
         except Exception as exc:  # any engine failure fails the requests it held
             log.exception("engine_step_failed", model=engine.model.name, running=self.running)
             error = ErrorInfo(code=ErrorCode.ENGINE_ERROR, message=repr(exc))

@@ -1,6 +1,8 @@
-"""Health: what the worker's readiness probe (`/healthz/ready`) answers.
+"""Health: what the worker's liveness (`/healthz`) and readiness (`/readyz`) probes answer.
 
-Read from the children's own public flags (the ingest joined its group, a model is loaded,
+Live unless the watchdog found the engine hung (`stalled`, the reason): the process then
+leaves and exits, and an orchestrator that probes first restarts it all the same. Readiness is
+read from the children's own public flags (the ingest joined its group, a model is loaded,
 the control lane listens, the broker answers the `BrokerWatch`) and the marks the supervisor
 keeps here (children down between a crash and their restart, draining). Made before the
 supervisor and the HTTP server, which both hold it: the server asks, the supervisor marks.
@@ -53,6 +55,13 @@ class Health:
         self._cancel = cancel
         self.draining = False
         self.down: set[str] = set()  # children between a crash and their restart
+        self.stalled: str | None = None  # why the engine counts as hung (the watchdog's)
+
+    def liveness(self) -> tuple[bool, dict[str, object]]:
+        """Live: the engine is not hung. Not live: `{"status": "stalled", "reason": ...}`."""
+        if self.stalled is not None:
+            return False, {"status": "stalled", "reason": self.stalled}
+        return True, {"status": "ok"}
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """Ready: consuming, a model loaded, not draining, every child up, control and cancel

@@ -5,7 +5,7 @@ answer and is closed (`Connection: close`). GET and HEAD only; a body is never r
 client sends can at worst earn it a 400; a callback that raises earns a 500 and a log line; the
 server keeps serving either way.
 
-    /healthz  200 {"status":"ok"} while the process runs (liveness)
+    /healthz  200 {"status":"ok"} while the worker is live; 503 with the reason when not
     /readyz   200, or 503 when not ready, with the readiness details as JSON
     /metrics  200, the Prometheus text format from the `metrics` callback
 """
@@ -76,6 +76,10 @@ def _json(status: HTTPStatus, value: object) -> _Response:
     return _Response(status, body, JSON)
 
 
+def _probe(ok: bool, details: dict[str, object]) -> _Response:
+    return _json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, details)
+
+
 def _parse_head(head: bytes) -> tuple[str, str]:
     """The method and path of a request head, or `_BadRequest`."""
     try:
@@ -103,8 +107,9 @@ def _parse_head(head: bytes) -> tuple[str, str]:
 class HttpServer:
     """Serves health, readiness and metrics until `stop()`; `run()` may be called again after.
 
-    `ready()` returns (ready, details) and `metrics()` the exposition body; both are called on
-    the event loop, once per request, so they must be quick. `port` is the bound port once
+    `ready()` returns (ready, details), `live()` (live, details) (default: always live) and
+    `metrics()` the exposition body; each is called on the event loop, once per request, so
+    they must be quick. `port` is the bound port once
     `listening` is set (the one asked for, or the kernel's pick when that was 0); `listening`
     is cleared whenever `run()` ends, returned or raised. An address that cannot be bound (in
     use, not permitted) raises OSError from `run()` with the original errno: the caller decides.
@@ -120,6 +125,7 @@ class HttpServer:
         *,
         timeout_s: float = 5.0,
         max_head_bytes: int = 8192,
+        live: Ready | None = None,
     ) -> None:
         self.name = "http"  # as the supervisor names its children
         self.host = host
@@ -127,6 +133,7 @@ class HttpServer:
         self.listening = asyncio.Event()
         self._bind_port = port
         self._ready = ready
+        self._live = live or (lambda: (True, {"status": "ok"}))
         self._metrics = metrics
         self._timeout_s = timeout_s
         self._max_head_bytes = max_head_bytes
@@ -226,9 +233,8 @@ class HttpServer:
     def _route(self, path: str) -> _Response:
         match path:
             case "/healthz":
-                return _json(HTTPStatus.OK, {"status": "ok"})
+                return _probe(*self._live())
             case "/readyz":
-                ready, details = self._ready()
-                return _json(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE, details)
+                return _probe(*self._ready())
             case _:
                 return _Response(HTTPStatus.OK, self._metrics(), METRICS_CONTENT_TYPE)

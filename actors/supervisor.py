@@ -8,8 +8,10 @@ GPU actor runs again it gives back what its engines held (`GpuActor.recover`), s
 request still gets exactly one result. More crashes than the policy allows, or an HTTP port
 that cannot be bound, make the worker drain and exit non-zero (`exit_code`).
 
-`drain()` (SIGTERM/SIGINT, a `Drain` command): stop fetching, let in-flight work finish within
-`shutdown_timeout_s`, fail what is left with `shutting_down`, commit, close.
+`drain()` (SIGTERM/SIGINT, a `Drain` command, the memory guard): stop fetching, let in-flight
+work finish within `shutdown_timeout_s`, fail what is left with `shutting_down`, commit, close.
+`engine_stalled()` (the watchdog): not live; leave without waiting for the hung engine (what
+it held stays uncommitted, for the partitions' next owners); exit non-zero.
 Mailbox: `VerifiedCommand`s from the control actor.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -85,12 +87,14 @@ class Supervisor(Actor[VerifiedCommand]):
         models_dir: Path | None = None,
         aliases: AliasResolver | None = None,
         on_restart: Callable[[str], None] | None = None,
+        guards: Sequence[Child] = (),
     ) -> None:
         """`mailbox`: where the control actor sends verified commands. `control`: the
         `ControlActor` (commands in, events out), `cancel`: the cancel topic's reader, `http`:
         the health and metrics server, `broker_watch`: whether the cluster answers; all
         optional. `health`: what the readiness probe reads (the supervisor marks it).
-        `models_dir`/`aliases`: where swaps may load from."""
+        `models_dir`/`aliases`: where swaps may load from. `guards`: the watchdog and the
+        memory guard (`actors.guards`), run beside the actors until the end."""
         super().__init__("supervisor", mailbox or Mailbox(self.MAILBOX_SIZE))
         self.config = config
         self.ingest, self.gpu, self.emitter = ingest, gpu, emitter
@@ -100,6 +104,7 @@ class Supervisor(Actor[VerifiedCommand]):
         self.models_dir = models_dir
         self.aliases = aliases
         self.on_restart = on_restart
+        self.guards = tuple(guards)
         self.policy = RestartPolicy(config.max_restarts, config.restart_window_s)
         self.exit_code = 0
         self.given_up: set[str] = set()  # children that crashed too often to restart
@@ -125,6 +130,15 @@ class Supervisor(Actor[VerifiedCommand]):
             log.info("worker_draining", reason=reason, timeout_s=self.config.shutdown_timeout_s)
         self._drain.set()
 
+    def engine_stalled(self, reason: str) -> None:
+        """The engine is hung (the watchdog's `reason`): `/healthz` answers 503; the worker
+        stops fetching and leaves its group without waiting for the engine (the GPU actor is
+        given up, so nothing it held is committed: its records go to the partitions' next
+        owners), then exits 1."""
+        self.health.stalled = reason
+        self.given_up.add("gpu")
+        self._give_up(f"engine hung: {reason}")
+
     # -- the worker's life ---------------------------------------------------------------
 
     async def run(self) -> None:
@@ -137,6 +151,7 @@ class Supervisor(Actor[VerifiedCommand]):
             children.append(self.http)
         if self.broker_watch is not None:
             children.append(self.broker_watch)
+        children += self.guards
         async with asyncio.TaskGroup() as tg:
             tasks = {c.name: tg.create_task(self._supervise(c), name=c.name) for c in children}
             commands = tg.create_task(self._commands(), name="commands")
@@ -182,7 +197,7 @@ class Supervisor(Actor[VerifiedCommand]):
 
     async def _stop_children(self, tasks: dict[str, asyncio.Task[None]]) -> None:
         """Ingest first (stop fetching, wait for outcomes), then GPU, emitter, control, cancel,
-        HTTP, broker watch."""
+        HTTP, broker watch, guards."""
         ingesting, stepping, emitting = tasks["ingest"], tasks["gpu"], tasks["emitter"]
         self.ingest.stop()
         if self.given_up & {"ingest", "gpu", "emitter"}:
@@ -208,7 +223,7 @@ class Supervisor(Actor[VerifiedCommand]):
                 failed_on_shutdown=self.gpu.failed_on_shutdown,
             )
         )
-        for child in (self.control, self.cancel, self.http, self.broker_watch):
+        for child in (self.control, self.cancel, self.http, self.broker_watch, *self.guards):
             if child is not None:
                 child.stop()
                 await tasks[child.name]

@@ -6,6 +6,8 @@
     control ──VerifiedCommand──► supervisor ──SwapOrder──► gpu;  events ◄── every actor
     cancel ──Cancel──► ingest ──Cancel──► gpu   (a request cancelled wherever it is held)
     broker watch ──reachable──► health ◄── /readyz
+    engine thread ──steps──► watchdog ──stalled──► supervisor, health ◄── /healthz
+    memory guard ──over --max-rss──► supervisor (drain)
 
 The mailboxes are made first; each actor gets its own and the addresses it sends to through
 its constructor (nothing is wired afterwards), so the circles above need no back-references.
@@ -13,7 +15,8 @@ its constructor (nothing is wired afterwards), so the circles above need no back
 `drain()` (SIGTERM/SIGINT, via the CLI) stops fetching and lets in-flight work finish within
 `shutdown_timeout_s`; what is left after that is failed with `shutting_down`. Then offsets are
 committed and the clients closed. `run()` returns once everything has stopped; `exit_code`
-then says whether the worker ended cleanly (0) or gave up (1).
+then says whether the worker ended cleanly (0) or gave up (1); `engine_busy` whether a step
+is still running on the engine thread (hung: the process must not wait for it to exit).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from actors.emitter import EmitterActor
 from actors.emitter import Mail as EmitterMail
 from actors.faults import Faults
 from actors.gpu_actor import GpuActor
+from actors.guards.memory_guard import MemoryGuard
+from actors.guards.step_progress import StepProgress
+from actors.guards.watchdog import Watchdog
 from actors.health import Health
 from actors.http_server import HttpServer
 from actors.in_flight import EngineLike
@@ -105,6 +111,7 @@ class Worker:
             on_step=(lambda out: metrics.observe_step(out.stats)) if metrics else None,
             streaming=config.streaming,
             on_cancel=metrics.observe_cancel if metrics else None,
+            progress=StepProgress(config.watchdog_floor_s, config.watchdog_step_multiple),
         )
         self.ingest = IngestActor(
             config,
@@ -121,7 +128,13 @@ class Worker:
         self.broker_watch = BrokerWatch(config.kafka)  # readiness says when the broker is away
         health = Health(self.ingest, self.gpu, self.control, self.broker_watch, cancel=self.cancel)
         http = (
-            HttpServer(config.http_host, config.http_port, health.readiness, self.scrape)
+            HttpServer(
+                config.http_host,
+                config.http_port,
+                health.readiness,
+                self.scrape,
+                live=health.liveness,
+            )
             if config.http_port is not None
             else None
         )
@@ -139,7 +152,32 @@ class Worker:
             models_dir=Path(config.models_dir) if config.models_dir else None,
             aliases=aliases,
             on_restart=metrics.child_restarted if metrics else None,
+            guards=self._guards(metrics),
         )
+
+    def _guards(self, metrics: WorkerMetrics | None) -> tuple[Watchdog, MemoryGuard]:
+        def stalled(reason: str) -> None:
+            if metrics is not None:
+                metrics.engine_stalled()
+            linger = self.gpu.faults.stall_linger_s  # test-only: 0 unless a test asks
+            if linger > 0:
+                self.supervisor.health.stalled = reason
+                loop = asyncio.get_running_loop()
+                loop.call_later(linger, self.supervisor.engine_stalled, reason)
+            else:
+                self.supervisor.engine_stalled(reason)
+
+        watchdog = Watchdog(
+            self.gpu.progress,
+            stalled,
+            on_check=metrics.observe_engine_progress if metrics else None,
+        )
+        memory = MemoryGuard(
+            self.config.max_rss,
+            lambda reason: self.supervisor.drain(reason),
+            on_sample=metrics.observe_rss if metrics else None,
+        )
+        return watchdog, memory
 
     @property
     def started(self) -> asyncio.Event:
@@ -148,6 +186,11 @@ class Worker:
     @property
     def exit_code(self) -> int:
         return self.supervisor.exit_code
+
+    @property
+    def engine_busy(self) -> bool:
+        """A step is running on the engine thread (after `run()`: one that never returned)."""
+        return self.gpu.progress.running_since is not None
 
     def drain(self) -> None:
         """Begin a graceful shutdown. Safe to call more than once, from a signal handler too."""

@@ -252,6 +252,34 @@ class WorkerMetrics:
 
         self.speculative = SpeculativeMetrics(r)
 
+        # The guards (actors/guards). RSS itself is tokenmill_process_resident_memory_bytes.
+        self.step_running = Gauge(
+            "tokenmill_engine_step_running_seconds",
+            "How long the engine's current step has run (0 between steps), at the watchdog's "
+            "last look.",
+            registry=r,
+        )
+        self.stall_bound = Gauge(
+            "tokenmill_engine_stall_bound_seconds",
+            "How long a step may run before the watchdog counts the engine as hung.",
+            registry=r,
+        )
+        self.engine_stalls = Counter(
+            "tokenmill_engine_stalls",
+            "Hung engine steps the watchdog found (the worker then leaves its group, exits 1).",
+            registry=r,
+        )
+        self.rss_growth = Gauge(
+            "tokenmill_rss_growth_bytes_per_second",
+            "How fast the resident set grew over the last minute (negative: it shrank).",
+            registry=r,
+        )
+        self.max_rss = Gauge(
+            "tokenmill_max_rss_bytes",
+            "--max-rss: past it the worker drains and exits 0 (0: no limit).",
+            registry=r,
+        )
+
         # Known label values start at 0, so rate() sees the first increment.
         for reason in get_args(FlushReason):
             self.bucket_flushes.labels(reason)
@@ -354,6 +382,20 @@ class WorkerMetrics:
             device = f"nvml:{gpu.index}"
             self.gpu_utilization.labels(device).set(gpu.gpu)
             self.gpu_memory_bandwidth_utilization.labels(device).set(gpu.memory_bandwidth)
+
+    def observe_engine_progress(self, running_s: float, bound_s: float) -> None:
+        """The watchdog's look: the current step's age, and the bound it is held to."""
+        self.step_running.set(running_s)
+        self.stall_bound.set(bound_s)
+
+    def engine_stalled(self) -> None:
+        self.engine_stalls.inc()
+
+    def observe_rss(self, growth_bytes_per_s: float, limit: int | None) -> None:
+        """The memory guard's sample: the resident set's growth rate, and its limit if any."""
+        self.rss_growth.set(growth_bytes_per_s)
+        if limit is not None:
+            self.max_rss.set(limit)
 
     def child_restarted(self, child: str) -> None:
         self.child_restarts.labels(child).inc()

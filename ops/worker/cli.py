@@ -106,8 +106,22 @@ def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
         asyncio.run(_serve(service, signals))
     finally:
         shutdown_worker_tracing(tracing)
+    if service.engine_busy:  # a hung step: the interpreter's exit would join its thread forever
+        _exit_now(service.exit_code or 1)
     if service.exit_code:
         raise SystemExit(service.exit_code)
+
+
+def _exit_now(code: int) -> None:
+    """End the process without joining threads; what was logged is flushed first."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _refuse_unusable_kafka(kafka: KafkaConnection) -> None:

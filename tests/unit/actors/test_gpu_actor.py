@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
+from actors.faults import Faults
 from actors.gpu_actor import GpuActor
+from actors.guards.step_progress import StepProgress
+from actors.guards.watchdog import Watchdog
 from actors.mail import Admitted, Batch, Outcome, RecordRef
 from actors.runtime import Actor
 from actors.telemetry.trace_context import TraceContext
@@ -129,3 +133,41 @@ async def test_stop_fails_what_is_left_with_shutting_down(engine: Engine) -> Non
     outcomes = await collector.outcomes(6)
     assert {o.result.error.code for o in outcomes} == {ErrorCode.SHUTTING_DOWN}
     assert not engine.has_work()
+
+
+class Gate(threading.Event):
+    """A hung step's `unhang`: says when the engine thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        return super().wait(timeout)
+
+
+async def test_a_hung_step_shows_in_its_progress_until_it_returns(engine: Engine) -> None:
+    """`hang_step_after=1`: the second step hangs on the engine thread; the watchdog, looking
+    past the bound, finds it; once released, the request is answered as usual."""
+    faults = Faults(hang_step_after=1)
+    faults.unhang = gate = Gate()
+    progress = StepProgress(floor_s=1.0, multiple=10.0)
+    collector = Collector()
+    actor = GpuActor(engine, collector, "w1", faults=faults, progress=progress)
+    task = asyncio.create_task(actor.run())
+    try:
+        await actor.send(Batch(bucket=32, items=[item("h", 4)], tokens=3, reason="size"))
+        assert await asyncio.to_thread(gate.entered.wait, 60)  # a hang bound only
+        assert progress.steps == 1 and progress.running_since is not None
+        stalls: list[str] = []
+        later = Watchdog(progress, stalls.append, clock=lambda: time.monotonic() + 1000)
+        assert Watchdog(progress, stalls.append).check() is None, "not yet past the bound"
+        assert later.check() is not None and len(stalls) == 1
+    finally:
+        faults.unhang.set()
+    (outcome,) = await collector.outcomes(1)
+    actor.stop()
+    await task
+    assert outcome.result.error is None and len(outcome.result.token_ids) == 4
+    assert progress.running_since is None and progress.steps >= 4

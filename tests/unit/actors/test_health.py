@@ -81,3 +81,16 @@ def test_not_ready_before_the_broker_was_probed() -> None:
     flags = Flags()
     ready, details = Health(flags, flags, flags, Watch(reachable=False)).readiness()
     assert not ready and details["kafka"] == "not probed yet"
+
+
+def test_live_until_the_engine_is_found_hung_then_not_with_the_reason() -> None:
+    flags = Flags()
+    health = Health(flags, flags, flags)
+    assert health.liveness() == (True, {"status": "ok"})
+    health.draining = True
+    assert health.liveness()[0], "a drain is not a reason to be restarted"
+    health.stalled = "engine step running for 31.0 s, over its bound of 30.0 s"
+    assert health.liveness() == (
+        False,
+        {"status": "stalled", "reason": "engine step running for 31.0 s, over its bound of 30.0 s"},
+    )

@@ -109,6 +109,17 @@ async def test_healthz_answers_ok_and_closes_the_connection() -> None:
         assert int(headers["Content-Length"]) == len(body)
 
 
+async def test_healthz_is_503_with_the_reason_once_not_live() -> None:
+    live: list[tuple[bool, dict[str, object]]] = [(True, {"status": "ok"})]
+    server = HttpServer("127.0.0.1", 0, Probe().readiness, Probe().metrics, live=lambda: live[-1])
+    async with serving(server):
+        assert (await fetch(server, "/healthz"))[0] == 200
+        live.append((False, {"status": "stalled", "reason": "engine step running for 9 s"}))
+        status, headers, body = await fetch(server, "/healthz")
+        assert status == 503 and headers["Content-Type"] == "application/json"
+        assert json.loads(body) == {"status": "stalled", "reason": "engine step running for 9 s"}
+
+
 async def test_readyz_is_503_until_ready_then_200_with_the_details() -> None:
     probe = Probe()
     async with serving(make_server(probe)) as server:

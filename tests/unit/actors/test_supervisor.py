@@ -123,8 +123,11 @@ class FakeControl(FakeChild):
 
 
 class Rig:
-    def __init__(self, max_restarts: int = 3, **crashes: list[Exception]) -> None:
+    def __init__(
+        self, max_restarts: int = 3, guards: tuple[str, ...] = (), **crashes: list[Exception]
+    ) -> None:
         self.log: list[str] = []
+        self.guards = [FakeChild(name, self.log) for name in guards]
         self.ingest = FakeIngest("ingest", self.log, crashes.get("ingest"))
         self.gpu = FakeGpu("gpu", self.log, crashes.get("gpu"))
         self.emitter = FakeEmitter("emitter", self.log, crashes.get("emitter"))
@@ -142,10 +145,12 @@ class Rig:
             control=cast(Any, self.control),
             http=cast(Any, self.http),
             on_restart=self.restarted.append,
+            guards=cast(Any, self.guards),
         )
         # The same limit, without the pauses between restarts.
         self.supervisor.policy = RestartPolicy(max_restarts, 60.0, initial_backoff_s=0.0)
         self.children = [self.ingest, self.gpu, self.emitter, self.control, self.http]
+        self.children += self.guards
 
     async def all_up(self) -> None:
         for child in self.children:
@@ -257,3 +262,30 @@ async def test_an_http_port_that_cannot_be_bound_stops_the_worker_without_a_rest
     assert rig.supervisor.exit_code == 1
     assert "cannot serve HTTP" in rig.control.of(WorkerDraining)[0].reason
     assert "returned emitter" in rig.log, "the core drains normally"
+
+
+async def test_a_hung_engine_leaves_without_waiting_for_it_not_live_and_non_zero() -> None:
+    rig = Rig(guards=("watchdog", "memory_guard"))
+    running = asyncio.create_task(rig.supervisor.run())
+    await rig.all_up()
+    reason = "engine step running for 31.0 s, over its bound of 30.0 s"
+    rig.supervisor.engine_stalled(reason)
+    await running
+    assert rig.supervisor.health.liveness() == (False, {"status": "stalled", "reason": reason})
+    assert rig.supervisor.exit_code == 1 and rig.supervisor.given_up == {"gpu"}
+    assert rig.ingest.cancelled and rig.gpu.cancelled, "neither is waited for: nothing answered"
+    assert "returned emitter" in rig.log, "what was answered reaches the broker"
+    assert "engine hung" in rig.control.of(WorkerDraining)[0].reason
+    assert all(g.stopping.is_set() and f"returned {g.name}" in rig.log for g in rig.guards)
+
+
+async def test_the_guards_run_beside_the_actors_and_stop_last_on_a_drain() -> None:
+    rig = Rig(guards=("watchdog", "memory_guard"))
+    running = asyncio.create_task(rig.supervisor.run())
+    await rig.all_up()
+    rig.supervisor.drain("resident memory 9 bytes is over --max-rss 8")
+    await running
+    stops = [line for line in rig.log if line.startswith("stop")]
+    assert stops[-2:] == ["stop watchdog", "stop memory_guard"]
+    assert rig.supervisor.exit_code == 0 and rig.supervisor.health.liveness()[0]
+    assert "--max-rss" in rig.control.of(WorkerDraining)[0].reason

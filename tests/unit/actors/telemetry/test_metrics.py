@@ -312,3 +312,19 @@ def test_send_failures_are_counted_by_what_followed() -> None:
     text = metrics.render().decode()
     assert 'tokenmill_send_failures_total{action="retried"} 2.0' in text
     assert 'tokenmill_send_failures_total{action="answered"} 1.0' in text
+
+
+def test_the_guards_export_the_step_age_its_bound_stalls_and_the_rss_growth() -> None:
+    metrics = WorkerMetrics()
+    s = scrape(metrics)
+    assert value(s, "tokenmill_engine_stalls_total") == 0
+    assert value(s, "tokenmill_max_rss_bytes") == 0, "no limit"
+    metrics.observe_engine_progress(2.5, 30.0)
+    metrics.engine_stalled()
+    metrics.observe_rss(1.5e6, 8 << 30)
+    s = scrape(metrics)
+    assert value(s, "tokenmill_engine_step_running_seconds") == 2.5
+    assert value(s, "tokenmill_engine_stall_bound_seconds") == 30.0
+    assert value(s, "tokenmill_engine_stalls_total") == 1
+    assert value(s, "tokenmill_rss_growth_bytes_per_second") == 1.5e6
+    assert value(s, "tokenmill_max_rss_bytes") == 8 << 30

@@ -251,6 +251,30 @@ def test_former_watermark_flags_still_work() -> None:
     assert new.watermarks == config.watermarks
 
 
+def test_the_guards_settings_come_from_flags_env_and_toml(tmp_path: Path) -> None:
+    defaults = config_of()
+    assert (defaults.watchdog_floor_s, defaults.watchdog_step_multiple) == (30.0, 10.0)
+    assert defaults.max_rss is None, "no memory limit unless asked"
+    flags = config_of("--watchdog-floor-s", "2", "--watchdog-step-multiple", "4",
+                      "--max-rss", str(8 << 30))  # fmt: skip
+    assert (flags.watchdog_floor_s, flags.watchdog_step_multiple, flags.max_rss) == (
+        2.0,
+        4.0,
+        8 << 30,
+    )
+    assert config_of(env={"TOKENMILL_MAX_RSS": "1000"}).max_rss == 1000
+    toml = write_toml(tmp_path, "watchdog_floor_s = 5\nmax_rss = 2000\n")
+    from_file = config_of("--config", toml)
+    assert (from_file.watchdog_floor_s, from_file.max_rss) == (5.0, 2000)
+    for args, message in [
+        (["--watchdog-floor-s", "0"], "watchdog_floor_s must be positive"),
+        (["--watchdog-step-multiple", "-1"], "watchdog_step_multiple must be positive"),
+        (["--max-rss", "0"], "max_rss must be positive"),
+    ]:
+        result = run(*args)
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_off_values() -> None:
     """`--http-port -1`, `--control-topic ''`: the setting is off (None)."""
     config = config_of("--http-port", "-1", "--control-topic", "", "--group-instance-id", "")
