@@ -89,6 +89,14 @@ class WorkerConfig:
     shutdown_timeout_s: float = field(
         default=30.0, metadata={"help": "Seconds to drain.", "old": "shutdown_timeout"}
     )
+    handoff_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "On a rebalance, how long to wait for the answers of what is in flight on "
+            "the partitions given up before committing them (what is not answered by then is "
+            "answered again by the next owner)."
+        },
+    )
     bucket_boundaries: tuple[int, ...] | None = field(
         default=None,
         metadata={
@@ -269,6 +277,7 @@ class WorkerConfig:
             "fetch_max_records": self.fetch_max_records,
             "commit_interval_s": self.commit_interval_s,
             "shutdown_timeout_s": self.shutdown_timeout_s,
+            "handoff_timeout_s": self.handoff_timeout_s,
             "max_batch_tokens": self.max_batch_tokens,
             "max_batch_size": self.max_batch_size,
             "emit_max_in_flight": self.emit_max_in_flight,

@@ -10,6 +10,10 @@ whether the group still counts this member in. It is the ingest's `Partitions` h
     await ledger.commit_loop()                     # now and then
     await ledger.wait_quiet(); await ledger.commit_assigned(release=True)   # a drain's end
 
+Rebalances: a revocation is a clean hand-off. Nothing more of the partitions runs, what is in
+flight on them is waited for (bounded: `handoff_timeout_s`), then what was answered is
+committed; only what is still unanswered then is answered again by the next owner.
+
 Commits go through the `Committer` (offsets the `OffsetTracker` allows, with the `CrashGuard`'s
 metadata). A rebalance commits what is done on the partitions given up, and reads the last
 commits of those taken over (the crash guard's suspects).
@@ -39,6 +43,7 @@ again (`answered_already`). A partition whose lane cannot be opened stops the in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 
@@ -73,6 +78,7 @@ class Ledger:
         answered once: the emitter's lanes know what was answered)."""
         self.reader = reader
         self.commit_interval_s = config.commit_interval_s
+        self.handoff_timeout_s = config.handoff_timeout_s
         self.tracker = OffsetTracker()
         self.guard = CrashGuard(config.max_record_crashes)
         self.transactions = transactions
@@ -119,6 +125,7 @@ class Ledger:
             self._assigning = False
 
     async def revoked(self, consumer: Consumer, revoked: set[TopicPartition]) -> None:
+        await self._hand_off(revoked)
         await self.committer.commit(consumer, revoked, self.fetched_to, release=True)
         if self.transactions is not None:
             await self.transactions.hand_off(revoked)
@@ -127,6 +134,20 @@ class Ledger:
         self.committer.forget(revoked)
         for tp in revoked:
             self.fetched_to.pop(tp, None)
+
+    async def _hand_off(self, revoked: set[TopicPartition]) -> None:
+        """A clean hand-off: nothing more of `revoked` is read (the generation moved), and what
+        is in flight on them is waited for, up to `handoff_timeout_s`, so that the commit that
+        lets them go counts every answer given (else their next owner answers it again)."""
+        deadline = time.monotonic() + self.handoff_timeout_s
+        waited = self.tracker.waiting(revoked)
+        while (left := self.tracker.waiting(revoked)) and (rest := deadline - time.monotonic()) > 0:
+            self._delivered.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._delivered.wait(), rest)
+        if waited:
+            log.info("handoff_waited", partitions=names(revoked), in_flight=waited,
+                     unanswered=left)  # fmt: skip
 
     # -- fetching ----------------------------------------------------------------------------
 

@@ -153,10 +153,15 @@ class OffsetTracker:
         state = self._partitions.get(tp)
         return 0 if state is None else len(state.open)
 
-    def waiting(self) -> int:
+    def waiting(self, tps: Iterable[TopicPartition] | None = None) -> int:
         """Offsets tracked and not done, less the blocked ones: those whose work is still on its
-        way (what a drain waits for)."""
-        return sum(len(state.open) - len(state.blocked) for state in self._partitions.values())
+        way (what a drain waits for), of `tps` or of every partition."""
+        states = (
+            self._partitions.values()
+            if tps is None
+            else [s for tp in tps if (s := self._partitions.get(tp)) is not None]
+        )
+        return sum(len(state.open) - len(state.blocked) for state in states)
 
     def blocked(self) -> dict[TopicPartition, list[int]]:
         """The blocked offsets (see `block`), ascending, of each partition that has any."""
