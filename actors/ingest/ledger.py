@@ -34,9 +34,9 @@ fetched. A slow loop on a live event loop costs that one commit.
 Exactly-once (`transactions`, with `--exactly-once`): the emitter writes the commits, in each
 partition's transaction. An assignment first has the emitter open the partitions' lanes
 (fencing their last owners), then reads their last commits and seeks to them (aiokafka may
-have read them before the fencing), and hands them to the lanes; what is fetched meanwhile
-is dropped (read again from there). Records the last commit names answered are not run
-again (`answered_already`). A partition whose lane cannot be opened stops the ingest
+have read them before the fencing), and hands them to the lanes; the partitions stay paused
+meanwhile, so nothing of them is handed out before. Records the last commit names answered
+are not run again (`answered_already`). A partition whose lane cannot be opened stops the ingest
 (`KafkaError`): the restart rejoins the group.
 """
 
@@ -88,7 +88,6 @@ class Ledger:
             headroom=config.fetch_max_records,
             write=transactions.write if transactions is not None else None,
         )
-        self._assigning = False  # exactly-once: fetches are dropped until the lanes start
         self._unfenced: set[TopicPartition] = set()  # exactly-once: lanes that did not open
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._stall_s = config.session_timeout_ms / 3000
@@ -108,7 +107,10 @@ class Ledger:
         if self.transactions is None:
             await self.committer.take_over(consumer, assigned)
             return
-        self._assigning = True
+        # Nothing of them is handed out until their lanes start: aiokafka may have read their
+        # commits before the fencing ended the last owner's transaction (a paused partition's
+        # fetched records are not handed out, and its position stays where it was).
+        consumer.pause(*assigned)
         try:
             self._unfenced |= await self.transactions.take_over(assigned)
             await self.committer.take_over(consumer, assigned)
@@ -122,7 +124,7 @@ class Ledger:
                 if offset is not None:
                     consumer.seek(tp, offset)
         finally:
-            self._assigning = False
+            consumer.resume(*assigned)  # the ingest pauses them again under backpressure
 
     async def revoked(self, consumer: Consumer, revoked: set[TopicPartition]) -> None:
         await self._hand_off(revoked)
@@ -166,7 +168,7 @@ class Ledger:
         self._fetched_at = now
         if self._unfenced:
             raise KafkaError(f"exactly-once: no transactional producer for {names(self._unfenced)}")
-        if not fetched or self._assigning:
+        if not fetched:
             return False
         stalled, self._stalled = self._stalled, False
         if self._fenced == generation:

@@ -15,7 +15,8 @@ of it (an older worker) sees only the crash guard's part and answers those recor
 
 Kafka keeps at most `offset.metadata.max.bytes` (4096 by default) of metadata per partition:
 `fits()` says whether a set still fits, and the emitter holds a result back (until the commit
-point catches up) rather than write more than that.
+point catches up) rather than write more than that. The result at the commit point itself is
+never held back (`RESERVE` is kept for it): it is what lets the commit point move on.
 
 Pure logic, no I/O.
 """
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator
 
 SEPARATOR = " answered "
 MAX_METADATA_CHARS = 4000  # under Kafka's default offset.metadata.max.bytes (4096)
+RESERVE = 64  # kept for the offset at the commit point (see `fits`)
 
 
 class AnsweredOffsets:
@@ -148,6 +150,6 @@ def split(metadata: str | None, base: int | None) -> tuple[str, AnsweredOffsets]
         return guard, AnsweredOffsets()
 
 
-def fits(guard_metadata: str, answered: AnsweredOffsets, base: int) -> bool:
-    """Whether `join(...)` stays within what Kafka keeps."""
-    return len(join(guard_metadata, answered, base)) <= MAX_METADATA_CHARS
+def fits(guard_metadata: str, answered: AnsweredOffsets, base: int, *, room: int = 0) -> bool:
+    """Whether `join(...)` stays within what Kafka keeps, with `room` characters to spare."""
+    return len(join(guard_metadata, answered, base)) <= MAX_METADATA_CHARS - room

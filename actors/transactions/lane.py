@@ -54,7 +54,7 @@ from actors.emit.dead_letters import trimmed_dead_letter
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, send
 from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
-from actors.transactions.answered import AnsweredOffsets, fits, join
+from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
 
 log = structlog.get_logger("tokenmill.transactions")
 
@@ -112,6 +112,9 @@ class Lane:
         self._wakeup = asyncio.Event()
         self._dirty = False  # the commit point or its metadata changed since the last commit
         self._releasing = False  # a release was asked for: close after its transaction
+        # What waits does not fit the commit's metadata: nothing goes until the commit point
+        # moves (a commit request) and makes room.
+        self._full = False
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -194,7 +197,7 @@ class Lane:
         interval = self.config.transaction_interval_ms / 1000
         while True:
             ready = self._ready_offsets()
-            if self.requests or (ready and self.base is not None) or self.dead:
+            if self.requests or (ready and self.base is not None and not self._full) or self.dead:
                 return
             timeout = interval
             if self.blocked_until and not ready:
@@ -212,6 +215,8 @@ class Lane:
     async def _transaction(self) -> None:
         """One transaction: the waiting outcomes that fit, then the offset; reports on commit."""
         requests, self.requests = self.requests, []
+        if requests:
+            self._full = False  # the commit point may move: room again
         try:
             for request in requests:
                 if self.base is None or request.offset >= self.base:
@@ -260,9 +265,13 @@ class Lane:
         batch = []
         for offset in self._ready_offsets():
             answered.add(offset)
-            if not fits(self.guard_metadata, answered, self.base):
+            # The record at the commit point always goes (RESERVE is kept for it): once it
+            # is answered the commit point moves, and the metadata shrinks.
+            room = 0 if offset == self.base else RESERVE
+            if not fits(self.guard_metadata, answered, self.base, room=room):
                 answered = AnsweredOffsets(o for o in answered if o != offset)
                 self.hooks.count("metadata_full")
+                self._full = True
                 break
             batch.append(offset)
         answered.prune_below(self.base)

@@ -109,9 +109,10 @@ def engine(**kwargs: Any) -> None:
 
 @bench.command("pipeline")
 @engine_options
-@_opt("--only", type=click.Choice(["throughput", "latency", "ceiling", "tracing"]), multiple=True,
-      text="Run only this section (repeatable); default: the first three. tracing: workers with "
-      "tracing off and on (sampled at 1.0, into a Jaeger started for the run).")  # fmt: skip
+@_opt("--only", type=click.Choice(["throughput", "latency", "ceiling", "tracing", "exactly_once"]),
+      multiple=True, text="Run only this section (repeatable); default: the first three. "
+      "tracing: workers with tracing off and on (sampled at 1.0, into a Jaeger started for the "
+      "run). exactly_once: echo workers without and with --exactly-once.")  # fmt: skip
 @kafka_options
 @_int("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_workload_options
@@ -127,6 +128,8 @@ def engine(**kwargs: Any) -> None:
 @_int("--tracing-model-requests", 48, "Tracing: requests per run to a worker on the model (0: "
       "echo only).", low=0)  # fmt: skip
 @_int("--tracing-rounds", 3, "Tracing: rounds of an untraced and a traced run.")
+@_int("--exactly-once-requests", 5000, "Exactly-once: echo requests per flood.")
+@_int("--exactly-once-rounds", 3, "Exactly-once: rounds of a run without and one with it.")
 @_int("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
 @_report_options
 def pipeline(**kwargs: Any) -> None:

@@ -31,8 +31,9 @@ from ops.models.engine_options import EngineChoice, build_engine
 from ops.models.registry import resolve_model
 from ops.worker.echo_engine import EchoEngine, load_echo_model
 
-SECTIONS = ("throughput", "latency", "ceiling", "tracing")
-DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")  # tracing: on request (--only tracing)
+SECTIONS = ("throughput", "latency", "ceiling", "tracing", "exactly_once")
+# tracing and exactly_once: on request (--only tracing, --only exactly_once)
+DEFAULT_SECTIONS = ("throughput", "latency", "ceiling")
 WARM_UP_REQUESTS = 16  # the model sections' unmeasured first batch, on both paths
 MAX_LIGHT_RATE = 2.0  # requests/s
 
@@ -53,6 +54,8 @@ class PipelineOptions:
     tracing_requests: int = 5_000  # per run; runs alternate off, on, off, on
     tracing_model_requests: int = 48  # per run to a worker on the model; 0: echo only
     tracing_rounds: int = 3  # of off and on
+    exactly_once_requests: int = 5_000  # per flood; runs alternate without and with
+    exactly_once_rounds: int = 3  # of without and with
     timeout_s: float = 600.0  # per wait for a worker's results
 
     def __post_init__(self) -> None:
@@ -294,6 +297,7 @@ async def _ceiling(r: Rig, o: PipelineOptions, report: Report) -> None:
 
 async def run_bench(o: PipelineOptions, say: Narrate = quiet) -> Report:
     """Run the chosen sections; the report (see `ops/bench/cli.py`)."""
+    from ops.bench.exactly_once import exactly_once_section
     from ops.bench.tracing import tracing_section
 
     report = Report("pipeline")
@@ -318,6 +322,8 @@ async def run_bench(o: PipelineOptions, say: Narrate = quiet) -> Report:
                 await _ceiling(r, o, report)
             if "tracing" in o.sections:
                 report["tracing"] = await tracing_section(r, o)
+            if "exactly_once" in o.sections:
+                report["exactly_once"] = await exactly_once_section(r, o)
     t, lat, c = report["throughput"], report["latency"], report["ceiling"]
     report.target("throughput_ratio_vs_direct", t.get("ratio"), 0.95)
     report.target("latency_added_p50_ms", lat.get("added_ms", {}).get("p50"), 10.0, at_most=True)
@@ -329,6 +335,12 @@ async def run_bench(o: PipelineOptions, say: Narrate = quiet) -> Report:
         report.headline("throughput", f"ratio {t['ratio']} (rounds {t['ratios']})")
     if "added_ms" in lat:
         report.headline("latency", f"added {lat['added_ms']} ms (p50 and p99)")
+    eos = report["exactly_once"]
+    if "ratio_exactly_once_vs_at_least_once" in eos:
+        ratio_eos = eos["ratio_exactly_once_vs_at_least_once"]
+        report.target("exactly_once_throughput_ratio", ratio_eos, 0.9)
+        added_eos = eos["latency_added_ms"]
+        report.headline("exactly-once", f"ratio {ratio_eos}, latency added {added_eos} ms")
     if "text_prompts" in c:
         rates = [c[k]["requests_per_s"] for k in ("prompt_token_ids", "text_prompts")]
         report.headline("ceiling", "{} req/s with token ids, {} with text".format(*rates))
