@@ -24,10 +24,17 @@ DEFAULT_CONTROL_TOPIC = "tokenmill.control"
 DEFAULT_EVENTS_TOPIC = "tokenmill.events"
 DEFAULT_CANCEL_TOPIC = "tokenmill.cancel"
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
+DEFAULT_MAX_ATTEMPTS = 3  # a request's attempts before the DLQ: the original and two retries
 # Beyond a dead letter's value (at most max_request_bytes): its key (messages.limits), the
 # original headers it keeps (DEAD_LETTER_HEADER_BYTES) and the headers saying why.
 DEAD_LETTER_HEADER_BYTES = 64 << 10
 DEAD_LETTER_ROOM = 128 << 10
+
+
+def retry_topic(requests_topic: str, retry: int) -> str:
+    """The topic of a request's `retry`-th retry (its attempt `retry + 1`), Spring Kafka's way:
+    `tokenmill.requests.retry.1` for the second attempt."""
+    return f"{requests_topic}.retry.{retry}"
 
 
 def default_worker_id() -> str:
@@ -221,6 +228,21 @@ class WorkerConfig:
     restart_window_s: float = field(
         default=60.0, metadata={"help": "The window's seconds.", "old": "restart_window"}
     )
+    max_attempts: int = field(
+        default=DEFAULT_MAX_ATTEMPTS,
+        metadata={
+            "help": "Attempts of a request that fails for a transient reason (engine_error, "
+            "shutting_down) before it is dead-lettered; each retry goes through "
+            "`<requests topic>.retry.<N>` (created by `tokenmill topics create`). 1: no retries."
+        },
+    )
+    retry_backoff_ms: float = field(
+        default=1000.0,
+        metadata={
+            "help": "How long the first retry waits before it runs; each further one waits "
+            "twice the one before."
+        },
+    )
     max_record_crashes: int = field(
         default=3,
         metadata={
@@ -271,6 +293,11 @@ class WorkerConfig:
             return self.max_message_bytes
         return max(DEFAULT_MAX_MESSAGE_BYTES, self.max_request_bytes + DEAD_LETTER_ROOM)
 
+    @property
+    def retry_topics(self) -> tuple[str, ...]:
+        """The retry topics the ingest reads and the emitter writes: one per retry."""
+        return tuple(retry_topic(self.requests_topic, n) for n in range(1, self.max_attempts))
+
     def __post_init__(self) -> None:
         positive = {
             "max_request_bytes": self.max_request_bytes,
@@ -282,6 +309,7 @@ class WorkerConfig:
             "max_batch_size": self.max_batch_size,
             "emit_max_in_flight": self.emit_max_in_flight,
             "max_record_crashes": self.max_record_crashes,
+            "max_attempts": self.max_attempts,
             "delivery_timeout_ms": self.delivery_timeout_ms,
             "transaction_interval_ms": self.transaction_interval_ms,
             "transaction_timeout_ms": self.transaction_timeout_ms,
@@ -299,6 +327,8 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be positive, got {value}")
         if not 0.0 <= self.log_sample_rate <= 1.0:
             raise ValueError(f"log_sample_rate must be within [0, 1], got {self.log_sample_rate}")
+        if self.retry_backoff_ms < 0:
+            raise ValueError(f"retry_backoff_ms must be ≥ 0, got {self.retry_backoff_ms}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be ≥ 0, got {self.max_wait_ms}")
         if not self.group:

@@ -44,7 +44,14 @@ reported delivered once its transaction commits (chunks stay on the plain produc
 read_committed reader sees them as they come). One whose partition was handed off or fenced
 is reported `Dropped`: the partition's owner answers its record.
 
-Its parts are in `actors.emit`: records, planning, chunks, delivery, dead letters.
+A request that failed for a transient reason before its last attempt (`--max-attempts`) is
+not answered: its outcome's record is the request, for its next retry topic, sent and
+acknowledged (and with `--exactly-once` committed) as a result would be, and then reported
+delivered (its offset is done: the retry topic holds it now). The retry topics are checked at
+the first start too (`actors.emit.retry_topics`): without them, such a request is
+dead-lettered at once.
+
+Its parts are in `actors.emit`: records, planning, retries, chunks, delivery, dead letters.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from actors.emit.dead_letters import DeadLetterTopic
 from actors.emit.delivery import Delivery
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, SentChunk, acknowledged, send
+from actors.emit.retry_topics import RetryTopics
 from actors.kafka.broker_wait import started
 from actors.mail import (
     CommitOffsets,
@@ -120,6 +128,8 @@ class EmitterActor(Actor[Mail]):
         self.blocked: dict[int, RecordRef] = {}
         self.dead_letters_abandoned = 0  # blocked ones given up at stop (left uncommitted)
         self._dlq = DeadLetterTopic()
+        self.retry_topics = RetryTopics()
+        self.retries_sent = 0  # requests sent to a retry topic for another attempt
         self.lanes = Lanes(
             config,
             self.planner,
@@ -173,6 +183,7 @@ class EmitterActor(Actor[Mail]):
         try:
             # Once, at the first start: `KafkaUnusable` unless this worker may write the DLQ.
             await self._dlq.check(self.config)
+            self.planner.retries_usable = await self.retry_topics.check(self.config)
             self._unconfirmed.clear()
             for sent in self.chunks.kept():
                 if not sent.confirmed and (sent.ack is None or not acknowledged(sent.ack)):
@@ -405,6 +416,9 @@ class EmitterActor(Actor[Mail]):
 
     def _delivered(self, p: Pending) -> None:
         outcome = p.outcome
+        if p.retried:  # not an answer: its request runs again
+            self._retried(p)
+            return
         p.spans.end(UndeliveredResult(p.answered) if p.answered is not None else None)
         log_outcome(
             outcome,
@@ -416,6 +430,16 @@ class EmitterActor(Actor[Mail]):
         if self.metrics is not None:
             self.metrics.observe_outcome(outcome.result, admitted=outcome.admitted)
         self.dead_letters_sent += len(p.records) - 1
+
+    def _retried(self, p: Pending) -> None:
+        outcome, record = p.outcome, p.records[0]
+        p.spans.end(None)
+        reason = outcome.result.error.code.value if outcome.result.error is not None else ""
+        log.warning("request_retried", request_id=outcome.result.id[:128], topic=record.topic,
+                    attempt=outcome.attempts.number, reason=reason)  # fmt: skip
+        self.retries_sent += 1
+        if self.metrics is not None:
+            self.metrics.retried(reason)
 
     def _chunk_sent(self) -> None:
         self.chunks_sent += 1

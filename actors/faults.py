@@ -9,7 +9,10 @@ at once when it admits request ID (a crash no handler sees); `hang_step_after=N`
 would (the watchdog's case), and `stall_linger_s=N` has the worker answer `/healthz` 503 for N
 seconds before it leaves (so a test's probe sees it: leaving takes milliseconds);
 `leak_mb_per_step=N` keeps N MiB more resident after every step
-(the memory guard's case). Nothing here runs in production unless that variable is set.
+(the memory guard's case); `engine_error_on=ID` fails request ID's addition to the engine
+(answered `engine_error`, a transient failure) on its first `engine_error_attempts=K`
+attempts (default: every attempt: the retries' case). Nothing here runs in production unless
+that variable is set.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Faults:
     hang_step_after: int | None = None  # the step after this many never returns
     stall_linger_s: int = 0  # seconds not live before a hung worker leaves
     leak_mb_per_step: int = 0  # MiB kept resident after every step
+    engine_error_on: str | None = None  # this request id fails in the engine...
+    engine_error_attempts: int | None = None  # ...on its first this many attempts (None: all)
     # What a hung step waits for: nothing sets it in a worker; a test may, to end the hang.
     unhang: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     _leaked: list[bytes] = field(default_factory=list, repr=False, compare=False)
@@ -48,14 +53,15 @@ class Faults:
         faults = cls()
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, _, value = part.partition("=")
-            if key == "die_on_request":
-                faults.die_on_request = value
+            if key in ("die_on_request", "engine_error_on"):
+                setattr(faults, key, value)
                 continue
             if key == "hang_step" and not value:
                 faults.hang_step_after = 0
                 continue
             if key not in ("gpu_crash_after_steps", "gpu_crashes", "hang_step_after",
-                           "stall_linger_s", "leak_mb_per_step"):  # fmt: skip
+                           "stall_linger_s", "leak_mb_per_step",
+                           "engine_error_attempts"):  # fmt: skip
                 raise ValueError(f"{ENV}: unknown fault {key!r}")
             setattr(faults, key, int(value))
         return faults
@@ -64,6 +70,14 @@ class Faults:
         """A process death with this request in flight, as a crash in native code would be."""
         if self.die_on_request is not None and request_id == self.die_on_request:
             os._exit(70)
+
+    def adding(self, request_id: str, attempt: int) -> None:
+        """Before request `request_id`'s `attempt` is added to the engine: an engine error,
+        when a test asked for one."""
+        if self.engine_error_on is None or request_id != self.engine_error_on:
+            return
+        if self.engine_error_attempts is None or attempt <= self.engine_error_attempts:
+            raise InjectedFault(f"injected engine error on attempt {attempt}")
 
     def stepping(self, step: Callable[[], T], steps: int) -> T:
         """Run one engine step on the engine thread, `steps` having run before it; it hangs

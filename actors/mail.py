@@ -35,6 +35,7 @@ from actors.ingest.model_front import ModelFront
 from actors.telemetry.span_link import SpanLink
 from actors.telemetry.trace_context import TraceContext
 from actors.transactions.answered import AnsweredOffsets
+from messages.attempts import Attempts
 from messages.chunk import GenerateChunk
 from messages.control import Command
 from messages.headers import Headers
@@ -84,6 +85,7 @@ class Admitted:
     deadline: float | None  # monotonic seconds
     batch_span: SpanLink | None = None  # the span of the batch it ran in, when traced
     model_digest: str = ""  # the model whose tokenizer made `prompt_token_ids`
+    attempts: Attempts = field(default_factory=Attempts)  # which attempt its record is
 
     @property
     def cost_tokens(self) -> int:
@@ -113,7 +115,9 @@ class DeadLetter:
 
 @dataclass(slots=True)
 class Outcome:
-    """A finished record: the result to produce and, when undecodable, its dead letter."""
+    """A finished record: the result to produce and, when undecodable, its dead letter. (One
+    that failed for a transient reason before its last attempt becomes, when planned, its
+    request for a retry topic instead: `actors.emit.planning`.)"""
 
     record: RecordRef
     result: GenerateResult
@@ -129,6 +133,7 @@ class Outcome:
     kv_blocks: int = 0  # KV-cache blocks it held when it finished
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here
     cancelled_in: CancelledIn | None = None  # where a cancel record found it
+    attempts: Attempts = field(default_factory=Attempts)  # which attempt its record was
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,21 @@ def undeliverable(
     return replace(outcome, result=result, reply_topic=results_topic, dead_letter=letter)
 
 
+def dead_lettered_after_attempts(
+    outcome: Outcome, value: bytes | None, attempts: Headers, *, max_dead_letter_bytes: int
+) -> Outcome:
+    """`outcome` (its request's last attempt failed for a transient reason) with its dead
+    letter: the request as `value`, with the attempt headers `attempts` (every failed attempt
+    in the history) before the headers saying why. Its error result is kept as it is."""
+    error = outcome.result.error
+    code = error.code if error is not None else ErrorCode.ENGINE_ERROR
+    message = error.message if error is not None else ""
+    letter = _dead_letter(outcome.record, code, message, value, attempts,
+                          max_dead_letter_bytes, worker=outcome.result.worker,
+                          stage="TASK_PUT")  # fmt: skip
+    return replace(outcome, dead_letter=letter)
+
+
 # The stage of Kafka Connect's pipeline (its `Stage` enum) where each refusal at the door
 # would have happened: in a converter when the key or value cannot become a request, in
 # KAFKA_CONSUME when the client could not read the record as sent, else in the task (a
@@ -341,6 +356,7 @@ def _admitted_outcome(
         admitted=True,
         batch_span=item.batch_span,
         request=item.request,
+        attempts=item.attempts,
         preemptions=preemptions,
         kv_blocks=kv_blocks,
     )

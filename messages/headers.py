@@ -25,6 +25,15 @@ DLQ_HEADERS_DROPPED = "tokenmill-headers-dropped"  # how many original headers (
 DLQ_KEY_DROPPED = "tokenmill-key-dropped"  # original key size (over the key limit)
 DLQ_CRASHES = "tokenmill-crashes"  # on a quarantined record: workers that died with it
 
+# On a request's retries (`<requests topic>.retry.<N>`), its dead letter after the last attempt
+# and its result (`messages.attempts`): Spring Kafka's retry-topic convention, in tokenmill's
+# names. The attempt this record is (1: the original), as decimal text.
+ATTEMPT = "tokenmill-attempt"
+# JSON: a list of the failed attempts before this record (worker, code, message, time each).
+ATTEMPT_HISTORY = "tokenmill-attempt-history"
+# Epoch milliseconds before which a retry is not run (its backoff), as decimal text.
+NOT_BEFORE = "tokenmill-not-before"
+
 # Also on dead letters: Kafka Connect's error context, under the names its DeadLetterQueueReporter
 # writes with `errors.deadletterqueue.context.headers.enable=true`, so that tools made for
 # Connect's DLQs read tokenmill's too. UTF-8 text; partition and offset in decimal.
@@ -50,6 +59,8 @@ DEAD_LETTER_HEADERS = frozenset(
         DLQ_HEADERS_DROPPED,
         DLQ_KEY_DROPPED,
         DLQ_CRASHES,
+        ATTEMPT,
+        ATTEMPT_HISTORY,
         CONNECT_TOPIC,
         CONNECT_PARTITION,
         CONNECT_OFFSET,

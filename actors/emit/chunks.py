@@ -30,7 +30,7 @@ class ChunkLedger:
             (h.SCHEMA, _CHUNK_SCHEMA),
         ]
         value = self.codec.encode(chunk, message.content_type)
-        record = Record(message.reply_topic, value, key, headers, is_result=False)
+        record = Record(message.reply_topic, value, key, headers, "chunk")
         sent = SentChunk(record)
         self._chunks.setdefault(chunk.id, []).append(sent)
         return sent

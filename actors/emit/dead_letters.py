@@ -53,4 +53,4 @@ def trimmed_dead_letter(record: Record, exc: KafkaError) -> Record | None:
     if not record.value and list(record.headers) == ours:
         return None
     log.warning("dead_letter_trimmed", topic=record.topic, error=repr(exc))
-    return Record(record.topic, b"", record.key, ours, is_result=False)
+    return Record(record.topic, b"", record.key, ours, "dead_letter")

@@ -2,8 +2,9 @@
 
 A send that fails because the broker is away is sent again, with backoff, for as long as it
 takes; a result the broker refuses for good is answered instead; a dead letter it refuses is
-trimmed, then left blocked (for the emitter to send again until the DLQ takes it); a chunk it
-refuses is dropped. A producer that is itself broken raises `ProducerBroken`.
+trimmed, then left blocked (for the emitter to send again until the DLQ takes it); a retry it
+refuses is dead-lettered instead (with the request's error result); a chunk it refuses is
+dropped. A producer that is itself broken raises `ProducerBroken`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ class Delivery:
                 p.acks += letter_acks or [await send(producer, r) for r in p.records[1:]]
                 i = 0
                 continue
-            if judged is Verdict.REFUSED and not record.is_result:
+            if judged is Verdict.REFUSED and record.is_retry:
+                # Nothing of it was written: its request is dead-lettered and answered now.
+                self.planner.retry_refused(p, failure, config)
+                p.acks = [await send(producer, r) for r in p.records]
+                i = 0
+                continue
+            if judged is Verdict.REFUSED and record.is_dead_letter:
                 trimmed = trimmed_dead_letter(record, failure)
                 if trimmed is None:  # refused as small as it gets: it waits for the DLQ
                     p.blocked, p.refusal = i, failure

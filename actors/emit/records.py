@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -15,6 +16,10 @@ from actors.telemetry.tracing import RequestSpans
 from messages.error_codes import ErrorCode
 from messages.headers import Headers
 
+# What a record is to its outcome: its result, its dead letter, its request for the next
+# attempt (a retry: the outcome then has no result yet), or a streamed request's chunk.
+RecordKind = Literal["result", "dead_letter", "retry", "chunk"]
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -22,7 +27,19 @@ class Record:
     value: bytes
     key: bytes | None
     headers: Headers
-    is_result: bool  # False: the outcome's dead letter
+    kind: RecordKind
+
+    @property
+    def is_result(self) -> bool:
+        return self.kind == "result"
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.kind == "dead_letter"
+
+    @property
+    def is_retry(self) -> bool:
+        return self.kind == "retry"
 
     @property
     def size(self) -> int:
@@ -54,6 +71,12 @@ class Pending:
     chunks: list[SentChunk] = dataclasses.field(default_factory=list)  # its request's
     blocked: int | None = None  # the index of its dead letter, refused even trimmed
     refusal: BaseException | None = None  # why it was refused, when blocked
+    no_retry: bool = False  # its retry record was refused: dead-lettered instead
+
+    @property
+    def retried(self) -> bool:
+        """Its records are its request's next attempt (a retry), not an answer."""
+        return bool(self.records) and self.records[0].is_retry
 
 
 async def send(producer: AIOKafkaProducer, record: Record) -> asyncio.Future[object]:

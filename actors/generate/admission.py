@@ -61,6 +61,7 @@ async def admit(
             await answers.error(item, prompt)
             continue
         try:
+            faults.adding(request.id, item.attempts.number)  # test-only; may raise
             runs = engine_request(item, prompt)
             if runs.params.constraint is not None:
                 # Compiling a grammar can take a while (the first builds the library's view

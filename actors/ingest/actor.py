@@ -2,7 +2,10 @@
 
 Wiring over its parts: a `PartitionReader` (the consumer and its assignment), the `Ledger`
 (offsets in flight, commits, fencing, the crash guard), the `Door` (record → request or
-refusal), the `Batcher` (buckets, cancels, flushes) and `Backpressure`. Every record it reads
+refusal), the `Batcher` (buckets, cancels, flushes), `Backpressure` and the `RetryHold`.
+It reads the requests topic and its retry topics (`<requests topic>.retry.<N>`, one per
+retry of `--max-attempts`) in the same group; a retry runs once its backoff has passed,
+its partition paused until then (`actors.ingest.retry_hold`). Every record it reads
 ends in exactly one `Outcome` (a result or an error result, plus a dead letter when
 undecodable); its offset is committed only after the emitter reports that outcome delivered.
 
@@ -29,6 +32,7 @@ from actors.ingest.door import Door, Entry
 from actors.ingest.envelope import Envelope
 from actors.ingest.ledger import Ledger
 from actors.ingest.model_front import ModelFront
+from actors.ingest.retry_hold import RetryHold
 from actors.kafka.consumers import requests_consumer
 from actors.kafka.partition_reader import Consumer, PartitionReader, Record, names
 from actors.mail import (
@@ -83,6 +87,7 @@ class IngestActor(Actor[Mail]):
             metrics=metrics,
         )
         self.cancels = self.batcher.cancels
+        self.hold = RetryHold(config.retry_topics)
         self.records_read = 0
         self.answered_again = 0  # exactly-once: records read again that were answered already
         self.transactions = TransactionsClient(transactions) if transactions else None
@@ -130,16 +135,21 @@ class IngestActor(Actor[Mail]):
 
     def lag(self) -> dict[int, int]:
         """Records not yet fetched, per assigned partition of the requests topic."""
-        return self.reader.lag(self.ledger.fetched_to)
+        topic = self.config.requests_topic
+        return self.reader.lag({tp: o for tp, o in self.ledger.fetched_to.items()
+                                if tp.topic == topic})  # fmt: skip
 
     # -- the actor's life ----------------------------------------------------------------
 
     async def run(self) -> None:
         # A fresh reader and ledger: a restart holds no partition, fetches each from its commit.
         self.reader, self.ledger = self._new_reader()
-        if await self.reader.open(self.config.requests_topic) is None:
+        self.hold = RetryHold(self.config.retry_topics)
+        topics = [self.config.requests_topic, *self.config.retry_topics]
+        if await self.reader.open(topics) is None:
             return  # drained before the broker answered
-        log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group)
+        log.info("ingest_started", topic=self.config.requests_topic, group=self.config.group,
+                 retry_topics=list(self.config.retry_topics))  # fmt: skip
         try:
             async with asyncio.TaskGroup() as tg:
                 fetching = tg.create_task(self._fetch_loop())
@@ -147,6 +157,7 @@ class IngestActor(Actor[Mail]):
                 mail = tg.create_task(self._mail_loop())
                 cancelling = tg.create_task(self.batcher.cancel_loop())
                 committing = tg.create_task(self.ledger.commit_loop())
+                holding = tg.create_task(self.hold.resume_loop(self._resume_due))
                 await fetching
                 self.batcher.wake()  # the flush loop sees `stopping`
                 await flushing
@@ -156,6 +167,7 @@ class IngestActor(Actor[Mail]):
                 mail.cancel()
                 cancelling.cancel()
                 committing.cancel()
+                holding.cancel()
             await self.ledger.commit_assigned(release=True)
         finally:
             await self.reader.close()
@@ -174,6 +186,9 @@ class IngestActor(Actor[Mail]):
             # What getmany returns belongs to the assignment current now; a rebalance while
             # it is handled resets the positions to the last commit (eager protocol).
             generation = self.reader.generation
+            # Retries not due yet stay on their topic, their partition paused until they are.
+            if (consumer := self.reader.consumer) is not None:
+                fetched = self.hold.split(consumer, fetched)
             if not await self.ledger.claim(fetched, generation):
                 continue
             for records in fetched.values():
@@ -242,21 +257,35 @@ class IngestActor(Actor[Mail]):
             self.ledger.notify()
 
     def _account(self, decision: Decision) -> None:
-        if self.reader.consumer is None or decision is Decision.NONE:
+        consumer = self.reader.consumer
+        if consumer is None or decision is Decision.NONE:
             return
         if decision is Decision.PAUSE:
             self.reader.pause_all()
         else:
             self.reader.resume_all()
+            if held := self.hold.still_held():  # they wait for their retries' backoff
+                consumer.pause(*held)
         event = "partitions_paused" if decision is Decision.PAUSE else "partitions_resumed"
         log.info(event, requests=self.backpressure.requests, tokens=self.backpressure.tokens)
 
+    def _resume_due(self, partitions: list[TopicPartition]) -> None:
+        """Retry partitions whose next record is due now fetch again (unless backpressure
+        pauses every partition: its resume resumes them too)."""
+        consumer = self.reader.consumer
+        if consumer is None or self.backpressure.paused:
+            return
+        assigned = consumer.assignment()
+        consumer.resume(*(tp for tp in partitions if tp in assigned))
+
     async def assigned(self, consumer: Consumer, assigned: set[TopicPartition]) -> None:
+        self.hold.forget(assigned)
         await self.ledger.assigned(consumer, assigned)
         if self.backpressure.paused:
             consumer.pause(*assigned)
         log.info("partitions_assigned", partitions=names(assigned))
 
     async def revoked(self, consumer: Consumer, revoked: set[TopicPartition]) -> None:
+        self.hold.forget(revoked)
         await self.ledger.revoked(consumer, revoked)
         log.info("partitions_revoked", partitions=names(revoked))

@@ -59,6 +59,7 @@ class Door:
             config.control_topic,
             config.events_topic,
             config.cancel_topic,
+            *config.retry_topics,
         )
         policy = ReplyPolicy.of(
             results_topic=config.results_topic, own_topics=own, allowed=config.allowed_reply_to
@@ -131,4 +132,5 @@ class Door:
             consumed_at=now,
             deadline=entry.deadline,
             model_digest=front.digest,
+            attempts=entry.envelope.attempts,
         )

@@ -4,6 +4,7 @@
     envelope.content_type            # the wire format (normalised), for the request and result
     envelope.trace                   # its trace context: the W3C headers to pass on, their parent
     envelope.trace_ids               # (trace id, span id) for the request's log lines
+    envelope.attempts                # which attempt of its request it is (`messages.attempts`)
 
 Everything after the door (refusals, the admitted request, its outcome) takes these values
 from the envelope instead of reading the headers again.
@@ -11,13 +12,14 @@ from the envelope instead of reading the headers again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.kafka import record_reader
 from actors.mail import RecordRef
 from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
+from messages.attempts import Attempts, read_attempts
 from messages.codec import JSON, normalize_content_type
 from messages.errors import UnsupportedContentType
 from messages.headers import Headers
@@ -30,6 +32,7 @@ class Envelope:
     raw_content_type: bytes | None  # the `content-type` header as sent
     trace: TraceContext  # `traceparent` / `tracestate` and the parent they name
     unreadable: str | None = None  # why the Kafka client could not read the record as sent
+    attempts: Attempts = field(default_factory=Attempts)  # 1 unless read from a retry topic
 
     @classmethod
     def of(cls, record: Any) -> Envelope:
@@ -42,6 +45,7 @@ class Envelope:
             raw_content_type=h.header(headers, h.CONTENT_TYPE),
             trace=TraceContext.of(headers),
             unreadable=record_reader.unreadable(record),
+            attempts=read_attempts(headers),
         )
 
     @property

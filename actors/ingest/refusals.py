@@ -19,6 +19,7 @@ from actors.results import rejected_at_door
 from actors.runtime import Address
 from actors.telemetry.request_log import bound_request
 from messages import headers as h
+from messages.attempts import Attempts, failed_attempt, without_attempt_headers
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest
 from messages.headers import Headers
@@ -102,7 +103,9 @@ class Refusals:
             return None
 
     async def quarantine(self, envelope: Envelope, value: bytes | None, deaths: int) -> None:
-        """Answer a record that was in flight when `deaths` workers died, without running it."""
+        """Answer a record that was in flight when `deaths` workers died, without running it.
+        Each death was an attempt: its dead letter's attempt headers name them after the
+        failed attempts its record came with."""
         ref = envelope.record
         log.error("record_quarantined", topic=ref.topic, partition=ref.partition,
                   offset=ref.offset, deaths=deaths)  # fmt: skip
@@ -115,7 +118,9 @@ class Refusals:
             reply_to=request.reply_to if request is not None else None,
         )
         crashes = (h.DLQ_CRASHES, str(deaths).encode())
-        await self.reject(envelope, error, value, headers=[*envelope.headers, crashes])
+        own = without_attempt_headers(envelope.headers)
+        attempts = attempts_after_deaths(envelope.attempts, deaths).headers()
+        await self.reject(envelope, error, value, headers=[*own, crashes, *attempts])
 
     async def internal_error(self, envelope: Envelope, exc: Exception) -> None:
         """Answer a record whose admission failed unexpectedly (`internal_error`); the ingest
@@ -128,3 +133,13 @@ class Refusals:
             f"the worker failed admitting this record ({type(exc).__name__}); it was not run",
         )
         await self.reject(envelope, error, None)
+
+
+def attempts_after_deaths(attempts: Attempts, deaths: int) -> Attempts:
+    """`attempts` (a record's own) followed by `deaths` attempts that each killed a worker:
+    the last attempt made, and every failure in the history."""
+    history = list(attempts.history)
+    for n in range(attempts.number, attempts.number + deaths):
+        history.append(failed_attempt(n, worker="", code="worker_died",
+                                      message="a worker died while running it"))  # fmt: skip
+    return Attempts(attempts.number + max(deaths, 1) - 1, tuple(history))

@@ -125,15 +125,15 @@ class PartitionReader:
         self.fetch_failures = 0  # in all
         self._in_a_row = 0  # since the last fetch that did not fail: the pause grows with it
         self._assigned = asyncio.Event()
-        self._topic: str | None = None
+        self._topics: list[str] = []
 
     # -- life --------------------------------------------------------------------------------
 
-    async def open(self, topic: str | None = None) -> Consumer | None:
-        """Start a consumer once the broker answers, subscribed to `topic` if given (else see
-        `subscribe`); None when `stopping` came first."""
+    async def open(self, topic: str | Sequence[str] | None = None) -> Consumer | None:
+        """Start a consumer once the broker answers, subscribed to `topic` (one, or several)
+        if given (else see `subscribe`); None when `stopping` came first."""
         record_reader.install()  # no record in a fetch can make getmany() raise
-        self._topic = topic
+        self._topics = [topic] if isinstance(topic, str) else list(topic or [])
         consumer = await started(
             self._new, name=self.name, stopping=self.stopping, settings=self.settings
         )
@@ -142,8 +142,8 @@ class PartitionReader:
 
     def _new(self) -> Consumer:
         consumer = self._make()
-        if self._topic is not None:
-            consumer.subscribe([self._topic], listener=_Listener(self, consumer))
+        if self._topics:
+            consumer.subscribe(self._topics, listener=_Listener(self, consumer))
         return consumer
 
     def subscribe(self, topic: str) -> None:

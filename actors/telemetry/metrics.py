@@ -23,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from actors.emit.retries import TRANSIENT_CODES
 from actors.mail import CancelledIn, FlushReason
 from actors.telemetry.speculative_metrics import SpeculativeMetrics
 
@@ -188,6 +189,13 @@ class WorkerMetrics:
             ["action"],
             registry=r,
         )
+        self.retries = Counter(
+            "tokenmill_retries",
+            "Requests sent to a retry topic for another attempt, by why their attempt failed "
+            "(engine_error, shutting_down).",
+            ["reason"],
+            registry=r,
+        )
         self.model_swaps = Counter(
             "tokenmill_model_swaps",
             "Model swaps by outcome (swapped, failed, refused).",
@@ -289,6 +297,8 @@ class WorkerMetrics:
             self.trace_spans.labels(outcome)
         for found in (*get_args(CancelledIn), "none"):
             self.cancels.labels(found)
+        for code in sorted(TRANSIENT_CODES):
+            self.retries.labels(code.value)
 
     def observe_outcome(self, result: GenerateResult, *, admitted: bool) -> None:
         """A finished request. Latencies count only for requests that reached the engine.
@@ -308,6 +318,10 @@ class WorkerMetrics:
         if timings.tpot_ms is not None:
             self.tpot.observe(timings.tpot_ms / 1e3)
         self.request_duration.observe(timings.total_ms / 1e3)
+
+    def retried(self, reason: str) -> None:
+        """A request's attempt failed for `reason` (its error code); it goes to a retry topic."""
+        self.retries.labels(reason).inc()
 
     def observe_cancel(self, found: CancelledIn | None) -> None:
         """A cancel record handled: where it found its request (None: not held here)."""

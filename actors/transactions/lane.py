@@ -1,5 +1,5 @@
-"""One input partition's transactions: its results, dead letters and consumed offset, committed
-together by a producer whose transactional id names the partition.
+"""One input partition's transactions: its results, dead letters, retries and consumed offset,
+committed together by a producer whose transactional id names the partition.
 
     lane = Lane(tp, producer, config, hooks)
     await lane.open()                         # init_transactions: the last owner is fenced
@@ -24,9 +24,9 @@ Failures:
   the lane dies. Its outcomes are dropped (the owner answers their records again), commit
   requests answer False, and it never opens the producer again (that would fence the owner);
 - a record the broker refuses for good: the transaction is aborted, the result answered
-  instead (`result_too_large`, `reply_to_refused`) or the dead letter trimmed, and the
-  transaction made again; a dead letter refused even trimmed waits (`blocked`), retried
-  every few seconds, holding its offset back;
+  instead (`result_too_large`, `reply_to_refused`), the dead letter trimmed or a retry
+  dead-lettered (with its error result), and the transaction made again; a dead letter
+  refused even trimmed waits (`blocked`), retried every few seconds, holding its offset back;
 - anything else (the broker away, a timeout): aborted, and made again after a backoff.
 """
 
@@ -318,7 +318,9 @@ class Lane:
                 message = f"{record.topic}: {failure!r}"
                 self.planner.answer_instead(p, refusal_code(failure), message, self.config)
                 self.planner.plan(p, self.config)
-            elif not record.is_result:
+            elif record.is_retry:  # dead-lettered with its error result instead
+                self.planner.retry_refused(p, failure, self.config)
+            elif record.is_dead_letter:
                 trimmed = trimmed_dead_letter(record, failure)
                 if trimmed is not None:
                     p.records[i] = trimmed

@@ -4,7 +4,9 @@
     await describe_topics("127.0.0.1:9092") -> {"tokenmill.requests": 6, ...}
 
 Topics are known by role (requests, results, dlq, control, events, cancel); a deployment may
-rename any.
+rename any. The requests topic comes with its retry topics (`<requests>.retry.<N>`, one per
+retry of a worker's `--max-attempts`, as many partitions as it has), which workers never
+create themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from actors.config import DEFAULT_MAX_ATTEMPTS, retry_topic
 from actors.kafka.connection import KafkaConnection, connection_of
 from ops.errors import TopicCreateError
 from ops.services.kafka import MAX_MESSAGE_BYTES
@@ -32,9 +35,9 @@ DEFAULT_TOPICS: Mapping[str, str] = MappingProxyType(
         "cancel": "tokenmill.cancel",
     }
 )
-# Workers scale out over requests partitions; results get as many so a result can keep the
-# partition of its request.
-_WIDE_ROLES = frozenset({"requests", "results"})
+# Workers scale out over requests partitions (and its retry topics'); results get as many so a
+# result can keep the partition of its request.
+_WIDE_ROLES = frozenset({"requests", "retry", "results"})
 
 
 def plan_topics(
@@ -43,8 +46,10 @@ def plan_topics(
     other_partitions: int = 1,
     names: Mapping[str, str] | None = None,
     configs: Mapping[str, str] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> list[NewTopic]:
-    """The topics to create, by role: `names` (role -> name) or else all of `DEFAULT_TOPICS`.
+    """The topics to create, by role: `names` (role -> name) or else all of `DEFAULT_TOPICS`,
+    the requests topic with its retry topics for workers of `max_attempts`.
 
     The role decides the partition count and config, whatever the name; `configs` are added to
     (or override) every topic's config.
@@ -55,6 +60,9 @@ def plan_topics(
         raise TopicCreateError(
             f"unknown topic roles {sorted(unknown)}; known: {', '.join(DEFAULT_TOPICS)}"
         )
+    roles = list(chosen.items())
+    if "requests" in chosen:
+        roles += [("retry", retry_topic(chosen["requests"], n)) for n in range(1, max_attempts)]
     return [
         NewTopic(
             name,
@@ -65,13 +73,13 @@ def plan_topics(
             topic_configs={
                 **(
                     {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-                    if role in ("requests", "results", "dlq")
+                    if role in ("requests", "retry", "results", "dlq")
                     else {}
                 ),
                 **(configs or {}),
             },
         )
-        for role, name in chosen.items()
+        for role, name in roles
     ]
 
 
@@ -82,11 +90,13 @@ async def create_topics(
     other_partitions: int = 1,
     names: Mapping[str, str] | None = None,
     configs: Mapping[str, str] | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     request_timeout_ms: int = 30_000,
 ) -> list[str]:
     """Create tokenmill's topics that do not exist yet; the names of those it created.
 
-    `names` (role -> name) picks the roles and names; by default all of `DEFAULT_TOPICS`.
+    `names` (role -> name) picks the roles and names; by default all of `DEFAULT_TOPICS`. The
+    requests topic's retry topics come with it, for workers of `max_attempts` (1: none).
     Requests and results get `requests_partitions`, the others `other_partitions`; `configs`
     are added to every topic's config. An existing topic is left as it is, whatever its
     partition count or config. Returns once every topic shows in the broker's metadata. Raises
@@ -98,6 +108,7 @@ async def create_topics(
         other_partitions=other_partitions,
         names=names,
         configs=configs,
+        max_attempts=max_attempts,
     )
     kafka = connection_of(bootstrap)
     admin = AIOKafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=request_timeout_ms)

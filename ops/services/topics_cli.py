@@ -8,6 +8,7 @@ from typing import Any
 import click
 from aiokafka.errors import KafkaError
 
+from actors.config import DEFAULT_MAX_ATTEMPTS, retry_topic
 from ops.connection.check import ensure_reachable
 from ops.connection.options import kafka_connection, kafka_options
 from ops.errors import OpsError, TopicCreateError
@@ -26,9 +27,16 @@ def topics() -> None:
     default=6,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Partitions of the requests and results topics (the others get 1).",
+    help="Partitions of the requests (and retry) and results topics (the others get 1).",
 )
-def create(partitions: int, **connection: Any) -> None:
+@click.option(
+    "--max-attempts",
+    default=DEFAULT_MAX_ATTEMPTS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The workers' --max-attempts: one retry topic per retry (requests.retry.1, ...).",
+)
+def create(partitions: int, max_attempts: int, **connection: Any) -> None:
     """Create the topics that do not exist yet; existing ones are left as they are.
 
     Prints one line per topic: created or exists, its name, its partition count.
@@ -36,11 +44,15 @@ def create(partitions: int, **connection: Any) -> None:
     kafka = kafka_connection(connection)
     try:
         asyncio.run(ensure_reachable(kafka, TopicCreateError))
-        created = asyncio.run(create_topics(kafka, requests_partitions=partitions))
+        created = asyncio.run(
+            create_topics(kafka, requests_partitions=partitions, max_attempts=max_attempts)
+        )
         counts = asyncio.run(describe_topics(kafka))
     except (OpsError, KafkaError) as exc:
         raise click.ClickException(str(exc)) from exc
-    for name in DEFAULT_TOPICS.values():
+    requests = DEFAULT_TOPICS["requests"]
+    retries = [retry_topic(requests, n) for n in range(1, max_attempts)]
+    for name in [*DEFAULT_TOPICS.values(), *retries]:
         state = "created" if name in created else "exists "
         click.echo(f"{state}  {name}  {counts.get(name, '?')}")
 

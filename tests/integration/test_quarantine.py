@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from messages import headers as h
+from messages.attempts import read_attempts
 from messages.error_codes import ErrorCode
 from messages.request import GenerateRequest
 from tests.integration.pipeline import (
@@ -82,5 +83,7 @@ async def test_a_record_that_kills_its_workers_is_quarantined_and_the_rest_is_an
     letters = await read_all(lane.bootstrap, lane.dlq, until=1)
     (letter,) = [x for x in letters if dict(x.headers)[h.DLQ_ERROR_CODE] == b"quarantined"]
     assert dict(letter.headers)[h.DLQ_CRASHES] == b"1"
+    attempts = read_attempts(letter.headers)  # each death is an attempt
+    assert attempts.number == 1 and [e.code for e in attempts.history] == ["worker_died"]
     assert letter.key == b"poison" and b'"poison"' in (letter.value or b"")
     assert "record_quarantined" in third.log()

@@ -47,6 +47,7 @@ CONTRACT_METRICS = {
     "tokenmill_kv_prefix_hit_tokens_total",
     "tokenmill_kv_prefix_miss_tokens_total",
     "tokenmill_cancels_total",
+    "tokenmill_retries_total",
     "tokenmill_stream_chunks_total",
     "tokenmill_ttft_seconds",
     "tokenmill_tpot_seconds",

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors.faults import Faults, InjectedFault
+from actors.faults import ENV, Faults, InjectedFault
 
 
 def test_faults_are_read_from_the_environment_and_typos_refused() -> None:
@@ -55,3 +55,15 @@ def test_an_injected_crash_still_comes_after_its_steps() -> None:
     faults.after_gpu_step(1)
     with pytest.raises(InjectedFault):
         faults.after_gpu_step(2)
+
+
+def test_an_engine_error_on_a_request_for_its_first_attempts() -> None:
+    faults = Faults.from_env({ENV: "engine_error_on=r-7,engine_error_attempts=1"})
+    with pytest.raises(InjectedFault):
+        faults.adding("r-7", 1)
+    faults.adding("r-7", 2)  # its second attempt runs
+    faults.adding("r-8", 1)
+    every = Faults.from_env({ENV: "engine_error_on=r-7"})
+    for attempt in (1, 2, 3):
+        with pytest.raises(InjectedFault):
+            every.adding("r-7", attempt)

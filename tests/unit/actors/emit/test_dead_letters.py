@@ -31,7 +31,7 @@ def dead_letter_record(code: ErrorCode, headers: list[tuple[str, bytes]]) -> Rec
     )
     letter = outcome.dead_letter
     assert letter is not None
-    return Record("tokenmill.dlq", letter.value or b"", letter.key, letter.headers, False)
+    return Record("tokenmill.dlq", letter.value or b"", letter.key, letter.headers, "dead_letter")
 
 
 def test_atrimmed_dead_letter_keeps_tokenmills_and_connects_headers_only() -> None:
