@@ -48,15 +48,7 @@ def requests(flaky: str, n: int = 5) -> list[GenerateRequest]:
     ]
 
 
-# Known failure, not yet understood: with --exactly-once and the retry topics subscribed, this
-# one-partition echo worker takes its three partitions (their lanes open) but reads no record
-# (`ingest_stopped records=0`); with --max-attempts 1 (no retry topics) it reads all six.
-# test_exactly_once.py, whose workers subscribe to retry topics too, passes.
-EXACTLY_ONCE = pytest.param(
-    ["--exactly-once"],
-    id="exactly-once",
-    marks=pytest.mark.xfail(reason="exactly-once worker reads nothing here; see above"),
-)
+EXACTLY_ONCE = pytest.param(["--exactly-once"], id="exactly-once")
 
 
 @pytest.mark.parametrize("mode", [pytest.param([], id="at-least-once"), EXACTLY_ONCE])
