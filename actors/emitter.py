@@ -361,10 +361,19 @@ class EmitterActor(Actor[Mail]):
         self, producer: AIOKafkaProducer, pending: list[Pending], tasks: asyncio.TaskGroup
     ) -> None:
         """Report each of `pending` delivered once settled, in order; one whose dead letter is
-        blocked is handed to a task of its own (`_unblock`), with its place in the window."""
+        blocked is handed to a task of its own (`_unblock`), with its place in the window, and
+        so is one whose send failed (settled alone: a retry or an answer instead, which may
+        wait for a topic, holds none of the others)."""
         handed_on = 0
         try:
             for p in pending:
+                for ack in p.acks:
+                    if not ack.done():
+                        await asyncio.wait([ack])
+                if len(pending) > 1 and not all(acknowledged(ack) for ack in p.acks):
+                    tasks.create_task(self._confirm(producer, [p], tasks))
+                    handed_on += 1
+                    continue
                 try:
                     settled = await self.delivery.settle(producer, p, self.config)
                 except BaseException as exc:

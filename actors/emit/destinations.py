@@ -24,6 +24,8 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartiti
 
 from actors.emit.records import Pending, Record, send
 
+POLL_S = 0.5  # between two questions to the broker while a topic is awaited
+
 
 def known(producer: AIOKafkaProducer, topic: str) -> bool:
     """Whether `producer` has `topic`'s partitions, so that `send` will not wait for them."""
@@ -41,25 +43,40 @@ def unknown_topics_of(producer: AIOKafkaProducer, topics: set[str]) -> set[str]:
 
 
 async def topic_ready(producer: AIOKafkaProducer, topic: str, wait_s: float) -> KafkaError | None:
-    """Wait up to `wait_s` for `topic`'s metadata (a topic just made may take a moment to reach
-    every broker); None once the producer has it, else the failure its records' sends get."""
-    try:
-        await asyncio.wait_for(producer.partitions_for(topic), wait_s)
+    """Wait up to `wait_s` for `topic` to be on the broker (a topic just made may take a moment
+    to reach every broker); None once it is, else the failure its records' sends get."""
+    # Asked apart from the producer's own metadata: an update of that makes every produce
+    # request wait for it (aiokafka's sender), so asking it again and again (as its
+    # `partitions_for` does) would slow every other result.
+    if known(producer, topic):
         return None
-    except (TimeoutError, UnknownTopicOrPartitionError):
-        pass
-    except KafkaError as exc:  # not authorized, say: a refusal as the send would give it
-        return exc
-    # One more question, of all topics, tells a topic that is not there from a broker that
-    # does not answer.
     client = cast(Any, producer).client
-    try:
-        cluster = await asyncio.wait_for(client.fetch_all_metadata(), wait_s)
-    except (TimeoutError, KafkaError):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    answered = False
+    while (left := deadline - loop.time()) > 0:
+        try:
+            cluster = await asyncio.wait_for(client.fetch_all_metadata(), left)
+        except (TimeoutError, KafkaError):
+            cluster = None
+        if cluster is not None:
+            answered = True
+            if topic in cluster.topics() or topic in cluster.unauthorized_topics:
+                return await _learnt(producer, topic, deadline - loop.time())
+        await asyncio.sleep(min(POLL_S, max(0.0, deadline - loop.time())))
+    if not answered:
         return KafkaTimeoutError(f"no metadata for {topic!r} within {wait_s:g} s")
-    if topic in cluster.topics():
-        return None  # there after all: the producer's own metadata catches up in `send`
     return UnknownTopicOrPartitionError(f"{topic!r} is not on the broker")
+
+
+async def _learnt(producer: AIOKafkaProducer, topic: str, wait_s: float) -> KafkaError | None:
+    """The broker has `topic`: the producer's own metadata learns it (one update), so that
+    `known()` says so and its send does not wait."""
+    try:
+        await asyncio.wait_for(producer.partitions_for(topic), max(wait_s, POLL_S))
+    except (TimeoutError, KafkaError) as exc:
+        return exc if isinstance(exc, KafkaError) else KafkaTimeoutError(repr(exc))
+    return None
 
 
 async def topics_ready(

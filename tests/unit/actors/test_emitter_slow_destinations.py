@@ -49,7 +49,7 @@ async def delivered_offsets(mailbox: Mailbox[Any], n: int) -> list[int]:
 
 
 async def test_results_behind_one_for_an_unknown_topic_are_delivered_while_it_waits() -> None:
-    fake = MetadataProducer({RESULTS, DLQ}, broker={RESULTS, DLQ, GONE})
+    fake = MetadataProducer({RESULTS, DLQ}, broker={RESULTS, DLQ})
     actor, delivered = emitter(fake, FOREVER_MS)
     task = asyncio.create_task(actor.run())
     await actor.send(outcome(1, reply_topic=GONE))

@@ -15,7 +15,6 @@ class MetadataProducer:
     def __init__(self, known: set[str], *, broker: set[str] | None = None) -> None:
         self.known = set(known)  # topics whose metadata the producer has
         self.broker = broker  # the broker's topics; None: it does not answer
-        self.appeared = asyncio.Event()  # set by `appear`
         self.sent: list[tuple[str, bytes, bytes | None]] = []
         self.client = SimpleNamespace(
             cluster=SimpleNamespace(partitions_for_topic=self._partitions),
@@ -23,24 +22,25 @@ class MetadataProducer:
         )
 
     def appear(self, topic: str) -> None:
-        """`topic` is made now: the producer's metadata gets it."""
+        """`topic` is made now: the broker has it, and the producer's metadata gets it."""
         self.known.add(topic)
-        self.appeared.set()
+        if self.broker is not None:
+            self.broker.add(topic)
 
     def _partitions(self, topic: str) -> set[int] | None:
         return {0} if topic in self.known else None
 
     async def partitions_for(self, topic: str) -> set[int]:
-        while topic not in self.known:  # as aiokafka's, until its request_timeout_ms
-            self.appeared.clear()
-            await self.appeared.wait()
+        if self.broker is not None and topic in self.broker:
+            self.known.add(topic)  # learnt from the broker
+        assert topic in self.known, "asked only once the broker has it"
         return {0}
 
     async def _fetch_all_metadata(self) -> Any:
         if self.broker is None:
             await asyncio.Event().wait()  # never answered
         broker = set(self.broker or ())
-        return SimpleNamespace(topics=lambda: broker)
+        return SimpleNamespace(topics=lambda: broker, unauthorized_topics=set())
 
     async def start(self) -> None:
         pass

@@ -51,7 +51,7 @@ async def test_a_broker_that_does_not_answer_makes_it_a_retry_not_a_refusal() ->
 
 
 async def test_a_topic_that_appears_within_the_bound_is_ready() -> None:
-    fake = MetadataProducer(set(), broker=None)
+    fake = MetadataProducer(set(), broker=set())
     waiting = asyncio.create_task(topic_ready(producer(fake), "new.results", FOREVER_S))
     await asyncio.sleep(0)
     assert not waiting.done()
@@ -59,7 +59,7 @@ async def test_a_topic_that_appears_within_the_bound_is_ready() -> None:
     assert await waiting is None
 
 
-async def test_a_topic_the_broker_has_is_ready_though_the_producer_lagged() -> None:
+async def test_a_topic_on_the_broker_is_ready_though_the_producer_has_not_its_metadata() -> None:
     fake = MetadataProducer(set(), broker={"new.results"})
     assert await topic_ready(producer(fake), "new.results", 0.01) is None
 
@@ -88,7 +88,7 @@ async def test_apart_the_chunks_go_first_and_a_failed_wait_fails_every_acknowled
 
 
 async def test_apart_once_the_topic_appears_the_chunks_precede_the_result() -> None:
-    fake = MetadataProducer(set(), broker=None)
+    fake = MetadataProducer(set(), broker=set())
     outcome = Outcome(RecordRef("lane.requests", 0, 1, 0), GenerateResult(id="r-1"),
                       "new.results", JSON)  # fmt: skip
     p = Pending(
