@@ -185,7 +185,10 @@ class Lane:
                     await self._die(exc)
                 except _Again:
                     continue  # refused records were answered instead: make it again now
-                except KafkaError as exc:
+                except Exception as exc:  # the broker's, or a bug: retried, never silent
+                    if not isinstance(exc, KafkaError):
+                        log.exception("transaction_failed", topic=self.tp.topic,
+                                      partition=self.tp.partition)  # fmt: skip
                     delay = backoff_s(attempt)
                     attempt += 1
                     self.hooks.count("transaction_retried")

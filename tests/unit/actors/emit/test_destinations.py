@@ -11,7 +11,7 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 
 from actors.emit.destinations import known, send_apart, topic_ready, unknown_topics
-from actors.emit.records import Pending, Record, SentChunk
+from actors.emit.records import Pending, Record, RecordKind, SentChunk
 from actors.mail import Outcome, RecordRef
 from actors.send_errors import Verdict, verdict
 from actors.telemetry.tracing import RequestSpans
@@ -22,8 +22,8 @@ from tests.unit.actors.emit.fake_producer import MetadataProducer
 FOREVER_S = 3600.0  # a bound no test reaches: what it checks happens without waiting it out
 
 
-def record(topic: str, *, is_result: bool = True) -> Record:
-    return Record(topic, b"{}", b"r-1", [], is_result=is_result)
+def record(topic: str, *, kind: RecordKind = "result") -> Record:
+    return Record(topic, b"{}", b"r-1", [], kind)
 
 
 def producer(fake: MetadataProducer) -> Any:
@@ -66,7 +66,7 @@ async def test_a_topic_on_the_broker_is_ready_though_the_producer_has_not_its_me
 
 def test_unknown_topics_are_those_the_producer_lacks() -> None:
     fake = MetadataProducer({"lane.results", "lane.dlq"})
-    records = [record("gone.results"), record("lane.dlq", is_result=False)]
+    records = [record("gone.results"), record("lane.dlq", kind="dead_letter")]
     assert unknown_topics(producer(fake), records) == {"gone.results"}
 
 
@@ -75,8 +75,8 @@ async def test_apart_the_chunks_go_first_and_a_failed_wait_fails_every_acknowled
     outcome = Outcome(RecordRef("lane.requests", 0, 1, 0), GenerateResult(id="r-1"),
                       "gone.results", JSON)  # fmt: skip
     p = Pending(outcome, RequestSpans([], []), [record("gone.results")], [])
-    p.records.append(record("lane.dlq", is_result=False))
-    p.chunks = [SentChunk(record("gone.results", is_result=False))]
+    p.records.append(record("lane.dlq", kind="dead_letter"))
+    p.chunks = [SentChunk(record("gone.results", kind="chunk"))]
     await send_apart(producer(fake), p, 0.01)
     chunk_ack = p.chunks[0].ack
     assert chunk_ack is not None

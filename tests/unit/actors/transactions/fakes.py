@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from aiokafka.errors import KafkaError
@@ -104,6 +105,7 @@ class FakeTransactionalProducer:
 
     def __init__(self, transactional_id: str | None = None, events: list[str] | None = None):
         self._txn_manager = FakeTxnManager(transactional_id)
+        self.client = SimpleNamespace(cluster=EveryTopic())  # what `destinations.known` reads
         self.events = events if events is not None else []  # shared with the hooks: the order
         self.transactions: list[Transaction] = []
         self.refuse: dict[str, KafkaError] = {}
@@ -234,6 +236,13 @@ class RecordingHooks:
         while len(self.delivered) + len(self.suppressed) + len(self.dropped) < n:
             self._changed.clear()
             await self._changed.wait()
+
+
+class EveryTopic:
+    """Cluster metadata that knows every topic (one partition each)."""
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0}
 
 
 class EventLoopStarved(Exception):
