@@ -130,6 +130,8 @@ def engine(**kwargs: Any) -> None:
 @_int("--tracing-rounds", 3, "Tracing: rounds of an untraced and a traced run.")
 @_int("--exactly-once-requests", 5000, "Exactly-once: echo requests per flood.")
 @_int("--exactly-once-rounds", 3, "Exactly-once: rounds of a run without and one with it.")
+@_int("--exactly-once-model-requests", 48, "Exactly-once: requests per run to a worker on the "
+      "model (0: echo only).", low=0)  # fmt: skip
 @_int("--timeout", 600, "Seconds to wait for a worker's results before counting them lost.")
 @_report_options
 def pipeline(**kwargs: Any) -> None:

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,8 @@ from aiokafka.structs import TopicPartition
 from actors.transactions.answered import split
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
+from ops.services.kafka import LocalKafka
+from tests.integration.conftest import local_broker
 from tests.integration.pipeline import (
     Lane,
     WorkerProcess,
@@ -234,3 +236,86 @@ async def test_kill_9_and_a_zombie_leave_every_result_seen_exactly_once(
     if exactly_once:
         assert duplicates == {}, f"{len(duplicates)} duplicates: {list(duplicates.items())[:5]}"
         assert all(r.error is None for rs in found.values() for r in rs)
+
+
+@pytest.fixture
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    with local_broker(tmp_path_factory.mktemp("eos-kafka")) as broker:
+        yield broker
+
+
+async def test_a_broker_restart_mid_stream_leaves_every_result_seen_exactly_once(
+    own_broker: LocalKafka, smollm2_path: Path, tmp_path: Path
+) -> None:
+    lane = await new_lane(own_broker.bootstrap, partitions=3)
+    args = [*EXACTLY_ONCE, "--delivery-timeout-ms", "5000", "--max-restarts", "20"]
+    a, b = (worker(lane, tmp_path / f"{n}.log", n, *args) for n in "ab")
+    first = [request("before", i) for i in range(300)]
+    after = [request("after", i) for i in range(300)]
+    try:
+        for w in (a, b):
+            await w.wait_for_log("partitions_assigned", within_s=180)
+        await produce(lane.bootstrap, lane.requests, first)
+        async with Committed(lane) as seen:
+            await wait_until("some answers", lambda: len(seen.by_id) >= 50)
+        assert own_broker.stop() is not None  # mid-stream: transactions open, results in flight
+        assert own_broker.start(timeout=120)
+        await produce(lane.bootstrap, lane.requests, after)
+        wanted = [r.id for r in [*first, *after]]
+        async with Committed(lane) as seen:
+            await wait_until("every result", lambda: seen.has(wanted), within_s=300)
+        await wait_committed_to_end(lane, within_s=120)
+    finally:
+        codes = [w.terminate() for w in (a, b)]
+    found = await read_committed_results(lane)
+    assert codes == [0, 0], a.log()[-2000:] + b.log()[-2000:]
+    assert set(found) == set(wanted)
+    duplicates = {i: [r.worker for r in rs] for i, rs in found.items() if len(rs) > 1}
+    assert duplicates == {}, f"{len(duplicates)} duplicates: {list(duplicates.items())[:5]}"
+
+
+def seeded(i: int) -> GenerateRequest:
+    return GenerateRequest(
+        id=f"seeded-{i}",
+        prompt=f"Write a short line about the number {i}.",
+        max_new_tokens=8,
+        temperature=0.9,
+        top_p=0.95,
+        seed=1000 + i,
+    )
+
+
+async def test_a_replayed_seeded_request_answers_the_tokens_of_a_clean_run(
+    kafka_bootstrap: str, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """A worker dies (as a crash in native code would kill it) with seeded sampled requests in
+    flight; the one that answers them again gives each the tokens a clean run gives it,
+    although they ran in other batches."""
+    wanted = [seeded(i) for i in range(12)]
+    die = GenerateRequest(id="die", prompt_token_ids=[3, 7, 9], max_new_tokens=2)
+    clean_lane = await new_lane(kafka_bootstrap, partitions=1)
+    lane = await new_lane(kafka_bootstrap, partitions=1)
+    clean = WorkerProcess(clean_lane, MODEL, tmp_path / "clean.log", EXACTLY_ONCE).start()
+    try:
+        await produce(clean_lane.bootstrap, clean_lane.requests, wanted)
+        async with Committed(clean_lane) as reference:
+            await wait_until("the clean run", lambda: reference.has([r.id for r in wanted]), 600)
+    finally:
+        assert clean.terminate() == 0, clean.log()[-3000:]
+
+    # The doomed worker admits half the requests, then the one it dies on, with them running.
+    doomed = WorkerProcess(lane, MODEL, tmp_path / "doomed.log", EXACTLY_ONCE,
+                           env={"TOKENMILL_FAULTS": "die_on_request=die"}).start()  # fmt: skip
+    await produce(lane.bootstrap, lane.requests, [*wanted[:6], die, *wanted[6:]])
+    assert doomed.wait(timeout=600) == 70, doomed.log()[-3000:]
+    survivor = WorkerProcess(lane, MODEL, tmp_path / "survivor.log", EXACTLY_ONCE).start()
+    try:
+        async with Committed(lane) as seen:
+            await wait_until("the replay", lambda: seen.has([r.id for r in wanted]), 600)
+    finally:
+        assert survivor.terminate() == 0, survivor.log()[-3000:]
+    found = await read_committed_results(lane)
+    for r in wanted:
+        [again], [first] = found[r.id], reference.by_id[r.id]
+        assert again.token_ids == first.token_ids, r.id
+    assert all(len(rs) == 1 for rs in found.values())
