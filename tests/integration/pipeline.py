@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from actors.config import WorkerConfig
 from actors.kafka.connection import KafkaConnection
@@ -178,15 +178,48 @@ async def results_by_id(
     return dict(found)
 
 
-async def committed(lane: Lane) -> dict[int, int]:
-    """The group's committed offset per requests partition (-1: none)."""
+async def commits(lane: Lane) -> dict[int, OffsetAndMetadata]:
+    """The group's last commit (offset and metadata) per requests partition."""
     admin = AIOKafkaAdminClient(bootstrap_servers=lane.bootstrap)
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(lane.group)
     finally:
         await admin.close()
-    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == lane.requests}
+    return {tp.partition: meta for tp, meta in offsets.items() if tp.topic == lane.requests}
+
+
+async def committed(lane: Lane) -> dict[int, int]:
+    """The group's committed offset per requests partition (-1: none)."""
+    return {partition: meta.offset for partition, meta in (await commits(lane)).items()}
+
+
+async def every_result(
+    lane: Lane, isolation: str = "read_uncommitted"
+) -> dict[str, list[GenerateResult]]:
+    """The whole results topic as it is now (to its end: the last stable offset when
+    `isolation` is read_committed), by request id."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=lane.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level=isolation,
+    )
+    await consumer.start()
+    found: dict[str, list[GenerateResult]] = defaultdict(list)
+    try:
+        # The results topic has as many partitions as the requests topic (create_topics).
+        tps = [TopicPartition(lane.results, p) for p in range(lane.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+            fetched = await consumer.getmany(timeout_ms=500)
+            for result in decode_results(r for batch in fetched.values() for r in batch):
+                found[result.id].append(result)
+    finally:
+        await consumer.stop()
+    return dict(found)
 
 
 async def end_offsets(lane: Lane) -> dict[int, int]:

@@ -9,33 +9,30 @@ at-least-once (printed, not asserted: how many depends on the moment of each fau
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from actors.transactions.answered import split
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
 from ops.services.kafka import LocalKafka
 from tests.integration.conftest import local_broker
 from tests.integration.pipeline import (
     Lane,
     WorkerProcess,
-    decode_results,
+    commits,
+    every_result,
     new_lane,
     produce,
     request_codec,
     wait_committed_to_end,
 )
+from tests.integration.test_membership import Answers
 
 pytestmark = pytest.mark.slow
 
@@ -62,60 +59,14 @@ async def wait_until(what: str, ready: Callable[[], bool], within_s: float = 90.
         await asyncio.sleep(0.2)
 
 
-class Committed:
+class Committed(Answers):
     """Every result a read_committed consumer sees on the lane's results topic, by id."""
 
-    def __init__(self, lane: Lane, isolation: str = "read_committed") -> None:
-        self.lane = lane
-        self.isolation = isolation
-        self.by_id: dict[str, list[GenerateResult]] = defaultdict(list)
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Committed:
-        consumer = AIOKafkaConsumer(
-            self.lane.results,
-            bootstrap_servers=self.lane.bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            isolation_level=self.isolation,
-        )
-        await consumer.start()
-        self.task = asyncio.create_task(self._read(consumer))
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-
-    async def _read(self, consumer: AIOKafkaConsumer) -> None:
-        try:
-            while True:
-                fetched = await consumer.getmany(timeout_ms=500)
-                for result in decode_results(r for batch in fetched.values() for r in batch):
-                    self.by_id[result.id].append(result)
-        finally:
-            await consumer.stop()
-
-    def by(self, worker: str) -> int:
-        return sum(r.worker == worker for rs in self.by_id.values() for r in rs)
+    def __init__(self, lane: Lane) -> None:
+        super().__init__(lane, isolation="read_committed")
 
     def has(self, ids: list[str]) -> bool:
         return all(i in self.by_id for i in ids)
-
-    def duplicates(self) -> dict[str, list[str]]:
-        return {i: [r.worker for r in rs] for i, rs in self.by_id.items() if len(rs) > 1}
-
-
-async def commit_metadata(lane: Lane) -> dict[int, str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=lane.bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(lane.group)
-    finally:
-        await admin.close()
-    return {tp.partition: m.metadata for tp, m in offsets.items() if tp.topic == lane.requests}
 
 
 async def test_results_and_offsets_commit_in_one_transaction_per_partition(
@@ -130,42 +81,17 @@ async def test_results_and_offsets_commit_in_one_transaction_per_partition(
             await produce(lane.bootstrap, lane.requests, wanted)
             await wait_until("every result", lambda: seen.has([r.id for r in wanted]))
             done = await wait_committed_to_end(lane, within_s=60)
-        metadata = await commit_metadata(lane)
+        metadata = {p: c.metadata for p, c in (await commits(lane)).items()}
     finally:
         code = a.terminate()
     assert code == 0, a.log()[-3000:]
     assert "Traceback" not in a.log()
-    assert seen.duplicates() == {}
+    assert all(len(rs) == 1 for rs in seen.by_id.values())
     assert all(r.error is None for rs in seen.by_id.values() for r in rs)
     assert "lane_opened" in a.log()
     # The offsets went in the transactions, with the crash guard's metadata: released at the end.
     assert sum(done.values()) == len(wanted)
     assert all(split(m, 0)[0].startswith("tokenmill/1") for m in metadata.values()), metadata
-
-
-async def read_committed_results(lane: Lane) -> dict[str, list[GenerateResult]]:
-    """The results topic from the start to its end now, as a read_committed reader sees it."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=lane.bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    found: dict[str, list[GenerateResult]] = defaultdict(list)
-    try:
-        # The results topic has as many partitions as the requests topic (create_topics).
-        tps = [TopicPartition(lane.results, p) for p in range(lane.partitions)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)  # the last stable offsets (read_committed)
-        await consumer.seek_to_beginning(*tps)
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            fetched = await consumer.getmany(timeout_ms=500)
-            for result in decode_results(r for batch in fetched.values() for r in batch):
-                found[result.id].append(result)
-    finally:
-        await consumer.stop()
-    return dict(found)
 
 
 async def send_steadily(lane: Lane, requests: list[GenerateRequest], every_s: float) -> None:
@@ -225,7 +151,7 @@ async def test_kill_9_and_a_zombie_leave_every_result_seen_exactly_once(
             os.kill(b.pid, signal.SIGCONT)
         codes = [w.terminate() for w in (b, c, *([a2] if a2 else []))]
         a.close()
-    found = await read_committed_results(lane)
+    found = await every_result(lane, "read_committed")
     logs = "".join(w.log()[-2000:] for w in (b, c, *([a2] if a2 else [])))
     assert codes == [0] * len(codes), logs
     missing = {r.id for r in wanted} - found.keys()
@@ -267,7 +193,7 @@ async def test_a_broker_restart_mid_stream_leaves_every_result_seen_exactly_once
         await wait_committed_to_end(lane, within_s=120)
     finally:
         codes = [w.terminate() for w in (a, b)]
-    found = await read_committed_results(lane)
+    found = await every_result(lane, "read_committed")
     assert codes == [0, 0], a.log()[-2000:] + b.log()[-2000:]
     assert set(found) == set(wanted)
     duplicates = {i: [r.worker for r in rs] for i, rs in found.items() if len(rs) > 1}
@@ -314,7 +240,7 @@ async def test_a_replayed_seeded_request_answers_the_tokens_of_a_clean_run(
             await wait_until("the replay", lambda: seen.has([r.id for r in wanted]), 600)
     finally:
         assert survivor.terminate() == 0, survivor.log()[-3000:]
-    found = await read_committed_results(lane)
+    found = await every_result(lane, "read_committed")
     for r in wanted:
         [again], [first] = found[r.id], reference.by_id[r.id]
         assert again.token_ids == first.token_ids, r.id

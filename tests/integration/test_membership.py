@@ -178,8 +178,9 @@ async def test_a_static_member_restarted_gets_its_partitions_back_and_nobody_els
 class Answers:
     """Every result on the lane's results topic as it arrives, read by a background task."""
 
-    def __init__(self, lane: Lane) -> None:
+    def __init__(self, lane: Lane, isolation: str = "read_uncommitted") -> None:
         self.lane = lane
+        self.isolation = isolation
         self.by_id: dict[str, list[GenerateResult]] = defaultdict(list)
         self.at: dict[str, list[float]] = {}
         self.task: asyncio.Task[None] | None = None
@@ -190,6 +191,7 @@ class Answers:
             bootstrap_servers=self.lane.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            isolation_level=self.isolation,
         )
         await consumer.start()
         self.task = asyncio.create_task(self._read(consumer))

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 
 from messages.result import GenerateResult
 from tests.integration.pipeline import (
-    Lane,
     WorkerProcess,
-    decode_results,
+    every_result,
     new_lane,
     wait_committed_to_end,
 )
@@ -30,27 +26,6 @@ pytestmark = pytest.mark.slow
 STORM_S = 120.0  # how long workers come and go
 EVERY_S = 5.0  # a start or a stop this often
 ARGS = ["--session-timeout-ms", "10000", "--shutdown-timeout", "30"]
-
-
-async def every_result(lane: Lane) -> dict[str, list[GenerateResult]]:
-    """The whole results topic, as it is now, by request id."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=lane.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    found: dict[str, list[GenerateResult]] = defaultdict(list)
-    try:
-        tps = [TopicPartition(lane.results, p) for p in range(lane.partitions)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            fetched = await consumer.getmany(timeout_ms=500)
-            for result in decode_results(r for batch in fetched.values() for r in batch):
-                found[result.id].append(result)
-    finally:
-        await consumer.stop()
-    return dict(found)
 
 
 async def test_a_rebalance_storm_loses_nothing_and_answers_nothing_twice(
