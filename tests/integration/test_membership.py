@@ -97,7 +97,10 @@ async def logged(
 def assignment(process: WorkerProcess, since: int = 0) -> set[str] | None:
     """The partitions of the worker's last `partitions_assigned`, if it logged one."""
     assigned = events(process, "partitions_assigned", since)
-    return set(assigned[-1]["partitions"]) if assigned else None
+    if not assigned:
+        return None
+    # The requests topic's: the retry topics' partitions are assigned too.
+    return {p for p in assigned[-1]["partitions"] if ".retry." not in p}
 
 
 def exited(*processes: WorkerProcess) -> str:

@@ -58,16 +58,19 @@ async def test_create_topics_is_idempotent(kafka_bootstrap: str) -> None:
     first = await create_topics(kafka_bootstrap, requests_partitions=3, names=names)
     again = await create_topics(kafka_bootstrap, requests_partitions=3, names=names)
 
-    assert sorted(first) == sorted(names.values())
+    retries = [f"{names['requests']}.retry.{n}" for n in (1, 2)]  # --max-attempts 3
+    assert sorted(first) == sorted([*names.values(), *retries])
     assert again == []
     counts = await describe_topics(kafka_bootstrap)
-    assert {name: counts[name] for name in names.values()} == {
+    assert {name: counts[name] for name in [*names.values(), *retries]} == {
         names["requests"]: 3,
         names["results"]: 3,
         names["dlq"]: 1,
         names["control"]: 1,
         names["events"]: 1,
         names["cancel"]: 1,
+        retries[0]: 3,
+        retries[1]: 3,
     }
 
 
@@ -132,7 +135,8 @@ def test_cli_topics_create_and_list(kafka_bootstrap: str) -> None:
     assert again.exit_code == 0, again.output
     assert listed.exit_code == 0, listed.output
     states = {line.split()[1]: line.split()[0] for line in first.stdout.splitlines()}
-    assert set(states) == set(DEFAULT_TOPICS.values())
+    retries = {f"{DEFAULT_TOPICS['requests']}.retry.{n}" for n in (1, 2)}  # --max-attempts 3
+    assert set(states) == set(DEFAULT_TOPICS.values()) | retries
     assert set(states.values()) <= {"created", "exists"}
     assert [line.split()[0] for line in again.stdout.splitlines()] == ["exists"] * len(states)
     shown = dict(line.split() for line in listed.stdout.splitlines())
