@@ -65,7 +65,6 @@ from actors.config import WorkerConfig
 from actors.emit.chunks import ChunkLedger
 from actors.emit.dead_letters import DeadLetterTopic
 from actors.emit.delivery import Delivery
-from actors.emit.destinations import known, send_apart, unknown_topics
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, SentChunk, acknowledged, send
 from actors.emit.retry_topics import RetryTopics
@@ -118,12 +117,7 @@ class EmitterActor(Actor[Mail]):
         self.chunks_sent = 0  # streamed requests' chunks, acknowledged
         self.planner = OutcomePlanner(count=self._count)
         self.chunks = ChunkLedger()
-        self.delivery = Delivery(
-            self.planner,
-            count=self._count,
-            chunk_confirmed=self._chunk_sent,
-            topic_wait_s=config.topic_metadata_wait_ms / 1000,
-        )
+        self.delivery = Delivery(self.planner, count=self._count, chunk_confirmed=self._chunk_sent)
         self._window = asyncio.Semaphore(config.emit_max_in_flight)
         # Outcomes handed to the producer but not yet acknowledged: produced again when the
         # actor is restarted after a crash, so none is lost (their offsets are uncommitted).
@@ -193,7 +187,7 @@ class EmitterActor(Actor[Mail]):
             self._unconfirmed.clear()
             for sent in self.chunks.kept():
                 if not sent.confirmed and (sent.ack is None or not acknowledged(sent.ack)):
-                    await self._send_chunk(producer, sent)
+                    sent.ack = await send(producer, sent.record)
             async with asyncio.TaskGroup() as confirms:
                 while True:
                     messages: list[Mail]
@@ -214,20 +208,15 @@ class EmitterActor(Actor[Mail]):
                         else:
                             confirms.create_task(self._transactions(message))
                     for sent in chunks:  # before any outcome: a request's precede its result
-                        await self._send_chunk(producer, sent)
+                        sent.ack = await send(producer, sent.record)
                     if self.config.exactly_once:
-                        confirms.create_task(self._to_lanes(producer, group, confirms))
+                        confirms.create_task(self._to_lanes(producer, group))
                         continue
                     pending = []
                     for outcome in group:
                         await self._window.acquire()
                         spans = start_request_spans(outcome, group=self.config.group)
-                        p = self._planned(outcome, spans)
-                        if self._waits_for_topic(producer, p):
-                            confirms.create_task(self._on_its_own(producer, p, confirms))
-                        else:
-                            p.acks = [await send(producer, record) for record in p.records]
-                            pending.append(p)
+                        pending.append(await self._produce(producer, outcome, spans))
                     confirms.create_task(self._confirm(producer, pending, confirms))
             await self.stop_lanes()  # stopped: what the lanes hold is committed first
         finally:
@@ -274,30 +263,19 @@ class EmitterActor(Actor[Mail]):
                 if not handed.done():
                     handed.set_result(None)
 
-    async def _to_lanes(
-        self, producer: AIOKafkaProducer, group: list[Outcome], tasks: asyncio.TaskGroup
-    ) -> None:
+    async def _to_lanes(self, producer: AIOKafkaProducer, group: list[Outcome]) -> None:
         """Each outcome to its partition's lane once its chunks are acknowledged (they precede
-        its result on the reply topic), then the lanes commit. One with chunks not sent yet
-        (their topic awaited) goes on its own, so that it holds none of the others."""
+        its result on the reply topic), then the lanes commit."""
         for outcome in group:
             spans = start_request_spans(outcome, group=self.config.group)
             p = Pending(outcome, spans, [], [], key=id(outcome))
             p.chunks = self.chunks.of(outcome)
-            if any(sent.ack is None and not sent.confirmed for sent in p.chunks):
-                tasks.create_task(self._to_lane(producer, p, wake=True))
-            else:
-                await self._to_lane(producer, p, wake=False)
+            for sent in p.chunks:
+                await self.delivery.settle_chunk(producer, sent)
+            self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
+            if not self.lanes.route(p):
+                await self._dropped(p)
         self.lanes.wake()
-
-    async def _to_lane(self, producer: AIOKafkaProducer, p: Pending, *, wake: bool) -> None:
-        for sent in p.chunks:
-            await self.delivery.settle_chunk(producer, sent)
-        self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
-        if not self.lanes.route(p):
-            await self._dropped(p)
-        if wake:
-            self.lanes.wake()
 
     async def _committed(self, p: Pending) -> None:
         self._unconfirmed.pop(p.key, None)
@@ -329,62 +307,26 @@ class EmitterActor(Actor[Mail]):
 
     # -- one outcome: its records, their acknowledgements, a blocked dead letter ----------
 
-    def _planned(self, outcome: Outcome, spans: RequestSpans) -> Pending:
-        """The outcome's records (and its request's chunks), not yet handed to the producer."""
+    async def _produce(
+        self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
+    ) -> Pending:
+        """Queue the outcome's records in the producer."""
         p = Pending(outcome, spans, [], [], key=id(outcome))
         p.chunks = self.chunks.of(outcome)
         if p.chunks and p.spans.records:  # on its `process` span
             p.spans.records[0].attributes["tokenmill.stream_chunks"] = len(p.chunks)
         self.planner.plan(p, self.config)
+        p.acks = [await send(producer, record) for record in p.records]
         return p
-
-    async def _send_chunk(self, producer: AIOKafkaProducer, sent: SentChunk) -> None:
-        """Hand `sent` to the producer now, unless its topic is not known yet (or an earlier
-        chunk of its request waits for it): its outcome's own task sends it then."""
-        if known(producer, sent.record.topic) and not self.chunks.waits_behind(sent):
-            sent.ack = await send(producer, sent.record)
-        else:
-            sent.ack = None
-
-    def _waits_for_topic(self, producer: AIOKafkaProducer, p: Pending) -> bool:
-        """Whether `p` must wait for a topic's metadata (aiokafka's `send` would, in line)."""
-        unsent = any(sent.ack is None and not sent.confirmed for sent in p.chunks)
-        return unsent or bool(unknown_topics(producer, p.records))
-
-    async def _on_its_own(
-        self, producer: AIOKafkaProducer, p: Pending, tasks: asyncio.TaskGroup
-    ) -> None:
-        """`p`'s topic is not known to the producer: wait for its metadata here, at most
-        `--topic-metadata-wait-ms`, while the outcomes behind it are sent; then send its chunks,
-        then its records (a failed wait fails their acknowledgements: `Delivery.settle`
-        answers them instead, or sends them again), and settle it as any other."""
-        self._count("topic_awaited")
-        log.info("topic_awaited", topic=p.outcome.reply_topic, request_id=p.outcome.result.id[:128])
-        try:
-            await send_apart(producer, p, self.config.topic_metadata_wait_ms / 1000)
-        except BaseException as exc:
-            p.spans.end(exc)
-            self._window.release()
-            raise
-        await self._confirm(producer, [p], tasks)
 
     async def _confirm(
         self, producer: AIOKafkaProducer, pending: list[Pending], tasks: asyncio.TaskGroup
     ) -> None:
         """Report each of `pending` delivered once settled, in order; one whose dead letter is
-        blocked is handed to a task of its own (`_unblock`), with its place in the window, and
-        so is one whose send failed (settled alone: a retry or an answer instead, which may
-        wait for a topic, holds none of the others)."""
+        blocked is handed to a task of its own (`_unblock`), with its place in the window."""
         handed_on = 0
         try:
             for p in pending:
-                for ack in p.acks:
-                    if not ack.done():
-                        await asyncio.wait([ack])
-                if len(pending) > 1 and not all(acknowledged(ack) for ack in p.acks):
-                    tasks.create_task(self._confirm(producer, [p], tasks))
-                    handed_on += 1
-                    continue
                 try:
                     settled = await self.delivery.settle(producer, p, self.config)
                 except BaseException as exc:

@@ -39,17 +39,6 @@ class ChunkLedger:
         """Every chunk kept, in the order produced per request."""
         return [sent for chunks in self._chunks.values() for sent in chunks]
 
-    def waits_behind(self, sent: SentChunk) -> bool:
-        """Whether an earlier chunk of `sent`'s request is not handed to the producer yet (its
-        topic awaited): `sent` follows it, never passes it."""
-        key = sent.record.key
-        for earlier in self._chunks.get(key.decode() if key is not None else "", ()):
-            if earlier is sent:
-                return False
-            if earlier.ack is None and not earlier.confirmed:
-                return True
-        return False
-
     def of(self, outcome: Outcome) -> list[SentChunk]:
         """The chunks `outcome`'s request made: those for its reply topic (another request
         under the same id, answered `duplicate_request` elsewhere, has none of them)."""

@@ -18,9 +18,8 @@ from aiokafka.errors import KafkaError
 
 from actors.config import WorkerConfig
 from actors.emit.dead_letters import trimmed_dead_letter
-from actors.emit.destinations import send_when_known
 from actors.emit.planning import OutcomePlanner
-from actors.emit.records import Pending, Record, SentChunk
+from actors.emit.records import Pending, SentChunk, send
 from actors.send_errors import ProducerBroken, Verdict, backoff_s, refusal_code, verdict
 
 log = structlog.get_logger("tokenmill.emitter")
@@ -30,8 +29,7 @@ class Delivery:
     """Settles an outcome's records (and its chunks) with the broker.
 
     `count(action)` is told of each retried send; `chunk_confirmed()` of each chunk
-    acknowledged. A record sent again waits at most `topic_wait_s` for its topic's metadata
-    (`actors.emit.destinations`)."""
+    acknowledged."""
 
     def __init__(
         self,
@@ -39,15 +37,10 @@ class Delivery:
         *,
         count: Callable[[str], None],
         chunk_confirmed: Callable[[], None],
-        topic_wait_s: float,
     ) -> None:
         self.planner = planner
         self.count = count
         self.chunk_confirmed = chunk_confirmed
-        self.topic_wait_s = topic_wait_s
-
-    async def _send(self, producer: AIOKafkaProducer, record: Record) -> asyncio.Future[object]:
-        return await send_when_known(producer, record, self.topic_wait_s)
 
     async def settle(self, producer: AIOKafkaProducer, p: Pending, config: WorkerConfig) -> bool:
         """Return True once every record of `p` (and every chunk before it) is acknowledged,
@@ -75,14 +68,14 @@ class Delivery:
                 message = f"{record.topic}: {failure!r}"
                 self.planner.answer_instead(p, refusal_code(failure), message, config)
                 self.planner.plan(p, config)
-                p.acks = [await self._send(producer, p.records[0])]
-                p.acks += letter_acks or [await self._send(producer, r) for r in p.records[1:]]
+                p.acks = [await send(producer, p.records[0])]
+                p.acks += letter_acks or [await send(producer, r) for r in p.records[1:]]
                 i = 0
                 continue
             if judged is Verdict.REFUSED and record.is_retry:
                 # Nothing of it was written: its request is dead-lettered and answered now.
                 self.planner.retry_refused(p, failure, config)
-                p.acks = [await self._send(producer, r) for r in p.records]
+                p.acks = [await send(producer, r) for r in p.records]
                 i = 0
                 continue
             if judged is Verdict.REFUSED and record.is_dead_letter:
@@ -91,7 +84,7 @@ class Delivery:
                     p.blocked, p.refusal = i, failure
                     return False
                 p.records[i] = trimmed
-                p.acks[i] = await self._send(producer, trimmed)
+                p.acks[i] = await send(producer, trimmed)
                 continue
             if judged is Verdict.REFUSED:
                 # Even the small error result is refused: the results topic is misconfigured
@@ -102,7 +95,7 @@ class Delivery:
             self.count("retried")
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
-            p.acks[i] = await self._send(producer, record)
+            p.acks[i] = await send(producer, record)
         return True
 
     async def settle_chunk(self, producer: AIOKafkaProducer, sent: SentChunk) -> None:
@@ -112,7 +105,7 @@ class Delivery:
             if sent.confirmed:
                 return
             if sent.ack is None:
-                sent.ack = await self._send(producer, sent.record)
+                sent.ack = await send(producer, sent.record)
             try:
                 await sent.ack
                 sent.confirmed = True
@@ -132,4 +125,4 @@ class Delivery:
             self.count("retried")
             log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
             await asyncio.sleep(delay)
-            sent.ack = await self._send(producer, sent.record)
+            sent.ack = await send(producer, sent.record)

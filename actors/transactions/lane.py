@@ -28,13 +28,6 @@ Failures:
   dead-lettered (with its error result), and the transaction made again; a dead letter
   refused even trimmed waits (`blocked`), retried every few seconds, holding its offset back;
 - anything else (the broker away, a timeout): aborted, and made again after a backoff.
-
-An outcome whose reply topic this lane's producer does not know yet (deleted after its
-request was admitted, say) is kept out of the transactions while it waits for the topic's
-metadata, at most `--topic-metadata-wait-ms` (`actors.emit.destinations`): aiokafka's `send`
-would wait for it inside the open transaction, holding every outcome of the partition. A topic
-the broker says is not there is answered instead (`reply_to_refused`); a broker that did not
-answer makes it wait again.
 """
 
 from __future__ import annotations
@@ -58,9 +51,8 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from actors.config import WorkerConfig
 from actors.emit.dead_letters import trimmed_dead_letter
-from actors.emit.destinations import send_when_known, topics_ready, unknown_topics
 from actors.emit.planning import OutcomePlanner
-from actors.emit.records import Pending
+from actors.emit.records import Pending, send
 from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
 from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
 
@@ -113,7 +105,6 @@ class Lane:
         self.answered = AnsweredOffsets()  # committed answers at or past `base`
         self.waiting: dict[int, list[Pending]] = {}  # by offset: the first is produced
         self.blocked_until: dict[int, float] = {}  # offsets whose dead letter waits
-        self.awaiting: dict[int, asyncio.Task[None]] = {}  # offsets whose topic is awaited
         self.requests: list[_Request] = []
         self.dead = False
         self.closed = asyncio.Event()
@@ -221,9 +212,7 @@ class Lane:
     def _ready_offsets(self) -> list[int]:
         now = time.monotonic()
         return sorted(
-            offset
-            for offset in self.waiting
-            if self.blocked_until.get(offset, 0.0) <= now and offset not in self.awaiting
+            offset for offset in self.waiting if self.blocked_until.get(offset, 0.0) <= now
         )
 
     async def _transaction(self) -> None:
@@ -239,7 +228,6 @@ class Lane:
                 self._dirty = True
                 self._releasing |= request.release
             await self._suppress_answered()
-            self._await_unknown_topics()
             batch, answered = self._batch()
             if batch or self._dirty:
                 await self._write(batch, answered)
@@ -271,34 +259,6 @@ class Lane:
                 await self.hooks.suppressed(p)
             self.blocked_until.pop(offset, None)
 
-    def _await_unknown_topics(self) -> None:
-        """Set apart the ready outcomes whose topics the producer does not know yet."""
-        for offset in self._ready_offsets():
-            p = self.waiting[offset][0]
-            if not p.records:
-                self.planner.plan(p, self.config)
-            if topics := unknown_topics(self.producer, p.records):
-                self.hooks.count("topic_awaited")
-                log.info("topic_awaited", topic=self.tp.topic, partition=self.tp.partition,
-                         offset=offset, topics=sorted(topics))  # fmt: skip
-                self.awaiting[offset] = asyncio.create_task(self._await_topics(offset, p, topics))
-
-    async def _await_topics(self, offset: int, p: Pending, topics: set[str]) -> None:
-        """Wait for `topics` apart; what a failed wait becomes, as a refused send would."""
-        try:
-            wait_s = self.config.topic_metadata_wait_ms / 1000
-            failures = await topics_ready(self.producer, topics, wait_s)
-            refused = [
-                (p, i, failure)
-                for i, record in enumerate(p.records)
-                if (failure := failures.get(record.topic)) is not None
-            ]
-            if refused and not self.dead:
-                await self._answer_failures(refused)
-        finally:
-            self.awaiting.pop(offset, None)
-            self.wake()
-
     def _batch(self) -> tuple[list[int], AnsweredOffsets]:
         """The waiting offsets this transaction takes (ascending, while the metadata that
         names them fits) and the answered set it writes."""
@@ -327,12 +287,10 @@ class Lane:
         try:
             await producer.begin_transaction()
             firsts = [self.waiting[offset][0] for offset in batch]
-            wait_s = self.config.topic_metadata_wait_ms / 1000
             for p in firsts:
                 if not p.records:
                     self.planner.plan(p, self.config)
-                # Known topics (`_await_unknown_topics`), unless one vanished since: bounded.
-                p.acks = [await send_when_known(producer, r, wait_s) for r in p.records]
+                p.acks = [await send(producer, record) for record in p.records]
             failures = await _failures(firsts)
             if not failures:
                 metadata = join(self.guard_metadata, answered, base)
@@ -403,9 +361,6 @@ class Lane:
                         error=str(exc), dropped=len(self.waiting))  # fmt: skip
             self.hooks.count("lane_fenced")
         self.dead = True
-        for task in self.awaiting.values():
-            task.cancel()
-        self.awaiting.clear()
         for request in self.requests:
             if not request.done.done():
                 request.done.set_result(False)

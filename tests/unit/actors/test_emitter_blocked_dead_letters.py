@@ -6,7 +6,6 @@ go on meanwhile; a stop gives it up, undelivered. A fake producer stands in for 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,8 +33,6 @@ class FakeProducer:
     def __init__(self) -> None:
         self.dlq_refuses = True
         self.sent: list[tuple[str, bytes]] = []
-        # Every topic's metadata known: `send` never waits for it.
-        self.client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda t: {0}))
 
     async def start(self) -> None:
         pass

@@ -51,14 +51,3 @@ def test_forgetting_a_delivered_outcomes_chunks_keeps_the_rest() -> None:
     ledger.forget("r-1", [theirs])
     ledger.forget("r-3", [])  # nothing kept for it: nothing to do
     assert ledger.kept() == [other]
-
-
-def test_a_chunk_waits_behind_an_earlier_one_of_its_request_not_sent_yet() -> None:
-    ledger = ChunkLedger()
-    first, second = ledger.record(chunk("r-1", 0)), ledger.record(chunk("r-1", 1))
-    other = ledger.record(chunk("r-2", 0))
-    assert not ledger.waits_behind(first)
-    assert ledger.waits_behind(second), "the first is not handed to the producer yet"
-    assert not ledger.waits_behind(other)
-    first.confirmed = True
-    assert not ledger.waits_behind(second)

@@ -105,7 +105,7 @@ class FakeTransactionalProducer:
 
     def __init__(self, transactional_id: str | None = None, events: list[str] | None = None):
         self._txn_manager = FakeTxnManager(transactional_id)
-        self.client = SimpleNamespace(cluster=EveryTopic())  # what `destinations.known` reads
+        self.client = SimpleNamespace(cluster=EveryTopic())  # cluster metadata, as aiokafka has it
         self.events = events if events is not None else []  # shared with the hooks: the order
         self.transactions: list[Transaction] = []
         self.refuse: dict[str, KafkaError] = {}
