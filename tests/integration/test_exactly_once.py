@@ -32,23 +32,11 @@ from tests.integration.pipeline import (
     request_codec,
     wait_committed_to_end,
 )
-from tests.integration.test_membership import Answers
+from tests.integration.test_membership import MODEL, Answers, request, worker
 
 pytestmark = pytest.mark.slow
 
-MODEL = "smollm2-135m"  # the echo engine reads its tokenizer and config, not its weights
 EXACTLY_ONCE = ["--exactly-once", "--session-timeout-ms", "6000", "--shutdown-timeout", "20"]
-
-
-def worker(lane: Lane, log: Path, name: str, *extra: str) -> WorkerProcess:
-    args = ["--engine", "echo", "--worker-id", name, *extra]
-    return WorkerProcess(lane, MODEL, log, args).start()
-
-
-def request(prefix: str, i: int) -> GenerateRequest:
-    return GenerateRequest(
-        id=f"{prefix}{i}", prompt_token_ids=[i % 300 + 3, 7, 9], max_new_tokens=2
-    )
 
 
 async def wait_until(what: str, ready: Callable[[], bool], within_s: float = 90.0) -> None:
