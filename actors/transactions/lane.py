@@ -108,6 +108,7 @@ class Lane:
         self.requests: list[_Request] = []
         self.dead = False
         self.closed = asyncio.Event()
+        self.progressed = asyncio.Event()  # set after each transaction, and at the lane's end
         self.transactions = 0  # committed
         self._wakeup = asyncio.Event()
         self._dirty = False  # the commit point or its metadata changed since the last commit
@@ -171,6 +172,7 @@ class Lane:
                     break
                 try:
                     await self._transaction()
+                    self.progressed.set()
                     attempt = 0
                 except LaneFenced as exc:
                     await self._die(exc)
@@ -361,6 +363,7 @@ class Lane:
                         error=str(exc), dropped=len(self.waiting))  # fmt: skip
             self.hooks.count("lane_fenced")
         self.dead = True
+        self.progressed.set()
         for request in self.requests:
             if not request.done.done():
                 request.done.set_result(False)

@@ -178,7 +178,13 @@ class Lanes:
 
     async def flush(self) -> None:
         """Until every lane has committed what waits in it, or died."""
-        while any(lane.waiting and not lane.dead for lane in self.lanes.values()):
-            for lane in list(self.lanes.values()):
+        while busy := [lane for lane in self.lanes.values() if lane.waiting and not lane.dead]:
+            for lane in busy:
+                lane.progressed.clear()
                 lane.wake()
-            await asyncio.sleep(0.01)
+            waits = [asyncio.ensure_future(lane.progressed.wait()) for lane in busy]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,19 +31,11 @@ from tests.integration.pipeline import (
     request_codec,
     wait_committed_to_end,
 )
-from tests.integration.test_membership import MODEL, Answers, request, worker
+from tests.integration.test_membership import MODEL, Answers, request, wait_until, worker
 
 pytestmark = pytest.mark.slow
 
 EXACTLY_ONCE = ["--exactly-once", "--session-timeout-ms", "6000", "--shutdown-timeout", "20"]
-
-
-async def wait_until(what: str, ready: Callable[[], bool], within_s: float = 90.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 class Committed(Answers):
