@@ -93,10 +93,6 @@ class AnsweredOffsets:
             firsts.insert(i + 1, offset)
             lasts.insert(i + 1, offset)
 
-    def update(self, offsets: Iterable[int]) -> None:
-        for offset in offsets:
-            self.add(offset)
-
     def prune_below(self, base: int) -> None:
         """Forget the offsets under `base` (the commit point passed them)."""
         i = bisect.bisect_left(self._lasts, base)  # the first range reaching `base`
