@@ -153,6 +153,15 @@ class WorkerConfig:
             "waited for as long as it is away); aiokafka's request_timeout_ms."
         },
     )
+    topic_metadata_wait_ms: float = field(
+        default=10_000.0,
+        metadata={
+            "help": "How long a result for a topic the producer does not know (a reply_to "
+            "deleted after admission, a broker slow to answer) waits, on its own, for the "
+            "topic's metadata; then it is answered instead (reply_to_refused) if the broker "
+            "says the topic is not there, or sent again later if the broker did not answer."
+        },
+    )
     max_message_bytes: int | None = field(
         default=None,
         metadata={
@@ -311,6 +320,7 @@ class WorkerConfig:
             "max_record_crashes": self.max_record_crashes,
             "max_attempts": self.max_attempts,
             "delivery_timeout_ms": self.delivery_timeout_ms,
+            "topic_metadata_wait_ms": self.topic_metadata_wait_ms,
             "transaction_interval_ms": self.transaction_interval_ms,
             "transaction_timeout_ms": self.transaction_timeout_ms,
         }

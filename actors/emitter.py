@@ -16,6 +16,10 @@ No record and no failed send crashes it (see `actors.send_errors`):
   that refuses everything stops the emitter once the window is full, never its memory). The
   ingest is told (`OutcomeBlocked`), so that a drain does not wait for it. A `stop()` gives a
   blocked one up, undelivered: its record is read again after a restart;
+- a record for a topic the producer does not know (a reply topic deleted after its request
+  was admitted, a broker slow to give its metadata) waits apart, at most
+  `--topic-metadata-wait-ms`, and is then sent or answered instead (`actors.emit.destinations`):
+  one slow destination holds no other result;
 - a send that fails because the broker is away is sent again, with backoff, for as long as
   it takes; the outcomes behind it wait in the mailbox (the ingest's backpressure pauses
   fetching), none is lost; starting the producer waits for the broker the same way.
@@ -65,8 +69,9 @@ from actors.config import WorkerConfig
 from actors.emit.chunks import ChunkLedger
 from actors.emit.dead_letters import DeadLetterTopic
 from actors.emit.delivery import Delivery
+from actors.emit.destinations import Destinations
 from actors.emit.planning import OutcomePlanner
-from actors.emit.records import Pending, SentChunk, acknowledged, send
+from actors.emit.records import Pending, SentChunk, acknowledged
 from actors.emit.retry_topics import RetryTopics
 from actors.kafka.broker_wait import started
 from actors.mail import (
@@ -77,6 +82,7 @@ from actors.mail import (
     LaneStart,
     Outcome,
     OutcomeBlocked,
+    OutcomeWaiting,
     RecordRef,
     StreamChunk,
     TakeOver,
@@ -104,7 +110,7 @@ class EmitterActor(Actor[Mail]):
         config: WorkerConfig,
         mailbox: Mailbox[Mail] | None = None,
         *,
-        delivered: Address[Delivered | OutcomeBlocked | Dropped] | None = None,
+        delivered: Address[Delivered | OutcomeBlocked | OutcomeWaiting | Dropped] | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         """`delivered`: the ingest's mailbox, told of each acknowledged outcome and of each
@@ -138,6 +144,7 @@ class EmitterActor(Actor[Mail]):
                 suppressed=self._suppressed,
                 dropped=self._dropped,
                 blocked=self._lane_blocked,
+                waiting=self._waiting,
                 count=self._count,
             ),
         )
@@ -180,6 +187,9 @@ class EmitterActor(Actor[Mail]):
         )
         if producer is None:
             return  # stopped before the broker came back: the backlog's offsets stay open
+        out = Destinations(
+            producer, wait_s=self.config.topic_metadata_wait_ms / 1000, count=self._count
+        )
         try:
             # Once, at the first start: `KafkaUnusable` unless this worker may write the DLQ.
             await self._dlq.check(self.config)
@@ -187,7 +197,7 @@ class EmitterActor(Actor[Mail]):
             self._unconfirmed.clear()
             for sent in self.chunks.kept():
                 if not sent.confirmed and (sent.ack is None or not acknowledged(sent.ack)):
-                    sent.ack = await send(producer, sent.record)
+                    sent.ack = await out.send(sent.record)
             async with asyncio.TaskGroup() as confirms:
                 while True:
                     messages: list[Mail]
@@ -208,18 +218,19 @@ class EmitterActor(Actor[Mail]):
                         else:
                             confirms.create_task(self._transactions(message))
                     for sent in chunks:  # before any outcome: a request's precede its result
-                        sent.ack = await send(producer, sent.record)
+                        sent.ack = await out.send(sent.record)
                     if self.config.exactly_once:
-                        confirms.create_task(self._to_lanes(producer, group))
+                        confirms.create_task(self._to_lanes(out, group))
                         continue
                     pending = []
                     for outcome in group:
                         await self._window.acquire()
                         spans = start_request_spans(outcome, group=self.config.group)
-                        pending.append(await self._produce(producer, outcome, spans))
-                    confirms.create_task(self._confirm(producer, pending, confirms))
+                        pending.append(await self._produce(out, outcome, spans))
+                    confirms.create_task(self._confirm(out, pending, confirms))
             await self.stop_lanes()  # stopped: what the lanes hold is committed first
         finally:
+            out.close()
             await producer.stop()
             log.info(
                 "emitter_stopped",
@@ -263,19 +274,31 @@ class EmitterActor(Actor[Mail]):
                 if not handed.done():
                     handed.set_result(None)
 
-    async def _to_lanes(self, producer: AIOKafkaProducer, group: list[Outcome]) -> None:
+    async def _to_lanes(self, out: Destinations, group: list[Outcome]) -> None:
         """Each outcome to its partition's lane once its chunks are acknowledged (they precede
-        its result on the reply topic), then the lanes commit."""
-        for outcome in group:
-            spans = start_request_spans(outcome, group=self.config.group)
-            p = Pending(outcome, spans, [], [], key=id(outcome))
-            p.chunks = self.chunks.of(outcome)
-            for sent in p.chunks:
-                await self.delivery.settle_chunk(producer, sent)
-            self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
-            if not self.lanes.route(p):
-                await self._dropped(p)
+        its result on the reply topic), then the lanes commit. One whose chunks wait (for
+        their topic, say) waits in a task of its own, holding none of the others."""
+        async with asyncio.TaskGroup() as waits:
+            for outcome in group:
+                spans = start_request_spans(outcome, group=self.config.group)
+                p = Pending(outcome, spans, [], [], key=id(outcome))
+                p.chunks = self.chunks.of(outcome)
+                if all(sent.confirmed for sent in p.chunks):
+                    await self._to_lane(p)
+                else:
+                    waits.create_task(self._chunks_then_lane(out, p))
+            self.lanes.wake()
+
+    async def _chunks_then_lane(self, out: Destinations, p: Pending) -> None:
+        for sent in p.chunks:
+            await self.delivery.settle_chunk(out, sent)
+        await self._to_lane(p)
         self.lanes.wake()
+
+    async def _to_lane(self, p: Pending) -> None:
+        self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
+        if not self.lanes.route(p):
+            await self._dropped(p)
 
     async def _committed(self, p: Pending) -> None:
         self._unconfirmed.pop(p.key, None)
@@ -301,41 +324,50 @@ class EmitterActor(Actor[Mail]):
         self._count("dead_letter_blocked")
         await self._notify(OutcomeBlocked(p.outcome.record))
 
-    async def _notify(self, notice: Delivered | OutcomeBlocked | Dropped) -> None:
+    async def _waiting(self, p: Pending) -> None:
+        """`p` waits for its reply topic: the ingest no longer counts it as running."""
+        await self._notify(OutcomeWaiting(p.outcome.record))
+
+    async def _notify(self, notice: Delivered | OutcomeBlocked | OutcomeWaiting | Dropped) -> None:
         if self.delivered is not None:
             await self.delivered.send(notice)
 
     # -- one outcome: its records, their acknowledgements, a blocked dead letter ----------
 
-    async def _produce(
-        self, producer: AIOKafkaProducer, outcome: Outcome, spans: RequestSpans
-    ) -> Pending:
+    async def _produce(self, out: Destinations, outcome: Outcome, spans: RequestSpans) -> Pending:
         """Queue the outcome's records in the producer."""
         p = Pending(outcome, spans, [], [], key=id(outcome))
         p.chunks = self.chunks.of(outcome)
         if p.chunks and p.spans.records:  # on its `process` span
             p.spans.records[0].attributes["tokenmill.stream_chunks"] = len(p.chunks)
         self.planner.plan(p, self.config)
-        p.acks = [await send(producer, record) for record in p.records]
+        p.acks = [await out.send(record) for record in p.records]
         return p
 
     async def _confirm(
-        self, producer: AIOKafkaProducer, pending: list[Pending], tasks: asyncio.TaskGroup
+        self, out: Destinations, pending: list[Pending], tasks: asyncio.TaskGroup
     ) -> None:
         """Report each of `pending` delivered once settled, in order; one whose dead letter is
-        blocked is handed to a task of its own (`_unblock`), with its place in the window."""
+        blocked is handed to a task of its own (`_unblock`), with its place in the window, and
+        so is one with a record that waits for its topic (`Destinations`)."""
         handed_on = 0
         try:
             for p in pending:
+                if any(out.waiting(ack) for ack in _acks(p)):
+                    if len(pending) > 1:  # the task tells the ingest
+                        tasks.create_task(self._confirm(out, [p], tasks))
+                        handed_on += 1
+                        continue
+                    await self._waiting(p)
                 try:
-                    settled = await self.delivery.settle(producer, p, self.config)
+                    settled = await self.delivery.settle(out, p, self.config)
                 except BaseException as exc:
                     p.spans.end(exc)
                     raise
                 if settled:
                     await self._report(p)
                 else:
-                    tasks.create_task(self._unblock(producer, p))
+                    tasks.create_task(self._unblock(out, p))
                     handed_on += 1
         finally:
             for _ in range(len(pending) - handed_on):
@@ -355,7 +387,7 @@ class EmitterActor(Actor[Mail]):
             )
         self._unconfirmed.pop(p.key, None)
 
-    async def _unblock(self, producer: AIOKafkaProducer, p: Pending) -> None:
+    async def _unblock(self, out: Destinations, p: Pending) -> None:
         """Tell the ingest `p` is blocked, send its dead letter again every few seconds until
         the DLQ takes it, then report `p` delivered. Given up at `stop()`: never reported, so
         its offset is never committed (its record is read again: at-least-once). Holds `p`'s
@@ -388,10 +420,10 @@ class EmitterActor(Actor[Mail]):
                                 detail="left uncommitted: read again after a restart")  # fmt: skip
                     p.spans.end(DeadLetterBlocked(record.topic))
                     return
-                p.acks[p.blocked] = await send(producer, record)
+                p.acks[p.blocked] = await out.send(record)
                 p.blocked = None
                 try:  # sets `p.blocked` again if refused
-                    await self.delivery.settle(producer, p, self.config)
+                    await self.delivery.settle(out, p, self.config)
                 except BaseException as exc:
                     p.spans.end(exc)
                     raise
@@ -445,3 +477,8 @@ class EmitterActor(Actor[Mail]):
         self.chunks_sent += 1
         if self.metrics is not None:
             self.metrics.chunk_sent()
+
+
+def _acks(p: Pending) -> list[asyncio.Future[object]]:
+    """`p`'s acknowledgements: its chunks' not yet settled, then its records'."""
+    return [sent.ack for sent in p.chunks if sent.ack is not None and not sent.confirmed] + p.acks

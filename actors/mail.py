@@ -10,7 +10,8 @@ With `--exactly-once`, the ingest also tells the emitter which partitions it tak
 An outcome it cannot answer (its partition handed off or fenced) comes back as `Dropped`.
 
 An outcome whose dead letter the DLQ refuses is announced to the ingest first
-(`OutcomeBlocked`), its `Delivered` coming once the DLQ takes the letter.
+(`OutcomeBlocked`), its `Delivered` coming once the DLQ takes the letter; so is one that waits
+for its reply topic (`OutcomeWaiting`), its `Delivered` coming once sent or answered instead.
 
 A record's `RecordRef` travels with it end to end, so the ingest can mark its offset done
 once the emitter reports the result delivered.
@@ -201,6 +202,15 @@ class OutcomeBlocked:
     by the DLQ and sent again until taken (then `Delivered` follows). Its offset still stops
     the partition's commits, but a drain does not wait for it: the emitter gives it up at
     its stop, and the record is read again by the partition's next owner."""
+
+    record: RecordRef
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeWaiting:
+    """Emitter → ingest: this record's outcome is made but waits (bounded) for its reply topic,
+    which the producer does not know (`actors.emit.destinations`); `Delivered` follows. The
+    engine is done with it: the ingest does not count it as running."""
 
     record: RecordRef
 

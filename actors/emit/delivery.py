@@ -13,13 +13,13 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from actors.config import WorkerConfig
 from actors.emit.dead_letters import trimmed_dead_letter
+from actors.emit.destinations import Destinations
 from actors.emit.planning import OutcomePlanner
-from actors.emit.records import Pending, SentChunk, send
+from actors.emit.records import Pending, SentChunk
 from actors.send_errors import ProducerBroken, Verdict, backoff_s, refusal_code, verdict
 
 log = structlog.get_logger("tokenmill.emitter")
@@ -42,12 +42,12 @@ class Delivery:
         self.count = count
         self.chunk_confirmed = chunk_confirmed
 
-    async def settle(self, producer: AIOKafkaProducer, p: Pending, config: WorkerConfig) -> bool:
+    async def settle(self, out: Destinations, p: Pending, config: WorkerConfig) -> bool:
         """Return True once every record of `p` (and every chunk before it) is acknowledged,
         or answered instead; False when its dead letter is refused even trimmed (`p.blocked`
         says which record)."""
         for sent in p.chunks:
-            await self.settle_chunk(producer, sent)
+            await self.settle_chunk(out, sent)
         i, attempt = 0, 0
         while i < len(p.records):
             record = p.records[i]
@@ -68,14 +68,14 @@ class Delivery:
                 message = f"{record.topic}: {failure!r}"
                 self.planner.answer_instead(p, refusal_code(failure), message, config)
                 self.planner.plan(p, config)
-                p.acks = [await send(producer, p.records[0])]
-                p.acks += letter_acks or [await send(producer, r) for r in p.records[1:]]
+                p.acks = [await out.send(p.records[0])]
+                p.acks += letter_acks or [await out.send(r) for r in p.records[1:]]
                 i = 0
                 continue
             if judged is Verdict.REFUSED and record.is_retry:
                 # Nothing of it was written: its request is dead-lettered and answered now.
                 self.planner.retry_refused(p, failure, config)
-                p.acks = [await send(producer, r) for r in p.records]
+                p.acks = [await out.send(r) for r in p.records]
                 i = 0
                 continue
             if judged is Verdict.REFUSED and record.is_dead_letter:
@@ -84,7 +84,7 @@ class Delivery:
                     p.blocked, p.refusal = i, failure
                     return False
                 p.records[i] = trimmed
-                p.acks[i] = await send(producer, trimmed)
+                p.acks[i] = await out.send(trimmed)
                 continue
             if judged is Verdict.REFUSED:
                 # Even the small error result is refused: the results topic is misconfigured
@@ -95,17 +95,17 @@ class Delivery:
             self.count("retried")
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
-            p.acks[i] = await send(producer, record)
+            p.acks[i] = await out.send(record)
         return True
 
-    async def settle_chunk(self, producer: AIOKafkaProducer, sent: SentChunk) -> None:
+    async def settle_chunk(self, out: Destinations, sent: SentChunk) -> None:
         """Return once `sent` is acknowledged, or refused for good (then it is dropped)."""
         attempt = 0
         while True:
             if sent.confirmed:
                 return
             if sent.ack is None:
-                sent.ack = await send(producer, sent.record)
+                sent.ack = await out.send(sent.record)
             try:
                 await sent.ack
                 sent.confirmed = True
@@ -125,4 +125,4 @@ class Delivery:
             self.count("retried")
             log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
             await asyncio.sleep(delay)
-            sent.ack = await send(producer, sent.record)
+            sent.ack = await out.send(sent.record)

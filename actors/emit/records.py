@@ -86,7 +86,7 @@ async def send(producer: AIOKafkaProducer, record: Record) -> asyncio.Future[obj
             record.topic, value=record.value, key=record.key, headers=list(record.headers)
         )
         # Its failure is read by `delivery.settle`, unless the producer is replaced first.
-        ack.add_done_callback(_retrieve)
+        ack.add_done_callback(retrieve)
         return ack
     except KafkaError as exc:
         failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -98,6 +98,7 @@ def acknowledged(future: asyncio.Future[object]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
-def _retrieve(future: asyncio.Future[object]) -> None:
+def retrieve(future: asyncio.Future[object]) -> None:
+    """Reads a settled `future`'s failure, so that asyncio does not log it as never read."""
     if not future.cancelled():
         future.exception()

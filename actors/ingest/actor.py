@@ -9,10 +9,12 @@ its partition paused until then (`actors.ingest.retry_hold`). Every record it re
 ends in exactly one `Outcome` (a result or an error result, plus a dead letter when
 undecodable); its offset is committed only after the emitter reports that outcome delivered.
 
-Mailbox: `Delivered` and `OutcomeBlocked` notices from the emitter; `UseModel` from the GPU
-actor after a model flip. A drain waits for every outcome but the blocked ones (a dead letter
-the DLQ refuses): it commits up to the first of those, which the partition's next owner reads
-again (`offset_left_uncommitted`).
+Mailbox: `Delivered`, `OutcomeBlocked` and `OutcomeWaiting` notices from the emitter;
+`UseModel` from the GPU actor after a model flip. A drain waits for every outcome but the
+blocked ones (a dead letter the DLQ refuses): it commits up to the first of those, which the
+partition's next owner reads again (`offset_left_uncommitted`). Outcomes the emitter holds
+back (blocked, or waiting for their reply topic) no longer count as running when it decides
+whether to wait for a batch to fill.
 `cancels`, a second mailbox: `Cancel`s from the cancel actor (see `Batcher`).
 """
 
@@ -43,6 +45,8 @@ from actors.mail import (
     Dropped,
     Outcome,
     OutcomeBlocked,
+    OutcomeWaiting,
+    RecordRef,
     UseModel,
 )
 from actors.runtime import Actor, Address, Mailbox
@@ -51,7 +55,7 @@ from actors.transactions.client import Request, TransactionsClient
 
 log = structlog.get_logger("tokenmill.ingest")
 
-Mail = Delivered | OutcomeBlocked | Dropped | UseModel
+Mail = Delivered | OutcomeBlocked | OutcomeWaiting | Dropped | UseModel
 
 
 class IngestActor(Actor[Mail]):
@@ -76,6 +80,9 @@ class IngestActor(Actor[Mail]):
         self.front = front
         self.make_consumer = consumer or (lambda: requests_consumer(config))
         self.backpressure = Backpressure(config.watermarks)
+        # Outcomes the emitter holds back (`OutcomeBlocked`, `OutcomeWaiting`): admitted, no
+        # longer running in the engine.
+        self.held: set[RecordRef] = set()
         self.door = Door(config, outcomes, lambda: self.reader.topics())
         self.batcher = Batcher(
             config.bucket_config(front.max_model_len),
@@ -198,7 +205,7 @@ class IngestActor(Actor[Mail]):
                         await self.batcher.drain("isolated")
                         tp = TopicPartition(chunk[0].topic, chunk[0].partition)
                         await self.ledger.settle(tp, chunk[-1].offset, generation)
-            if self.backpressure.requests == len(self.batcher):
+            if self.backpressure.requests - len(self.held) == len(self.batcher):
                 # Nothing is running: waiting to fill a batch would only add latency, and
                 # whatever arrives next joins the running batch at the engine's next step.
                 await self.batcher.drain("idle")
@@ -247,11 +254,16 @@ class IngestActor(Actor[Mail]):
                         log.info("ingest_model", model=front.name, digest=front.digest)
                     case OutcomeBlocked(record=ref):
                         self.ledger.block(ref)
+                        self.held.add(ref)
+                    case OutcomeWaiting(record=ref):
+                        self.held.add(ref)
                     case Delivered(record=ref, admitted=admitted, cost_tokens=cost):
                         self.ledger.done(ref)
+                        self.held.discard(ref)
                         if admitted:
                             self._account(self.backpressure.release(1, cost))
-                    case Dropped(admitted=admitted, cost_tokens=cost):
+                    case Dropped(record=ref, admitted=admitted, cost_tokens=cost):
+                        self.held.discard(ref)
                         if admitted:  # its partition's owner answers it
                             self._account(self.backpressure.release(1, cost))
             self.ledger.notify()

@@ -28,6 +28,13 @@ Failures:
   dead-lettered (with its error result), and the transaction made again; a dead letter
   refused even trimmed waits (`blocked`), retried every few seconds, holding its offset back;
 - anything else (the broker away, a timeout): aborted, and made again after a backoff.
+
+An outcome with a record for a topic this lane's producer does not know (a reply topic deleted
+after its request was admitted, say) is kept out of the transactions while the topic is
+awaited, at most `--topic-metadata-wait-ms` (`actors.emit.destinations`): aiokafka's `send`
+would wait for it inside the open transaction, holding every outcome of the partition. A topic
+the broker says is not there is a refusal (the result answered instead, `reply_to_refused`);
+a broker that did not answer makes it wait again.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from actors.config import WorkerConfig
 from actors.emit.dead_letters import trimmed_dead_letter
+from actors.emit.destinations import TopicWaits
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, send
 from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
@@ -73,6 +81,7 @@ class LaneHooks:
     suppressed: Callable[[Pending], Awaitable[None]]  # answered already: not produced again
     dropped: Callable[[Pending], Awaitable[None]]  # not answered here: the owner answers it
     blocked: Callable[[Pending], Awaitable[None]]  # its dead letter waits for the DLQ
+    waiting: Callable[[Pending], Awaitable[None]]  # its reply topic is awaited
     count: Callable[[str], None]  # retried sends, aborted transactions...
 
 
@@ -105,6 +114,8 @@ class Lane:
         self.answered = AnsweredOffsets()  # committed answers at or past `base`
         self.waiting: dict[int, list[Pending]] = {}  # by offset: the first is produced
         self.blocked_until: dict[int, float] = {}  # offsets whose dead letter waits
+        self.topics = TopicWaits(producer, config.topic_metadata_wait_ms / 1000)
+        self.awaiting: dict[int, asyncio.Task[None]] = {}  # offsets whose topics are awaited
         self.requests: list[_Request] = []
         self.dead = False
         self.closed = asyncio.Event()
@@ -214,7 +225,9 @@ class Lane:
     def _ready_offsets(self) -> list[int]:
         now = time.monotonic()
         return sorted(
-            offset for offset in self.waiting if self.blocked_until.get(offset, 0.0) <= now
+            offset
+            for offset in self.waiting
+            if self.blocked_until.get(offset, 0.0) <= now and offset not in self.awaiting
         )
 
     async def _transaction(self) -> None:
@@ -230,6 +243,7 @@ class Lane:
                 self._dirty = True
                 self._releasing |= request.release
             await self._suppress_answered()
+            self._await_unknown_topics()
             batch, answered = self._batch()
             if batch or self._dirty:
                 await self._write(batch, answered)
@@ -260,6 +274,33 @@ class Lane:
                          partition=self.tp.partition, offset=offset)  # fmt: skip
                 await self.hooks.suppressed(p)
             self.blocked_until.pop(offset, None)
+
+    def _await_unknown_topics(self) -> None:
+        """Set apart the ready outcomes with a record for a topic the producer does not know."""
+        for offset in self._ready_offsets():
+            p = self.waiting[offset][0]
+            if not p.records:
+                self.planner.plan(p, self.config)
+            if topics := {r.topic for r in p.records if not self.topics.known(r.topic)}:
+                self.awaiting[offset] = asyncio.create_task(self._await_topics(offset, p, topics))
+
+    async def _await_topics(self, offset: int, p: Pending, topics: set[str]) -> None:
+        """Wait for `topics` apart; a failed wait is what a refused send would be."""
+        try:
+            await self.hooks.waiting(p)
+            ordered = sorted(topics)
+            waits = await asyncio.gather(*(self.topics.ready(topic) for topic in ordered))
+            failures = dict(zip(ordered, waits, strict=True))
+            refused: list[tuple[Pending, int, BaseException]] = [
+                (p, i, failure)
+                for i, record in enumerate(p.records)
+                if (failure := failures.get(record.topic)) is not None
+            ]
+            if refused and not self.dead and self.waiting.get(offset, [None])[0] is p:
+                await self._answer_failures(refused)
+        finally:
+            self.awaiting.pop(offset, None)
+            self.wake()
 
     def _batch(self) -> tuple[list[int], AnsweredOffsets]:
         """The waiting offsets this transaction takes (ascending, while the metadata that
@@ -364,6 +405,10 @@ class Lane:
             self.hooks.count("lane_fenced")
         self.dead = True
         self.progressed.set()
+        for task in self.awaiting.values():
+            task.cancel()
+        self.awaiting.clear()
+        self.topics.close()
         for request in self.requests:
             if not request.done.done():
                 request.done.set_result(False)

@@ -6,6 +6,7 @@ go on meanwhile; a stop gives it up, undelivered. A fake producer stands in for 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from actors.runtime import Mailbox
 from actors.telemetry.trace_context import TraceContext
 from messages.codec import JSON
 from messages.error_codes import ErrorCode
+from tests.unit.actors.emit.fake_producer import EveryTopic
 
 DLQ = "lane.dlq"
 
@@ -33,6 +35,7 @@ class FakeProducer:
     def __init__(self) -> None:
         self.dlq_refuses = True
         self.sent: list[tuple[str, bytes]] = []
+        self.client = SimpleNamespace(cluster=EveryTopic())  # cluster metadata, as aiokafka has it
 
     async def start(self) -> None:
         pass

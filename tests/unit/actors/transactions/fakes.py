@@ -23,6 +23,7 @@ from actors.transactions.lane import LaneHooks
 from messages.codec import JSON, Codec
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
+from tests.unit.actors.emit.fake_producer import EveryTopic
 
 REQUESTS = "lane.requests"
 REPLIES = "lane.replies"  # where the requests ask their results to go
@@ -46,14 +47,20 @@ def worker_config(**overrides: Any) -> WorkerConfig:
     return WorkerConfig(**(settings | overrides))
 
 
-def pending(offset: int, *, partition: int = 0, config: WorkerConfig | None = None) -> Pending:
+def pending(
+    offset: int,
+    *,
+    partition: int = 0,
+    config: WorkerConfig | None = None,
+    reply_topic: str = REPLIES,
+) -> Pending:
     """An outcome for the record at `offset`, on its way to its partition's lane."""
     config = config or worker_config()
     request_id = f"r-{partition}-{offset}"
     outcome = Outcome(
         record=RecordRef(REQUESTS, partition, offset, 0),
         result=GenerateResult(id=request_id, text=f"answer {offset}"),
-        reply_topic=REPLIES,
+        reply_topic=reply_topic,
         content_type=JSON,
         request=GenerateRequest(id=request_id, prompt_token_ids=[5], max_new_tokens=2),
     )
@@ -192,6 +199,7 @@ class RecordingHooks:
         self.suppressed: list[Pending] = []
         self.dropped: list[Pending] = []
         self.blocked: list[Pending] = []
+        self.waiting: list[Pending] = []
         self.counts: Counter[str] = Counter()
         self._changed = asyncio.Event()
         self._unyielded = 0
@@ -202,6 +210,7 @@ class RecordingHooks:
             suppressed=self._settled(self.suppressed, "suppressed"),
             dropped=self._settled(self.dropped, "dropped"),
             blocked=self._settled(self.blocked, "blocked"),
+            waiting=self._settled(self.waiting, "waiting"),
             count=self.count,
         )
 
@@ -236,13 +245,6 @@ class RecordingHooks:
         while len(self.delivered) + len(self.suppressed) + len(self.dropped) < n:
             self._changed.clear()
             await self._changed.wait()
-
-
-class EveryTopic:
-    """Cluster metadata that knows every topic (one partition each)."""
-
-    def partitions_for_topic(self, topic: str) -> set[int]:
-        return {0}
 
 
 class EventLoopStarved(Exception):

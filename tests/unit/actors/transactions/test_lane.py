@@ -33,6 +33,7 @@ from actors.transactions.answered import (
 from actors.transactions.lane import Lane, LaneFenced
 from messages.error_codes import ErrorCode
 from messages.result import FinishReason
+from tests.unit.actors.emit.fake_producer import MetadataProducer
 from tests.unit.actors.transactions.fakes import (
     DLQ,
     GROUP,
@@ -67,13 +68,14 @@ class Rig:
 
 
 @asynccontextmanager
-async def running_lane(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
-    """An opened lane with its `run()` task; stopped (and the task awaited) at the end."""
+async def running_lane(monkeypatch: pytest.MonkeyPatch, **config: Any) -> AsyncIterator[Rig]:
+    """An opened lane with its `run()` task; stopped (and the task awaited) at the end.
+    `config`: the worker's settings that differ from `worker_config()`'s."""
     monkeypatch.setattr(lane_module, "backoff_s", lambda attempt: 0.0)  # retries at once
     events: list[str] = []
     producer = FakeTransactionalProducer("tokenmill.g.lane.requests.0", events)
     hooks = RecordingHooks(events)
-    lane = Lane(TP, cast(Any, producer), worker_config(), planner(), hooks.lane_hooks())
+    lane = Lane(TP, cast(Any, producer), worker_config(**config), planner(), hooks.lane_hooks())
     lane._wakeup = WatchedWakeup()  # before `run()` waits on it
     await lane.open()
     task = asyncio.create_task(lane.run())
@@ -426,3 +428,54 @@ async def test_the_outcome_at_the_commit_point_goes_even_when_the_metadata_is_fu
         await rig.hooks.settled(1)
         assert rig.sent_offsets() == [0]
         assert sorted(rig.lane.waiting) == [5]
+
+
+# -- a reply topic the lane's producer does not know ------------------------------------------
+
+OTHER = "lane.other"  # a reply topic the producer knows
+
+
+def metadata(rig: Rig, broker: set[str]) -> MetadataProducer:
+    """The lane's producer knows RESULTS, DLQ and OTHER; the broker has `broker`."""
+    meta = MetadataProducer({RESULTS, DLQ, OTHER}, broker=broker)
+    rig.producer.client = meta.client
+    rig.producer.partitions_for = meta.partitions_for  # type: ignore[attr-defined]
+    return meta
+
+
+async def test_an_outcome_for_an_unknown_topic_waits_apart_and_the_others_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waits, goes = pending(0), pending(1, reply_topic=OTHER)
+    async with running_lane(monkeypatch, topic_metadata_wait_ms=3_600_000.0) as rig:
+        meta = metadata(rig, broker={RESULTS, DLQ, OTHER})
+        rig.lane.start(0, "guard", NONE)
+        rig.lane.add(waits)
+        rig.lane.add(goes)
+        rig.lane.wake()
+        await rig.hooks.settled(1)
+        assert rig.hooks.delivered == [goes] and 0 in rig.lane.awaiting
+        assert [s.topic for s in rig.producer.committed_sent()] == [OTHER]
+        meta.appear(REPLIES)  # the topic is made: its outcome goes in the next transaction
+        await rig.hooks.settled(2)
+    assert rig.hooks.delivered == [goes, waits]
+    assert [s.topic for s in rig.producer.committed_sent()] == [OTHER, REPLIES]
+    assert "abort" not in rig.events, "nothing waited inside a transaction"
+    assert rig.hooks.waiting == [waits], "the ingest is told it is not running"
+
+
+async def test_an_outcome_for_a_topic_not_on_the_broker_is_answered_instead_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = pending(0)
+    async with running_lane(monkeypatch, topic_metadata_wait_ms=10.0) as rig:
+        metadata(rig, broker={RESULTS, DLQ, OTHER})
+        rig.lane.start(0, "guard", NONE)
+        rig.lane.add(p)
+        rig.lane.wake()
+        await rig.hooks.settled(1)
+    (committed,) = rig.producer.committed()
+    assert [s.topic for s in committed.sent] == [RESULTS, DLQ]
+    answer = committed.sent[0].result
+    assert answer.error is not None and answer.error.code == ErrorCode.REPLY_TO_REFUSED
+    assert REPLIES in answer.error.message and p.answered == ErrorCode.REPLY_TO_REFUSED
