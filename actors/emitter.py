@@ -68,7 +68,7 @@ from aiokafka import AIOKafkaProducer
 from actors.config import WorkerConfig
 from actors.emit.chunks import ChunkLedger
 from actors.emit.dead_letters import DeadLetterTopic
-from actors.emit.delivery import Delivery
+from actors.emit.delivery import Delivery, Settled
 from actors.emit.destinations import Destinations
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, SentChunk, acknowledged
@@ -353,19 +353,24 @@ class EmitterActor(Actor[Mail]):
         handed_on = 0
         try:
             for p in pending:
+                told = False
                 if any(out.waiting(ack) for ack in _acks(p)):
                     if len(pending) > 1:  # the task tells the ingest
                         tasks.create_task(self._confirm(out, [p], tasks))
                         handed_on += 1
                         continue
                     await self._waiting(p)
+                    told = True
                 try:
-                    settled = await self.delivery.settle(out, p, self.config)
+                    settled = await self.delivery.settle(out, p, self.config, apart=not told)
                 except BaseException as exc:
                     p.spans.end(exc)
                     raise
-                if settled:
+                if settled is Settled.DONE:
                     await self._report(p)
+                elif settled is Settled.WAITS:  # sent again, it waits for its topic
+                    tasks.create_task(self._confirm(out, [p], tasks))
+                    handed_on += 1
                 else:
                     tasks.create_task(self._unblock(out, p))
                     handed_on += 1

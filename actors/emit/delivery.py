@@ -10,6 +10,7 @@ dropped. A producer that is itself broken raises `ProducerBroken`.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
 
 import structlog
@@ -23,6 +24,12 @@ from actors.emit.records import Pending, SentChunk
 from actors.send_errors import ProducerBroken, Verdict, backoff_s, refusal_code, verdict
 
 log = structlog.get_logger("tokenmill.emitter")
+
+
+class Settled(enum.Enum):
+    DONE = "done"  # every record acknowledged, or answered instead
+    BLOCKED = "blocked"  # its dead letter refused even trimmed (`p.blocked` says which)
+    WAITS = "waits"  # a record sent again waits for its topic: settle it apart (`apart=True`)
 
 
 class Delivery:
@@ -42,12 +49,17 @@ class Delivery:
         self.count = count
         self.chunk_confirmed = chunk_confirmed
 
-    async def settle(self, out: Destinations, p: Pending, config: WorkerConfig) -> bool:
-        """Return True once every record of `p` (and every chunk before it) is acknowledged,
-        or answered instead; False when its dead letter is refused even trimmed (`p.blocked`
-        says which record)."""
+    async def settle(
+        self, out: Destinations, p: Pending, config: WorkerConfig, *, apart: bool = False
+    ) -> Settled:
+        """Return DONE once every record of `p` (and every chunk before it) is acknowledged,
+        or answered instead; BLOCKED when its dead letter is refused even trimmed. With
+        `apart`, WAITS as soon as a record sent again waits for its topic (its topic was
+        deleted meanwhile, say), so that the caller settles it apart from the others."""
         for sent in p.chunks:
-            await self.settle_chunk(out, sent)
+            await self.settle_chunk(out, sent, apart=apart)
+            if apart and sent.ack is not None and out.waiting(sent.ack):
+                return Settled.WAITS
         i, attempt = 0, 0
         while i < len(p.records):
             record = p.records[i]
@@ -82,7 +94,7 @@ class Delivery:
                 trimmed = trimmed_dead_letter(record, failure)
                 if trimmed is None:  # refused as small as it gets: it waits for the DLQ
                     p.blocked, p.refusal = i, failure
-                    return False
+                    return Settled.BLOCKED
                 p.records[i] = trimmed
                 p.acks[i] = await out.send(trimmed)
                 continue
@@ -96,10 +108,15 @@ class Delivery:
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
             p.acks[i] = await out.send(record)
-        return True
+            if apart and out.waiting(p.acks[i]):
+                return Settled.WAITS
+        return Settled.DONE
 
-    async def settle_chunk(self, out: Destinations, sent: SentChunk) -> None:
-        """Return once `sent` is acknowledged, or refused for good (then it is dropped)."""
+    async def settle_chunk(
+        self, out: Destinations, sent: SentChunk, *, apart: bool = False
+    ) -> None:
+        """Return once `sent` is acknowledged, or refused for good (then it is dropped); with
+        `apart`, also once it is sent again to wait for its topic (`out.waiting(sent.ack)`)."""
         attempt = 0
         while True:
             if sent.confirmed:
@@ -126,3 +143,5 @@ class Delivery:
             log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
             await asyncio.sleep(delay)
             sent.ack = await out.send(sent.record)
+            if apart and out.waiting(sent.ack):
+                return

@@ -22,8 +22,8 @@ again every 100 ms, and its sender waits on those updates before it sends anythi
     out.close()                    # the producer is going: what still waits is cancelled
 
 A producer that already holds a topic's metadata when the topic is deleted is another case:
-its records sit in the producer's queue, sent again until `--delivery-timeout-ms`, and the
-producer asks the broker for metadata meanwhile (see docs/operations.md).
+its records would sit in the producer's queue; every record sent is watched for that
+(`actors.emit.vanished`), and those found are failed and sent again, to wait here.
 """
 
 from __future__ import annotations
@@ -43,19 +43,13 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from actors.emit.records import Record, retrieve, send
+from actors.emit.records import Record, known, retrieve, send
+from actors.emit.vanished import VanishWatch
 
 log = structlog.get_logger("tokenmill.emitter")
 
 FIRST_POLL_S = 0.05  # the second question to the broker; each later one waits twice as long
 POLL_S = 0.5  # at most, between two questions to the broker while a topic is awaited
-
-
-def known(producer: AIOKafkaProducer, topic: str) -> bool:
-    """Whether `producer` has `topic`'s partitions, so that `send` will not wait for them."""
-    # The producer's cluster metadata, read without a request (aiokafka has no public view).
-    cluster = cast(Any, producer).client.cluster
-    return cluster.partitions_for_topic(topic) is not None
 
 
 async def on_broker(producer: AIOKafkaProducer, topic: str, wait_s: float) -> KafkaError | None:
@@ -134,6 +128,7 @@ class Destinations:
     ) -> None:
         self.producer = producer
         self.topics = TopicWaits(producer, wait_s)
+        self.vanished = VanishWatch(producer, count=count)
         self.count = count
         # Per awaited topic, its records in the order they came, each with what its sender holds.
         self._queues: dict[str, collections.deque[tuple[Record, asyncio.Future[object]]]] = {}
@@ -144,7 +139,7 @@ class Destinations:
         """The acknowledgement of `record`; never waits for its topic (see the module)."""
         queue = self._queues.get(record.topic)
         if queue is None and known(self.producer, record.topic):
-            return await send(self.producer, record)
+            return await self._send(record)
         deferred: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         deferred.add_done_callback(retrieve)
         self._deferred.add(deferred)
@@ -168,6 +163,7 @@ class Destinations:
         for drain in list(self._drains):
             drain.cancel()
         self.topics.close()
+        self.vanished.close()
         for queue in self._queues.values():
             for _, deferred in queue:
                 deferred.cancel()
@@ -182,12 +178,15 @@ class Destinations:
         while queue:  # those that come while one is handed over wait behind it
             record, deferred = queue[0]
             if failure is None:
-                ack = await send(self.producer, record)
+                ack = await self._send(record)
                 ack.add_done_callback(functools.partial(_settle, deferred))
             else:
                 deferred.set_exception(failure)
             queue.popleft()
         self._queues.pop(topic, None)
+
+    async def _send(self, record: Record) -> asyncio.Future[object]:
+        return self.vanished.track(record.topic, await send(self.producer, record))
 
 
 def _settle(deferred: asyncio.Future[object], ack: asyncio.Future[object]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -77,6 +77,13 @@ class Pending:
     def retried(self) -> bool:
         """Its records are its request's next attempt (a retry), not an answer."""
         return bool(self.records) and self.records[0].is_retry
+
+
+def known(producer: AIOKafkaProducer, topic: str) -> bool:
+    """Whether `producer` has `topic`'s partitions, so that `send` will not wait for them."""
+    # The producer's cluster metadata, read without a request (aiokafka has no public view).
+    cluster = cast(Any, producer).client.cluster
+    return cluster.partitions_for_topic(topic) is not None
 
 
 async def send(producer: AIOKafkaProducer, record: Record) -> asyncio.Future[object]:

@@ -61,6 +61,7 @@ from actors.emit.dead_letters import trimmed_dead_letter
 from actors.emit.destinations import TopicWaits
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, send
+from actors.emit.vanished import VanishWatch
 from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
 from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
 
@@ -116,6 +117,7 @@ class Lane:
         self.blocked_until: dict[int, float] = {}  # offsets whose dead letter waits
         self.topics = TopicWaits(producer, config.topic_metadata_wait_ms / 1000)
         self.awaiting: dict[int, asyncio.Task[None]] = {}  # offsets whose topics are awaited
+        self.vanished = VanishWatch(producer, count=hooks.count)  # topics deleted meanwhile
         self.requests: list[_Request] = []
         self.dead = False
         self.closed = asyncio.Event()
@@ -333,7 +335,10 @@ class Lane:
             for p in firsts:
                 if not p.records:
                     self.planner.plan(p, self.config)
-                p.acks = [await send(producer, record) for record in p.records]
+                p.acks = [
+                    self.vanished.track(record.topic, await send(producer, record))
+                    for record in p.records
+                ]
             failures = await _failures(firsts)
             if not failures:
                 metadata = join(self.guard_metadata, answered, base)
@@ -409,6 +414,7 @@ class Lane:
             task.cancel()
         self.awaiting.clear()
         self.topics.close()
+        self.vanished.close()
         for request in self.requests:
             if not request.done.done():
                 request.done.set_result(False)

@@ -9,7 +9,10 @@ after the worker's producer read the broker's topics and the producer never send
 lacks the topic's metadata: the case aiokafka's `send` waits on in line (up to its
 request_timeout_ms, 40 s).
 
-With `--exactly-once` too, where the 20 wait outside their partitions' transactions.
+With `--exactly-once` too, where the 20 wait outside their partitions' transactions. And for
+a reply topic the producer sent to before it was deleted, so still holds the metadata of: its
+records would stay in the producer (`actors.emit.vanished` finds them and sends them again, to
+wait apart like the others).
 
 Two runs in one worker: the same stream of normal requests with 20 requests to a reply topic
 that exists, then with 20 to the deleted one. Whether the 20 hold the others is read from the
@@ -116,9 +119,14 @@ def closing() -> Iterator[list[WorkerProcess]]:
         w.close()
 
 
+@pytest.mark.parametrize("sent_there", [False, True], ids=["never-sent-there", "sent-there-before"])
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 async def test_a_deleted_reply_topic_holds_only_its_own_requests(
-    kafka_bootstrap: str, tmp_path: Path, closing: list[WorkerProcess], exactly_once: bool
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    closing: list[WorkerProcess],
+    exactly_once: bool,
+    sent_there: bool,
 ) -> None:
     lane = await new_lane(kafka_bootstrap, partitions=3)
     there, gone = f"{lane.group}-there.results", f"{lane.group}-gone.results"
@@ -134,9 +142,11 @@ async def test_a_deleted_reply_topic_holds_only_its_own_requests(
     await create_topics(kafka_bootstrap, names={"results": gone})
 
     # The run without a slow destination; its requests to `there` fill the worker's cache of
-    # reply topics (both `there` and `gone` are on the broker then).
-    await run(lane, "a", there)
-    await read_all(lane.bootstrap, there, until=AWAY)
+    # reply topics (both `there` and `gone` are on the broker then). Sent to `gone` instead,
+    # they give the worker's producer its metadata too.
+    before = gone if sent_there else there
+    await run(lane, "a", before)
+    await read_all(lane.bootstrap, before, until=AWAY)
     await read_all(lane.bootstrap, lane.results, until=STREAM)
 
     await delete_topic(kafka_bootstrap, gone)
@@ -172,5 +182,6 @@ async def test_a_deleted_reply_topic_holds_only_its_own_requests(
     letters = await read_all(lane.bootstrap, lane.dlq, until=AWAY)
     assert len(letters) >= AWAY, "each refused request to the dead-letter topic"
     assert "topic_awaited" in worker.log()
+    assert ("topic_vanished" in worker.log()) is sent_there
     with contextlib.suppress(Exception):
         worker.terminate()

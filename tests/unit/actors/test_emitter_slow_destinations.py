@@ -1,13 +1,17 @@
 """A result for a topic the producer does not know waits on its own, bounded: the outcomes
 behind it are produced and delivered meanwhile; after the bound a topic the broker does not
-have is answered instead (`reply_to_refused` on the results topic, the request to the DLQ)."""
+have is answered instead (`reply_to_refused` on the results topic, the request to the DLQ).
+So does one for a topic deleted while the producer still knew it, once that is found."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
 from actors.config import WorkerConfig
+from actors.emit import vanished
 from actors.emitter import EmitterActor
 from actors.mail import Delivered, Outcome, OutcomeBlocked, OutcomeWaiting, RecordRef
 from actors.runtime import Mailbox
@@ -88,3 +92,24 @@ async def test_a_topic_gone_from_the_broker_is_answered_instead_after_the_bound(
     assert len(refused) == 1 and refused[0].error is not None
     assert refused[0].error.code == ErrorCode.REPLY_TO_REFUSED
     assert [key for topic, _, key in fake.sent if topic == DLQ] != [], "the request to the DLQ"
+
+
+async def test_a_topic_deleted_while_the_producer_knew_it_waits_apart_once_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vanished, "POLL_S", 0.01)
+    monkeypatch.setattr(vanished, "STALE_S", 0.02)
+    fake = MetadataProducer({RESULTS, DLQ, GONE}, broker={RESULTS, DLQ},
+                            deleted=frozenset({GONE}))  # fmt: skip
+    actor, delivered = emitter(fake, FOREVER_MS)
+    task = asyncio.create_task(actor.run())
+    for message in (outcome(1, reply_topic=GONE), outcome(2), outcome(3)):
+        await actor.send(message)  # before the actor runs: one batch, 1 settled first
+    waiting: list[int] = []
+    assert sorted(await delivered_offsets(delivered, 2, waiting)) == [2, 3]
+    fake.appear(GONE)
+    assert await delivered_offsets(delivered, 1, waiting) == [1]
+    assert waiting == [1], "the ingest was told it no longer runs"
+    assert fake.sent[-1][0] == GONE, "sent again once its topic was made again"
+    actor.stop()
+    await task

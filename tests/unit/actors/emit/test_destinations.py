@@ -10,8 +10,8 @@ from typing import Any, cast
 import pytest
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 
-from actors.emit.destinations import Destinations, TopicWaits, known, on_broker
-from actors.emit.records import Record
+from actors.emit.destinations import Destinations, TopicWaits, on_broker
+from actors.emit.records import Record, known
 from actors.send_errors import Verdict, verdict
 from tests.unit.actors.emit.fake_producer import MetadataProducer
 
