@@ -21,6 +21,7 @@ from actors.emit.dead_letters import trimmed_dead_letter
 from actors.emit.destinations import Destinations
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, SentChunk
+from actors.emit.vanished import TopicVanished
 from actors.send_errors import ProducerBroken, Verdict, backoff_s, refusal_code, verdict
 
 log = structlog.get_logger("tokenmill.emitter")
@@ -102,7 +103,7 @@ class Delivery:
                 # Even the small error result is refused: the results topic is misconfigured
                 # (or not writable); wait for an operator rather than lose the answer.
                 log.error("results_topic_refused", topic=record.topic, error=repr(failure))
-            delay = backoff_s(attempt)
+            delay = _backoff_s(failure, attempt)
             attempt += 1
             self.count("retried")
             log.warning("send_retrying", topic=record.topic, error=repr(failure), retry_in_s=delay)
@@ -137,7 +138,7 @@ class Delivery:
                 log.warning("chunk_refused", topic=sent.record.topic, error=repr(failure))
                 sent.confirmed = True  # nothing more to do for it
                 return
-            delay = backoff_s(attempt)
+            delay = _backoff_s(failure, attempt)
             attempt += 1
             self.count("retried")
             log.warning("send_retrying", topic=sent.record.topic, error=repr(failure))
@@ -145,3 +146,9 @@ class Delivery:
             sent.ack = await out.send(sent.record)
             if apart and out.waiting(sent.ack):
                 return
+
+
+def _backoff_s(failure: KafkaError, attempt: int) -> float:
+    """How long a send waits before it is made again: none when its topic vanished (sent again,
+    it waits apart for its topic, which is the wait); else backoff, the broker being away."""
+    return 0.0 if isinstance(failure, TopicVanished) else backoff_s(attempt)

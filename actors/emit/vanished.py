@@ -38,8 +38,9 @@ from actors.emit.records import known
 
 log = structlog.get_logger("tokenmill.emitter")
 
-POLL_S = 0.5  # between two looks at the unsettled acknowledgements
-STALE_S = 1.0  # an acknowledgement unsettled this long has its topic looked up on the broker
+POLL_S = 0.25  # between two looks at the unsettled acknowledgements
+STALE_S = 0.5  # an acknowledgement unsettled this long has its topic looked up on the broker
+ASK_S = 1.0  # at most, for the broker's answer (none: nothing is evicted this time)
 
 
 class TopicVanished(KafkaError):  # type: ignore[misc]
@@ -66,7 +67,10 @@ def evict(producer: AIOKafkaProducer, topic: str, failure: KafkaError) -> int:
                 # Sent once and queued again: the callback it got when first sent takes it
                 # out of the in-flight set when it settles, so it must be in that set.
                 accumulator._pending_batches.add(batch)
+            drained = batch._drain_waiter  # awaited only by a sender finding the batch full
             batch.failure(exception=failure)
+            if drained.done():
+                drained.exception()  # read here, or asyncio warns that nobody did
             evicted += 1
     manager = inner._txn_manager
     if manager is not None:
@@ -129,7 +133,7 @@ class VanishWatch:
         None of them when the broker does not answer (a broker away is not a topic gone)."""
         client = cast(Any, self.producer).client
         try:
-            cluster = await asyncio.wait_for(client.fetch_all_metadata(), POLL_S)
+            cluster = await asyncio.wait_for(client.fetch_all_metadata(), ASK_S)
         except (TimeoutError, KafkaError):
             return set()
         on_broker = cluster.topics() | cluster.unauthorized_topics
@@ -137,5 +141,5 @@ class VanishWatch:
         if gone:
             # If it does not come, their records are evicted again at the next look.
             with contextlib.suppress(TimeoutError, KafkaError):
-                await asyncio.wait_for(client.force_metadata_update(), POLL_S)
+                await asyncio.wait_for(client.force_metadata_update(), ASK_S)
         return gone

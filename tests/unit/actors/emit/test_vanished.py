@@ -26,6 +26,7 @@ GONE, KEPT = TopicPartition("gone.results", 0), TopicPartition("kept.results", 0
 def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vanished, "POLL_S", 0.01)
     monkeypatch.setattr(vanished, "STALE_S", 0.02)
+    monkeypatch.setattr(vanished, "ASK_S", 0.01)
 
 
 def producer_of(accumulator: MessageAccumulator, manager: TransactionManager | None) -> Any:
