@@ -55,7 +55,8 @@ delivered (its offset is done: the retry topic holds it now). The retry topics a
 the first start too (`actors.emit.retry_topics`): without them, such a request is
 dead-lettered at once.
 
-Its parts are in `actors.emit`: records, planning, retries, chunks, delivery, dead letters.
+Its parts are in `actors.emit`: records, planning, retries, chunks, delivery, dead letters,
+destinations; its exactly-once side is `actors.transactions.outcomes`.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ from actors.kafka.broker_wait import started
 from actors.mail import (
     CommitOffsets,
     Delivered,
-    Dropped,
     HandOff,
     LaneStart,
     Outcome,
@@ -92,8 +92,7 @@ from actors.send_errors import DeadLetterBlocked, ProducerBroken, UndeliveredRes
 from actors.telemetry.metrics import WorkerMetrics
 from actors.telemetry.request_log import log_outcome
 from actors.telemetry.tracing import RequestSpans, start_request_spans
-from actors.transactions.lane import LaneHooks
-from actors.transactions.lanes import Lanes
+from actors.transactions.outcomes import Notice, Settlement, TransactionalOutcomes
 
 log = structlog.get_logger("tokenmill.emitter")
 
@@ -110,7 +109,7 @@ class EmitterActor(Actor[Mail]):
         config: WorkerConfig,
         mailbox: Mailbox[Mail] | None = None,
         *,
-        delivered: Address[Delivered | OutcomeBlocked | OutcomeWaiting | Dropped] | None = None,
+        delivered: Address[Notice] | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         """`delivered`: the ingest's mailbox, told of each acknowledged outcome and of each
@@ -136,19 +135,11 @@ class EmitterActor(Actor[Mail]):
         self._dlq = DeadLetterTopic()
         self.retry_topics = RetryTopics()
         self.retries_sent = 0  # requests sent to a retry topic for another attempt
-        self.lanes = Lanes(
-            config,
-            self.planner,
-            LaneHooks(
-                delivered=self._committed,
-                suppressed=self._suppressed,
-                dropped=self._dropped,
-                blocked=self._lane_blocked,
-                waiting=self._waiting,
-                count=self._count,
-            ),
+        # With --exactly-once: outcomes go to their input partitions' transactions instead.
+        settlement = Settlement(self._report, self._notify, self._taken, self._count)
+        self.transactional = TransactionalOutcomes(
+            config, self.planner, self.chunks, self.delivery, settlement
         )
-        self.duplicates_suppressed = 0  # outcomes of records answered already (exactly-once)
 
     @property
     def answered_instead(self) -> int:
@@ -216,11 +207,11 @@ class EmitterActor(Actor[Mail]):
                             self._unconfirmed[id(message)] = message
                             group.append(message)
                         else:
-                            confirms.create_task(self._transactions(message))
+                            confirms.create_task(self.transactional.handle(message))
                     for sent in chunks:  # before any outcome: a request's precede its result
                         sent.ack = await out.send(sent.record)
                     if self.config.exactly_once:
-                        confirms.create_task(self._to_lanes(out, group))
+                        confirms.create_task(self.transactional.route(out, group))
                         continue
                     pending = []
                     for outcome in group:
@@ -228,7 +219,7 @@ class EmitterActor(Actor[Mail]):
                         spans = start_request_spans(outcome, group=self.config.group)
                         pending.append(await self._produce(out, outcome, spans))
                     confirms.create_task(self._confirm(out, pending, confirms))
-            await self.stop_lanes()  # stopped: what the lanes hold is committed first
+            await self.transactional.stop()  # stopped: what the lanes hold is committed first
         finally:
             out.close()
             await producer.stop()
@@ -238,11 +229,6 @@ class EmitterActor(Actor[Mail]):
                 dlq=self.dead_letters_sent,
                 answered_instead=self.answered_instead,
             )
-
-    async def stop_lanes(self) -> None:
-        """Commit what the lanes hold, then close them (the worker's last step)."""
-        await self.lanes.flush()
-        await self.lanes.close()
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -255,80 +241,10 @@ class EmitterActor(Actor[Mail]):
             request_timeout_ms=self.config.delivery_timeout_ms,
         )
 
-    # -- exactly-once: outcomes to their partitions' transactions ------------------------
-
-    async def _transactions(self, message: TakeOver | LaneStart | CommitOffsets | HandOff) -> None:
-        match message:
-            case TakeOver(partitions=partitions, done=done):
-                failed = await self.lanes.take_over(partitions)
-                if not done.done():
-                    done.set_result(failed)
-            case LaneStart():
-                self.lanes.start(message)
-            case CommitOffsets(offsets=offsets, release=release, done=done):
-                ok = await self.lanes.commit(offsets, release=release)
-                if not done.done():
-                    done.set_result(ok)
-            case HandOff(partitions=partitions, done=handed):
-                await self.lanes.hand_off(partitions)
-                if not handed.done():
-                    handed.set_result(None)
-
-    async def _to_lanes(self, out: Destinations, group: list[Outcome]) -> None:
-        """Each outcome to its partition's lane once its chunks are acknowledged (they precede
-        its result on the reply topic), then the lanes commit. One whose chunks wait (for
-        their topic, say) waits in a task of its own, holding none of the others."""
-        async with asyncio.TaskGroup() as waits:
-            for outcome in group:
-                spans = start_request_spans(outcome, group=self.config.group)
-                p = Pending(outcome, spans, [], [], key=id(outcome))
-                p.chunks = self.chunks.of(outcome)
-                if all(sent.confirmed for sent in p.chunks):
-                    await self._to_lane(p)
-                else:
-                    waits.create_task(self._chunks_then_lane(out, p))
-            self.lanes.wake()
-
-    async def _chunks_then_lane(self, out: Destinations, p: Pending) -> None:
-        for sent in p.chunks:
-            await self.delivery.settle_chunk(out, sent)
-        await self._to_lane(p)
-        self.lanes.wake()
-
-    async def _to_lane(self, p: Pending) -> None:
-        self._unconfirmed.pop(p.key, None)  # the lane holds it now (or drops it)
-        if not self.lanes.route(p):
-            await self._dropped(p)
-
-    async def _committed(self, p: Pending) -> None:
+    def _taken(self, p: Pending) -> None:
         self._unconfirmed.pop(p.key, None)
-        await self._report(p)
 
-    async def _suppressed(self, p: Pending) -> None:
-        """`p`'s record was answered already: reported delivered, not produced again."""
-        self.duplicates_suppressed += 1
-        p.spans.end(None)
-        self.chunks.forget(p.outcome.result.id, p.chunks)
-        await self._notify(Delivered(record=p.outcome.record, admitted=p.outcome.admitted,
-                                     cost_tokens=p.outcome.cost_tokens))  # fmt: skip
-
-    async def _dropped(self, p: Pending) -> None:
-        """`p`'s partition is no longer this worker's: its owner answers the record."""
-        p.spans.end(None)
-        self.chunks.forget(p.outcome.result.id, p.chunks)
-        self._count("dropped_not_owner")
-        await self._notify(Dropped(record=p.outcome.record, admitted=p.outcome.admitted,
-                                   cost_tokens=p.outcome.cost_tokens))  # fmt: skip
-
-    async def _lane_blocked(self, p: Pending) -> None:
-        self._count("dead_letter_blocked")
-        await self._notify(OutcomeBlocked(p.outcome.record))
-
-    async def _waiting(self, p: Pending) -> None:
-        """`p` waits for its reply topic: the ingest no longer counts it as running."""
-        await self._notify(OutcomeWaiting(p.outcome.record))
-
-    async def _notify(self, notice: Delivered | OutcomeBlocked | OutcomeWaiting | Dropped) -> None:
+    async def _notify(self, notice: Notice) -> None:
         if self.delivered is not None:
             await self.delivered.send(notice)
 
@@ -359,7 +275,7 @@ class EmitterActor(Actor[Mail]):
                         tasks.create_task(self._confirm(out, [p], tasks))
                         handed_on += 1
                         continue
-                    await self._waiting(p)
+                    await self._notify(OutcomeWaiting(p.outcome.record))  # it waits apart
                     told = True
                 try:
                     settled = await self.delivery.settle(out, p, self.config, apart=not told)
@@ -382,14 +298,8 @@ class EmitterActor(Actor[Mail]):
         """`p` is acknowledged: tell the ingest, which may commit its offset."""
         self._delivered(p)
         self.chunks.forget(p.outcome.result.id, p.chunks)
-        if self.delivered is not None:
-            await self.delivered.send(
-                Delivered(
-                    record=p.outcome.record,
-                    admitted=p.outcome.admitted,
-                    cost_tokens=p.outcome.cost_tokens,
-                )
-            )
+        await self._notify(Delivered(record=p.outcome.record, admitted=p.outcome.admitted,
+                                     cost_tokens=p.outcome.cost_tokens))  # fmt: skip
         self._unconfirmed.pop(p.key, None)
 
     async def _unblock(self, out: Destinations, p: Pending) -> None:
@@ -401,8 +311,7 @@ class EmitterActor(Actor[Mail]):
         self.blocked[p.key] = source
         attempt, cap = 0, self.blocked_retry_s
         try:
-            if self.delivered is not None:
-                await self.delivered.send(OutcomeBlocked(source))
+            await self._notify(OutcomeBlocked(source))
             while p.blocked is not None:
                 record = p.records[p.blocked]
                 delay = backoff_s(attempt, first_s=min(1.0, cap), cap_s=cap)

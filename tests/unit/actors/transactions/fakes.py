@@ -1,6 +1,6 @@
 """A transactional producer without a broker, the lanes' hooks as a recorder, and outcomes
-built the way the emitter hands them to a lane (`EmitterActor._to_lanes`), for the unit tests
-of `actors.transactions`. What a test reads back is what a read_committed consumer would see:
+built the way the emitter hands them to a lane (`TransactionalOutcomes.route`), for the unit
+tests of `actors.transactions`. What a test reads back is what a read_committed consumer would see:
 the records and offsets of committed transactions."""
 
 from __future__ import annotations
