@@ -94,6 +94,8 @@ def render_server_properties(
         "auto.create.topics.enable": "false",
         # The default 50 partitions make the first consumer-group join take seconds.
         "offsets.topic.num.partitions": "4",
+        # Likewise the transaction log's: the first --exactly-once worker would make 50.
+        "transaction.state.log.num.partitions": "4",
         **(extra or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
