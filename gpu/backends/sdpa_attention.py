@@ -20,15 +20,18 @@ those models attend over the same gathered blocks with the scores computed in to
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from gpu.backends.metadata import AttentionMetadata
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import LayerKV
+
+if TYPE_CHECKING:  # imports torch._dynamo: only where it is used (`_lower_right`)
+    from torch.nn.attention.bias import CausalBias
 
 
 def gather_blocks(
@@ -154,7 +157,7 @@ def _prefill_spans(
             continue
         bias: torch.Tensor | CausalBias | None = span.mask
         if bias is None and span.blocks is not None:
-            bias = causal_lower_right(n, span.context)  # no [n, context] tensor is built
+            bias = _lower_right(n, span.context, q.device)
         op = F.scaled_dot_product_attention(
             qp,
             kp.unsqueeze(0),
@@ -165,6 +168,18 @@ def _prefill_spans(
             enable_gqa=True,
         )  # [1, heads, n, head_dim]
         out[span.begin : span.end] = op[0].transpose(0, 1)
+
+
+def _lower_right(n: int, context: int, device: torch.device) -> torch.Tensor | CausalBias:
+    """The lower-right causal bias of `n` queries ending a `context`. On CUDA torch's
+    `CausalBias`: no [n, context] tensor is built, the memory-efficient kernel applies it. On
+    the CPU SDPA would build that mask itself, so it is given: `torch.nn.attention.bias`
+    imports torch._dynamo, ~3 s of every CPU process's start-up, for nothing there."""
+    if device.type != "cuda":
+        return _causal(n, context, device)
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(n, context)
 
 
 def _causal(n: int, context: int, device: torch.device) -> torch.Tensor:  # [n, context] bool

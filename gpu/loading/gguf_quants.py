@@ -4,7 +4,8 @@ as the integers and per-group scales they are (`to_quantized`, a `QuantizedWeigh
 Each block type the engine knows is unpacked once, here, into its integers and float32 group
 scales and offsets, with the same arithmetic, in the same order, as gguf-py's `gguf.quants` (the
 reference the tests hold this module to, bit for bit). `dequantize` runs Q8_0, Q5_0, Q4_K and
-Q6_K (the types of a Q4_K_M file) through those unpackers and any other type through gguf-py.
+Q6_K (the types of a Q4_K_M file), Q4_1 and Q5_1 through those unpackers and any other type
+through gguf-py.
 Either way a tensor is read a slice of blocks at a time into its output, so the scratch stays
 small whatever the tensor's size and the output is in its final form from the start.
 """
@@ -135,8 +136,9 @@ _UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[torch.Tensor], _Unpacked]
 }
 QUANTIZED_TYPES = tuple(_UNPACKERS)
 _OFFSET_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_1, Q.Q5_K)  # those with a minimum (Q4_0: -8 d)
-# Bit-identical to gguf-py through `_values`; Q4_0 is not (the sign of a zero, above).
-TORCH_TYPES = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K)
+# Bit-identical to gguf-py through `_values`; Q4_0 is not (the sign of a zero, above). Q4_1
+# and Q5_1 are SmolLM2's types: gguf-py's row-by-row numpy took 3 s of its 5 s load.
+TORCH_TYPES = (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q5_1)
 
 
 def _values(unpacked: _Unpacked) -> torch.Tensor:

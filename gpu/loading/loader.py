@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,6 +45,9 @@ class LoadedModel:
     device: torch.device
     packed_bytes: int = 0  # what the packed copies hold beyond the parameters
     quantization: str = "none"  # the linear weights' formats (`gpu.quant.scheme.describe`)
+    # Seconds by phase: checkpoint (config, tokenizer, tensor index), build, weights (read,
+    # dequantized, copied in), kernels (native kernels built or loaded, linears packed), digest.
+    load_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def linear_kernel(self) -> str:
@@ -103,24 +107,31 @@ def load_model(
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     scheme = Quantization.parse(quantization)
+    lap = _Laps()
     ckpt = load_checkpoint(path, dtype)
+    lap("checkpoint")
     with torch.device("meta"):
         module = build_module(ckpt.config, ckpt.config.max_position_embeddings)
     # Materialise straight on the device in the compute dtype, then copy each weight in: the
     # host never holds a second, converted copy of the model.
-    module = module.to(dtype=dtype).to_empty(device=device).eval()
+    module = materialize(module.to(dtype=dtype), device).eval()
     _tie_and_fill_buffers(module, ckpt.config, device)
+    lap("build")
     src = WeightSource(ckpt.tensors, path, keep_quantized=scheme.keeps_file_quantization)
     module.load_weights(src)  # type: ignore[operator]
     if scheme.quantizes_floats:
         quantize_linears(module, scheme, keep)
     tie_quantized(module, ckpt.config)
+    lap("weights")
     if pack and packing_available(device, dtype):
         pack_linears(module, cpu_kernels())  # in panels where the native kernels build
+    lap("kernels")
     default_name = path.stem if path.is_file() else path.name
+    digest = content_digest(ckpt.files)
+    lap("digest")
     return LoadedModel(
         name=name or default_name,
-        digest=content_digest(ckpt.files),
+        digest=digest,
         path=path,
         config=ckpt.config,
         tokenizer=ckpt.tokenizer,
@@ -129,7 +140,32 @@ def load_model(
         device=device,
         packed_bytes=packed_bytes(module),
         quantization=describe(module, dtype),
+        load_s=lap.laps,
     )
+
+
+class _Laps:
+    """Seconds each phase of a load took, by name, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.laps[phase] = round(now - self._last, 3)
+        self._last = now
+
+
+def materialize(module: nn.Module, device: torch.device) -> nn.Module:
+    """A module built on the meta device, its tensors now uninitialised on `device` (what
+    `nn.Module.to_empty` does, whose `empty_like` on meta tensors imports sympy: 0.3 s)."""
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=t.dtype, device=device)
+
+    module._apply(empty)  # type: ignore[no-untyped-call]  # as `to_empty` does, with `empty`
+    return module
 
 
 def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.device) -> None:

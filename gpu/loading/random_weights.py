@@ -20,7 +20,7 @@ from torch import nn
 from gpu.device import default_device, default_dtype, dtype_name
 from gpu.errors import CheckpointError
 from gpu.kernels.native import cpu_kernels
-from gpu.loading.loader import LoadedModel, _tie_and_fill_buffers, build_module
+from gpu.loading.loader import LoadedModel, _tie_and_fill_buffers, build_module, materialize
 from gpu.loading.model_config import check_activation, config_from_hf
 from gpu.loading.tokenizer import Tokenizer
 from gpu.model_config import ModelConfig
@@ -73,7 +73,7 @@ def load_random_model(
     scheme = Quantization.parse(quantization)
     with torch.device("meta"):
         module = build_module(config, config.max_position_embeddings)
-    module = module.to(dtype=dtype).to_empty(device=device).eval()
+    module = materialize(module.to(dtype=dtype), device).eval()
     _tie_and_fill_buffers(module, config, device)
     fill_random(module, std, seed)
     if scheme.quantizes_floats:

@@ -23,10 +23,12 @@ from gpu.model_config import ModelConfig
 from gpu.models.layers import (
     WeightSource,
     copy_into,
+    embedding,
     fill_embedding,
     fill_linear,
     load_attention,
     load_gated_mlp,
+    on_meta,
     rope_tables,
 )
 
@@ -135,13 +137,14 @@ class GemmaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.fill_rope(max_positions)
+        if not on_meta():  # there, the loader fills them once materialised
+            self.fill_rope(max_positions)
 
     def fill_rope(self, max_positions: int, device: torch.device | None = None) -> None:
         """(Re)build the RoPE tables in float32: on `device` once materialised from the meta

@@ -14,7 +14,7 @@ from gpu.backends.layer_ops import AttentionShape, LayerOps
 from gpu.backends.metadata import AttentionMetadata, ModelInputs
 from gpu.kv_pool import KVPool, LayerKV
 from gpu.model_config import ModelConfig
-from gpu.models.layers import WeightSource, copy_into
+from gpu.models.layers import WeightSource, copy_into, embedding
 
 
 class GPT2Layer(nn.Module):
@@ -49,8 +49,8 @@ class GPT2ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.wte = nn.Embedding(config.vocab_size, h)
-        self.wpe = nn.Embedding(config.max_position_embeddings, h)
+        self.wte = embedding(config.vocab_size, h)
+        self.wpe = embedding(config.max_position_embeddings, h)
         self.layers = nn.ModuleList(GPT2Layer(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(h, eps=config.norm_eps)
         self.lm_head = nn.Linear(h, config.vocab_size, bias=False)

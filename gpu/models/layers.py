@@ -231,6 +231,20 @@ def fill_linear(owner: Any, attr: str, parts: list[torch.Tensor | QuantizedWeigh
     copy_into(linear.weight, floats[0] if len(floats) == 1 else torch.cat(floats))
 
 
+def on_meta() -> bool:
+    """Whether modules are being built on the meta device (as the loaders build them): values
+    computed there are lost, and torch runs ops on meta tensors through its reference
+    implementations, which import torch._dynamo (~3 s of a start-up)."""
+    return torch.empty(0).device.type == "meta"
+
+
+def embedding(rows: int, dim: int) -> nn.Embedding:
+    """An nn.Embedding whose weight is left uninitialised (it is loaded next). Its default
+    initialisation draws normal values, which on the meta device goes through torch's
+    reference ops and imports torch._dynamo: ~3 s of every start-up, for values thrown away."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
 def fill_embedding(owner: nn.Module, attr: str, value: torch.Tensor | QuantizedWeight) -> None:
     """Fill `owner.<attr>` (an nn.Embedding); a quantized table becomes a QuantizedEmbedding."""
     embedding = getattr(owner, attr)

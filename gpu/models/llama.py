@@ -21,10 +21,12 @@ from gpu.models.layers import (
     RMSNorm,
     WeightSource,
     copy_into,
+    embedding,
     fill_embedding,
     fill_linear,
     load_attention,
     load_gated_mlp,
+    on_meta,
     rope_tables,
 )
 from gpu.models.moe import EXPERT_NAMES, SparseMoE
@@ -90,13 +92,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaLayer(config, n) for n in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        cos, sin = rope_tables(config, max_positions)
+        # On the meta device the loader fills them once materialised (`gpu.loading.loader`).
+        cos, sin = (torch.empty(0),) * 2 if on_meta() else rope_tables(config, max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)  # [positions, head_dim]
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -192,6 +192,29 @@ def batch_bench(**kwargs: Any) -> None:
     _show(_run(lambda: run_batch_bench(options, _say)), kwargs)
 
 
+@bench.command("startup")
+@_opt("--model", "-m", default="smollm2-135m", text="Alias, .gguf file or HF folder.")
+@_int("--rounds", 3, "Rounds of a probe, a one-token generate and a worker's start.")
+@kafka_options
+@_int("--timeout", 120, "Seconds each process may take.")
+@_report_options
+def startup_bench(**kwargs: Any) -> None:
+    """How long a cold process takes to be useful, in fresh processes each round.
+
+    A probe times the phases from inside (torch's import, tokenmill's, the loader's checkpoint,
+    build, weights, kernels and digest, the engine, one token); `tokenmill generate
+    --max-new-tokens 1` is timed whole; a `tokenmill worker` is timed from its spawn to its
+    first `/readyz` 200 (on a broker started for the run unless --bootstrap-servers or
+    --kafka-config give one). Reports every round and the medians; targets: ready and one
+    token each within 5 s.
+    """
+    from ops.bench.startup import StartupOptions, run_startup_bench
+
+    given = {"kafka": _bench_kafka(kwargs), "timeout_s": kwargs["timeout"]}
+    options = _run(lambda: _given(StartupOptions, kwargs, **given))
+    _show(_run(lambda: run_startup_bench(options, _say)), kwargs)
+
+
 @bench.command("swap")
 @_opt("--model", "-m", default="smollm2-135m",
       text="Alias, .gguf file or HF folder; the worker's a and b both link to it.")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,7 +87,12 @@ def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
             return build_engine(choice) if kind == "torch" else _echo_engine(choice)
 
     thread = engine_thread()  # the engine is built where it will be stepped
+    loading = time.perf_counter()
     engine = result_of(thread.submit(load))  # what `build_on` does, with signals seen
+    structlog.get_logger("tokenmill.worker").info(
+        "model_loaded", model=choice.model, seconds=round(time.perf_counter() - loading, 3),
+        phases=getattr(engine.model, "load_s", {}),  # the echo engine's model has none
+    )  # fmt: skip
     try:
         service = Worker(
             config,

@@ -1,8 +1,9 @@
 """SIGTERM or SIGINT while a worker starts: exit 0 with one log line, not a death by signal.
 
-A worker takes a while to start: its imports, the broker preflight, loading the model (17-32 s
-on a busy machine). Until its event loop serves, Python's default handlers would end it with
-exit 143 (SIGTERM: killed, nothing logged) or a KeyboardInterrupt traceback (SIGINT), and an
+A worker takes a while to start: its imports, the broker preflight, loading the model (3-4 s
+in all for SmolLM2 on a quiet 2-core machine, far longer on a busy one or for a larger
+model). Until its event loop serves, Python's default handlers would end it with exit 143
+(SIGTERM: killed, nothing logged) or a KeyboardInterrupt traceback (SIGINT), and an
 orchestrator that stops a worker still starting would count a failure. So `tokenmill`'s entry
 point (ops/cli.py `main`) installs the handler before it imports the command, and the command
 takes that one over; run any other way (a test's `CliRunner`), the command installs its own.

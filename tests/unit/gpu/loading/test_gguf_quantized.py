@@ -229,12 +229,10 @@ def _hf_name(gguf_name: str) -> str:
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
 def real(request: pytest.FixtureRequest) -> tuple[str, Path, GGUFTensors]:
-    from ops.models.registry import is_cached, model_path
-
+    """A real model's tensors, its file fetched first where this machine has none yet (the
+    session's `smollm2_path` and `gemma3_path` fixtures), as every real-model test does."""
     alias = request.param
-    if not is_cached(alias):
-        pytest.skip(f"{alias} is not in the model cache (`tokenmill fetch {alias}`)")
-    path = model_path(alias)
+    path = request.getfixturevalue("smollm2_path" if alias == "smollm2-135m" else "gemma3_path")
     tensors = load_gguf(path).tensors
     assert isinstance(tensors, GGUFTensors)
     return alias, path, tensors
