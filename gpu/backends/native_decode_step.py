@@ -49,16 +49,16 @@ class LlamaWeights(Protocol):
 
 
 DECODE_STEP_ROWS = 2  # the most decode tokens for the native path (measured: from 3 the layers win)
-VECTORS_PER_LAYER = 4  # the C side's layout of `layer_vectors`: norms and biases
+VECTORS_PER_LAYER = 6  # the C side's layout of `layer_vectors`: norms and biases
 LINEARS_PER_LAYER = 5  # and of `layer_linears`: qkv, o, gate, up, down
 
 
 def implements(config: ModelConfig) -> bool:
-    """Whether `tm_llama_decode` computes this model: plain Llama layers, so no q/k norms
-    (Qwen3), no experts (Mixtral, Qwen3-MoE) and RoPE over whole heads (not Phi-4-mini's
+    """Whether `tm_llama_decode` computes this model: Llama layers, Qwen3's q/k norms
+    included, but no experts (Mixtral, Qwen3-MoE) and RoPE over whole heads (not Phi-4-mini's
     partial rotary). LongRoPE (Phi-3) is only other rope tables and rows, which the step
     takes as given."""
-    return not config.qk_norm and not config.num_experts and config.rotary_dim == config.head_dim
+    return not config.num_experts and config.rotary_dim == config.head_dim
 
 
 class DecodeStep:
@@ -79,6 +79,8 @@ class DecodeStep:
                 attn.qkv_proj.bias,
                 attn.o_proj.bias,
                 layer.post_attention_layernorm.weight,
+                attn.q_norm.weight if c.qk_norm else None,
+                attn.k_norm.weight if c.qk_norm else None,
             ]
             gate_up = held_weight(mlp.gate_up_proj)
             # gate's panels then up's: both or neither (a thread applies silu(gate) · up to

@@ -46,8 +46,9 @@ static void linear_part(const tm_weight *w, const float *bias, const float *x, i
 
 /* m decode tokens, one per sequence, through every layer and the LM head.
  *
- * Per layer, `layer_vectors` holds 4 pointers: input norm, qkv bias (or NULL), o bias (or
- * NULL), post-attention norm; `layer_linears` 5 weights: qkv [q + 2 kv, hidden], o [hidden,
+ * Per layer, `layer_vectors` holds 6 pointers: input norm, qkv bias (or NULL), o bias (or
+ * NULL), post-attention norm, q norm and k norm (Qwen3's RMSNorm over each head, before the
+ * rotation; or NULL); `layer_linears` 5 weights: qkv [q + 2 kv, hidden], o [hidden,
  * q], gate [inter, hidden], up [inter, hidden], down [hidden, inter] (`lm_head` [vocab,
  * hidden]); `k_layers`/`v_layers` each layer's pool [blocks, block_size,
  * kv_heads, head_dim]. Token r is at `positions[r]` (its rows of the rotary tables cos, sin
@@ -80,7 +81,7 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
         for (int64_t r = 0; r < m; ++r)
             rms_norm_row(residual + r * hidden, layer_vectors[0], eps, hidden, normed + r * hidden);
         for (int64_t l = 0; l < layers; ++l) {
-            const float *const *lv = layer_vectors + 4 * l;
+            const float *const *lv = layer_vectors + 6 * l;
             const tm_weight *lw = layer_linears + 5 * l;
             linear_part(&lw[0], lv[1], normed, hidden, m, hidden, qkv_size, qkv_size, qkv, mine,
                         &b, &e);
@@ -88,6 +89,11 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < m; ++r) {
                 float *row = qkv + r * qkv_size;
+                if (lv[4]) /* q/k norms: each head of q, then of k, in place */
+                    for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
+                        float *head = row + hd * head_dim;
+                        rms_norm_row(head, hd < heads ? lv[4] : lv[5], eps, head_dim, head);
+                    }
                 rope_row(row, heads + kv_heads, head_dim, cos + positions[r] * head_dim,
                          sin + positions[r] * head_dim);
                 float *kslot = k_layers[l] + slots[r] * token_stride;
@@ -124,7 +130,7 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
                         &e);
 #pragma omp barrier
             add_and_norm(residual, h, m, hidden,
-                         l + 1 < layers ? layer_vectors[4 * (l + 1)] : final_norm, eps, normed);
+                         l + 1 < layers ? layer_vectors[6 * (l + 1)] : final_norm, eps, normed);
         }
         linear_part(lm_head, NULL, normed, hidden, m, hidden, vocab, vocab, logits, mine, &b, &e);
         free(mine);

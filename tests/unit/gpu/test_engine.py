@@ -150,12 +150,12 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
     if isinstance(model.module, LlamaForCausalLM) and cpu_kernels() is not None:
-        # The native step runs only what it implements: not q/k norms, experts, partial rotary.
+        # The native step runs only what it implements: not experts, partial rotary.
         decode_step = getattr(engines[0].backend, "decode_step", None)
         assert (decode_step is not None) == implements(model.config)
 
 
-@pytest.mark.parametrize("arch", ("llama", "llama_tied", "qwen2"))
+@pytest.mark.parametrize("arch", ("llama", "llama_tied", "qwen2", "qwen3"))
 def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Decode steps of many sequences take the one-call step over the panels (up to
     `PANEL_ROWS` rows), and give transformers' tokens."""

@@ -162,6 +162,7 @@ def hold_quantized(module: nn.Module, names: set[str]) -> int:
         ("llama", set(FORMATS)),
         ("llama_scaled", set(FORMATS)),  # q/k/v and o biases
         ("llama_tied", set(FORMATS) - {"lm_head"}),  # the head float, the rest quantized
+        ("qwen3", set(FORMATS)),  # q/k norms over each head, before the rotation
     ],
 )
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
