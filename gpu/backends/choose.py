@@ -3,6 +3,8 @@ engine's configuration."""
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from gpu.backends.backend import Backend, StaticDecodes
@@ -50,6 +52,9 @@ def build_backend(
     `window`: the model's sliding window, if some layers have one; `max_blocks`: the widest
     block table (a sequence of max_model_len)."""
     kernels = step_kernels(model, config)
+    if model.device.type == "cuda":  # SDPA's CausalBias: imported now (it imports
+        importlib.import_module("torch.nn.attention.bias")  # torch._dynamo, ~3 s), not
+        # at the first prefill over a cached context (`sdpa_attention._lower_right`)
     options: dict[str, object] = {"seed": config.seed, "window": window, "long_rope": long_rope}
     options["eos_token_ids"] = model.eos_token_ids  # what min_tokens bans
     if kernels is None:
