@@ -39,9 +39,12 @@ def bench() -> None:
 @_opt("--profile", "profile_dir", type=click.Path(file_okay=False, path_type=Path),
       text="After the timed runs, profile engine steps; Chrome traces go here.")  # fmt: skip
 @_int("--profile-decode-steps", 8, "Decode steps in the decode trace.")
-@_opt("--workload", type=click.Choice(["mixed", "copy", "shared-prefix", "openai-fields"]),
-      default="mixed", text="mixed: the seeded workload against transformers (with "
-      "--speculative or --speculative-model: against the engine without speculation); copy: "
+@_opt("--workload", default="mixed",
+      type=click.Choice(["mixed", "prefill-heavy", "copy", "shared-prefix", "openai-fields"]),
+      text="mixed: the seeded workload against transformers (with "
+      "--speculative or --speculative-model: against the engine without speculation); "
+      "prefill-heavy: the same with prompts of 256-1024 tokens and outputs of 16-128 "
+      "(the --min/--max lengths are ignored); copy: "
       "up to --requests rewrite, extract and code-edit prompts (chat template, greedy, up to "
       "--max-output new tokens), with speculation against without; shared-prefix: "
       "--requests requests sharing one --prefix-tokens system prompt, prefix caching on and "
@@ -91,7 +94,10 @@ def engine(**kwargs: Any) -> None:
 
         fields_args = (_workload(k), k["prefix_tokens"], k["repeats"] or 1, _say)
         return _show(_run(lambda: run_openai_fields(eng, *fields_args)), k)
-    options = _given(EngineBenchOptions, k, workload=_workload(k))
+    workload = _workload(k)
+    if k["workload"] == "prefill-heavy":
+        workload = workload.prefill_heavy()
+    options = _given(EngineBenchOptions, k, workload=workload)
     report = _run(lambda: run_bench(eng, options, _say))
     if k["decode_roofline"] or (k["decode_roofline"] is None and eng.model.device.type == "cuda"):
         from ops.bench.gpu_decode import DecodeOptions, run_decode_roofline

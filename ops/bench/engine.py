@@ -17,7 +17,14 @@ import torch
 
 from gpu.engine import Engine
 from gpu.loading.random_weights import has_random_weights
-from ops.bench.flops import FLOP_FORMULA, DecodeTracker, FlopModel, gemm_peak_gflops, steady_decode
+from ops.bench.flops import (
+    FLOP_FORMULA,
+    DecodeTracker,
+    FlopModel,
+    gemm_peak_gflops,
+    prefill_rate,
+    steady_decode,
+)
 from ops.bench.report import Narrate, Report, quiet, ratio, significant
 from ops.bench.runs import BATCH1_NEW_TOKENS, batch1, engine_facts, measure, profile_engine, warm
 from ops.bench.workload import BenchRequest, Workload, engine_requests
@@ -61,6 +68,10 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     stats = run.stats() | {"expected_output_tokens": sum(r.max_new_tokens for r in workload)}
     tracker = DecodeTracker({r.request_id: len(r.prompt_token_ids) for r in requests})
     steady = steady_decode(run.run, run.sampled, tracker, flop_model)
+    say(f"engine: the {len(workload)} prompts alone, one new token each (prefill)")
+    prompts_only = [BenchRequest(r.prompt_token_ids, 1) for r in workload]
+    alone = measure(engine, engine_requests(prompts_only, "prefill-"))
+    report["prefill"] = prefill_rate(prompts_only, alone.wall_s, flop_model, peak)
     say(f"engine: batch 1, up to {BATCH1_NEW_TOKENS} prompt and {BATCH1_NEW_TOKENS} new tokens")
     report["batch1"] = batch1(engine, w.seed)
     contenders = {"engine": stats, **_transformers_runs(engine, workload, o, run.tokens, say)}
@@ -86,6 +97,7 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
         report.headline(name, c, "skipped", "output_tokens_per_s", "requests", "wall_s")
     report.headline("batch 1", report["batch1"], "decode_tokens_per_s", "decode_step_ms")
     report.headline("GFLOP/s", report["flops"], "engine_gflops", "gemm_peak_gflops")
+    report.headline("prefill", report["prefill"], "prompt_tokens_per_s", "fraction_of_gemm_peak")
     report["profile"] = None
     if o.profile_dir is not None:
         say(f"profiling engine steps into {o.profile_dir}")

@@ -97,6 +97,21 @@ def gemm_peak_gflops(
     return 2 * n**3 * repeats / best / 1e9
 
 
+def prefill_rate(
+    workload: Sequence[BenchRequest], wall_s: float, flop_model: FlopModel, peak_gflops: float
+) -> dict[str, Any]:
+    """What a run of `workload`'s prompts alone (one new token each: nothing but prefill and
+    one sample a request) took: prompt tokens/s, GFLOP/s and their share of the GEMM peak."""
+    tokens = sum(len(r.prompt_token_ids) for r in workload)
+    keys = sum(len(r.prompt_token_ids) * (len(r.prompt_token_ids) + 1) // 2 for r in workload)
+    gflops = flop_model.flops(tokens, len(workload), keys) / wall_s / 1e9
+    return {
+        "requests": len(workload), "prompt_tokens": tokens, "wall_s": round(wall_s, 3),
+        "prompt_tokens_per_s": significant(tokens / wall_s), "gflops": significant(gflops),
+        "fraction_of_gemm_peak": round(gflops / peak_gflops, 4),
+    }  # fmt: skip
+
+
 class DecodeTracker:
     """Tells pure-decode steps apart (every sequence fed one token, its last output, and
     sampled) and counts each request's outputs: the keys each decode attended to, which the

@@ -33,6 +33,11 @@ class Workload:
     min_output: int = 16
     max_output: int = 256
 
+    def prefill_heavy(self) -> Workload:
+        """The same requests and seed, prompts of 256–1,024 tokens and outputs of 16–128: about
+        nine prompt tokens to an output token, where prefill's products decide the rate."""
+        return replace(self, min_prompt=256, max_prompt=1024, min_output=16, max_output=128)
+
     def with_seed(self, seed: int, requests: int | None = None) -> Workload:
         return replace(self, seed=seed, requests=self.requests if requests is None else requests)
 

@@ -102,6 +102,10 @@ def test_report_shape(report: dict[str, Any]) -> None:
     assert f["steady_decode"]["steps"] > 0 and f["steady_decode"]["gflops"] > 0
     assert f["steady_decode_fraction"] is not None
     assert "lm_head" in f["formula"]
+    prefill = report["prefill"]  # the prompts alone, one new token each
+    assert prefill["requests"] == report["workload"]["requests"]
+    assert prefill["prompt_tokens"] == report["workload"]["prompt_tokens"]
+    assert prefill["prompt_tokens_per_s"] > 0 and prefill["fraction_of_gemm_peak"] > 0
     for target in report["targets"].values():
         assert set(target) == {"target", "at_least", "value", "met"}
         assert isinstance(target["met"], bool)
@@ -142,6 +146,14 @@ def test_flop_model_counts_the_workload() -> None:
     # prompt 3 + 2 outputs: positions 0..3 fed (4 tokens), keys 1+2+3+4, 2 sampled rows.
     expected = 2 * fm.linear_params * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * 10
     assert fm.workload_flops([BenchRequest([1, 2, 3], 2)]) == expected
+
+
+def test_prefill_heavy_keeps_the_requests_and_seed_with_long_prompts() -> None:
+    heavy = Workload(requests=5, seed=3).prefill_heavy()
+
+    assert (heavy.requests, heavy.seed) == (5, 3)
+    # the prompts' mean at least 4x the outputs' (the prefill-heavy: ≥ 4x)
+    assert heavy.min_prompt + heavy.max_prompt >= 4 * (heavy.min_output + heavy.max_output)
 
 
 def _cli(checkpoint: Path, args: str) -> Any:
