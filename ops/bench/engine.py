@@ -70,8 +70,9 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     steady = steady_decode(run.run, run.sampled, tracker, flop_model)
     say(f"engine: the {len(workload)} prompts alone, one new token each (prefill)")
     prompts_only = [BenchRequest(r.prompt_token_ids, 1) for r in workload]
+    engine.reset_prefix_cache()  # the workload's run left these prompts cached
     alone = measure(engine, engine_requests(prompts_only, "prefill-"))
-    report["prefill"] = prefill_rate(prompts_only, alone.wall_s, flop_model, peak)
+    report["prefill"] = prefill_rate(prompts_only, alone.run, alone.wall_s, flop_model, peak)
     say(f"engine: batch 1, up to {BATCH1_NEW_TOKENS} prompt and {BATCH1_NEW_TOKENS} new tokens")
     report["batch1"] = batch1(engine, w.seed)
     contenders = {"engine": stats, **_transformers_runs(engine, workload, o, run.tokens, say)}

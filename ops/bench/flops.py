@@ -98,7 +98,11 @@ def gemm_peak_gflops(
 
 
 def prefill_rate(
-    workload: Sequence[BenchRequest], wall_s: float, flop_model: FlopModel, peak_gflops: float
+    workload: Sequence[BenchRequest],
+    run: OfflineRun,
+    wall_s: float,
+    flop_model: FlopModel,
+    peak_gflops: float,
 ) -> dict[str, Any]:
     """What a run of `workload`'s prompts alone (one new token each: nothing but prefill and
     one sample a request) took: prompt tokens/s, GFLOP/s and their share of the GEMM peak."""
@@ -109,6 +113,7 @@ def prefill_rate(
         "requests": len(workload), "prompt_tokens": tokens, "wall_s": round(wall_s, 3),
         "prompt_tokens_per_s": significant(tokens / wall_s), "gflops": significant(gflops),
         "fraction_of_gemm_peak": round(gflops / peak_gflops, 4),
+        "cached_prompt_tokens": sum(step.cached_prompt_tokens for step in run.steps),
     }  # fmt: skip
 
 

@@ -106,6 +106,7 @@ def test_report_shape(report: dict[str, Any]) -> None:
     assert prefill["requests"] == report["workload"]["requests"]
     assert prefill["prompt_tokens"] == report["workload"]["prompt_tokens"]
     assert prefill["prompt_tokens_per_s"] > 0 and prefill["fraction_of_gemm_peak"] > 0
+    assert prefill["cached_prompt_tokens"] == 0  # computed, not found in the prefix cache
     for target in report["targets"].values():
         assert set(target) == {"target", "at_least", "value", "met"}
         assert isinstance(target["met"], bool)
