@@ -80,7 +80,7 @@ class TransactionalOutcomes:
             config,
             planner,
             LaneHooks(
-                delivered=self._committed,
+                delivered=settlement.report,
                 suppressed=self._suppressed,
                 dropped=self._dropped,
                 blocked=self._blocked,
@@ -136,9 +136,6 @@ class TransactionalOutcomes:
         self.settlement.taken(p)
         if not self.lanes.route(p):
             await self._dropped(p)
-
-    async def _committed(self, p: Pending) -> None:
-        await self.settlement.report(p)
 
     async def _suppressed(self, p: Pending) -> None:
         """`p`'s record was answered already: reported delivered, not produced again."""

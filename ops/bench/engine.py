@@ -69,10 +69,7 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
     tracker = DecodeTracker({r.request_id: len(r.prompt_token_ids) for r in requests})
     steady = steady_decode(run.run, run.sampled, tracker, flop_model)
     say(f"engine: the {len(workload)} prompts alone, one new token each (prefill)")
-    prompts_only = [BenchRequest(r.prompt_token_ids, 1) for r in workload]
-    engine.reset_prefix_cache()  # the workload's run left these prompts cached
-    alone = measure(engine, engine_requests(prompts_only, "prefill-"))
-    report["prefill"] = prefill_rate(prompts_only, alone.run, alone.wall_s, flop_model, peak)
+    report["prefill"] = measure_prefill(engine, workload, flop_model, peak)
     say(f"engine: batch 1, up to {BATCH1_NEW_TOKENS} prompt and {BATCH1_NEW_TOKENS} new tokens")
     report["batch1"] = batch1(engine, w.seed)
     contenders = {"engine": stats, **_transformers_runs(engine, workload, o, run.tokens, say)}
@@ -105,6 +102,17 @@ def run_bench(engine: Engine, o: EngineBenchOptions, say: Narrate = quiet) -> Re
         profiled = engine_requests(workload, "profile-")
         report["profile"] = profile_engine(engine, profiled, o.profile_dir, o.profile_decode_steps)
     return report
+
+
+def measure_prefill(
+    engine: Engine, workload: Sequence[BenchRequest], flop_model: FlopModel, peak: float
+) -> dict[str, Any]:
+    """`workload`'s prompts alone, one new token each, none found in the prefix cache (a run
+    of the same prompts leaves them there): prefill's rate (`flops.prefill_rate`)."""
+    prompts_only = [BenchRequest(r.prompt_token_ids, 1) for r in workload]
+    engine.reset_prefix_cache()
+    alone = measure(engine, engine_requests(prompts_only, "prefill-"))
+    return prefill_rate(prompts_only, alone.run, alone.wall_s, flop_model, peak)
 
 
 # -- contenders 2 and 3: transformers ------------------------------------------------------

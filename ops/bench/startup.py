@@ -60,8 +60,8 @@ async def run_startup_bench(o: StartupOptions, say: Narrate = quiet) -> Report:
             for i in range(o.rounds):
                 say(f"round {i + 1}: probe, generate, worker")
                 probe = await _probe(o)
-                generate_s = await _wall([*CLI, "generate", "-m", o.model, "-p", "Hello",
-                                          "--max-new-tokens", "1"], o.timeout_s)  # fmt: skip
+                _, generate_s = await _timed([*CLI, "generate", "-m", o.model, "-p", "Hello",
+                                              "--max-new-tokens", "1"], o)  # fmt: skip
                 rounds.append({"probe": probe, "generate_s": generate_s,
                                "worker": await _worker(r, o, i)})  # fmt: skip
     report["model"] = o.model
@@ -77,31 +77,30 @@ async def run_startup_bench(o: StartupOptions, say: Narrate = quiet) -> Report:
 
 
 async def _probe(o: StartupOptions) -> dict[str, float]:
-    start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.bench.startup_probe", o.model,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env(),
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), o.timeout_s)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise RuntimeError(f"the start-up probe failed:\n{err.decode(errors='replace')[-2000:]}")
-    phases: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
+    out, wall = await _timed([sys.executable, "-m", "ops.bench.startup_probe", o.model], o)
+    phases: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     # What the probe could not see from inside: the interpreter's start, and its exit.
     phases["interpreter"] = round(wall - phases["total"], 3)
     phases["process_wall"] = round(wall, 3)
     return phases
 
 
-async def _wall(argv: list[str], timeout_s: float) -> float:
+async def _timed(argv: list[str], o: StartupOptions) -> tuple[str, float]:
+    """Run `argv` to its end: its stdout and wall seconds. RuntimeError with its stderr's tail
+    if it fails, or if it runs past `o.timeout_s` (then it is killed, not left running)."""
     start = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=child_env()
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env()
     )
-    _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), o.timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError(f"{argv[2:]} ran past {o.timeout_s} s") from None
     if proc.returncode:
-        raise RuntimeError(f"{argv[3:]} failed:\n{err.decode(errors='replace')[-2000:]}")
-    return round(time.perf_counter() - start, 3)
+        raise RuntimeError(f"{argv[2:]} failed:\n{err.decode(errors='replace')[-2000:]}")
+    return out.decode(errors="replace"), round(time.perf_counter() - start, 3)
 
 
 async def _worker(r: Rig, o: StartupOptions, i: int) -> dict[str, Any]:

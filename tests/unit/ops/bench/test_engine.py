@@ -14,9 +14,10 @@ from gpu.engine import Engine
 from gpu.engine_config import EngineConfig
 from gpu.loading.loader import load_model
 from ops.bench.cli import bench
-from ops.bench.engine import EngineBenchOptions, run_bench
+from ops.bench.engine import EngineBenchOptions, measure_prefill, run_bench
 from ops.bench.flops import FlopModel
-from ops.bench.workload import BenchRequest, Workload
+from ops.bench.runs import measure
+from ops.bench.workload import BenchRequest, Workload, engine_requests
 
 WORKLOAD = Workload(requests=6, seed=3, min_prompt=4, max_prompt=12, min_output=3, max_output=9)
 OPTIONS = EngineBenchOptions(
@@ -147,6 +148,22 @@ def test_flop_model_counts_the_workload() -> None:
     # prompt 3 + 2 outputs: positions 0..3 fed (4 tokens), keys 1+2+3+4, 2 sampled rows.
     expected = 2 * fm.linear_params * 4 + 2 * 40 * 2 + 4 * 2 * 2 * 2 * 10
     assert fm.workload_flops([BenchRequest([1, 2, 3], 2)]) == expected
+
+
+def test_prefill_is_measured_on_prompts_not_found_in_the_prefix_cache(checkpoint: Path) -> None:
+    engine = _engine(checkpoint)
+    workload = replace(WORKLOAD, min_prompt=40, max_prompt=48).build(engine)  # whole blocks
+    flop_model = FlopModel.of(engine.model.config)
+    first = measure_prefill(engine, workload, flop_model, peak=1.0)
+    assert first["cached_prompt_tokens"] == 0
+    prompts_only = [BenchRequest(r.prompt_token_ids, 1) for r in workload]
+    again = measure(engine, engine_requests(prompts_only, "again-"))
+    assert sum(step.cached_prompt_tokens for step in again.run.steps) > 0  # they were cached
+
+    second = measure_prefill(engine, workload, flop_model, peak=1.0)
+
+    assert second["cached_prompt_tokens"] == 0
+    assert second["prompt_tokens"] == sum(len(r.prompt_token_ids) for r in workload)
 
 
 def test_prefill_heavy_keeps_the_requests_and_seed_with_long_prompts() -> None:
