@@ -3,8 +3,8 @@
     gateway = Gateway(settings, replies)
     place = gateway.admit()                           # or ApiError 429
     status, body, worker = await gateway.complete(asked)   # or ApiError 503 / 504; release
-    answered = await gateway.stream(asked, place)     # (status, body), or the SSE events,
-                                                      # which release the place themselves
+    started = await gateway.stream(asked, place)      # Refused(status, body), or Streaming:
+                                                      # the SSE events, which release the place
 
 Every request is sent with `reply_to` = this instance's reply topic (`Replies`); one that
 times out, or whose streaming client goes away, gets a cancel record, so the worker stops it.
@@ -22,6 +22,7 @@ import structlog
 from messages.result import GenerateResult
 from ops.gateway.bodies import Asked, answer
 from ops.gateway.errors import ApiError, timed_out, too_many
+from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
 from ops.gateway.sse import DONE, ChunkShape, StreamCursor, error_event
@@ -68,9 +69,9 @@ class Gateway:
 
     async def stream(
         self, asked: Asked, trace: list[tuple[str, bytes]], place: Place, model: str = ""
-    ) -> tuple[int, object] | tuple[bytes, AsyncIterator[bytes]]:
-        """Send `asked` and wait for its first reply: a refusal as (status, body), else the
-        first SSE event and the rest. The events, once started, own the request and `place`:
+    ) -> Refused | Streaming:
+        """Send `asked` and wait for its first reply: a `Refused`, else the `Streaming`
+        events (the first and the rest). The events, once started, own the request and `place`:
         they release it and, when not iterated to the end (the client went away), cancel the
         request. (`place.release()` may be called again: it releases once.) `model`: the name
         the chunks carry when the body names none (chunks do not say which model made them)."""
@@ -85,9 +86,9 @@ class Gateway:
             raise
         if isinstance(first, GenerateResult) and first.error is not None:
             self.replies.close(request_id)
-            return answer(asked, first, int(time.time()))
+            return Refused(*answer(asked, first, int(time.time())))
         events = self._events(asked, queue, first, deadline, place, model)
-        return await anext(events), events  # started: its `finally` now always runs
+        return Streaming(await anext(events), events)  # started: its `finally` always runs
 
     async def _events(
         self,

@@ -12,6 +12,7 @@ from messages.openai_batch import COMPLETIONS_URL
 from messages.result import FinishReason, GenerateResult
 from ops.gateway.bodies import to_asked
 from ops.gateway.errors import ApiError
+from ops.gateway.outcomes import Streaming
 from ops.gateway.replies import Reply
 from ops.gateway.service import Gateway
 from ops.gateway.settings import GatewaySettings
@@ -74,8 +75,7 @@ async def test_stream_chunks_carry_the_body_s_model_else_the_one_the_fleet_serve
     body = {"prompt": "Say hi", "stream": True} | ({"model": named} if named else {})
     asked = to_asked(COMPLETIONS_URL, body, "gw-t-1")
     started = await service.stream(asked, [], service.admit(), "served-one")
-    assert not isinstance(started[0], int)
-    first, rest = started
-    events = [first] + [event async for event in rest]
+    assert isinstance(started, Streaming)
+    events = [started.first] + [event async for event in started.events]
     chunks = [json.loads(e.removeprefix(b"data: ")) for e in events if e != DONE]
     assert chunks and {c["model"] for c in chunks} == {shown}

@@ -1,0 +1,12 @@
+"""The gateway's routes, one module-level `APIRouter` per resource, wired by `ops.gateway.app`:
+
+    completions   POST /v1/completions
+    chat          POST /v1/chat/completions
+    models        GET  /v1/models
+    files         /v1/files (the Batch API's inputs and outputs)
+    batches       /v1/batches
+    utility       GET /healthz, GET /metrics (no key)
+
+Each route is a few lines over the gateway's parts (`deps.Parts`), found through dependencies;
+a router that asks for a key says so once (`deps.KEYED`).
+"""

@@ -1,0 +1,136 @@
+"""The one flow of `POST /v1/completions` and `POST /v1/chat/completions`: read and map the
+body, take a place, send, answer (JSON or SSE), count it.
+
+    return await generate(request, COMPLETIONS_URL, parts)
+
+Every answer carries `x-request-id` (the id of the `GenerateRequest`); a non-streamed one
+`x-tokenmill-worker` too. A client gone before its answer: 499, and the request is cancelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
+from ops.gateway.errors import ApiError
+from ops.gateway.metrics import GatewayMetrics
+from ops.gateway.outcomes import Refused
+from ops.gateway.routes.deps import Parts
+from ops.gateway.routes.disconnect import unless_disconnected
+from ops.gateway.tracing import request_span
+
+
+async def generate(request: Request, url: str, parts: Parts) -> Response:
+    """Answer the generation request `request` to `url` (its body read here)."""
+    gateway, metrics = parts.gateway, parts.metrics
+    started = time.monotonic()
+    stream = False
+    request_id = gateway.new_id()
+    named = {"x-request-id": request_id}  # as OpenAI's: names the request in logs
+    try:
+        body = parse_body(await read_body(request, gateway.settings.max_body_bytes))
+        asked = to_asked(
+            url, body, request_id, default_max_tokens=gateway.settings.default_max_tokens
+        )
+        stream = asked.stream
+        if ignored := getattr(asked, "ignored", ()):  # the fields the mapping let by unread
+            named["x-tokenmill-ignored-fields"] = ",".join(ignored)
+        traced = request_span(
+            url, request_id, request.headers.get("traceparent"), request.headers.get("tracestate")
+        )
+        with traced as trace:
+            return await _answer(request, parts, asked, trace, _Timing(url, started), named)
+    except ApiError as exc:
+        exc.headers.update(named)
+        _Timing(url, started).count(metrics, exc.status, exc.code or "", stream)
+        raise
+    finally:
+        metrics.in_flight.set(gateway.in_flight)
+        metrics.dropped.set(gateway.replies.dropped)
+
+
+class _Timing:
+    """One request's endpoint label and arrival, and its count once answered."""
+
+    def __init__(self, url: str, started: float) -> None:
+        self.endpoint = url.removeprefix("/v1/")
+        self.started = started
+
+    def count(self, metrics: GatewayMetrics, status: int, code: str, stream: bool) -> None:
+        metrics.requests.labels(self.endpoint, str(status), code).inc()
+        metrics.latency.labels(self.endpoint, str(stream).lower()).observe(
+            time.monotonic() - self.started
+        )
+
+
+async def _answer(
+    request: Request,
+    parts: Parts,
+    asked: Asked,
+    trace: list[tuple[str, bytes]],
+    timing: _Timing,
+    named: dict[str, str],
+) -> Response:
+    """Send `asked` in one of the --max-inflight places and answer it."""
+    gateway, metrics = parts.gateway, parts.metrics
+    place = gateway.admit()
+    metrics.in_flight.set(gateway.in_flight)
+    if not asked.stream:
+        try:
+            done = await unless_disconnected(
+                request,
+                gateway.complete(asked, trace),
+                lambda: gateway.cancel_later(asked.request.id, "client_disconnected"),
+            )
+        finally:
+            place.release()
+        if done is None:  # the client left; its request was cancelled
+            metrics.requests.labels(timing.endpoint, "499", "client_disconnected").inc()
+            return Response(status_code=499)  # nginx's "client closed request"
+        status, body, worker = done
+        return _json(metrics, timing, status, body, named | _worker(worker))
+    try:
+        started = await gateway.stream(asked, trace, place, served_alone(parts))
+    except BaseException:
+        place.release()
+        raise
+    if isinstance(started, Refused):
+        place.release()
+        return _json(metrics, timing, started.status, started.body, named)
+    return StreamingResponse(
+        _measured(metrics, timing, started.first, started.events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
+    )
+
+
+def served_alone(parts: Parts) -> str:
+    """The one model the fleet serves, or "" (none known, or several)."""
+    served = parts.fleet.fleet.models() if parts.fleet is not None else []
+    return served[0].name if len(served) == 1 else ""
+
+
+def _worker(worker: str) -> dict[str, str]:
+    return {"x-tokenmill-worker": worker} if worker else {}
+
+
+def _json(
+    metrics: GatewayMetrics, timing: _Timing, status: int, body: Any, headers: dict[str, str]
+) -> JSONResponse:
+    code = (body.get("error") or {}).get("code") if isinstance(body, dict) else None
+    timing.count(metrics, status, code or "", stream=False)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _measured(
+    metrics: GatewayMetrics, timing: _Timing, first: bytes, events: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    yield first
+    async for event in events:
+        yield event
+    timing.count(metrics, 200, "", stream=True)
