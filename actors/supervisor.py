@@ -164,6 +164,7 @@ class Supervisor(Actor[VerifiedCommand]):
                     model=self.gpu.front.ref,
                     group=self.config.group,
                     requests_topic=self.config.requests_topic,
+                    max_model_len=self.gpu.front.max_model_len,
                 )
             )
             await self._drain.wait()
@@ -354,6 +355,7 @@ class Supervisor(Actor[VerifiedCommand]):
             standby=gpu.standby,
             draining=self.health.draining,
             restarts=self.policy.total(),
+            max_model_len=gpu.front.max_model_len,
         )
 
     def _publish(self, event: Event) -> None:

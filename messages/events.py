@@ -21,6 +21,7 @@ class WorkerStarted(_Event, tag="worker_started"):
     model: ModelRef
     group: str
     requests_topic: str
+    max_model_len: int = 0  # the model's context, prompt and output (0: not said)
 
 
 class WorkerDraining(_Event, tag="worker_draining"):
@@ -46,6 +47,7 @@ class ModelSwapped(_Event, tag="model_swapped"):
     flip_ms: float
     drained: bool = False
     pause_ms: float = 0.0
+    max_model_len: int = 0  # `to_model`'s context (0: not said)
 
 
 class ModelSwapFailed(_Event, tag="model_swap_failed"):
@@ -67,6 +69,7 @@ class StatusReply(_Event, tag="status_reply"):
     standby: ModelRef | None = None  # the model a rollback would flip back to, when loaded
     draining: bool = False
     restarts: int = 0  # child restarts since the worker started
+    max_model_len: int = 0  # `model`'s context (0: not said)
 
 
 class ChildRestarted(_Event, tag="child_restarted"):

@@ -51,6 +51,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from messages.openai_tools import NamedTool, Tool, ToolCall
 
@@ -186,6 +187,14 @@ class PromptLogprob(msgspec.Struct, kw_only=True):
     decoded_token: str
 
 
+class ChoiceNote(msgspec.Struct, kw_only=True):
+    """tokenmill's own word on a choice, beside OpenAI's fields: its finish reason where
+    OpenAI's has no such value (`cancelled`, `deadline`, `error`; `finish_reason` then says
+    the nearest one OpenAI's clients parse). Left out of the answer when there is none."""
+
+    finish_reason: str
+
+
 class CompletionChoice(msgspec.Struct, kw_only=True):
     index: int = 0
     text: str
@@ -193,6 +202,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     finish_reason: str
     # vLLM's: per prompt token (null for the first), by token id (as a string)
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
+    tokenmill: ChoiceNote | UnsetType = UNSET  # ours: what `finish_reason` cannot say
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -237,6 +247,7 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str
+    tokenmill: ChoiceNote | UnsetType = UNSET  # ours: what `finish_reason` cannot say
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused
@@ -29,6 +30,7 @@ from messages.openai_batch import (
     ChatCompletion,
     ChatLogprobs,
     ChatTokenLogprob,
+    ChoiceNote,
     Completion,
     CompletionChoice,
     CompletionLogprobs,
@@ -43,7 +45,7 @@ from messages.openai_batch import (
 )
 from messages.openai_batch_mapping import ECHO_KEY, PROMPT_LOGPROBS_KEY
 from messages.openai_tools import parse_tool_call
-from messages.result import Choice, GenerateResult, TokenLogprobs
+from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs
 
 # The HTTP status OpenAI would answer with for each worker-side refusal; 400 otherwise.
 _STATUS = {
@@ -145,7 +147,8 @@ def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
         index=choice.index,
         message=AssistantMessage(content=choice.text),
         logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
-        finish_reason=str(choice.finish_reason),
+        finish_reason=openai_finish_reason(choice.finish_reason),
+        tokenmill=finish_note(choice.finish_reason),
     )
 
 
@@ -167,9 +170,37 @@ def _completion_choice(choice: Choice, result: GenerateResult) -> CompletionChoi
         index=choice.index,
         text=text,
         logprobs=_completion_logprobs(*parts) if parts else None,
-        finish_reason=str(choice.finish_reason),
+        finish_reason=openai_finish_reason(choice.finish_reason),
         prompt_logprobs=vllm,
+        tokenmill=finish_note(choice.finish_reason),
     )
+
+
+# tokenmill's finish reasons OpenAI's clients do not know, as the nearest they do: a choice
+# cut short (cancelled, past its deadline) did not finish, as one cut at its length did not.
+_OPENAI_FINISH: dict[str, str] = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "length",
+    FinishReason.DEADLINE: "length",
+    FinishReason.ERROR: "stop",
+}
+OPENAI_FINISH_REASONS = frozenset(
+    {"stop", "length", "tool_calls", "content_filter", "function_call"}
+)
+
+
+def openai_finish_reason(reason: str) -> str:
+    """`reason` (a `FinishReason`, or OpenAI's own) as a value OpenAI's clients parse."""
+    if reason in OPENAI_FINISH_REASONS:
+        return str(reason)
+    return _OPENAI_FINISH.get(reason, "stop")  # a StrEnum: its members hash as their text
+
+
+def finish_note(reason: str) -> ChoiceNote | UnsetType:
+    """The choice's `tokenmill` field: its own finish reason where `openai_finish_reason`
+    had to change it (so a cancel stays visible), else none."""
+    return UNSET if reason in OPENAI_FINISH_REASONS else ChoiceNote(finish_reason=str(reason))
 
 
 def _top(lp: TokenLogprobs, k: int) -> TokenLogprobs:

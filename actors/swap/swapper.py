@@ -147,6 +147,7 @@ class Swapper:
                 command=order.command,
                 from_model=source,
                 to_model=to,
+                max_model_len=slots.front.max_model_len,  # `to` is in front now
                 **{"load_ms": 0.0, "smoke_ms": 0.0, "flip_ms": 0.0, **timings},
             )
 

@@ -4,7 +4,7 @@ Only the running `batch run` knows which requests it has in flight, and only it 
 the output (it holds the file's lock), so cancelling is asked of it through a marker file
 beside the output (`OUT.jsonl.cancel`). The run sees it within a poll (0.2 s), stops reading
 input, sends a cancel record for each request in flight, writes each answer as it comes
-(finish_reason cancelled, with the tokens made so far), writes the ones still unanswered
+(`tokenmill.finish_reason` cancelled, with the tokens made so far), writes the ones still unanswered
 after `cancel_wait_s` as cancelled itself, and exits. Lines it never sent stay unanswered: a
 rerun of the same `batch run` runs them. A run removes a marker left from before as it starts.
 """

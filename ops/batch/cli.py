@@ -199,8 +199,8 @@ def cancel(output: Path, wait_s: float) -> None:
     """Cancel the running `batch run` that writes OUTPUT.
 
     The run stops reading its input, cancels every request it has in flight (each worker
-    holding one stops it), writes their lines with finish_reason `cancelled` and the tokens
-    made so far, and exits. Lines it had not sent stay unanswered: rerun the same
+    holding one stops it), writes their lines with `tokenmill.finish_reason` `cancelled`
+    and the tokens made so far, and exits. Lines it had not sent stay unanswered: rerun the same
     `batch run` command to run them. Exit 1 when no run writes OUTPUT.
     """
     from ops.batch.cancel import request_cancel

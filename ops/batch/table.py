@@ -37,7 +37,8 @@ def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     if cached:
         tokens += f" ({cached} cached)"
-    return str(text or "").strip(), str(choice.get("finish_reason", "")), tokens
+    own = (choice.get("tokenmill") or {}).get("finish_reason")  # cancelled, where OpenAI's has none
+    return str(text or "").strip(), str(own or choice.get("finish_reason", "")), tokens
 
 
 def print_table(path: Path, limit: int) -> None:

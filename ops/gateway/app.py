@@ -21,14 +21,16 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from ops.gateway.batch_runner import BatchRunner
 from ops.gateway.errors import ApiError, error_body
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
-from ops.gateway.routes import batches, chat, completions, files, models, utility
+from ops.gateway.routes import batches, chat, completions, files, models, tokenize, utility
 from ops.gateway.routes.deps import Parts
 from ops.gateway.service import Gateway
 
@@ -48,7 +50,7 @@ def build_app(
         title="tokenmill gateway", lifespan=_lifespan(parts), docs_url=None, redoc_url=None
     )
     app.state.parts = parts
-    for router in (completions.router, chat.router, models.router, utility.router):
+    for router in (completions.router, chat.router, models.router, tokenize.router, utility.router):
         app.include_router(router)
     if batches_runner is not None:
         app.include_router(files.router)
@@ -57,6 +59,14 @@ def build_app(
     app.add_exception_handler(RequestValidationError, _invalid_parameter)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
+    if origins := gateway.settings.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "x-tokenmill-worker", "retry-after"],
+        )
     return app
 
 
@@ -94,8 +104,25 @@ async def _invalid_parameter(_request: Request, exc: RequestValidationError) -> 
     return JSONResponse(body, status_code=400)
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-    return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Routing's own refusals (no such path, a wrong method) name what was asked and what
+    is served; others keep their detail."""
+    asked = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        served = ", ".join(sorted({p for p in _paths(request.app)}))
+        message = f"{asked} is not served by this gateway; served: {served}"
+        body = error_body(404, message, code="unknown_url")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"{asked} is not served by this gateway; {request.url.path} takes {allowed}"
+        body = error_body(405, message, code="method_not_allowed")
+    else:
+        body = error_body(exc.status_code, str(exc.detail))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _paths(app: FastAPI) -> list[str]:
+    return [route.path for route in app.routes if isinstance(route, APIRoute)]
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -172,10 +172,17 @@ def _split(
 
 
 def _cut_short(body: Any) -> bool:
+    """Whether a choice was cancelled: tokenmill's finish reason, in its own field (an
+    output written before answers spoke OpenAI's finish reasons only: in `finish_reason`)."""
     choices = body.get("choices") if isinstance(body, dict) else None
     return isinstance(choices, list) and any(
-        isinstance(c, dict) and c.get("finish_reason") == "cancelled" for c in choices
+        isinstance(c, dict) and _own_finish(c) == "cancelled" for c in choices
     )
+
+
+def _own_finish(choice: dict[str, Any]) -> object:
+    note = choice.get("tokenmill")
+    return note.get("finish_reason") if isinstance(note, dict) else choice.get("finish_reason")
 
 
 def _marked(raw: bytes, code: str) -> bytes:

@@ -17,7 +17,9 @@ The end: every line answered → `finalizing` → the output split into the outp
 200) and the error file (the rest) → `completed`. A cancel, or the completion window passing,
 stops the run as `batch cancel` does (the requests in flight are cancelled) and answers every
 line never answered with a `batch_cancelled` / `batch_expired` error line → `cancelled` /
-`expired`. A Kafka failure pauses the run and retries it until the window ends.
+`expired`. As OpenAI's, a batch that reached `cancelling` ends `cancelled` even when every line
+was answered before its run saw the cancel; the lines answered stay in the output file. A
+Kafka failure pauses the run and retries it until the window ends.
 """
 
 from __future__ import annotations
@@ -236,6 +238,8 @@ class BatchRunner:
                             retry_in_s=pause)  # fmt: skip
                 await self._pause(job, pause)
             ending = self._ending(job)
+        if ending is None and self._cancel_asked(job):
+            ending = "cancelled"  # it reached `cancelling`: it ends so, whatever was answered
         await self._end(job, None if ending == "done" else ending)
 
     async def _end(self, job: _Job, ending: str | None) -> None:
@@ -303,11 +307,14 @@ class BatchRunner:
 
     def _ending(self, job: _Job) -> str | None:
         """How the batch ends early: "cancelled", "expired", or None (it runs on)."""
-        record = job.record
-        if record.cancelling_at is not None or self.store.cancel_asked(record.id).exists():
+        if self._cancel_asked(job):
             self._cancelling(job)
             return "cancelled"
-        return "expired" if time.time() >= record.expires_at else None
+        return "expired" if time.time() >= job.record.expires_at else None
+
+    def _cancel_asked(self, job: _Job) -> bool:
+        record = job.record
+        return record.cancelling_at is not None or self.store.cancel_asked(record.id).exists()
 
     def _cancelling(self, job: _Job) -> None:
         if job.record.cancelling_at is None and job.record.status == "in_progress":

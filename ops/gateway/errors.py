@@ -102,3 +102,33 @@ def timed_out(seconds: float) -> ApiError:
 
 def broker_unavailable(detail: str) -> ApiError:
     return ApiError(503, f"the Kafka broker cannot be reached ({detail})", code="unavailable")
+
+
+def no_worker(model: str | None, retry_after_s: int = 5) -> ApiError:
+    """No live worker serves `model` (None: no live worker at all): answered at once."""
+    what = f"model {model!r}" if model is not None else "any model"
+    return ApiError(
+        503,
+        f"no live worker serves {what} now; retry later",
+        code="no_worker",
+        param="model" if model is not None else None,
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"the model {model!r} is not served by this gateway's fleet",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def tokenizer_unavailable(model: str, why: str) -> ApiError:
+    return ApiError(
+        503,
+        f"the tokenizer of model {model!r} is not available on the gateway's host ({why})",
+        code="tokenizer_unavailable",
+        param="model",
+    )

@@ -21,6 +21,12 @@ broker for a while is listed again once it is back. Describing a group is a read
 group's Describe ACL): the gateway holds no control secret and sends no command. A check that
 fails (no such ACL, the broker away) changes nothing: what was listed stays listed, and the
 failure is logged at warning once, until a check works again.
+
+The same list decides whether a request can be sent at all (`FleetWatch.refuses`): once the
+topic has been read to where it ended when the gateway started, a request for a model no
+listed worker serves (or any request, none listed) is answered 503 `no_worker` at once
+instead of waiting for a result that no worker will produce. Each worker also announces its
+model's `max_model_len` (the model cards' field).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 import msgspec
@@ -44,6 +51,7 @@ from messages import headers as h
 from messages.codec import Codec, normalize_content_type
 from messages.errors import MessageError
 from messages.events import Event, ModelSwapped, StatusReply, WorkerStarted, WorkerStopped
+from messages.result import ModelRef
 
 log = structlog.get_logger("tokenmill.gateway")
 _event_codec: Codec[Event] = Codec(Event)  # type: ignore[arg-type]  # a union, not a class
@@ -55,6 +63,7 @@ _DESCRIBE_TIMEOUT_S = 10.0
 class ServedModel:
     name: str
     since: int  # unix seconds: when a worker first announced it (OpenAI's `created`)
+    max_model_len: int | None = None  # the least its listed workers announce (None: unsaid)
 
 
 class Fleet:
@@ -62,7 +71,8 @@ class Fleet:
     a check of the consumer group hides (`list_only`)."""
 
     def __init__(self) -> None:
-        self._by_worker: dict[str, str] = {}
+        self._by_worker: dict[str, ModelRef] = {}
+        self._max_len: dict[str, int] = {}  # worker: its model's max_model_len, when said
         self._since: dict[str, int] = {}
         self._heard: dict[str, float] = {}  # worker: `at` of its latest event
         self._hidden: set[str] = set()
@@ -70,11 +80,12 @@ class Fleet:
     def apply(self, event: Event) -> None:
         match event:
             case WorkerStarted(model=model) | StatusReply(model=model):
-                self._serve(event.worker, model.name, event.at)
+                self._serve(event.worker, model, event.max_model_len, event.at)
             case ModelSwapped(to_model=model):
-                self._serve(event.worker, model.name, event.at)
+                self._serve(event.worker, model, event.max_model_len, event.at)
             case WorkerStopped():
                 self._by_worker.pop(event.worker, None)
+                self._max_len.pop(event.worker, None)
                 self._heard.pop(event.worker, None)
                 self._hidden.discard(event.worker)
                 return
@@ -82,9 +93,13 @@ class Fleet:
             self._heard[event.worker] = max(event.at, self._heard.get(event.worker, event.at))
             self._hidden.discard(event.worker)
 
-    def _serve(self, worker: str, name: str, at: float) -> None:
-        self._by_worker[worker] = name
-        self._since.setdefault(name, int(at))
+    def _serve(self, worker: str, model: ModelRef, max_model_len: int, at: float) -> None:
+        self._by_worker[worker] = model
+        if max_model_len > 0:
+            self._max_len[worker] = max_model_len
+        else:
+            self._max_len.pop(worker, None)
+        self._since.setdefault(model.name, int(at))
 
     def list_only(self, members: Set[str], now: float, grace_s: float) -> None:
         """Hide every worker that is not in `members` (the worker ids in the consumer group)
@@ -101,8 +116,34 @@ class Fleet:
         return frozenset(self._hidden)
 
     def models(self) -> list[ServedModel]:
-        names = {name for w, name in self._by_worker.items() if w not in self._hidden}
-        return [ServedModel(n, self._since[n]) for n in sorted(names)]
+        lengths: dict[str, list[int]] = {}
+        for worker, model in self._listed():
+            found = lengths.setdefault(model.name, [])
+            if worker in self._max_len:
+                found.append(self._max_len[worker])
+        return [
+            ServedModel(name, self._since[name], min(lengths[name], default=None))
+            for name in sorted(lengths)
+        ]
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a listed worker serves `model` (None: any model). A model is named as a
+        worker knows it: its name, its digest, or (a path) the file's name or stem."""
+        return any(model is None or model in _names(ref) for _, ref in self._listed())
+
+    def find(self, model: str) -> ServedModel | None:
+        """The listed model that `model` names (as `serves` matches), or None."""
+        names = {ref.name for _, ref in self._listed() if model in _names(ref)}
+        found = [m for m in self.models() if m.name in names]
+        return found[0] if found else None
+
+    def _listed(self) -> list[tuple[str, ModelRef]]:
+        return [(w, ref) for w, ref in self._by_worker.items() if w not in self._hidden]
+
+
+def _names(ref: ModelRef) -> set[str]:
+    path = PurePath(ref.name)
+    return {ref.name, ref.digest, path.name, path.stem}
 
 
 class FleetWatch:
@@ -124,6 +165,7 @@ class FleetWatch:
         self.refresh_s = refresh_s
         self.clock = clock
         self.fleet = Fleet()
+        self.caught_up = False  # the topic read up to where it ended when this watch began
         self._task: asyncio.Task[None] | None = None
         self._admin: AIOKafkaAdminClient | None = None
 
@@ -162,8 +204,18 @@ class FleetWatch:
                     for record in records:
                         if (event := _decode(record.value, record.headers)) is not None:
                             self.fleet.apply(event)
+                if not self.caught_up:
+                    self.caught_up = await _at_end(consumer)
+                    if self.caught_up:
+                        log.info("fleet_read", topic=self.topic, models=len(self.fleet.models()))
         finally:
             await consumer.stop()
+
+    def refuses(self, model: str | None) -> bool:
+        """Whether a request for `model` (None: any) has no live worker to go to: the topic
+        read to its end, and no listed worker serving it. Until the topic is read, nothing is
+        refused (what it holds is not known yet)."""
+        return self.caught_up and not self.fleet.serves(model)
 
     async def _check(self, group_id: str) -> None:
         failing = False
@@ -222,6 +274,19 @@ def group_workers(responses: Iterable[Any]) -> set[str]:
                 if client_id.startswith(CLIENT_PREFIX):
                     workers.add(client_id.removeprefix(CLIENT_PREFIX))
     return workers
+
+
+async def _at_end(consumer: AIOKafkaConsumer) -> bool:
+    """Whether `consumer` has read each of its partitions to its end (none assigned yet:
+    no, the topic's partitions are not known)."""
+    assigned = list(consumer.assignment())
+    if not assigned:
+        return False
+    ends = await consumer.end_offsets(assigned)
+    for tp in assigned:
+        if await consumer.position(tp) < ends[tp]:
+            return False
+    return True
 
 
 def _decode(value: bytes | None, headers: h.Headers) -> Event | None:

@@ -84,6 +84,14 @@ class GatewaySettings:
         metadata={"help": "For bodies without max_tokens [default: 16, as the batch mapper]."},
     )
 
+    allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Origins a browser may call from (CORS), comma-separated; `*`: any "
+            "[default: none, no CORS headers].",
+        },
+    )
+
     batch_dir: str | None = field(
         default=None,
         metadata={

@@ -57,7 +57,9 @@ async def lines_of(api: openai.AsyncOpenAI, file_id: str | None) -> list[dict[st
 
 
 def finish_reason(line: dict[str, Any]) -> str:
-    return str(line["response"]["body"]["choices"][0]["finish_reason"])
+    """tokenmill's finish reason (`cancelled` has a field of its own: OpenAI's has none)."""
+    choice = line["response"]["body"]["choices"][0]
+    return str(choice.get("tokenmill", {}).get("finish_reason", choice["finish_reason"]))
 
 
 async def test_a_batch_answers_each_line_as_the_worker_does_directly(fleet: Fleet) -> None:

@@ -10,7 +10,7 @@ its routes never check a key themselves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -22,6 +22,7 @@ from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.service import Gateway
+from ops.gateway.tokenizers import LocalTokenizers
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Parts:
     metrics: GatewayMetrics
     fleet: FleetWatch | None = None
     batches: BatchRunner | None = None
+    tokenizers: LocalTokenizers = field(default_factory=LocalTokenizers)
 
 
 def parts(request: Request) -> Parts:

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
-from ops.gateway.errors import ApiError
+from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.outcomes import Refused
 from ops.gateway.routes.deps import Parts
@@ -38,6 +38,8 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
             url, body, request_id, default_max_tokens=gateway.settings.default_max_tokens
         )
         stream = asked.stream
+        if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
+            raise no_worker(asked.request.model)
         if ignored := getattr(asked, "ignored", ()):  # the fields the mapping let by unread
             named["x-tokenmill-ignored-fields"] = ",".join(ignored)
         traced = request_span(

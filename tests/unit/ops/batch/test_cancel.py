@@ -18,7 +18,9 @@ from tests.unit.ops.batch.test_plan import in_flight, line, new_run, result
 def choice(written: object) -> dict[str, object]:
     assert isinstance(written, BatchOutputLine) and written.response is not None
     body = written.response.body
-    return {"finish_reason": body.choices[0].finish_reason, "usage": body.usage.completion_tokens}
+    [first] = body.choices[:1]
+    assert first.finish_reason == "length", "a choice cut short, in OpenAI's words"
+    return {"finish_reason": first.tokenmill.finish_reason, "usage": body.usage.completion_tokens}
 
 
 async def test_while_cancelling_nothing_is_sent_again_and_the_rest_is_written_cancelled() -> None:

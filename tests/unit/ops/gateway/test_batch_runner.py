@@ -8,6 +8,9 @@ import io
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from actors.kafka.connection import KafkaConnection
 from messages.openai_batch import BatchOutputLine, BatchResponse
@@ -81,3 +84,20 @@ def test_a_cancel_while_finalizing_changes_nothing(tmp_path: Path) -> None:
     runner, batch_id = runner_with(tmp_path, "finalizing", ["a", "b"])
     assert runner.cancel(batch_id).status == "finalizing"
     assert not runner.store.cancel_asked(batch_id).exists()
+
+
+async def test_a_cancel_that_comes_as_the_last_line_is_answered_ends_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner, batch_id = runner_with(tmp_path, "in_progress", ["a", "b"])
+
+    async def answered_every_line(options: object, progress: object) -> SimpleNamespace:
+        runner.cancel(batch_id)  # asked while the run wrote its last answer
+        return SimpleNamespace(complete=True, cancel_requested=False)
+
+    monkeypatch.setattr("ops.gateway.batch_runner.run_batch", answered_every_line)
+    record = await ended(runner, batch_id)
+    assert record.status == "cancelled" and record.cancelled_at is not None
+    assert (record.request_counts.completed, record.request_counts.failed) == (2, 0)
+    assert record.output_file_id is not None, "the answers given stay in the output file"
+    assert runner.files.path(record.output_file_id).read_bytes().count(b"\n") == 2
