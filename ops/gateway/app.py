@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import structlog
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -50,11 +50,12 @@ def build_app(
         title="tokenmill gateway", lifespan=_lifespan(parts), docs_url=None, redoc_url=None
     )
     app.state.parts = parts
-    for router in (completions.router, chat.router, models.router, tokenize.router, utility.router):
-        app.include_router(router)
+    routers = [completions.router, chat.router, models.router, tokenize.router, utility.router]
     if batches_runner is not None:
-        app.include_router(files.router)
-        app.include_router(batches.router)
+        routers += [files.router, batches.router]
+    for router in routers:
+        app.include_router(router)
+    app.state.served = served(routers)
     app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_parameter)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
@@ -109,8 +110,8 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     is served; others keep their detail."""
     asked = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        served = ", ".join(sorted({p for p in _paths(request.app)}))
-        message = f"{asked} is not served by this gateway; served: {served}"
+        paths = ", ".join(sorted({path for _, path in request.app.state.served}))
+        message = f"{asked} is not served by this gateway; served: {paths}"
         body = error_body(404, message, code="unknown_url")
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
@@ -121,8 +122,15 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-def _paths(app: FastAPI) -> list[str]:
-    return [route.path for route in app.routes if isinstance(route, APIRoute)]
+def served(routers: list[APIRouter]) -> list[tuple[str, str]]:
+    """Each (method, path) the routers serve."""
+    return sorted(
+        (method, route.path)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods or ()
+    )
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -12,13 +12,16 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
+from ops.services.topics import create_topics
 from tests.integration.gateway_fleet import KEY, MODEL, Fleet, client, direct_text, gateway
 from tests.integration.pipeline import REPO, WorkerProcess, new_lane
 
@@ -76,7 +79,7 @@ async def test_a_wrong_key_is_401_and_a_bad_request_400_with_the_door_s_code(
     fleet: Fleet,
 ) -> None:
     async with (
-        gateway(fleet, keys=(KEY.encode(),)) as base,
+        gateway(fleet, keys=(KEY.encode(),), events_topic="") as base,  # no fleet: all sent
         client(base) as api,
         client(base, key="sk-wrong") as stranger,
     ):
@@ -265,3 +268,87 @@ def test_the_command_refuses_a_broker_it_cannot_reach() -> None:
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "cannot reach Kafka at 127.0.0.1:1" in done.stderr
+
+
+async def ready(base: str, reason: str | None = None) -> None:
+    """Until `/readyz` is 200 (a live worker listed, the events topic read), or 503 for
+    `reason`."""
+    url = base.removesuffix("/v1") + "/readyz"
+
+    def status() -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as answered:
+                return answered.status, json.loads(answered.read())
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.loads(refused.read())
+
+    deadline = time.monotonic() + 120
+    while True:
+        code, body = await asyncio.to_thread(status)
+        if (code, body.get("reason")) == ((200, None) if reason is None else (503, reason)):
+            return
+        assert time.monotonic() < deadline, (code, body)
+        await asyncio.sleep(0.2)  # the gateway is reading the events topic
+
+
+async def test_a_model_card_has_max_model_len_and_an_unserved_model_is_503_no_worker(
+    fleet: Fleet,
+) -> None:
+    async with gateway(fleet) as base, client(base) as api:
+        await ready(base)
+        card = await api.models.retrieve(MODEL)
+        assert (card.id, card.object, card.owned_by) == (MODEL, "model", "tokenmill")
+        max_model_len = (card.model_extra or {})["max_model_len"]
+        assert isinstance(max_model_len, int) and max_model_len > 0
+        [listed] = (await api.models.list()).data
+        assert (listed.model_extra or {})["max_model_len"] == max_model_len
+        with pytest.raises(openai.NotFoundError) as missing:
+            await api.models.retrieve("no-such-model")
+        assert missing.value.code == "model_not_found"
+        with pytest.raises(openai.APIStatusError) as down:
+            await api.chat.completions.create(**{**CHAT, "model": "no-such-model"})
+        assert (down.value.status_code, down.value.code) == (503, "no_worker")
+        assert int(down.value.response.headers["retry-after"]) > 0
+
+
+async def test_with_no_worker_listed_readyz_and_every_request_are_503(fleet: Fleet) -> None:
+    silent = f"{fleet.events}.silent"  # an events topic no worker publishes on
+    await create_topics(fleet.lane.bootstrap, names={"events": silent})
+    async with gateway(fleet, events_topic=silent) as base, client(base) as api:
+        await ready(base, reason="no live worker is listed")
+        for body in (CHAT, {k: v for k, v in CHAT.items() if k != "model"}):
+            with pytest.raises(openai.APIStatusError) as down:
+                await api.chat.completions.create(**body)
+            assert (down.value.status_code, down.value.code) == (503, "no_worker")
+        with pytest.raises(openai.APIStatusError) as down:
+            await api.completions.create(**TEXT, stream=True)
+        assert (down.value.status_code, down.value.code) == (503, "no_worker")
+
+
+async def post_json(url: str, body: dict[str, Any]) -> Any:
+    """POST `body` as JSON to `url`; the answer's JSON (an error status raises)."""
+
+    def post() -> Any:
+        asked = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(asked, timeout=60) as answered:
+            return json.loads(answered.read())
+
+    return await asyncio.to_thread(post)
+
+
+async def test_tokenize_and_detokenize_round_trip_with_smollm2_s_tokenizer(fleet: Fleet) -> None:
+    async with gateway(fleet) as base:
+        await ready(base)
+        root = base.removesuffix("/v1")
+        text = "The capital of France is Paris."
+        made = await post_json(f"{root}/tokenize", {"model": MODEL, "prompt": text})
+        tokens = made["tokens"]
+        assert made["count"] == len(tokens) > 0 and made["max_model_len"] > 0
+        back = await post_json(f"{root}/detokenize", {"model": MODEL, "tokens": tokens})
+        assert back == {"prompt": text}
+        chat = await post_json(f"{root}/tokenize", {"messages": QUESTION})  # the model served
+        rendered = await post_json(f"{root}/detokenize", {"tokens": chat["tokens"]})
+        assert QUESTION[0]["content"] in rendered["prompt"]
+        assert rendered["prompt"].rstrip().endswith("assistant"), "the generation prompt"

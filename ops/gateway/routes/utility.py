@@ -2,7 +2,7 @@
 
 GET /health    200, empty (a load balancer's probe: the gateway answers)
 GET /healthz   200 {"status", "in_flight", "reply_topic"}
-GET /readyz    200 while a live worker is listed, else 503
+GET /readyz    200 while a live worker is listed (the events read), else 503
 GET /version   {"version": tokenmill's version}
 GET /metrics   Prometheus
 """
@@ -43,7 +43,7 @@ async def readyz(parts: PartsDep) -> JSONResponse:
     if parts.fleet is None:
         return JSONResponse({"status": "ready", "models": None})
     models = [m.name for m in parts.fleet.fleet.models()]
-    if not models:
+    if not parts.fleet.caught_up or not models:
         why = "no live worker is listed" if parts.fleet.caught_up else "the fleet is not read yet"
         return JSONResponse({"status": "not_ready", "reason": why}, status_code=503)
     return JSONResponse({"status": "ready", "models": models})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 
+import msgspec
 import pytest
 from aiokafka.errors import GroupAuthorizationFailedError
 from aiokafka.protocol.admin import DescribeGroupsResponse_v1, DescribeGroupsResponse_v3
@@ -178,3 +179,36 @@ def status(worker: str, name: str, at: float) -> StatusReply:
         worker=worker, at=at, model=ref(name), uptime_s=1.0, queued=0, running=0,
         kv_blocks_used=0, kv_blocks_total=8,
     )  # fmt: skip
+
+
+def test_a_model_card_s_max_model_len_is_the_least_its_workers_announce() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))  # an older worker: says none
+    assert fleet.models() == [ServedModel("smollm2", 100, None)]
+    for worker, length in (("w2", 8192), ("w3", 2048)):
+        event = started(worker, "smollm2", 110.0)
+        fleet.apply(msgspec.structs.replace(event, max_model_len=length))
+    assert fleet.models() == [ServedModel("smollm2", 100, 2048)]
+
+
+def test_a_model_is_served_under_each_name_its_workers_take() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "/models/SmolLM2-135M.gguf", 100.0))
+    names = ("/models/SmolLM2-135M.gguf", "sha256:/models/SmolLM2-135M.gguf",
+             "SmolLM2-135M.gguf", "SmolLM2-135M", None)  # fmt: skip
+    assert all(fleet.serves(name) for name in names)
+    assert not fleet.serves("gemma3")
+    found = fleet.find("SmolLM2-135M")
+    assert found is not None and found.name == "/models/SmolLM2-135M.gguf"
+    fleet.list_only(set(), now=1000.0, grace_s=30.0)  # gone from the group, silent
+    assert not fleet.serves(None) and fleet.find("SmolLM2-135M") is None
+
+
+def test_nothing_is_refused_until_the_events_are_read_to_their_end() -> None:
+    watch = FleetWatch(KafkaConnection("127.0.0.1:1"), "events")
+    assert not watch.refuses("smollm2"), "not read yet: unknown, so sent"
+    watch.caught_up = True
+    assert watch.refuses("smollm2") and watch.refuses(None)
+    watch.fleet.apply(started("w1", "smollm2", 100.0))
+    assert not watch.refuses("smollm2") and not watch.refuses(None)
+    assert watch.refuses("gemma3")
