@@ -30,7 +30,9 @@ from ops.gateway.errors import ApiError, error_body
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
-from ops.gateway.routes import batches, chat, completions, files, models, tokenize, utility
+from ops.gateway.routes import batches as batch_routes
+from ops.gateway.routes import chat, completions, models, tokenize, utility
+from ops.gateway.routes import files as file_routes
 from ops.gateway.routes.deps import Parts
 from ops.gateway.service import Gateway
 
@@ -41,18 +43,18 @@ def build_app(
     gateway: Gateway,
     keys: KeyCheck,
     fleet: FleetWatch | None = None,
-    batches_runner: BatchRunner | None = None,
+    batches: BatchRunner | None = None,
 ) -> FastAPI:
-    """The ASGI app; its lifespan starts and stops `gateway.replies`, `fleet` and
-    `batches_runner` (None: no /v1/files nor /v1/batches)."""
-    parts = Parts(gateway, keys, GatewayMetrics(), fleet, batches_runner)
+    """The ASGI app; its lifespan starts and stops `gateway.replies`, `fleet` and `batches`
+    (None: no /v1/files nor /v1/batches)."""
+    parts = Parts(gateway, keys, GatewayMetrics(), fleet, batches)
     app = FastAPI(
         title="tokenmill gateway", lifespan=_lifespan(parts), docs_url=None, redoc_url=None
     )
     app.state.parts = parts
     routers = [completions.router, chat.router, models.router, tokenize.router, utility.router]
-    if batches_runner is not None:
-        routers += [files.router, batches.router]
+    if batches is not None:
+        routers += [file_routes.router, batch_routes.router]
     for router in routers:
         app.include_router(router)
     app.state.served = served(routers)
@@ -125,7 +127,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 def served(routers: list[APIRouter]) -> list[tuple[str, str]]:
     """Each (method, path) the routers serve."""
     return sorted(
-        (method, route.path)
+        (method, route.path_format)
         for router in routers
         for route in router.routes
         if isinstance(route, APIRoute)

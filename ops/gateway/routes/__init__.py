@@ -2,11 +2,13 @@
 
     completions   POST /v1/completions
     chat          POST /v1/chat/completions
-    models        GET  /v1/models
+    models        GET  /v1/models, GET /v1/models/{id}
+    tokenize      POST /tokenize, POST /detokenize
     files         /v1/files (the Batch API's inputs and outputs)
     batches       /v1/batches
-    utility       GET /healthz, GET /metrics (no key)
+    utility       GET /health, /healthz, /readyz, /version, /metrics (no key)
 
 Each route is a few lines over the gateway's parts (`deps.Parts`), found through dependencies;
-a router that asks for a key says so once (`deps.KEYED`).
+a router that asks for a key says so once (`deps.KEYED`). Completions and chat share one flow
+(`generating.generate`); a client that leaves is met in one place (`disconnect`).
 """

@@ -38,10 +38,10 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
             url, body, request_id, default_max_tokens=gateway.settings.default_max_tokens
         )
         stream = asked.stream
-        if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
-            raise no_worker(asked.request.model)
         if ignored := getattr(asked, "ignored", ()):  # the fields the mapping let by unread
             named["x-tokenmill-ignored-fields"] = ",".join(ignored)
+        if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
+            raise no_worker(asked.request.model)
         traced = request_span(
             url, request_id, request.headers.get("traceparent"), request.headers.get("tracestate")
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from messages.result import FinishReason, GenerateResult, ModelRef
 from ops.gateway.app import build_app
 from ops.gateway.batch_runner import BatchRunner
 from ops.gateway.batches import BatchStore
+from ops.gateway.bodies import Asked, to_asked
 from ops.gateway.files import FileStore
 from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
@@ -99,7 +100,7 @@ def test_every_route_but_the_open_ones_asks_for_a_key(http: TestClient) -> None:
     assert {p for _, p in asked} >= OPEN | {"/v1/completions", "/tokenize", "/v1/batches"}
     for method, path in sorted(asked):
         url = path.replace("{file_id}", "f").replace("{batch_id}", "b")
-        url = url.replace("{model_id:path}", "m")
+        url = url.replace("{model_id}", "m")
         answered = http.request(method, url, headers={"content-length": "0"})
         if path in OPEN:
             assert answered.status_code != 401, (method, path)
@@ -258,3 +259,21 @@ def test_tokenize_and_detokenize_round_trip_with_a_tokenizer_on_this_host(tmp_pa
     assert back.json() == {"prompt": text}
     outside = http.post("/detokenize", headers=AUTH, json={"model": model, "tokens": [10**6]})
     assert (outside.status_code, outside.json()["error"]["param"]) == (400, "tokens")
+
+
+@dataclass(frozen=True)
+class AskedIgnoring(Asked):
+    ignored: tuple[str, ...] = ("frobnicate", "best_of_n")
+
+
+def test_fields_the_mapping_ignored_are_named_in_a_header(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ignoring(*args: Any, **kwargs: Any) -> Asked:
+        asked = to_asked(*args, **kwargs)
+        return AskedIgnoring(**{f.name: getattr(asked, f.name) for f in fields(Asked)})
+
+    monkeypatch.setattr("ops.gateway.routes.generating.to_asked", ignoring)
+    answered = http.post("/v1/chat/completions", headers=AUTH, json=CHAT)
+    assert answered.status_code == 200
+    assert answered.headers["x-tokenmill-ignored-fields"] == "frobnicate,best_of_n"
