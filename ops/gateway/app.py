@@ -37,6 +37,7 @@ from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.replies import Replies
+from ops.gateway.responses import create_response
 from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
 
@@ -182,6 +183,10 @@ def build_app(
     @app.post(CHAT_COMPLETIONS_URL)
     async def chat_completions(request: Request) -> Response:
         return await generate(request, CHAT_COMPLETIONS_URL)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await create_response(request, gateway, keys, served_alone())
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
