@@ -201,7 +201,7 @@ def _messages(given: str | list[Any], instructions: str | None) -> list[dict[str
 
 
 def _message(i: int, item: dict[str, Any]) -> dict[str, Any]:
-    role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    role = _ROLES.get(str(item.get("role")))
     if role is None:
         raise _bad_item(i, f"has role {str(item.get('role'))[:40]!r}: {', '.join(_ROLES)} serve")
     content = item.get("content")

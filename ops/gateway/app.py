@@ -186,7 +186,7 @@ def build_app(
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
-        return await create_response(request, gateway, keys, served_alone())
+        return await create_response(request, gateway, keys, _unless_disconnected, served_alone())
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

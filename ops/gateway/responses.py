@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
@@ -32,13 +32,22 @@ from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+Completed = tuple[int, object, str]  # `Gateway.complete`'s status, body and worker
+# The app's watch for a client that leaves before the answer: the work's value, or None.
+UnlessDisconnected = Callable[[Request, Awaitable[Completed]], Awaitable[Completed | None]]
 
 
 async def create_response(
-    request: Request, gateway: Gateway, keys: KeyCheck, served_alone: str = ""
+    request: Request,
+    gateway: Gateway,
+    keys: KeyCheck,
+    unless_disconnected: UnlessDisconnected,
+    served_alone: str = "",
 ) -> Response:
-    """Answer one `POST /v1/responses`. `served_alone`: the model a streamed answer names when
-    the body names none. Raises `ApiError` (with `x-request-id`) for what is refused."""
+    """Answer one `POST /v1/responses`. `unless_disconnected`: the app's watch for a client
+    that leaves while a whole answer is awaited; `served_alone`: the model a streamed answer
+    names when the body names none. Raises `ApiError` (with `x-request-id`) for what is
+    refused."""
     request_id = gateway.new_id()
     named = {"x-request-id": request_id}
     try:
@@ -59,7 +68,12 @@ async def create_response(
         with traced as trace:
             if responses.stream and not replay:
                 return await _streamed(gateway, responses, asked, trace, served_alone, named)
-            return await _whole(request, gateway, responses, asked, trace, named)
+            place = gateway.admit()
+            try:
+                done = await unless_disconnected(request, gateway.complete(asked, trace))
+            finally:
+                place.release()
+            return _whole(done, gateway, responses, asked, named)
     except ApiError as exc:
         exc.headers.update(named)
         raise
@@ -84,21 +98,14 @@ def _chat_asked(responses: ResponsesAsked, request_id: str, gateway: Gateway) ->
     ), responses.stream
 
 
-async def _whole(
-    request: Request,
+def _whole(
+    done: Completed | None,
     gateway: Gateway,
     responses: ResponsesAsked,
     asked: Asked,
-    trace: list[tuple[str, bytes]],
     named: dict[str, str],
 ) -> Response:
-    from ops.gateway.app import _unless_disconnected  # here: app imports this module
-
-    place = gateway.admit()
-    try:
-        done = await _unless_disconnected(request, gateway.complete(asked, trace))
-    finally:
-        place.release()
+    """The answer to a request run whole: a Response, or its events when it asked to stream."""
     if done is None:  # the client left: stop the work it asked for
         gateway.cancel_later(asked.request.id, "client_disconnected")
         return Response(status_code=499)
