@@ -3,6 +3,7 @@
     asked = to_chat(body)                       # or BatchLineRefused: what cannot be served
     chat_body = asked.chat                      # a /v1/chat/completions body: mapped as any
     response = to_response(asked, completion, "resp_…")   # the chat answer, as a Response
+                                                # (`messages.openai_responses_answers`)
 
 A Responses request is run as the chat completion it amounts to, so everything the chat door
 serves (sampling, constraints, tools) serves it too:
@@ -27,10 +28,8 @@ Accepted without effect: `store`, `include`, `reasoning`, `truncation` (the inpu
 one too long is refused), `max_tool_calls`, `top_logprobs`, `stream_options`. `metadata` is
 echoed. Any other field goes on to the chat body as it is, where the chat mapping decides.
 
-The answer: the chat message's text as one `message` item holding an `output_text` part, its
-tool calls as `function_call` items; `status` "incomplete" with `incomplete_details.reason`
-"max_output_tokens" when the run stopped at its token limit. Streamed events:
-`messages.openai_responses_events`. Pure functions: no I/O.
+The answer is `messages.openai_responses_answers`, streamed `messages.openai_responses_events`.
+Pure functions: no I/O.
 """
 
 from __future__ import annotations
@@ -303,117 +302,3 @@ def _echo(asked: ResponsesBody) -> dict[str, Any]:
         "reasoning": None,
         "store": False,  # nothing is stored: a later `previous_response_id` is refused
     }
-
-
-def response_object(
-    asked: ResponsesAsked,
-    *,
-    response_id: str,
-    created_at: int,
-    model: str,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None,
-    finish_reason: str | None = None,
-    error: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A Response: its envelope, `output` items, `usage` (chat's, converted) and why it is
-    incomplete (from the chat `finish_reason`)."""
-    reason = _INCOMPLETE.get(finish_reason or "")
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "error": error,
-        "incomplete_details": {"reason": reason} if status == "incomplete" and reason else None,
-        "model": model,
-        "output": output,
-        "usage": response_usage(usage) if usage is not None else None,
-        **asked.echo,
-    }
-
-
-# Chat finish reasons that leave a Response incomplete, and OpenAI's reason for each.
-_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
-
-
-def status_of(finish_reason: str | None) -> str:
-    """A Response's (and its items') status for the chat run's `finish_reason`."""
-    if finish_reason in _INCOMPLETE:
-        return "incomplete"
-    if finish_reason == "cancelled":
-        return "cancelled"
-    return "completed"
-
-
-def response_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat's `usage` in the Responses names."""
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {
-        "input_tokens": usage.get("prompt_tokens", 0),
-        # tokens written to a prompt cache are not counted here
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-        "output_tokens": usage.get("completion_tokens", 0),
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.get("total_tokens", 0),
-    }
-
-
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    """An assistant `message` output item holding one `output_text` part."""
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return {
-        "id": item_id,
-        "type": "message",
-        "role": "assistant",
-        "status": status,
-        "content": [part],
-    }
-
-
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    """A `function_call` output item."""
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    }
-
-
-def to_response(
-    asked: ResponsesAsked, completion: dict[str, Any], response_id: str
-) -> dict[str, Any]:
-    """The Response for a `chat.completion` body (its first choice)."""
-    choice = completion["choices"][0]
-    message = choice.get("message") or {}
-    finish = choice.get("finish_reason")
-    status = status_of(finish)
-    calls = message.get("tool_calls") or []
-    text = message.get("content") or ""
-    base = response_id.removeprefix("resp_")
-    output = [message_item(f"msg_{base}", text, status)] if text or not calls else []
-    for i, call in enumerate(calls):
-        function = call.get("function") or {}
-        output.append(
-            call_item(
-                f"fc_{base}_{i}",
-                call.get("id", f"call_{base}_{i}"),
-                function.get("name", ""),
-                function.get("arguments", ""),
-                status,
-            )
-        )
-    return response_object(
-        asked,
-        response_id=response_id,
-        created_at=int(completion.get("created", 0)),
-        model=str(completion.get("model", "")),
-        status=status,
-        output=output,
-        usage=completion.get("usage"),
-        finish_reason=finish,
-    )

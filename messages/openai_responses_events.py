@@ -21,13 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from messages.openai_responses import (
-    ResponsesAsked,
-    call_item,
-    message_item,
-    response_object,
-    status_of,
-)
+from messages.openai_responses import ResponsesAsked
+from messages.openai_responses_answers import call_item, message_item, response_object, status_of
 
 
 class ResponseEvents:

@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from messages.errors import BatchLineRefused
 from messages.openai_batch import CHAT_COMPLETIONS_URL
 from messages.openai_batch_mapping import LineCode
-from messages.openai_responses import RESPONSES_URL, ResponsesAsked, to_chat, to_response
+from messages.openai_responses import RESPONSES_URL, ResponsesAsked, to_chat
+from messages.openai_responses_answers import to_response
 from messages.openai_responses_events import ResponseEvents, replayed
 from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
 from ops.gateway.errors import ApiError, unauthorized

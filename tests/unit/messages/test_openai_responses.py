@@ -14,7 +14,8 @@ from messages.errors import BatchLineRefused
 from messages.openai_batch import CHAT_COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import LineCode, to_request
-from messages.openai_responses import ResponsesAsked, to_chat, to_response
+from messages.openai_responses import ResponsesAsked, to_chat
+from messages.openai_responses_answers import to_response
 from messages.result import FinishReason
 from tests.unit.messages.test_openai_batch_mapping import ok_result
 
