@@ -4,11 +4,13 @@ body, take a place, send, answer (JSON or SSE), count it.
     return await generate(request, COMPLETIONS_URL, parts)
 
 Every answer carries `x-request-id` (the id of the `GenerateRequest`); a non-streamed one
-`x-tokenmill-worker` too. A client gone before its answer: 499, and the request is cancelled.
+`x-tokenmill-worker` too. A completions body with several prompts is asked as one request per
+prompt (`prompt_list`). A client gone before its answer: 499, and the request is cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,10 +18,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from messages.openai_batch import COMPLETIONS_URL
 from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
 from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.outcomes import Refused
+from ops.gateway.prompt_list import merge_answers, split_prompts
 from ops.gateway.routes.deps import Parts
 from ops.gateway.routes.disconnect import unless_disconnected
 from ops.gateway.tracing import request_span
@@ -34,6 +38,8 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
     named = {"x-request-id": request_id}  # as OpenAI's: names the request in logs
     try:
         body = parse_body(await read_body(request, gateway.settings.max_body_bytes))
+        if url == COMPLETIONS_URL and (bodies := split_prompts(body)) is not None:
+            return await _answer_prompts(request, parts, bodies, _Timing(url, started), named)
         asked = to_asked(
             url, body, request_id, default_max_tokens=gateway.settings.default_max_tokens
         )
@@ -109,6 +115,51 @@ async def _answer(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named},
     )
+
+
+async def _answer_prompts(
+    request: Request,
+    parts: Parts,
+    bodies: list[dict[str, Any]],
+    timing: _Timing,
+    named: dict[str, str],
+) -> Response:
+    """`/v1/completions` with several prompts: one request each (ids `<id>-<i>`), sent
+    together in one place, answered as one (`prompt_list.merge_answers`)."""
+    gateway = parts.gateway
+    request_id = named["x-request-id"]
+    default = gateway.settings.default_max_tokens
+    asked = [
+        to_asked(COMPLETIONS_URL, body, f"{request_id}-{i}", default_max_tokens=default)
+        for i, body in enumerate(bodies)
+    ]
+    if ignored := getattr(asked[0], "ignored", ()):
+        named["x-tokenmill-ignored-fields"] = ",".join(ignored)
+    if parts.fleet is not None and parts.fleet.refuses(asked[0].request.model):
+        raise no_worker(asked[0].request.model)
+
+    def cancel_all() -> None:
+        for one in asked:
+            gateway.cancel_later(one.request.id, "client_disconnected")
+
+    place = gateway.admit()
+    traced = request_span(
+        COMPLETIONS_URL,
+        request_id,
+        request.headers.get("traceparent"),
+        request.headers.get("tracestate"),
+    )
+    try:
+        with traced as trace:
+            work = asyncio.gather(*(gateway.complete(one, trace) for one in asked))
+            done = await unless_disconnected(request, work, cancel_all)
+    finally:
+        place.release()
+    if done is None:
+        parts.metrics.requests.labels(timing.endpoint, "499", "client_disconnected").inc()
+        return Response(status_code=499)
+    status, body = merge_answers([(s, b) for s, b, _ in done], n=asked[0].request.n)
+    return _json(parts.metrics, timing, status, body, named)
 
 
 def served_alone(parts: Parts) -> str:
