@@ -113,7 +113,14 @@ def build_app(
             if not keys.allows(request.headers.get("authorization")):
                 raise unauthorized()
             body = parse_body(await read_body(request, settings.max_body_bytes))
-            asked = to_asked(url, body, request_id, default_max_tokens=settings.default_max_tokens)
+            asked = to_asked(
+                url,
+                body,
+                request_id,
+                default_max_tokens=settings.default_max_tokens,
+                strict_fields=settings.strict_fields,
+            )
+            named.update(asked.ignored_header)
             stream = asked.stream
             traced = request_span(
                 url,
