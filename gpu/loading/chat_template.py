@@ -46,13 +46,14 @@ def render_chat(
     above keep their values whatever `extra` holds.
     """
     try:
-        return _compile(template).render(
+        variables = {
             **(extra or {}),
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+        }
+        return _compile(template).render(variables)
     except TemplateError as exc:
         raise ValueError(f"the chat template failed: {exc}") from exc
 
