@@ -224,7 +224,9 @@ async def test_two_instances_and_two_workers_answer_each_request_to_the_instance
         ):
             prompts = [f"{n} + {n} =" for n in range(12)]
             asks = [
-                api.completions.with_raw_response.create(model=MODEL, prompt=p, max_tokens=2)
+                api.completions.with_raw_response.create(
+                    model=MODEL, prompt=p, max_tokens=2, temperature=0
+                )
                 for p in prompts
                 for api in (first, second)
             ]
