@@ -85,6 +85,9 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
         speculate=request.speculate,
+        ignore_eos=request.ignore_eos,
+        skip_special_tokens=request.skip_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
     )
     return EngineRequest(
         request_id=request.id,

@@ -140,17 +140,26 @@ class OutputProcessor:
         token completes lies within them (a character spans at most 4 byte-level tokens), so a
         token costs O(longest stop), not O(output).
         """
+        span = self.stop_string_span(seq, tail_only=tail_only)
+        return None if span is None else span[0]
+
+    def stop_string_span(self, seq: Sequence, *, tail_only: bool = False) -> tuple[int, int] | None:
+        """Where the earliest stop string begins and ends in the decoded output (decoded as
+        its text is: `skip_special_tokens`), if one occurs (`stop_string_at`)."""
         tokens, min_tokens = seq.output_token_ids, seq.params.min_tokens
         tail = 4 * max(len(s) for s in seq.params.stop) + 4
         if tail_only and len(tokens) - min_tokens > tail:  # the tail is all past min_tokens
             tokens = tokens[-tail:]
             min_tokens = 0
-        text = self.tokenizer.decode(tokens)
+        skip = seq.params.skip_special_tokens
+        text = self.tokenizer.decode(tokens, skip_special_tokens=skip)
         before = 0  # under min_tokens, a stop string counts once a token past them ends it
         if min_tokens > 1:
-            before = len(self.tokenizer.decode(tokens[: min_tokens - 1]))
+            before = len(self.tokenizer.decode(tokens[: min_tokens - 1], skip_special_tokens=skip))
         stops = seq.params.stop
-        hits = [i for s in stops if (i := text.find(s, max(0, before - len(s) + 1))) >= 0]
+        hits = [
+            (i, i + len(s)) for s in stops if (i := text.find(s, max(0, before - len(s) + 1))) >= 0
+        ]
         return min(hits) if hits else None
 
     # -- the answer ----------------------------------------------------------------------
@@ -158,12 +167,14 @@ class OutputProcessor:
     def completion(self, seq: Sequence, reason: str, kv_blocks: int) -> Completion:
         """A finished sequence's answer (`seq.finish_time` set)."""
         assert seq.finish_time is not None
+        p = seq.params
         shown = seq.output_token_ids
-        if reason == "stop" and shown and shown[-1] in seq.params.stop_token_ids:
-            shown = shown[:-1]  # like EOS, a stop token ends the text without appearing in it
-        text = self.tokenizer.decode(shown)
-        if seq.params.stop and (cut := self.stop_string_at(seq)) is not None:
-            text = text[:cut]
+        ender = bool(shown) and (shown[-1] in p.stop_token_ids or shown[-1] in self.eos_token_ids)
+        if reason == "stop" and ender and not p.include_stop_str_in_output:
+            shown = shown[:-1]  # the stop token or EOS that ended it is not part of the text
+        text = self.tokenizer.decode(shown, skip_special_tokens=p.skip_special_tokens)
+        if p.stop and (span := self.stop_string_span(seq)) is not None:
+            text = text[: span[1] if p.include_stop_str_in_output else span[0]]
         prompt_logprobs, prompt_text = self._prompt_logprobs(seq)
         return Completion(
             request_id=seq.request_id,

@@ -64,6 +64,10 @@ class SamplingParams:
     (a cached block has no logits: its prompt is computed again), though the blocks it computes
     are offered to the cache for others. With it set, `max_new_tokens` may be 0: the request
     scores its prompt and finishes ("length") with no token sampled.
+
+    The text (`gpu.output_processor`): `skip_special_tokens` false keeps special tokens in it;
+    `include_stop_str_in_output` keeps the stop string (or stop token) that ended it. With
+    `ignore_eos` EOS does not end the output (stop tokens and strings still do).
     """
 
     max_new_tokens: int = 16
@@ -86,6 +90,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # False: never speculate for this request (the engine's speculation is on).
     speculate: bool = True
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     @property
     def greedy(self) -> bool:

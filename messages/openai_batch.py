@@ -19,10 +19,20 @@ code, the message and the input line number.
 
 Penalties and biases are honoured: OpenAI's `presence_penalty`, `frequency_penalty` and
 `logit_bias` (keys are token ids written as strings), and vLLM's `repetition_penalty`, `min_p`
-and `min_tokens`. Body fields tokenmill cannot honour (`suffix`, …, any
-field it does not know) are refused, never silently ignored; only fields that
-cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
-ignored. An omitted `temperature` means greedy, tokenmill's default, not OpenAI's 1.0.
+and `min_tokens`. So are vLLM's extras: `ignore_eos`, `skip_special_tokens`,
+`include_stop_str_in_output`, `truncate_prompt_tokens`, `priority`, `request_id`,
+`return_tokens_as_token_ids`, and chat's `chat_template_kwargs`, `add_generation_prompt` and
+`continue_final_message`. Known fields tokenmill cannot honour (`suffix`, …) are refused. A
+field it does not know is refused in a batch file (the line's error names it), and ignored by
+the gateway's HTTP doors unless `--strict-fields` (`to_request`'s `ignore_unknown`); fields
+that cannot change the answer (`user`, `stream_options`, … `HARMLESS` in the mapping) are
+ignored everywhere.
+
+Omitted fields: by default (`tokenmill batch run`) the wire's deterministic defaults apply:
+greedy, 16 new tokens. With `openai_defaults` (the gateway's doors and its Batch API) they mean
+what they mean to OpenAI's clients: a chat without `max_tokens` runs to EOS (or the worker's
+limit and the context), and an omitted `temperature`, `top_p` or `top_k` takes the model's
+recommended values, else OpenAI's; the worker fills them (`GenerateRequest.model_defaults`).
 
 Logprobs are served: completions' `logprobs: k` and chat's `logprobs: true` with
 `top_logprobs: k` (k in 0..20), in OpenAI's shapes (`CompletionLogprobs`, `ChatLogprobs`). The
@@ -93,6 +103,16 @@ class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     speculate: bool | None = None  # tokenmill's: false opts out of speculative decoding
+    # vLLM's extras (`GenerateRequest` has their meaning); `priority`: lower runs earlier, as
+    # vLLM reads it; `request_id`: names the answer (`REQUEST_ID_KEY`); the last: logprobs'
+    # tokens written "token_id:N".
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    priority: int | None = None
+    request_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
@@ -127,6 +147,10 @@ class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=Fa
     tools: list[Tool] | None = None
     tool_choice: str | NamedTool | None = None  # "none", "auto", "required" or a named one
     response_format: dict[str, Any] | None = None
+    # vLLM's chat template extras (`GenerateRequest`)
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
 
 class ErrorObject(msgspec.Struct, kw_only=True):

@@ -43,7 +43,13 @@ from messages.openai_batch import (
     TokenUsage,
     TopLogprob,
 )
-from messages.openai_batch_mapping import ECHO_KEY, PROMPT_LOGPROBS_KEY
+from messages.openai_batch_mapping import (
+    ECHO_KEY,
+    PROMPT_LOGPROBS_KEY,
+    REQUEST_ID_KEY,
+    TOKENS_AS_IDS_KEY,
+)
+from messages.openai_token_ids import tokens_as_ids
 from messages.openai_tools import parse_tool_call
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs
 
@@ -87,6 +93,9 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         return ErrorBody(
             error=ErrorObject(message=result.error.message, type=kind, code=result.error.code)
         )
+    if TOKENS_AS_IDS_KEY in result.metadata:
+        result = tokens_as_ids(result)
+    answer_id = result.metadata.get(REQUEST_ID_KEY, result.id)  # vLLM's `request_id` names it
     model = result.model.name if result.model else ""
     usage = token_usage(result)
     # n > 1: every choice; else the result is its one choice.
@@ -101,14 +110,14 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
     ]
     if url == CHAT_COMPLETIONS_URL:
         return ChatCompletion(
-            id=f"chatcmpl-{result.id}",
+            id=f"chatcmpl-{answer_id}",
             created=created,
             model=model,
             choices=[_chat_choice(c, tool_call) for c in choices],
             usage=usage,
         )
     return Completion(
-        id=f"cmpl-{result.id}",
+        id=f"cmpl-{answer_id}",
         created=created,
         model=model,
         choices=[_completion_choice(c, result) for c in choices],

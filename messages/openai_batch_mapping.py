@@ -65,6 +65,12 @@ _TOKEN_ID = re.compile(r"-?[0-9]{1,20}")  # out-of-range ids are refused with th
 # The request metadata a line's prompt-logprob asks ride in (see the module's docstring).
 ECHO_KEY = "openai.echo"
 PROMPT_LOGPROBS_KEY = "openai.prompt_logprobs"
+# vLLM's `request_id` (the answer's `id` is made of it) and `return_tokens_as_token_ids` ("1").
+REQUEST_ID_KEY = "openai.request_id"
+TOKENS_AS_IDS_KEY = "openai.tokens_as_ids"
+# An omitted `max_tokens` the worker fills (`model_defaults`) still carries a value: the one an
+# older worker, which knows no `model_defaults`, runs (the wire's default).
+_WIRE_MAX_TOKENS = 16
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -111,15 +117,22 @@ def to_request(
     *,
     model: str | None = None,
     default_max_tokens: int | None = None,
+    openai_defaults: bool = False,
+    ignore_unknown: bool = False,
 ) -> GenerateRequest:
     """The `GenerateRequest` for `line`'s body, checked against the model-independent rules.
 
-    `model` overrides the body's model; `default_max_tokens` applies when the body gives none
-    (otherwise the wire default, 16, as OpenAI's completions endpoint). The request's metadata
-    carries the `custom_id`, so every result names the line it answers.
+    `model` overrides the body's model. An omitted `max_tokens` is `default_max_tokens` when
+    given; otherwise the wire default, 16 (OpenAI's for completions), or with
+    `openai_defaults` a chat runs to EOS or the worker's limits. With `openai_defaults` an
+    omitted `temperature`, `top_p` and `top_k` take the model's recommended values, else
+    OpenAI's (both filled by the worker: `GenerateRequest.model_defaults`); without it they are
+    the wire's (greedy). `ignore_unknown`: a body field the mapper does not know is left out
+    (`unknown_fields` names them) instead of refused. The request's metadata carries the
+    `custom_id`, so every result names the line it answers.
     """
     try:
-        fields = _request_fields(line)
+        fields = _request_fields(line, ignore_unknown)
     except BatchLineRefused as exc:
         exc.custom_id = line.custom_id
         raise
@@ -127,10 +140,17 @@ def to_request(
     fields["metadata"] = {"custom_id": line.custom_id, **fields.get("metadata", {})}
     if model is not None:
         fields["model"] = model
+    if openai_defaults:
+        fields["model_defaults"] = [
+            name for name in ("temperature", "top_p", "top_k") if name not in fields
+        ]
     if fields.get("max_new_tokens") is None:
         fields.pop("max_new_tokens", None)
         if default_max_tokens is not None:
             fields["max_new_tokens"] = default_max_tokens
+        elif openai_defaults and line.url == CHAT_COMPLETIONS_URL:
+            fields["model_defaults"].insert(0, "max_new_tokens")
+            fields["max_new_tokens"] = max(_WIRE_MAX_TOKENS, fields.get("min_tokens", 0))
     request = GenerateRequest(**fields)
     try:
         check_request(request)
@@ -139,9 +159,20 @@ def to_request(
     return request
 
 
-def _request_fields(line: BatchInputLine) -> dict[str, Any]:
+def unknown_fields(line: BatchInputLine) -> tuple[str, ...]:
+    """The fields of `line`'s body the mapper does not know (`HARMLESS` ones and nulls aside):
+    those `to_request` refuses, or leaves out with `ignore_unknown`."""
+    kind = ChatCompletionBody if line.url == CHAT_COMPLETIONS_URL else CompletionBody
+    return tuple(
+        name
+        for name, value in line.body.items()
+        if value is not None and name not in kind.__struct_fields__ and name not in HARMLESS
+    )
+
+
+def _request_fields(line: BatchInputLine, ignore_unknown: bool = False) -> dict[str, Any]:
     if line.url == COMPLETIONS_URL:
-        completion = _convert(line.body, CompletionBody)
+        completion = _convert(line, CompletionBody, ignore_unknown)
         _refuse_unsupported(completion)
         if completion.best_of is not None and completion.best_of != (completion.n or 1):
             raise BatchLineRefused(
@@ -155,9 +186,9 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
         fields |= constraint_fields(completion)
         if completion.logprobs is not None:
             fields["logprobs"] = completion.logprobs  # its range is checked with the request
-        return fields | _prompt_logprobs_fields(completion)
+        return _with(fields, _prompt_logprobs_fields(completion))
     assert line.url == CHAT_COMPLETIONS_URL
-    chat = _convert(line.body, ChatCompletionBody)
+    chat = _convert(line, ChatCompletionBody, ignore_unknown)
     _refuse_unsupported(chat)
     if chat.top_logprobs and not chat.logprobs:
         raise BatchLineRefused(
@@ -174,7 +205,29 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
         fields["logprobs"] = chat.top_logprobs or 0  # its range is checked with the request
     tool_call = tool_call_format(chat.tools, chat.tool_choice)
     fields |= constraint_fields(chat, response_format=chat.response_format, tool_call=tool_call)
+    return fields | _template_fields(chat)
+
+
+def _template_fields(chat: ChatCompletionBody) -> dict[str, Any]:
+    """vLLM's chat template extras, as the request carries them (checked with it)."""
+    fields: dict[str, Any] = {}
+    if chat.chat_template_kwargs:
+        fields["chat_template_kwargs"] = chat.chat_template_kwargs
+    if chat.continue_final_message:
+        fields["continue_final_message"] = True
+        fields["add_generation_prompt"] = False  # vLLM's: the last message is continued
+    if chat.add_generation_prompt is not None:
+        fields["add_generation_prompt"] = chat.add_generation_prompt
     return fields
+
+
+def _with(fields: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`fields` updated with `more`, their metadata merged."""
+    metadata = {**fields.get("metadata", {}), **more.get("metadata", {})}
+    merged = fields | more
+    if metadata:
+        merged["metadata"] = metadata
+    return merged
 
 
 def _prompt_logprobs_fields(completion: CompletionBody) -> dict[str, Any]:
@@ -196,9 +249,9 @@ def _prompt_logprobs_fields(completion: CompletionBody) -> dict[str, Any]:
     }
 
 
-def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
+def _convert(line: BatchInputLine, kind: type[_Body], ignore_unknown: bool) -> _Body:
     try:
-        converted = msgspec.convert(body, kind)
+        converted = msgspec.convert(line.body, kind)
     except msgspec.ValidationError as exc:
         found = _PATH.search(str(exc))
         raise BatchLineRefused(
@@ -206,17 +259,12 @@ def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
         ) from None
     except RecursionError:
         raise BatchLineRefused(LineCode.INVALID_BODY, "body: nested too deeply") from None
-    _refuse_unknown(body, kind)
+    if not ignore_unknown and (unknown := unknown_fields(line)):
+        name = unknown[0]
+        raise BatchLineRefused(
+            LineCode.UNSUPPORTED_PARAMETER, f"`{name}` is not supported", param=name
+        )
     return converted
-
-
-def _refuse_unknown(body: dict[str, Any], kind: type[Any]) -> None:
-    """Refuse a field tokenmill does not know unless it cannot change the answer."""
-    for name, value in body.items():
-        if value is not None and name not in kind.__struct_fields__ and name not in HARMLESS:
-            raise BatchLineRefused(
-                LineCode.UNSUPPORTED_PARAMETER, f"`{name}` is not supported", param=name
-            )
 
 
 def _refuse_if(condition: bool, param: str) -> None:
@@ -256,6 +304,26 @@ def _sampling(body: CompletionBody | ChatCompletionBody, max_tokens: int | None)
         fields["logit_bias"] = _logit_bias(body.logit_bias)
     if body.speculate is not None:
         fields["speculate"] = body.speculate
+    return fields | _vllm_fields(body)
+
+
+def _vllm_fields(body: CompletionBody | ChatCompletionBody) -> dict[str, Any]:
+    """vLLM's output and scheduling extras; what only the answer needs rides in metadata."""
+    fields: dict[str, Any] = {}
+    for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        if (value := getattr(body, name)) is not None:
+            fields[name] = value
+    if body.truncate_prompt_tokens is not None:
+        fields["truncate_prompt_tokens"] = body.truncate_prompt_tokens  # checked with the request
+    if body.priority is not None:
+        fields["priority"] = -body.priority  # vLLM's lower-first; the wire's larger-first
+    metadata = {}
+    if body.request_id:
+        metadata[REQUEST_ID_KEY] = body.request_id
+    if body.return_tokens_as_token_ids:
+        metadata[TOKENS_AS_IDS_KEY] = "1"
+    if metadata:
+        fields["metadata"] = metadata
     return fields
 
 

@@ -8,7 +8,7 @@ schema version the producer wrote.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -16,6 +16,9 @@ from messages.response_format import ResponseFormat
 from messages.structured_output import StructuredOutput
 
 SCHEMA_VERSION = 1
+
+# The fields `GenerateRequest.model_defaults` may name: the worker fills them from its model.
+MODEL_DEFAULTS = ("max_new_tokens", "temperature", "top_p", "top_k")
 
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
@@ -63,6 +66,23 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     - `speculate`: False opts this request out of speculative decoding when the worker runs
       with it (`--speculative`); its output is the same either way (greedy: token for token;
       sampled: the same distribution), only its speed and `usage`'s draft counts differ.
+    - `model_defaults`: fields the client left out that the worker fills from the model it
+      runs (`MODEL_DEFAULTS`), replacing what the request carries for them (what an older
+      worker runs): "max_new_tokens" becomes the worker's `--max-new-tokens-limit` or the
+      room the context leaves after the prompt, whichever is smaller; "temperature",
+      "top_p" and "top_k" become the model's `generation_config.json` values (a GGUF's
+      `general.sampling.*`), else OpenAI's (1.0, 1.0, off). Empty (the default): the request
+      runs as written, the wire's deterministic defaults included.
+    - Output: `ignore_eos` generates past EOS (it stops at `stop`, `stop_token_ids` and the
+      length limit only); `skip_special_tokens` false keeps special tokens in the text;
+      `include_stop_str_in_output` keeps the stop string (or stop token's text) that ended
+      the output at its end.
+    - `truncate_prompt_tokens`: keep only the prompt's last k tokens (-1: as many as the
+      model's prompt limit allows); None: a prompt over the limit is refused.
+    - Chat template (with `messages`): `add_generation_prompt` (default true) opens the
+      assistant's turn; `continue_final_message` leaves the last message open so the model
+      continues it (not with `add_generation_prompt`); `chat_template_kwargs`: more
+      variables for the template (e.g. `enable_thinking`), under the names it already has.
     """
 
     v: int = SCHEMA_VERSION
@@ -102,3 +122,11 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     n: int = 1
     prompt_logprobs: int | None = None
     speculate: bool = True
+    model_defaults: list[str] = msgspec.field(default_factory=list)  # of MODEL_DEFAULTS
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)

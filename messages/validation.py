@@ -33,7 +33,7 @@ from messages.limits import (
     MIN_SCHEMA_VERSION,
     number_text,
 )
-from messages.request import GenerateRequest
+from messages.request import MODEL_DEFAULTS, GenerateRequest
 from messages.response_format import check_response_format
 from messages.structured_output import check_structured_output
 
@@ -115,6 +115,28 @@ def check_request(request: GenerateRequest) -> None:
         )
     check_response_format(request.response_format)
     check_structured_output(request.structured_output, request.response_format)
+    _check_extras(request)
+
+
+def _check_extras(request: GenerateRequest) -> None:
+    """`model_defaults` names only what a worker fills; `truncate_prompt_tokens` is a count
+    (or -1); an open final message gets no generation prompt."""
+    unknown = sorted(set(request.model_defaults) - set(MODEL_DEFAULTS))
+    if unknown:
+        raise _invalid(
+            f"model_defaults may name {', '.join(MODEL_DEFAULTS)}; got {', '.join(unknown)}"
+        )
+    k = request.truncate_prompt_tokens
+    if k is not None and not (k == -1 or 1 <= k < INT64_LIMIT):
+        raise _invalid(
+            "truncate_prompt_tokens must be positive (keep that many last prompt tokens) or -1 "
+            f"(as many as the model takes), got {number_text(k)}"
+        )
+    if request.continue_final_message and request.add_generation_prompt:
+        raise _invalid(
+            "continue_final_message continues the last message: set add_generation_prompt "
+            "false with it"
+        )
 
 
 def _invalid(message: str) -> InvalidRequest:

@@ -9,6 +9,7 @@ be added, is answered with the error: no item is ever lost.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Any
@@ -125,7 +126,10 @@ def _stream_for(policy: StreamPolicy, item: Admitted, engine: Any, now: float) -
     return TokenStream(
         item.request.id,
         uuid.uuid4().hex[:16],
-        engine.model.tokenizer.decode,
+        functools.partial(
+            engine.model.tokenizer.decode,
+            skip_special_tokens=item.request.skip_special_tokens,  # as the result's text
+        ),
         stop=item.request.stop,
         interval_tokens=tokens,
         interval_s=interval_s,

@@ -7,10 +7,12 @@ run is answered at once with a typed error instead of occupying a bucket and an 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from actors.ingest.model_defaults import fill_max_new_tokens, fill_sampling
+from gpu.loading.sampling_defaults import SamplingDefaults, read_sampling_defaults
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
@@ -25,7 +27,12 @@ class TokenizerLike(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str: ...
 
 
@@ -41,6 +48,8 @@ class ModelFront:
     max_new_tokens: int
     max_token_bytes: int = 64  # the most bytes one token decodes to (bounds a result's size)
     quantization: str = "none"  # `gpu.quant.scheme.describe` of its weights
+    # What `model_defaults`' temperature, top_p and top_k take (`actors.ingest.model_defaults`).
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
@@ -58,6 +67,7 @@ class ModelFront:
             max_new_tokens=engine.config.max_new_tokens,
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
             quantization=getattr(model, "quantization", "none"),
+            sampling_defaults=read_sampling_defaults(Path(model.path)),
         )
 
     @property
@@ -76,13 +86,17 @@ class ModelFront:
 
         Plain prompts get the tokenizer's special tokens (as `tokenmill generate` does); chat
         messages are rendered with the model's chat template, which already holds them. The
-        rules are `messages.admission`'s, against this model's vocabulary and limits.
+        rules are `messages.admission`'s, against this model's vocabulary and limits, once the
+        prompt is cut to `truncate_prompt_tokens` and the fields the request leaves to the
+        model (`model_defaults`) are filled in `request` itself (`actors.ingest.model_defaults`:
+        filling them again, for another model, gives that model's).
         """
         if request.model is not None and request.model not in self.aliases:
             raise InvalidRequest(
                 ErrorCode.UNKNOWN_MODEL,
                 f"model {request.model!r} is not served here; this worker runs {self.name!r}",
             )
+        fill_sampling(request, self.sampling_defaults)
         check_sampling(request, vocab_size=self.vocab_size)
         if request.prompt_token_ids is not None:
             ids = request.prompt_token_ids
@@ -94,10 +108,20 @@ class ModelFront:
                     f"model {self.name!r} has no chat template; send `prompt` instead",
                 )
             chat = [{"role": m.role, "content": m.content} for m in request.messages]
-            text = self.tokenizer.apply_chat_template(chat)
+            text = self.tokenizer.apply_chat_template(
+                chat,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                template_kwargs=request.chat_template_kwargs,
+            )
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(request.prompt or "")
+        keep = request.truncate_prompt_tokens
+        if keep is not None:
+            keep = self.max_prompt_tokens if keep == -1 else keep
+            ids = ids[-keep:] if len(ids) > keep else ids
+        fill_max_new_tokens(request, self.max_new_tokens, self.max_model_len - len(ids))
         check_lengths(
             len(ids),
             request.max_new_tokens,

@@ -17,7 +17,7 @@ from typing import Any
 import tokenizers
 
 from gpu.errors import CheckpointError
-from gpu.loading.chat_template import render_chat
+from gpu.loading.chat_template import open_final_message, render_chat
 
 
 class Tokenizer:
@@ -75,18 +75,31 @@ class Tokenizer:
         return str(self.inner.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """Render chat messages to the prompt text this model was trained on."""
+        """Render chat messages to the prompt text this model was trained on.
+
+        `continue_final_message`: the last message is left open, for the model to continue
+        (`open_final_message`); `template_kwargs`: more variables for the template.
+        """
         if not self.chat_template:
             raise ValueError("this model has no chat template")
-        return render_chat(
+        text = render_chat(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            extra=template_kwargs,
         )
+        if continue_final_message and messages:
+            text = open_final_message(text, str(messages[-1].get("content") or ""))
+        return text
 
     @classmethod
     def from_hf_folder(cls, folder: Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:

@@ -38,6 +38,13 @@ def batch() -> None:
     default=None,
     help="For bodies without max_tokens, chats too (default: 16, as OpenAI's completions).",
 )
+@click.option(
+    "--openai-defaults",
+    is_flag=True,
+    help="Omitted fields mean what they mean to OpenAI (as the gateway reads them): a chat "
+    "without max_tokens runs to EOS, and temperature, top_p and top_k take the model's "
+    "recommended values. Without it, the wire's deterministic defaults: greedy, 16 tokens.",
+)
 @click.option("--topic", default=DEFAULT_REQUESTS_TOPIC, show_default=True)
 @click.option("--results-topic", default=DEFAULT_RESULTS_TOPIC, show_default=True)
 @click.option(
@@ -97,6 +104,7 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
         max_inflight=kwargs["max_inflight"],
         model=kwargs["model"],
         default_max_tokens=kwargs["default_max_tokens"],
+        openai_defaults=kwargs["openai_defaults"],
         stall_timeout_s=kwargs["stall_timeout"],
         cancel_topic=kwargs["cancel_topic"],
         cancel_wait_s=kwargs["cancel_wait"],

@@ -61,6 +61,7 @@ class BatchPlan:
         results_topic: str,
         model: str | None = None,
         default_max_tokens: int | None = None,
+        openai_defaults: bool = False,
     ) -> None:
         self.answered = answered
         self.progress = progress
@@ -68,6 +69,7 @@ class BatchPlan:
         self.results_topic = results_topic
         self.model = model
         self.default_max_tokens = default_max_tokens
+        self.openai_defaults = openai_defaults  # omitted fields as OpenAI reads them
         self.seen = Fingerprints()  # custom_ids read so far, to refuse duplicates
         self.pending: dict[str, InFlight] = {}  # request id → what it answers
         self.window = asyncio.Semaphore(max_inflight)
@@ -99,6 +101,7 @@ class BatchPlan:
                     f"batch-{self.tag}-{number}",
                     model=self.model,
                     default_max_tokens=self.default_max_tokens,
+                    openai_defaults=self.openai_defaults,
                 )
             except BatchLineRefused as exc:
                 refused = exc

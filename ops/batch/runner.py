@@ -47,6 +47,7 @@ class BatchOptions:
     max_inflight: int = 256  # requests sent and not yet answered
     model: str | None = None  # overrides every body's `model`
     default_max_tokens: int | None = None  # for bodies without max_tokens
+    openai_defaults: bool = False  # omitted fields as OpenAI reads them (`to_request`)
     stall_timeout_s: float = 300.0  # give up when nothing is answered for this long
     cancel_topic: str = DEFAULT_CANCEL_TOPIC
     cancel_wait_s: float = 30.0  # after `batch cancel`: then what is unanswered is written
@@ -75,6 +76,7 @@ async def run_batch(options: BatchOptions, progress: Progress) -> BatchSummary:
             results_topic=options.results_topic,
             model=options.model,
             default_max_tokens=options.default_max_tokens,
+            openai_defaults=options.openai_defaults,
         )
         async with SubmitClient(options.kafka, options.topic, options.results_topic) as client:
             await client.listen()

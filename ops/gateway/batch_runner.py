@@ -274,6 +274,7 @@ class BatchRunner:
             results_topic=self.results_topic,
             max_inflight=self.settings.batch_max_inflight,
             default_max_tokens=self.settings.default_max_tokens,
+            openai_defaults=True,  # the gateway's doors read omitted fields as OpenAI does
             stall_timeout_s=max(record.expires_at - time.time(), 0) + 60,
             cancel_topic=self.settings.cancel_topic,
         )

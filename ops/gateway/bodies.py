@@ -5,26 +5,39 @@ A `POST /v1/chat/completions` body is mapped exactly as a batch line with that `
 batch output line carries (`answer_line`), with the status it assigns. Only `stream` is the
 gateway's own: the batch mapper refuses it (a file has no one to stream to), so it is taken out
 before mapping and set on the request after.
+
+Two things differ from a batch file, as OpenAI's clients expect of an HTTP API: omitted fields
+take OpenAI's meaning (`to_request`'s `openai_defaults`: a chat runs to EOS, sampling takes the
+model's recommended values), and a field the mapper does not know is ignored, logged
+(`request_fields_ignored`, names only) and named in `Asked.ignored`, which the routes answer in
+the `x-tokenmill-ignored-fields` header; `strict_fields` refuses it instead (400
+`unsupported_parameter`, as a batch file does).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import structlog
 from fastapi import Request
 
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import BatchInputLine
 from messages.openai_batch_answers import answer_line
-from messages.openai_batch_mapping import LineCode, calls_tool, to_request
+from messages.openai_batch_mapping import LineCode, calls_tool, to_request, unknown_fields
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from messages.validation import check_request
 from ops.gateway.errors import ApiError, too_large
 
 _decoder = msgspec.json.Decoder()
+log = structlog.get_logger(__name__)
+IGNORED_FIELDS_HEADER = "x-tokenmill-ignored-fields"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_MAX_IGNORED = 32
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,12 @@ class Asked:
     stream: bool
     include_usage: bool  # `stream_options.include_usage`
     tool_call: bool  # answered as `tool_calls` (`calls_tool`)
+    ignored: tuple[str, ...] = ()  # body fields left out as unknown (`IGNORED_FIELDS_HEADER`)
+
+    @property
+    def ignored_header(self) -> dict[str, str]:
+        """The response header naming `ignored` (none when nothing was)."""
+        return {IGNORED_FIELDS_HEADER: ",".join(self.ignored)} if self.ignored else {}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -52,10 +71,16 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def to_asked(
-    url: str, body: dict[str, Any], request_id: str, *, default_max_tokens: int | None = None
+    url: str,
+    body: dict[str, Any],
+    request_id: str,
+    *,
+    default_max_tokens: int | None = None,
+    strict_fields: bool = False,
 ) -> Asked:
-    """Map `body` as the batch mapper maps a line to `url`; `ApiError` 400 with the mapper's
-    (or the door's) code for what it refuses."""
+    """Map `body` as the batch mapper maps a line to `url`, with OpenAI's defaults; `ApiError`
+    400 with the mapper's (or the door's) code for what it refuses. Unknown fields are ignored
+    (`Asked.ignored`), or refused with `strict_fields`."""
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise ApiError(400, "`stream` must be a boolean", code="invalid_body", param="stream")
@@ -67,9 +92,18 @@ def to_asked(
         body={k: v for k, v in body.items() if k != "stream"},
     )
     try:
-        request = to_request(line, request_id, default_max_tokens=default_max_tokens)
+        request = to_request(
+            line,
+            request_id,
+            default_max_tokens=default_max_tokens,
+            openai_defaults=True,
+            ignore_unknown=not strict_fields,
+        )
     except BatchLineRefused as exc:
         raise ApiError.refused(exc) from None
+    ignored = () if strict_fields else _printable(unknown_fields(line))
+    if ignored:
+        log.info("request_fields_ignored", request_id=request_id, url=url, fields=list(ignored))
     tool_call = calls_tool(line)
     if stream:
         # A chunk carries text only: what only the final answer can hold is not streamed.
@@ -96,7 +130,14 @@ def to_asked(
             check_request(request)  # what streaming rules out (n > 1)
         except InvalidRequest as exc:
             raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
-    return Asked(url, request, bool(stream), include_usage, tool_call)
+    return Asked(url, request, bool(stream), include_usage, tool_call, ignored)
+
+
+def _printable(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` as a header and a log may carry them: a client's key that is no plain name
+    (control characters, non-ASCII, too long) is shown as "?"; at most `_MAX_IGNORED`."""
+    shown = tuple(n if _PLAIN_NAME.fullmatch(n) else "?" for n in names[:_MAX_IGNORED])
+    return shown + (("…",) if len(names) > _MAX_IGNORED else ())
 
 
 def answer(asked: Asked, result: GenerateResult, created: int) -> tuple[int, Any]:

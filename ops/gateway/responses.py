@@ -26,7 +26,7 @@ from messages.openai_batch_mapping import LineCode
 from messages.openai_responses import RESPONSES_URL, ResponsesAsked, to_chat
 from messages.openai_responses_answers import to_response
 from messages.openai_responses_events import ResponseEvents, replayed
-from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
+from ops.gateway.bodies import Asked, parse_body, read_body
 from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.outcomes import Refused
 from ops.gateway.routes.deps import Parts
@@ -52,6 +52,7 @@ async def create_response(request: Request, parts: Parts) -> Response:
         except BatchLineRefused as exc:
             raise ApiError.refused(exc) from None
         asked, replay = _chat_asked(responses, request_id, gateway)
+        named.update(asked.ignored_header)
         if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
             raise no_worker(asked.request.model)
         traced = request_span(
@@ -81,20 +82,15 @@ async def create_response(request: Request, parts: Parts) -> Response:
 def _chat_asked(responses: ResponsesAsked, request_id: str, gateway: Gateway) -> tuple[Asked, bool]:
     """The chat request, and whether a streamed Response replays a whole answer (the chat
     door refuses to stream it)."""
-    default = gateway.settings.default_max_tokens
     chat = responses.chat
     if responses.stream:
         streamed = {**chat, "stream": True, "stream_options": {"include_usage": True}}
         try:
-            return to_asked(
-                CHAT_COMPLETIONS_URL, streamed, request_id, default_max_tokens=default
-            ), False
+            return gateway.asked(CHAT_COMPLETIONS_URL, streamed, request_id), False
         except ApiError as exc:
-            if exc.code != LineCode.UNSUPPORTED_PARAMETER or exc.param != "tools":
+            if exc.code != LineCode.UNSUPPORTED_PARAMETER:
                 raise
-    return to_asked(
-        CHAT_COMPLETIONS_URL, chat, request_id, default_max_tokens=default
-    ), responses.stream
+    return gateway.asked(CHAT_COMPLETIONS_URL, chat, request_id), responses.stream
 
 
 def _whole(

@@ -16,11 +16,12 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 
 from messages.result import GenerateResult
-from ops.gateway.bodies import Asked, answer
+from ops.gateway.bodies import Asked, answer, to_asked
 from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.replies import Replies, Reply
@@ -42,6 +43,16 @@ class Gateway:
 
     def new_id(self) -> str:
         return f"gw-{self.instance}-{uuid.uuid4().hex[:16]}"
+
+    def asked(self, url: str, body: dict[str, Any], request_id: str) -> Asked:
+        """`body` to `url` mapped as this gateway's settings say (`bodies.to_asked`)."""
+        return to_asked(
+            url,
+            body,
+            request_id,
+            default_max_tokens=self.settings.default_max_tokens,
+            strict_fields=self.settings.strict_fields,
+        )
 
     def admit(self) -> Place:
         """One of `--max-inflight` places, or `ApiError` 429."""

@@ -81,7 +81,18 @@ class GatewaySettings:
     )
     default_max_tokens: int | None = field(
         default=None,
-        metadata={"help": "For bodies without max_tokens [default: 16, as the batch mapper]."},
+        metadata={
+            "help": "max_tokens for bodies without one, chat and completions alike [default: "
+            "completions 16; chat runs to EOS, the worker's --max-new-tokens-limit or the "
+            "context's end]."
+        },
+    )
+    strict_fields: bool = field(
+        default=False,
+        metadata={
+            "help": "Refuse a body field the gateway does not know (400 unsupported_parameter) "
+            "instead of ignoring it (logged, and named in x-tokenmill-ignored-fields)."
+        },
     )
 
     allowed_origins: tuple[str, ...] = field(

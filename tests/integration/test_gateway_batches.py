@@ -29,8 +29,9 @@ FINAL = ("completed", "failed", "cancelled", "expired")
 
 
 def chat_line(custom_id: str, question: str, max_tokens: int = 8) -> dict[str, Any]:
+    # greedy on purpose: the gateway's Batch API reads an omitted temperature as OpenAI does
     body = {"model": MODEL, "messages": [{"role": "user", "content": question}],
-            "max_tokens": max_tokens}  # fmt: skip
+            "max_tokens": max_tokens, "temperature": 0}  # fmt: skip
     return {"custom_id": custom_id, "method": "POST", "url": CHAT_COMPLETIONS_URL, "body": body}
 
 

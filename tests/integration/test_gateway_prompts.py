@@ -20,9 +20,7 @@ async def test_a_list_of_prompts_is_answered_one_choice_each_in_order(fleet: Fle
         for p in PROMPTS
     ]
     async with gateway(fleet) as base, client(base) as api:
-        got = await api.completions.create(
-            model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0
-        )
+        got = await api.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0)
         assert [c.index for c in got.choices] == [0, 1, 2]
         assert [c.text for c in got.choices] == want
         assert got.usage is not None and got.usage.completion_tokens >= 3

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from messages.openai_batch import COMPLETIONS_URL
-from ops.gateway.bodies import Asked, parse_body, read_body, to_asked
+from ops.gateway.bodies import Asked, parse_body, read_body
 from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.outcomes import Refused
@@ -40,12 +40,9 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
         body = parse_body(await read_body(request, gateway.settings.max_body_bytes))
         if url == COMPLETIONS_URL and (bodies := split_prompts(body)) is not None:
             return await _answer_prompts(request, parts, bodies, _Timing(url, started), named)
-        asked = to_asked(
-            url, body, request_id, default_max_tokens=gateway.settings.default_max_tokens
-        )
+        asked = gateway.asked(url, body, request_id)
         stream = asked.stream
-        if ignored := getattr(asked, "ignored", ()):  # the fields the mapping let by unread
-            named["x-tokenmill-ignored-fields"] = ",".join(ignored)
+        named.update(asked.ignored_header)  # the fields the mapping let by unread
         if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
             raise no_worker(asked.request.model)
         traced = request_span(
@@ -128,13 +125,10 @@ async def _answer_prompts(
     together in one place, answered as one (`prompt_list.merge_answers`)."""
     gateway = parts.gateway
     request_id = named["x-request-id"]
-    default = gateway.settings.default_max_tokens
     asked = [
-        to_asked(COMPLETIONS_URL, body, f"{request_id}-{i}", default_max_tokens=default)
-        for i, body in enumerate(bodies)
+        gateway.asked(COMPLETIONS_URL, body, f"{request_id}-{i}") for i, body in enumerate(bodies)
     ]
-    if ignored := getattr(asked[0], "ignored", ()):
-        named["x-tokenmill-ignored-fields"] = ",".join(ignored)
+    named.update(asked[0].ignored_header)
     if parts.fleet is not None and parts.fleet.refuses(asked[0].request.model):
         raise no_worker(asked[0].request.model)
 

@@ -49,6 +49,7 @@ SAMPLE_FILES = {
     "request_json_schema.json",
     "request_logprobs.json",
     "request_minimal.json",
+    "request_model_defaults.json",
     "request_no_speculation.json",
     "request_penalties.json",
     "request_prompt_logprobs.json",
@@ -192,6 +193,14 @@ def test_request_samples_pass_the_ingest_gate(path: Path) -> None:
     request = decode_request(path.read_bytes(), content_type(path))
     check_request(request)
     assert request.v == SCHEMA_VERSION == 1
+
+
+def test_a_request_without_the_extras_runs_as_written() -> None:
+    request = load("request_minimal.json")
+    assert request.model_defaults == [] and not request.ignore_eos
+    assert request.skip_special_tokens and not request.include_stop_str_in_output
+    assert request.add_generation_prompt and not request.continue_final_message
+    assert request.truncate_prompt_tokens is None and request.chat_template_kwargs == {}
 
 
 def test_minimal_request_gets_the_boring_defaults() -> None:

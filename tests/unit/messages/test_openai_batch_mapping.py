@@ -373,7 +373,7 @@ def test_unknown_harmless_fields_are_ignored() -> None:
     assert request(line) == request(chat_line())
 
 
-@pytest.mark.parametrize("field", ["ignore_eos", "functions", "some_new_field"])
+@pytest.mark.parametrize("field", ["bad_words", "functions", "some_new_field"])
 def test_an_unknown_field_that_could_change_the_answer_is_refused(field: str) -> None:
     refused = request_refused(completion_line(**{field: 1}))
     assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, field)

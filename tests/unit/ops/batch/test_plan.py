@@ -121,6 +121,21 @@ async def test_the_run_options_reach_the_request() -> None:
     assert (send.custom_id, send.url) == ("c1", COMPLETIONS_URL)
 
 
+async def test_omitted_fields_are_the_wire_s_unless_the_run_reads_them_as_openai_does() -> None:
+    wire, _ = new_run()
+    plain = sent(wire.plan(1, line("c1"))).request
+    assert (plain.model_defaults, plain.max_new_tokens, plain.temperature) == ([], 16, 0.0)
+    openai, _ = new_run(openai_defaults=True)
+    read = sent(openai.plan(1, line("c1"))).request
+    assert read.model_defaults == ["max_new_tokens", "temperature", "top_p", "top_k"]
+
+
+async def test_an_unknown_field_in_a_file_is_an_error_line_naming_it() -> None:
+    run, _ = new_run(openai_defaults=True)
+    out = error_line(run.plan(1, line("q1", frobnicate=1)))
+    assert out.error is not None and out.error.param == "frobnicate"
+
+
 async def test_a_duplicate_custom_id_on_a_later_line_is_an_error_line() -> None:
     run, progress = new_run()
     sent(run.plan(1, line("q1")))
