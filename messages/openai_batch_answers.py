@@ -87,16 +87,7 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         )
     model = result.model.name if result.model else ""
     usage = token_usage(result)
-    # n > 1: every choice; else the result is its one choice.
-    choices = result.choices or [
-        Choice(
-            index=0,
-            text=result.text,
-            token_ids=result.token_ids,
-            finish_reason=result.finish_reason,
-            logprobs=result.logprobs,
-        )
-    ]
+    choices = result_choices(result)
     if url == CHAT_COMPLETIONS_URL:
         return ChatCompletion(
             id=f"chatcmpl-{result.id}",
@@ -112,6 +103,19 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         choices=[_completion_choice(c, result) for c in choices],
         usage=usage,
     )
+
+
+def result_choices(result: GenerateResult) -> list[Choice]:
+    """`result`'s choices: with `n` > 1 every choice; else the result is its one choice."""
+    return result.choices or [
+        Choice(
+            index=0,
+            text=result.text,
+            token_ids=result.token_ids,
+            finish_reason=result.finish_reason,
+            logprobs=result.logprobs,
+        )
+    ]
 
 
 def token_usage(result: GenerateResult) -> TokenUsage:
@@ -138,13 +142,13 @@ def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
         return ChatChoice(
             index=choice.index,
             message=AssistantMessage(content=None, tool_calls=[call]),
-            logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
+            logprobs=None if choice.logprobs is None else chat_logprobs(choice.logprobs),
             finish_reason="tool_calls",
         )
     return ChatChoice(
         index=choice.index,
         message=AssistantMessage(content=choice.text),
-        logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
+        logprobs=None if choice.logprobs is None else chat_logprobs(choice.logprobs),
         finish_reason=str(choice.finish_reason),
     )
 
@@ -166,7 +170,7 @@ def _completion_choice(choice: Choice, result: GenerateResult) -> CompletionChoi
     return CompletionChoice(
         index=choice.index,
         text=text,
-        logprobs=_completion_logprobs(*parts) if parts else None,
+        logprobs=completion_logprobs(*parts) if parts else None,
         finish_reason=str(choice.finish_reason),
         prompt_logprobs=vllm,
     )
@@ -209,7 +213,7 @@ def _vllm_prompt_logprobs(lp: TokenLogprobs) -> list[dict[str, PromptLogprob] | 
     return out
 
 
-def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
+def chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     """The result's logprobs in chat's shape: `content`, one entry per token."""
     return ChatLogprobs(
         content=[
@@ -229,10 +233,11 @@ def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     )
 
 
-def _completion_logprobs(*parts: TokenLogprobs) -> CompletionLogprobs:
+def completion_logprobs(*parts: TokenLogprobs, offset: int = 0) -> CompletionLogprobs:
     """The result's logprobs (with `echo`, the prompt's then the completion's) in the
     completions shape; a top-k dict also holds the chosen token, as OpenAI's do (two tokens
-    with one text share an entry: the likelier stays). A prompt's first token is null."""
+    with one text share an entry: the likelier stays). A prompt's first token is null.
+    `offset`: the first token's `text_offset` (a streamed chunk's: the tokens' before it)."""
     tokens: list[str] = []
     logprobs: list[float | None] = []
     top: list[dict[str, float] | None] = []
@@ -251,7 +256,7 @@ def _completion_logprobs(*parts: TokenLogprobs) -> CompletionLogprobs:
             entry.setdefault(token, logprob)
             logprobs.append(logprob)
             top.append(entry)
-    offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
+    offsets = list(itertools.accumulate((len(t) for t in tokens), initial=offset))[:-1]
     return CompletionLogprobs(
         tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets
     )

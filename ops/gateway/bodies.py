@@ -15,13 +15,12 @@ from typing import Any
 import msgspec
 from fastapi import Request
 
-from messages.errors import BatchLineRefused, InvalidRequest
+from messages.errors import BatchLineRefused
 from messages.openai_batch import BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import LineCode, calls_tool, to_request
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
-from messages.validation import check_request
 from ops.gateway.errors import ApiError, too_large
 
 _decoder = msgspec.json.Decoder()
@@ -72,19 +71,9 @@ def to_asked(
         raise ApiError.refused(exc) from None
     tool_call = calls_tool(line)
     if stream:
-        # A chunk carries text only: what only the final answer can hold is not streamed.
-        unstreamable = [
-            name
-            for name, asked in (
-                ("tools", tool_call),
-                ("logprobs", request.logprobs is not None),
-                ("echo", bool(body.get("echo"))),
-                ("prompt_logprobs", request.prompt_logprobs is not None),
-            )
-            if asked
-        ]
-        if unstreamable:
-            param = unstreamable[0]
+        # The prompt's part of an answer comes only with the result: it is not streamed.
+        echo, scored = bool(body.get("echo")), request.prompt_logprobs is not None
+        if param := "echo" if echo else "prompt_logprobs" if scored else None:
             raise ApiError(
                 400,
                 f"`{param}` with `stream: true` is not supported: ask without streaming",
@@ -92,10 +81,6 @@ def to_asked(
                 param=param,
             )
         request.stream = True
-        try:
-            check_request(request)  # what streaming rules out (n > 1)
-        except InvalidRequest as exc:
-            raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
     return Asked(url, request, bool(stream), include_usage, tool_call)
 
 

@@ -24,7 +24,7 @@ from ops.gateway.bodies import Asked, answer
 from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
-from ops.gateway.sse import DONE, ChunkShape, StreamCursor, error_event
+from ops.gateway.sse import DONE, ChunkShape, StreamEvents, error_event
 
 log = structlog.get_logger("tokenmill.gateway")
 
@@ -101,26 +101,23 @@ class Gateway:
         request_id = asked.request.id
         shown = asked.request.model or model
         shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
-        cursor = StreamCursor()
+        events = StreamEvents(shape, asked.request.n, tool_call=asked.tool_call)
         answered = False
         try:
-            if shape.chat:
-                yield shape.role()
+            for sent in events.start():
+                yield sent
             while True:
                 if isinstance(reply, GenerateResult):
                     break
-                if text := cursor.add(reply):
-                    yield shape.text(text)
+                for sent in events.chunk(reply):
+                    yield sent
                 reply = await self._next(queue, deadline, request_id)
             answered = True
             if reply.error is not None:
                 yield error_event(answer(asked, reply, shape.created)[1])
             else:
-                if rest := cursor.finish(reply):
-                    yield shape.text(rest)
-                yield shape.finish(str(reply.finish_reason))
-                if asked.include_usage:
-                    yield shape.usage(reply)
+                for sent in events.result(reply):
+                    yield sent
             yield DONE
         except ApiError as exc:  # the request timed out mid-stream (and was cancelled)
             answered = True
