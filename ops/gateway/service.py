@@ -25,6 +25,7 @@ from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
 from ops.gateway.sse import DONE, ChunkShape, StreamEvents, error_event
+from ops.gateway.tool_stream import CallText
 
 log = structlog.get_logger("tokenmill.gateway")
 
@@ -101,7 +102,8 @@ class Gateway:
         request_id = asked.request.id
         shown = asked.request.model or model
         shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
-        events = StreamEvents(shape, asked.request.n, tool_call=asked.tool_call)
+        tools = CallText if asked.tool_call else None
+        events = StreamEvents(shape, asked.request.n, tools=tools)
         answered = False
         try:
             for sent in events.start():

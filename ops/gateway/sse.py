@@ -18,15 +18,17 @@ OpenAI sends it, chat's `delta` is `{}` and a completion's `text` "").
 
 A chunk's logprobs go out with the first event that carries text after them (an event never
 has logprobs and no text), so the events' logprobs add up to the answer's. A constrained tool
-call (`tool_choice` "required" or named) streams as `delta.tool_calls` pieces
-(`ops.gateway.tool_stream`). Pure: `StreamEvents` turns replies into event bytes, no I/O.
+call (`tool_choice` "required" or named) streams as `delta.tool_calls` pieces (through
+`ToolText`: `ops.gateway.tool_stream.CallText`). Pure: `StreamEvents` turns replies into
+event bytes, no I/O.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -38,9 +40,7 @@ from messages.openai_batch_answers import (
     result_choices,
     token_usage,
 )
-from messages.openai_tools import parse_tool_call
 from messages.result import Choice, GenerateResult, TokenLogprobs
-from ops.gateway.tool_stream import CallText
 from ops.submit.assembly import StreamedText
 
 DONE = b"data: [DONE]\n\n"
@@ -210,17 +210,37 @@ def _choice(index: int, logprobs: Any, finish_reason: str | None, **content: Any
     return {"index": index, **content, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
+class ToolPieceLike(Protocol):
+    """What a `ToolText` gives for a piece of output."""
+
+    content: str  # text outside any call
+    tool_calls: list[Any]  # `delta.tool_calls` entries: dicts, or msgspec Structs
+
+
+class ToolText(Protocol):
+    """Reads one choice's output as text and tool calls, a piece at a time: the seam for
+    tool calls in a stream (`ops.gateway.tool_stream.CallText` for a constrained call; a
+    reader of the model's own call format for `tool_choice` "auto")."""
+
+    @property
+    def called(self) -> bool: ...  # a call was started: the choice ends "tool_calls"
+    def feed(self, text: str) -> ToolPieceLike: ...
+    def finish(self) -> ToolPieceLike: ...  # what it held back, at the end of the output
+
+
 class StreamEvents:
     """The events of one streamed answer with `n` choices, from the replies as they come.
 
-    `tool_call`: the request asked for a constrained tool call (`Asked.tool_call`): each
-    choice's text is streamed as `delta.tool_calls` pieces (`tool_text`), and a
-    call cut off before its name came is given as text at the end, as the answer gives it."""
+    `tools`: makes each choice's `ToolText` when the request may call tools: its text is
+    then streamed as `delta.content` and `delta.tool_calls` pieces (`tool_text`); a choice
+    that started a call and stopped ends "tool_calls"."""
 
-    def __init__(self, shape: ChunkShape, n: int = 1, *, tool_call: bool = False) -> None:
+    def __init__(
+        self, shape: ChunkShape, n: int = 1, *, tools: Callable[[], ToolText] | None = None
+    ) -> None:
         self.shape = shape
         self.cursors = [StreamCursor() for _ in range(n)]
-        self.calls = [CallText() for _ in range(n)] if tool_call and shape.chat else None
+        self.tools = [tools() for _ in range(n)] if tools is not None and shape.chat else None
         self._held: list[list[TokenLogprobs]] = [[] for _ in range(n)]  # tool text's logprobs
 
     def start(self) -> list[bytes]:
@@ -240,33 +260,39 @@ class StreamEvents:
         for choice in result_choices(result):
             if 0 <= choice.index < len(self.cursors):
                 piece = self.cursors[choice.index].finish(choice)
-                reason = str(choice.finish_reason)
-                if self.calls is not None and parse_tool_call(choice.text) is not None:
-                    reason = "tool_calls"  # as the answer says it
-                out += self._events(choice.index, piece, reason)
+                out += self._events(choice.index, piece, str(choice.finish_reason))
         if self.shape.include_usage:
             out.append(self.shape.usage(result))
         return out
 
     def _events(self, index: int, piece: Piece, finish_reason: str | None) -> list[bytes]:
-        if self.calls is None:
+        if self.tools is None:
             return [self.shape.text(index, piece, finish_reason)]
         return self.tool_text(index, piece, finish_reason)
 
     def tool_text(self, index: int, piece: Piece, finish_reason: str | None) -> list[bytes]:
-        """The events of choice `index`'s next `piece` of tool-call text: the call's pieces
-        (the text's logprobs wait for the first), or, at the end of a call cut off before its
-        name, the whole text as content."""
-        assert self.calls is not None
-        call, held = self.calls[index], self._held[index]
-        calls = call.feed(piece.text)
+        """The events of choice `index`'s next `piece` when it may call tools: its content and
+        call pieces (the text's logprobs wait for the first event)."""
+        assert self.tools is not None
+        reader, held = self.tools[index], self._held[index]
+        read = [reader.feed(piece.text)]
+        if finish_reason is not None:
+            read.append(reader.finish())
+            if reader.called and finish_reason == "stop":
+                finish_reason = "tool_calls"
         if piece.logprobs is not None:
             held.append(piece.logprobs)
-        if not calls and finish_reason is None:
+        content = "".join(r.content for r in read)
+        calls = [msgspec.to_builtins(c) for r in read for c in r.tool_calls]
+        if not content and not calls and finish_reason is None:
             return []
         logprobs = _joined(held) if held else None
         held.clear()
-        if finish_reason is not None and not call.started:
-            whole = Piece(call.text, logprobs, 0)
-            return [self.shape.text(index, whole, finish_reason)]
-        return [self.shape.tool_calls(index, calls, logprobs, finish_reason)]
+        out = []
+        if content or not calls:
+            last = None if calls else finish_reason
+            out.append(self.shape.text(index, Piece(content, logprobs), last))
+            logprobs = None
+        if calls:
+            out.append(self.shape.tool_calls(index, calls, logprobs, finish_reason))
+        return out

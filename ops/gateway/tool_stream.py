@@ -9,17 +9,30 @@ at a time, `CallText` gives the pieces OpenAI streams for a call:
     {"index": 0, "function": {"arguments": "\"Paris\"}"}}
 
 the name once it is whole, then the arguments object's text as it comes, without the
-whitespace between its tokens (the arguments read as the answer's do: compact JSON). Pure: no
-I/O, one character at a time, so any split of the text gives the same concatenation.
+whitespace between its tokens (the arguments read as the answer's do: compact JSON). A call
+cut off before its name is whole is given as text at the end (`finish`), as the answer gives
+it. Pure: no I/O, one character at a time, so any split of the text gives the same pieces.
+
+`CallText` reads the way `ops.gateway.sse.ToolText` says, so a reader of a model's own call
+format (free text, then calls) streams through the same events.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 _SPACE = " \t\r\n"
+
+
+@dataclass
+class ToolPiece:
+    """What a piece of output adds: `content` text and `delta.tool_calls` entries."""
+
+    content: str = ""
+    tool_calls: list[Any] = field(default_factory=list)
 
 
 class CallText:
@@ -40,7 +53,20 @@ class CallText:
         self._in_arguments = False
         self._arguments: list[str] = []  # argument text not yet given out
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
+    @property
+    def called(self) -> bool:
+        """A call was started (its name was given)."""
+        return self.started
+
+    def feed(self, text: str) -> ToolPiece:
+        """The delta pieces `text` (the call's next text) completes."""
+        return ToolPiece(tool_calls=self.pieces(text))
+
+    def finish(self) -> ToolPiece:
+        """The end of the output: a call never started is the text."""
+        return ToolPiece() if self.started else ToolPiece(content=self.text)
+
+    def pieces(self, text: str) -> list[dict[str, Any]]:
         """The delta pieces `text` (the call's next text) completes."""
         self.text += text
         for char in text:

@@ -12,6 +12,7 @@ from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
 from messages.openai_batch_answers import answer_line
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs, Usage
 from ops.gateway.sse import DONE, ChunkShape, Piece, StreamCursor, StreamEvents
+from ops.gateway.tool_stream import CallText
 
 
 def data(event: bytes) -> dict:
@@ -193,7 +194,7 @@ def test_a_constrained_tool_call_streams_its_name_then_its_arguments() -> None:
     text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     result = GenerateResult(id="r", text=text, finish_reason=FinishReason.STOP)
     replies = [chunk(0, text[:10]), chunk(1, text[10:30]), chunk(2, text[30:]), result]
-    out = events_of(CHAT_COMPLETIONS_URL, replies, tool_call=True)
+    out = events_of(CHAT_COMPLETIONS_URL, replies, tools=CallText)
     deltas = [c["delta"] for e in out[1:] for c in e["choices"]]
     calls = [call for d in deltas for call in d.get("tool_calls", [])]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}
@@ -208,7 +209,7 @@ def test_a_constrained_tool_call_streams_its_name_then_its_arguments() -> None:
 def test_a_tool_call_cut_off_before_its_name_ends_as_text() -> None:
     text = '{"name": "get_w'
     result = GenerateResult(id="r", text=text, finish_reason=FinishReason.LENGTH)
-    out = events_of(CHAT_COMPLETIONS_URL, [chunk(0, text), result], tool_call=True)
+    out = events_of(CHAT_COMPLETIONS_URL, [chunk(0, text), result], tools=CallText)
     [last] = out[1:]
     assert last["choices"][0]["delta"] == {"content": text}
     assert last["choices"][0]["finish_reason"] == "length"

@@ -20,7 +20,7 @@ CALLS = [
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
 def test_the_pieces_are_the_call_whatever_the_split(text: str, size: int) -> None:
     call = CallText("call_x")
-    pieces = [p for i in range(0, len(text), size) for p in call.feed(text[i : i + size])]
+    pieces = [p for i in range(0, len(text), size) for p in call.pieces(text[i : i + size])]
     head, *rest = pieces
     whole = parse_tool_call(text)
     assert whole is not None
@@ -35,6 +35,6 @@ def test_the_pieces_are_the_call_whatever_the_split(text: str, size: int) -> Non
 
 def test_nothing_goes_before_the_name_is_whole() -> None:
     call = CallText()
-    assert call.feed('{"name": "get_') == []
+    assert call.pieces('{"name": "get_') == []
     assert not call.started
-    assert call.feed('weather", "arguments": {"a"')[0]["function"]["name"] == "get_weather"
+    assert call.pieces('weather", "arguments": {"a"')[0]["function"]["name"] == "get_weather"
