@@ -142,13 +142,13 @@ def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
         return ChatChoice(
             index=choice.index,
             message=AssistantMessage(content=None, tool_calls=[call]),
-            logprobs=None if choice.logprobs is None else chat_logprobs(choice.logprobs),
+            logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
             finish_reason="tool_calls",
         )
     return ChatChoice(
         index=choice.index,
         message=AssistantMessage(content=choice.text),
-        logprobs=None if choice.logprobs is None else chat_logprobs(choice.logprobs),
+        logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
         finish_reason=str(choice.finish_reason),
     )
 
@@ -170,7 +170,7 @@ def _completion_choice(choice: Choice, result: GenerateResult) -> CompletionChoi
     return CompletionChoice(
         index=choice.index,
         text=text,
-        logprobs=completion_logprobs(*parts) if parts else None,
+        logprobs=_completion_logprobs(*parts) if parts else None,
         finish_reason=str(choice.finish_reason),
         prompt_logprobs=vllm,
     )
@@ -213,7 +213,7 @@ def _vllm_prompt_logprobs(lp: TokenLogprobs) -> list[dict[str, PromptLogprob] | 
     return out
 
 
-def chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
+def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     """The result's logprobs in chat's shape: `content`, one entry per token."""
     return ChatLogprobs(
         content=[
@@ -233,7 +233,7 @@ def chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     )
 
 
-def completion_logprobs(*parts: TokenLogprobs, offset: int = 0) -> CompletionLogprobs:
+def _completion_logprobs(*parts: TokenLogprobs, offset: int = 0) -> CompletionLogprobs:
     """The result's logprobs (with `echo`, the prompt's then the completion's) in the
     completions shape; a top-k dict also holds the chosen token, as OpenAI's do (two tokens
     with one text share an entry: the likelier stays). A prompt's first token is null.
@@ -260,6 +260,16 @@ def completion_logprobs(*parts: TokenLogprobs, offset: int = 0) -> CompletionLog
     return CompletionLogprobs(
         tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets
     )
+
+
+def stream_logprobs(
+    url: str, lp: TokenLogprobs, offset: int = 0
+) -> ChatLogprobs | CompletionLogprobs:
+    """A streamed event's logprobs in `url`'s shape: chat's `content`, or the completions
+    shape with `text_offset` running on from `offset` (the token texts sent before)."""
+    if url == CHAT_COMPLETIONS_URL:
+        return _chat_logprobs(lp)
+    return _completion_logprobs(lp, offset=offset)
 
 
 def refusal_line(refused: BatchLineRefused, *, line_number: int) -> BatchOutputLine:

@@ -34,12 +34,7 @@ import msgspec
 
 from messages.chunk import GenerateChunk
 from messages.openai_batch import CHAT_COMPLETIONS_URL
-from messages.openai_batch_answers import (
-    chat_logprobs,
-    completion_logprobs,
-    result_choices,
-    token_usage,
-)
+from messages.openai_batch_answers import result_choices, stream_logprobs, token_usage
 from messages.result import Choice, GenerateResult, TokenLogprobs
 from ops.submit.assembly import StreamedText
 
@@ -179,12 +174,12 @@ class ChunkShape:
     def text(self, index: int, piece: Piece, finish_reason: str | None = None) -> bytes:
         """An event of choice `index` carrying `piece` (and, on its last, `finish_reason`)."""
         lp = piece.logprobs
+        logprobs = (
+            None if lp is None else msgspec.to_builtins(stream_logprobs(self.url, lp, piece.offset))
+        )
         if self.chat:
-            logprobs = None if lp is None else msgspec.to_builtins(chat_logprobs(lp))
             delta = {"content": piece.text} if piece.text else {}
             return event(self._envelope([_choice(index, logprobs, finish_reason, delta=delta)]))
-        shaped = None if lp is None else completion_logprobs(lp, offset=piece.offset)
-        logprobs = None if shaped is None else msgspec.to_builtins(shaped)
         return event(self._envelope([_choice(index, logprobs, finish_reason, text=piece.text)]))
 
     def tool_calls(
@@ -195,7 +190,9 @@ class ChunkShape:
         finish_reason: str | None = None,
     ) -> bytes:
         """A chat event of choice `index` carrying tool-call pieces (`delta.tool_calls`)."""
-        shown = None if logprobs is None else msgspec.to_builtins(chat_logprobs(logprobs))
+        shown = (
+            None if logprobs is None else msgspec.to_builtins(stream_logprobs(self.url, logprobs))
+        )
         delta = {"tool_calls": calls} if calls else {}
         return event(self._envelope([_choice(index, shown, finish_reason, delta=delta)]))
 

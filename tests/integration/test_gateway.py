@@ -317,15 +317,17 @@ async def test_streams_carry_logprobs_choices_tool_calls_and_finish_with_the_las
         # a required tool call streams as tool-call pieces: the name, then the arguments
         tools = [{"type": "function", "function": {
             "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]},
+            "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                           "properties": {"city": {"enum": ["Paris", "London"]}}},
         }}]  # fmt: skip
         call_body = {
-            "model": MODEL, "max_tokens": 40, "tools": tools, "tool_choice": "required",
+            "model": MODEL, "max_tokens": 60, "tools": tools, "tool_choice": "required",
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
         }  # fmt: skip
         answered = await api.chat.completions.create(**call_body)
-        [want_call] = answered.choices[0].message.tool_calls or []
+        calls = answered.choices[0].message.tool_calls or []
+        assert len(calls) == 1, answered.choices[0]
+        [want_call] = calls
         names, arguments, reasons = [], [], []
         async for chunk in await api.chat.completions.create(**call_body, stream=True):
             for choice in chunk.choices:
