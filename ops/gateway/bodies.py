@@ -15,12 +15,13 @@ from typing import Any
 import msgspec
 from fastapi import Request
 
-from messages.errors import BatchLineRefused
+from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import LineCode, calls_tool, to_request
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
+from messages.validation import check_request
 from ops.gateway.errors import ApiError, too_large
 
 _decoder = msgspec.json.Decoder()
@@ -81,6 +82,10 @@ def to_asked(
                 param=param,
             )
         request.stream = True
+        try:
+            check_request(request)  # the request's rules, now with `stream` set
+        except InvalidRequest as exc:
+            raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
     return Asked(url, request, bool(stream), include_usage, tool_call)
 
 
