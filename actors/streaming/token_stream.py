@@ -3,9 +3,9 @@
 Fed every token the engine samples for the request (`add`), it says when a chunk is due
 (`due`) and makes it (`take`); when the request ends, `finish` makes the last chunk from the
 result itself, so the chunks' text adds up to the result's text exactly (and their logprobs,
-when the request asked for them, to the result's). Text that could
-still be the start of a stop string is held back: the engine cuts the result's text where a
-stop string begins, so a chunk must never have shown it.
+when the request asked for them, to the result's). Text that could still be the start of a
+stop string is held back: the engine cuts the result's text where a stop string begins, so a
+chunk must never have shown it. A request with `n` > 1 has one per choice.
 """
 
 from __future__ import annotations
