@@ -63,8 +63,10 @@ from actors.mail import (
 from actors.results import cancelled_before_engine
 from actors.runtime import Actor, Address, Mailbox
 from actors.streaming.policy import StreamPolicy
+from actors.streaming.token_stream import TokenStream
 from actors.swap.model_slots import ModelSlots
 from actors.swap.swapper import Swapper
+from gpu.choices import parent_of
 from gpu.engine import Completion, StepOutput
 from messages.error_codes import ErrorCode
 from messages.events import Event
@@ -237,14 +239,26 @@ class GpuActor(Actor[Batch | SwapOrder | Cancel]):
         self.steps += 1
         if self.on_step is not None:
             self.on_step(out)
-        for request_id, token in out.new_tokens:
-            entry = self.in_flight.get(request_id)
-            if entry is not None and entry.stream is not None:
-                entry.stream.add(token)
+        for sequence_id, token in out.new_tokens:
+            if (stream := self._stream_of(sequence_id)) is not None:
+                stream.add(token)
+        for sequence_id, entries in out.new_logprobs.items():
+            if (stream := self._stream_of(sequence_id)) is not None:
+                stream.add_logprobs(entries)
         for completion in out.finished:
             await self._finished(completion)
         await self.answers.due_chunks(self.in_flight.values())
         self.faults.after_gpu_step(self.steps)  # test-only; raises when a test asked for it
+
+    def _stream_of(self, sequence_id: str) -> TokenStream | None:
+        """The chunk state of an engine sequence: a streamed request's, or with `n` > 1 one
+        of its choices' (the engine runs choice `i` as sequence `child_id(id, i)`)."""
+        entry, index = self.in_flight.get(sequence_id), 0
+        if entry is None and (parent := parent_of(sequence_id)) is not None:
+            entry, index = self.in_flight.get(parent[0]), parent[1]
+        if entry is None or index >= len(entry.streams):
+            return None
+        return entry.streams[index]
 
     async def fail_queued(self) -> None:
         """Answer every batch waiting (mailbox or held) with `shutting_down` (after `stop()`)."""

@@ -45,7 +45,8 @@ class InFlight:
     admitted_at: float  # monotonic seconds
     requeued: bool = False  # queued again after a crash: a second crash fails it
     copies: list[Admitted] = field(default_factory=list)
-    stream: TokenStream | None = None  # when the request asked for chunks (`item`'s only)
+    # when the request asked for chunks (`item`'s only): one per choice, by index
+    streams: list[TokenStream] = field(default_factory=list)
 
     @property
     def everyone(self) -> list[Admitted]:

@@ -5,6 +5,7 @@
         ...add child...
     finished = groups.gather(finished)       # a child's completion waits for its siblings'
     groups.children_of(request_id)           # what to abort for a request
+    parent_of(sequence_id)                   # (request id, choice index) of a child's id
 
 The children share the prompt's KV blocks through the prefix cache: they are added together,
 the first computes each full block of the prompt and the others wait for it and take it
@@ -79,6 +80,15 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 def child_id(request_id: str, index: int) -> str:
     return f"{request_id}#{index}"
+
+
+def parent_of(sequence_id: str) -> tuple[str, int] | None:
+    """The request id and choice index that `child_id` made `sequence_id` of; None when it
+    cannot be a child's (a caller that knows a request by `sequence_id` itself asks first)."""
+    parent, sep, index = sequence_id.rpartition("#")
+    if not sep or not (index.isascii() and index.isdigit()):
+        return None
+    return parent, int(index)
 
 
 @dataclass

@@ -250,7 +250,7 @@ class Engine:
             num_draft_tokens=progress.num_draft_tokens,
             num_accepted_draft_tokens=progress.num_accepted_draft_tokens,
         )
-        return StepOutput(progress.new_tokens, finished, stats)
+        return StepOutput(progress.new_tokens, finished, stats, progress.new_logprobs)
 
     @torch.inference_mode()
     def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> StepSample:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpu.logprobs import CompletionLogprobs
+from gpu.logprobs import CompletionLogprobs, TokenLogprob
 from gpu.sequence import SamplingParams
 
 
@@ -98,3 +98,5 @@ class StepOutput:
     new_tokens: list[tuple[str, int]]  # (request_id, token id), in the order sampled
     finished: list[Completion]
     stats: StepStats
+    # the logprobs of the new tokens of the requests that asked for them, in order, by id
+    new_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from typing import Protocol
 from gpu.backends.backend import StepSample
 from gpu.engine_io import Completion
 from gpu.grammar.matcher import GrammarMatcher
-from gpu.logprobs import CompletionLogprobs
+from gpu.logprobs import CompletionLogprobs, TokenLogprob
 from gpu.scheduler import ScheduledBatch
 from gpu.sequence import Sequence
 from gpu.speculative.verify import accepted_run
@@ -41,6 +41,7 @@ class StepProgress:
     """What a step did to its requests (`OutputProcessor.apply`)."""
 
     new_tokens: list[tuple[str, int]] = field(default_factory=list)  # in the order appended
+    new_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)  # theirs, if asked
     stopped: list[tuple[Sequence, str]] = field(default_factory=list)  # and why
     accepted: dict[Sequence, int] = field(default_factory=dict)  # guesses kept, per verify
     recompute: list[Sequence] = field(default_factory=list)  # past LongRoPE's original length
@@ -86,6 +87,7 @@ class OutputProcessor:
                 appended += 1
                 if logprob is not None:
                     seq.output_logprobs.append(logprob)
+                    progress.new_logprobs.setdefault(seq.request_id, []).append(logprob)
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 progress.new_tokens.append((seq.request_id, token))

@@ -275,14 +275,10 @@ def check_lengths(
         )
 
 
-def check_choices(n: int, *, stream: bool = False) -> None:
-    """`n` (the choices of one request) in [1, `MAX_CHOICES`], and 1 for a streamed request
-    (a chunk carries one text): `INVALID_REQUEST` otherwise."""
+def check_choices(n: int) -> None:
+    """`n` (the choices of one request) in [1, `MAX_CHOICES`]: `INVALID_REQUEST` otherwise. A
+    streamed request streams each choice (`GenerateChunk.index`)."""
     if not 1 <= n <= MAX_CHOICES:
         raise InvalidRequest(
             ErrorCode.INVALID_REQUEST, f"n must be in [1, {MAX_CHOICES}], got {number_text(n)}"
-        )
-    if stream and n > 1:
-        raise InvalidRequest(
-            ErrorCode.INVALID_REQUEST, "stream with n > 1 is not supported: ask for n = 1"
         )

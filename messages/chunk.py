@@ -5,12 +5,14 @@ its partition and keep their order), with the schema header `GenerateChunk/1`; t
 `GenerateResult` follows them as for any request. A consumer that wants only results skips
 every record whose `tokenmill-schema` is not `GenerateResult/1`.
 
-Rebuilding the text: concatenate the `text` of the chunks of one `run` in `seq` order,
+Rebuilding the text: concatenate the `text` of the chunks of one `run` and one choice (`index`:
+a request with `n` > 1 streams each of its choices, each counting its own `seq`) in `seq` order,
 dropping a `seq` seen before (delivery is at-least-once, so a chunk may come twice). The
-concatenation of all of a run's chunks is the final result's `text` (and their `token_ids`
-its `token_ids`); the result is the authority, so a consumer may also just print chunks as
-they come and replace what it showed by the result's text. A request run again (its worker
-died before the result was delivered) streams again from `seq` 0 under a new `run`.
+concatenation of a choice's chunks is that choice's final text (the result's `text`, or with
+`n` > 1 its `choices[index].text`), and likewise their `token_ids` and `logprobs`; the result
+is the authority, so a consumer may also just print chunks as they come and replace what it
+showed by the result's text. A request run again (its worker died before the result was
+delivered) streams again from `seq` 0 under a new `run`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import msgspec
 
 from messages.request import SCHEMA_VERSION
+from messages.result import TokenLogprobs
 
 
 class GenerateChunk(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -32,6 +35,9 @@ class GenerateChunk(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
       could still turn out to be the start of a stop string (held back for a later chunk,
       and dropped if the stop string completes, as the result drops it). A chunk's text may
       be empty while its tokens are not (a character still incomplete, text held back).
+    - `index`: the choice these tokens belong to (0 unless the request asked for `n` > 1).
+    - `logprobs`: when the request asked for them, those of `token_ids` (entry `i` about
+      `token_ids[i]`, as the result's `TokenLogprobs`); None otherwise.
     """
 
     v: int = SCHEMA_VERSION
@@ -40,3 +46,5 @@ class GenerateChunk(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     seq: int = 0
     token_ids: list[int] = msgspec.field(default_factory=list)
     text: str = ""
+    index: int = 0
+    logprobs: TokenLogprobs | None = None

@@ -98,16 +98,7 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
     answer_id = result.metadata.get(REQUEST_ID_KEY, result.id)  # vLLM's `request_id` names it
     model = result.model.name if result.model else ""
     usage = token_usage(result)
-    # n > 1: every choice; else the result is its one choice.
-    choices = result.choices or [
-        Choice(
-            index=0,
-            text=result.text,
-            token_ids=result.token_ids,
-            finish_reason=result.finish_reason,
-            logprobs=result.logprobs,
-        )
-    ]
+    choices = result_choices(result)
     if url == CHAT_COMPLETIONS_URL:
         return ChatCompletion(
             id=f"chatcmpl-{answer_id}",
@@ -123,6 +114,19 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
         choices=[_completion_choice(c, result) for c in choices],
         usage=usage,
     )
+
+
+def result_choices(result: GenerateResult) -> list[Choice]:
+    """`result`'s choices: with `n` > 1 every choice; else the result is its one choice."""
+    return result.choices or [
+        Choice(
+            index=0,
+            text=result.text,
+            token_ids=result.token_ids,
+            finish_reason=result.finish_reason,
+            logprobs=result.logprobs,
+        )
+    ]
 
 
 def token_usage(result: GenerateResult) -> TokenUsage:
@@ -269,10 +273,11 @@ def _chat_logprobs(lp: TokenLogprobs) -> ChatLogprobs:
     )
 
 
-def _completion_logprobs(*parts: TokenLogprobs) -> CompletionLogprobs:
+def _completion_logprobs(*parts: TokenLogprobs, offset: int = 0) -> CompletionLogprobs:
     """The result's logprobs (with `echo`, the prompt's then the completion's) in the
     completions shape; a top-k dict also holds the chosen token, as OpenAI's do (two tokens
-    with one text share an entry: the likelier stays). A prompt's first token is null."""
+    with one text share an entry: the likelier stays). A prompt's first token is null.
+    `offset`: the first token's `text_offset` (a streamed chunk's: the tokens' before it)."""
     tokens: list[str] = []
     logprobs: list[float | None] = []
     top: list[dict[str, float] | None] = []
@@ -291,10 +296,20 @@ def _completion_logprobs(*parts: TokenLogprobs) -> CompletionLogprobs:
             entry.setdefault(token, logprob)
             logprobs.append(logprob)
             top.append(entry)
-    offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
+    offsets = list(itertools.accumulate((len(t) for t in tokens), initial=offset))[:-1]
     return CompletionLogprobs(
         tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets
     )
+
+
+def stream_logprobs(
+    url: str, lp: TokenLogprobs, offset: int = 0
+) -> ChatLogprobs | CompletionLogprobs:
+    """A streamed event's logprobs in `url`'s shape: chat's `content`, or the completions
+    shape with `text_offset` running on from `offset` (the token texts sent before)."""
+    if url == CHAT_COMPLETIONS_URL:
+        return _chat_logprobs(lp)
+    return _completion_logprobs(lp, offset=offset)
 
 
 def refusal_line(refused: BatchLineRefused, *, line_number: int) -> BatchOutputLine:

@@ -75,7 +75,7 @@ def check_request(request: GenerateRequest) -> None:
     check_sampling(request)
     check_logprobs(request.logprobs)
     check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-    check_choices(request.n, stream=request.stream)
+    check_choices(request.n)
     if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(
             ErrorCode.INVALID_REPLY_TO,

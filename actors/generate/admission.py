@@ -12,6 +12,7 @@ import asyncio
 import functools
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -83,7 +84,7 @@ async def admit(
             model=slots.front_of(engine).ref,
             admitted_at=now,
             requeued=batch.reason == "requeued",
-            stream=_stream_for(streaming, item, engine, now) if request.stream else None,
+            streams=_streams_for(streaming, item, engine, now) if request.stream else [],
         )
 
 
@@ -120,19 +121,39 @@ def _engine_for(slots: ModelSlots, item: Admitted) -> tuple[Any, Any]:
         return None, ErrorInfo(code=ErrorCode.INVALID_PROMPT, message=repr(exc))
 
 
-def _stream_for(policy: StreamPolicy, item: Admitted, engine: Any, now: float) -> TokenStream:
-    """The chunk state of a streamed request's run (a run again gets a new one)."""
-    tokens, interval_s, floor_s = policy.intervals(item.request)
-    return TokenStream(
-        item.request.id,
-        uuid.uuid4().hex[:16],
-        functools.partial(
-            engine.model.tokenizer.decode,
-            skip_special_tokens=item.request.skip_special_tokens,  # as the result's text
-        ),
-        stop=item.request.stop,
-        interval_tokens=tokens,
-        interval_s=interval_s,
-        min_interval_s=floor_s,
-        started=now,
-    )
+def _streams_for(
+    policy: StreamPolicy, item: Admitted, engine: Any, now: float
+) -> list[TokenStream]:
+    """The chunk state of a streamed request's run, one per choice (a run again gets new
+    ones). With logprobs asked, each token's text is decoded alone, special tokens included,
+    as the result's logprobs show them."""
+    request = item.request
+    tokens, interval_s, floor_s = policy.intervals(request)
+    run = uuid.uuid4().hex[:16]
+    tokenizer = engine.model.tokenizer
+    token_text = _token_texts(tokenizer) if request.logprobs is not None else None
+    return [
+        TokenStream(
+            request.id,
+            run,
+            functools.partial(
+                tokenizer.decode,
+                skip_special_tokens=request.skip_special_tokens,  # as the result's text
+            ),
+            stop=request.stop,
+            interval_tokens=tokens,
+            interval_s=interval_s,
+            min_interval_s=floor_s,
+            started=now,
+            index=index,
+            token_text=token_text,
+        )
+        for index in range(request.n)
+    ]
+
+
+def _token_texts(tokenizer: Any) -> Callable[[int], str]:
+    def token_text(token: int) -> str:
+        return str(tokenizer.decode([token], skip_special_tokens=False))
+
+    return token_text

@@ -52,10 +52,13 @@ class Answers:
     async def finished(
         self, entry: InFlight, completion: Completion, error: ErrorInfo | None = None
     ) -> None:
-        """`entry`'s run ended with `completion`: its last chunk, then a result for each copy."""
-        if entry.stream is not None:  # its last chunk goes before its result
-            last = entry.stream.finish(completion.text, completion.token_ids, time.monotonic())
-            if entry.stream.diverged:
+        """`entry`'s run ended with `completion`: its last chunks (one per choice), then a
+        result for each copy."""
+        choices = completion.choices or (completion,)
+        for stream, choice in zip(entry.streams, choices, strict=False):
+            # its last chunk goes before its result
+            last = stream.finish(choice.text, choice.token_ids, time.monotonic())
+            if stream.diverged:
                 log.warning("stream_diverged", request_id=completion.request_id)
             if last is not None:
                 await self.chunk(entry.item, last)
@@ -88,9 +91,8 @@ class Answers:
         """Send the chunk of each streamed request in `running` whose interval has passed."""
         now = time.monotonic()
         for entry in list(running):
-            if entry.stream is not None and entry.stream.due(now):
-                chunk = entry.stream.take(now)
-                if chunk is not None:
+            for stream in entry.streams:
+                if stream.due(now) and (chunk := stream.take(now)) is not None:
                     await self.chunk(entry.item, chunk)
 
     async def chunk(self, item: Admitted, chunk: GenerateChunk) -> None:

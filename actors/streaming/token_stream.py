@@ -2,17 +2,21 @@
 
 Fed every token the engine samples for the request (`add`), it says when a chunk is due
 (`due`) and makes it (`take`); when the request ends, `finish` makes the last chunk from the
-result itself, so the chunks' text adds up to the result's text exactly. Text that could
-still be the start of a stop string is held back: the engine cuts the result's text where a
-stop string begins, so a chunk must never have shown it.
+result itself, so the chunks' text adds up to the result's text exactly (and their logprobs,
+when the request asked for them, to the result's). Text that could still be the start of a
+stop string is held back: the engine cuts the result's text where a stop string begins, so a
+chunk must never have shown it. A request with `n` > 1 has one per choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from actors.results import wire_logprobs
 from actors.streaming.detokenizer import Decode, IncrementalText
+from gpu.logprobs import CompletionLogprobs, TokenLogprob
 from messages.chunk import GenerateChunk
+from messages.result import TokenLogprobs
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -38,11 +42,15 @@ def shown_text(text: str, stops: Sequence[str], start: int = 0) -> str:
 
 
 class TokenStream:
-    """The chunks of one run of one streamed request.
+    """The chunks of one run of one choice (`index`) of one streamed request.
 
     The first chunk is due as soon as there is text to show (time to first token is what a
     streaming client waits on); later ones after `interval_tokens` new tokens or
     `interval_s` since the previous chunk, and never sooner than `min_interval_s` after it.
+
+    `token_text`: for a request that asked for logprobs, one token id's text (decoded alone,
+    special tokens included, as the result's logprobs show it); each chunk then carries its
+    tokens' logprobs (`add_logprobs` gives them as the engine scored them).
     """
 
     def __init__(
@@ -56,9 +64,14 @@ class TokenStream:
         interval_s: float,
         min_interval_s: float = 0.0,
         started: float = 0.0,
+        index: int = 0,
+        token_text: Callable[[int], str] | None = None,
     ) -> None:
         self.request_id = request_id
         self.run = run
+        self.index = index
+        self.token_text = token_text
+        self._logprobs: list[TokenLogprob] = []  # of `tokens`, in order, when asked
         self.stop = tuple(s for s in stop if s)
         self.interval_tokens = interval_tokens
         self.interval_s = interval_s
@@ -76,6 +89,10 @@ class TokenStream:
 
     def add(self, token: int) -> None:
         self._text.append(token)
+
+    def add_logprobs(self, entries: Sequence[TokenLogprob]) -> None:
+        """The logprobs of the tokens `add` was given, in the same order."""
+        self._logprobs.extend(entries)
 
     def due(self, now: float) -> bool:
         pending = len(self.tokens) - self.sent_tokens
@@ -114,9 +131,19 @@ class TokenStream:
             seq=self.seq,
             token_ids=token_ids,
             text=shown[len(self.sent_text) :],
+            index=self.index,
+            logprobs=self._logprobs_of(token_ids),
         )
         self.seq += 1
         self.sent_tokens += len(token_ids)
         self.sent_text = shown
         self.last_sent = now
         return chunk
+
+    def _logprobs_of(self, token_ids: list[int]) -> TokenLogprobs | None:
+        """The logprobs of `token_ids`, the tokens after the `sent_tokens` already sent."""
+        if self.token_text is None:
+            return None
+        entries = self._logprobs[self.sent_tokens : self.sent_tokens + len(token_ids)]
+        scored = token_ids[: len(entries)]  # all of them, unless the engine rewrote its output
+        return wire_logprobs(CompletionLogprobs.of(scored, entries, self.token_text))

@@ -106,19 +106,9 @@ def to_asked(
         log.info("request_fields_ignored", request_id=request_id, url=url, fields=list(ignored))
     tool_call = calls_tool(line)
     if stream:
-        # A chunk carries text only: what only the final answer can hold is not streamed.
-        unstreamable = [
-            name
-            for name, asked in (
-                ("tools", tool_call),
-                ("logprobs", request.logprobs is not None),
-                ("echo", bool(body.get("echo"))),
-                ("prompt_logprobs", request.prompt_logprobs is not None),
-            )
-            if asked
-        ]
-        if unstreamable:
-            param = unstreamable[0]
+        # The prompt's part of an answer comes only with the result: it is not streamed.
+        echo, scored = bool(body.get("echo")), request.prompt_logprobs is not None
+        if param := "echo" if echo else "prompt_logprobs" if scored else None:
             raise ApiError(
                 400,
                 f"`{param}` with `stream: true` is not supported: ask without streaming",
@@ -127,7 +117,7 @@ def to_asked(
             )
         request.stream = True
         try:
-            check_request(request)  # what streaming rules out (n > 1)
+            check_request(request)  # the request's rules, now with `stream` set
         except InvalidRequest as exc:
             raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
     return Asked(url, request, bool(stream), include_usage, tool_call, ignored)

@@ -26,7 +26,8 @@ from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
-from ops.gateway.sse import DONE, ChunkShape, StreamCursor, error_event
+from ops.gateway.sse import DONE, ChunkShape, StreamEvents, error_event
+from ops.gateway.tool_stream import CallText
 
 log = structlog.get_logger("tokenmill.gateway")
 
@@ -113,26 +114,24 @@ class Gateway:
         request_id = asked.request.id
         shown = asked.request.model or model
         shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
-        cursor = StreamCursor()
+        tools = CallText if asked.tool_call else None
+        events = StreamEvents(shape, asked.request.n, tools=tools)
         answered = False
         try:
-            if shape.chat:
-                yield shape.role()
+            for sent in events.start():
+                yield sent
             while True:
                 if isinstance(reply, GenerateResult):
                     break
-                if text := cursor.add(reply):
-                    yield shape.text(text)
+                for sent in events.chunk(reply):
+                    yield sent
                 reply = await self._next(queue, deadline, request_id)
             answered = True
             if reply.error is not None:
                 yield error_event(answer(asked, reply, shape.created)[1])
             else:
-                if rest := cursor.finish(reply):
-                    yield shape.text(rest)
-                yield shape.finish(str(reply.finish_reason))
-                if asked.include_usage:
-                    yield shape.usage(reply)
+                for sent in events.result(reply):
+                    yield sent
             yield DONE
         except ApiError as exc:  # the request timed out mid-stream (and was cancelled)
             answered = True

@@ -26,21 +26,25 @@ class StreamedText:
 
     def add(self, chunk: GenerateChunk) -> str:
         """The text `chunk` (and any chunks it was the gap before) adds, in order."""
+        return "".join(c.text for c in self.ready(chunk))
+
+    def ready(self, chunk: GenerateChunk) -> list[GenerateChunk]:
+        """The chunks `chunk` lets through, in order: itself and those it was the gap before
+        (none when it is a duplicate or comes before a gap)."""
         if chunk.run != self.run:
             if self.run is not None:
                 self.restarted = True
             self.run, self.next_seq, self._early = chunk.run, 0, {}
             self.shown = ""
         if chunk.seq < self.next_seq:
-            return ""  # a duplicate
+            return []  # a duplicate
         self._early[chunk.seq] = chunk
         out = []
         while (ready := self._early.pop(self.next_seq, None)) is not None:
-            out.append(ready.text)
+            out.append(ready)
             self.next_seq += 1
-        added = "".join(out)
-        self.shown += added
-        return added
+        self.shown += "".join(c.text for c in out)
+        return out
 
     def finish(self, result: GenerateResult) -> str | None:
         """What the result adds beyond the text shown (normally ""), or None when the shown

@@ -217,6 +217,8 @@ async def _stream(client: Any, requests: list[Any], within_s: float) -> bool:
         async for reply in client.replies(set(texts), within_s):
             text = texts[reply.id]
             if not isinstance(reply, GenerateResult):
+                if reply.index:  # with n > 1 the first choice is shown, as the result's text
+                    continue
                 restarted = text.restarted
                 added = text.add(reply)
                 if text.restarted and not restarted:

@@ -366,3 +366,80 @@ async def test_tokenize_and_detokenize_round_trip_with_smollm2_s_tokenizer(fleet
         rendered = await post_json(f"{root}/detokenize", {"tokens": chat["tokens"]})
         assert QUESTION[0]["content"] in rendered["prompt"]
         assert rendered["prompt"].rstrip().endswith("assistant"), "the generation prompt"
+
+
+def chat_logprobs_of(choice: object) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    """A choice's (or a chunk choice's) chat logprobs as plain tuples."""
+    logprobs = getattr(choice, "logprobs", None)
+    if logprobs is None or logprobs.content is None:
+        return []
+    return [
+        (t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
+        for t in logprobs.content
+    ]
+
+
+async def test_streams_carry_logprobs_choices_tool_calls_and_finish_with_the_last_text(
+    fleet: Fleet,
+) -> None:
+    async with gateway(fleet) as base, client(base) as api:
+        # n = 2 seeded choices with logprobs: each index's stream is its non-streamed choice
+        asked = {
+            **CHAT, "n": 2, "seed": 11, "temperature": 0.8, "logprobs": True, "top_logprobs": 2,
+        }  # fmt: skip
+        whole = await api.chat.completions.create(**asked)
+        texts: dict[int, list[str]] = {0: [], 1: []}
+        logprobs: dict[int, list] = {0: [], 1: []}
+        finish: dict[int, str] = {}
+        stream = await api.chat.completions.create(**asked, stream=True)
+        async for chunk in stream:
+            for choice in chunk.choices:
+                assert choice.finish_reason is None or choice.index not in finish
+                texts[choice.index].append(choice.delta.content or "")
+                logprobs[choice.index] += chat_logprobs_of(choice)
+                if choice.finish_reason is not None:
+                    finish[choice.index] = choice.finish_reason
+        for want in whole.choices:
+            assert "".join(texts[want.index]) == want.message.content
+            assert finish[want.index] == want.finish_reason
+            got, expected = logprobs[want.index], chat_logprobs_of(want)
+            assert [g[0] for g in got] == [e[0] for e in expected] and expected
+            assert [g[1] for g in got] == pytest.approx([e[1] for e in expected], abs=1e-4)
+            assert [[t for t, _ in g[2]] for g in got] == [[t for t, _ in e[2]] for e in expected]
+
+        # completions: every chunk has text, and the last text carries the finish reason
+        completions = [c async for c in await api.completions.create(**TEXT, stream=True)]
+        joined = "".join(c.choices[0].text for c in completions)
+        assert joined == (await api.completions.create(**TEXT)).choices[0].text
+        *_, last = completions
+        assert last.choices[0].finish_reason in ("stop", "length") and last.choices[0].text
+        assert all(c.choices[0].finish_reason is None for c in completions[:-1])
+
+        # a required tool call streams as tool-call pieces: the name, then the arguments
+        tools = [{"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                           "properties": {"city": {"enum": ["Paris", "London"]}}},
+        }}]  # fmt: skip
+        call_body = {
+            "model": MODEL, "max_tokens": 60, "tools": tools, "tool_choice": "required",
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        }  # fmt: skip
+        answered = await api.chat.completions.create(**call_body)
+        calls = answered.choices[0].message.tool_calls or []
+        assert len(calls) == 1, answered.choices[0]
+        [want_call] = calls
+        names, arguments, reasons = [], [], []
+        async for chunk in await api.chat.completions.create(**call_body, stream=True):
+            for choice in chunk.choices:
+                assert not choice.delta.content
+                for piece in choice.delta.tool_calls or []:
+                    assert piece.index == 0
+                    if piece.function and piece.function.name:
+                        names.append(piece.function.name)
+                    if piece.function and piece.function.arguments:
+                        arguments.append(piece.function.arguments)
+                reasons.append(choice.finish_reason)
+        assert names == [want_call.function.name]
+        assert json.loads("".join(arguments)) == json.loads(want_call.function.arguments)
+        assert reasons[-1] == "tool_calls"

@@ -135,6 +135,12 @@ async def test_streamed_and_ordinary_requests_interleaved(
             id="plain-stop", prompt_token_ids=france, max_new_tokens=MAX_NEW, stop=[stop]
         )
     )
+    requests.append(  # n seeded choices, streamed each under its index, with logprobs
+        GenerateRequest(
+            id="s-choices", prompt=PROMPTS[2], max_new_tokens=MAX_NEW, stream=True, n=2,
+            seed=5, temperature=0.9, logprobs=2, stream_interval_tokens=2, stream_interval_ms=0,
+        )
+    )  # fmt: skip
     packed = GenerateRequest(
         id="s-msgpack", prompt=PROMPTS[0], max_new_tokens=MAX_NEW, stream=True,
         stream_interval_tokens=2,
@@ -182,7 +188,8 @@ async def test_streamed_and_ordinary_requests_interleaved(
     assert final["s-stop"].finish_reason == FinishReason.STOP
     assert final["s-stop"].text == final["plain-stop"].text == probe[: len(probe) // 2]
 
-    for request_id, own in chunks.items():
+    for request_id, every in chunks.items():
+        own = [(r, c) for r, c in every if c.index == 0]  # the result's text is choice 0's
         ((result_record, result),) = results[request_id]
         wire = MSGPACK if request_id == "s-msgpack" else JSON  # the request's content type
         assert {ctype(r) for r, _ in own} == {ctype(result_record)} == {wire}
@@ -198,6 +205,19 @@ async def test_streamed_and_ordinary_requests_interleaved(
             assert len(own) >= result.usage.completion_tokens // 2
         if request_id.startswith("s-three-tokens"):
             assert all(len(c.token_ids) >= 3 for _, c in own[1:-1])
+    choices = final["s-choices"].choices
+    assert [c.index for c in choices] == [0, 1]
+    for choice in choices:  # each choice's chunks are its text, tokens and logprobs
+        mine = [c for _, c in chunks["s-choices"] if c.index == choice.index]
+        assert [c.seq for c in mine] == list(range(len(mine)))
+        assert "".join(c.text for c in mine) == choice.text
+        assert [t for c in mine for t in c.token_ids] == choice.token_ids
+        assert choice.logprobs is not None and all(c.logprobs is not None for c in mine)
+        for key in ("tokens", "token_logprobs", "top_ids", "top_logprobs", "top_tokens"):
+            assert [v for c in mine for v in getattr(c.logprobs, key)] == getattr(
+                choice.logprobs, key
+            )
+    assert all(c.logprobs is None for _, c in chunks["s-every-token-0"])  # none asked
     streamed_before_stop = "".join(c.text for _, c in chunks["s-stop"][:-1])
     assert stop not in streamed_before_stop
     assert final["s-stop"].text.startswith(streamed_before_stop)

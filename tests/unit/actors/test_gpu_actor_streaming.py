@@ -137,3 +137,30 @@ async def test_an_aborted_streamed_request_gets_its_last_chunk_first(engine: Eng
     assert outcome.result.finish_reason in (FinishReason.ERROR, FinishReason.STOP)
     texts = [c.chunk.text for c in chunks if isinstance(c, StreamChunk)]
     assert "".join(texts) == outcome.result.text
+
+
+async def test_each_choice_streams_under_its_index_with_its_logprobs(engine: Engine) -> None:
+    collector = Collector()
+    actor = GpuActor(engine, collector, "w1", streaming=EVERY_STEP)
+    task = asyncio.create_task(actor.run())
+    fields = {"n": 3, "seed": 7, "temperature": 1.0, "logprobs": 2}
+    await actor.send(Batch(bucket=32, items=[item("s", 10, stream=True, **fields)], tokens=3,
+                           reason="size"))  # fmt: skip
+    *chunks, outcome = await collector.until_outcomes(1)
+    actor.stop()
+    await task
+
+    assert isinstance(outcome, Outcome) and outcome.result.error is None
+    choices = outcome.result.choices
+    assert [c.index for c in choices] == [0, 1, 2]
+    sent = [c.chunk for c in chunks if isinstance(c, StreamChunk)]
+    for choice in choices:
+        mine = [c for c in sent if c.index == choice.index]
+        assert [c.seq for c in mine] == list(range(len(mine)))
+        assert "".join(c.text for c in mine) == choice.text
+        assert [t for c in mine for t in c.token_ids] == choice.token_ids
+        assert choice.logprobs is not None
+        for key in ("tokens", "token_logprobs", "top_ids", "top_logprobs", "top_tokens"):
+            streamed = [v for c in mine if c.logprobs for v in getattr(c.logprobs, key)]
+            assert streamed == getattr(choice.logprobs, key), key
+    assert len({c.text for c in choices}) > 1  # each choice its own seed

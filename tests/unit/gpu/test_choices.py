@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpu.choices import ChoiceGroups, child_id, choice_seed, merge
+from gpu.choices import ChoiceGroups, child_id, choice_seed, merge, parent_of
 from gpu.engine import Completion, EngineRequest
 from gpu.sequence import SamplingParams
 
@@ -75,3 +75,9 @@ def test_merge_keeps_the_first_choice_on_top() -> None:
     merged = merge("x", [a, b])
     assert (merged.finish_reason, merged.text) == ("stop", a.text)
     assert merged.choices == (replace(a, request_id="x"), replace(b, request_id="x"))
+
+
+def test_a_child_s_id_names_its_request_and_index() -> None:
+    assert parent_of(child_id("r#1", 3)) == ("r#1", 3)
+    assert parent_of("plain") is None
+    assert parent_of("r#x") is None and parent_of("r#") is None

@@ -29,6 +29,7 @@ from messages.validation import check_request
 SAMPLES = Path(__file__).parent.parent.parent / "samples" / "messages" / "v1"
 
 SAMPLE_FILES = {
+    "chunk_choice_logprobs.json",
     "chunk_stream.json",
     "control_drain.json",
     "control_rollback.json",

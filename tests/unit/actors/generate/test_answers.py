@@ -119,7 +119,7 @@ async def test_a_streamed_requests_last_chunk_goes_before_its_result() -> None:
         interval_tokens=100, interval_s=60.0, min_interval_s=0.0, started=time.monotonic(),
     )  # fmt: skip
     entry = InFlight(item(1, stream=True), cast(Any, None), model=RAN_ON, admitted_at=0.0)
-    entry.stream = stream
+    entry.streams = [stream]
     for token in (7, 8):
         stream.add(token)
     await answer.finished(entry, completion())

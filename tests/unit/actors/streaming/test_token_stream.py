@@ -14,6 +14,7 @@ from actors.streaming.policy import StreamPolicy
 from actors.streaming.token_stream import TokenStream, held_back, shown_text
 from gpu.loading.gguf import read_gguf_header
 from gpu.loading.tokenizer import Tokenizer
+from gpu.logprobs import TokenLogprob
 from messages.chunk import GenerateChunk
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
@@ -195,3 +196,30 @@ def test_intervals_a_request_may_not_ask_for(fields: dict[str, float]) -> None:
         check_request(request)
     assert refused.value.code == ErrorCode.INVALID_REQUEST
     check_request(GenerateRequest(id="b", prompt="hi", stream=True, stream_interval_ms=0))
+
+
+def test_a_choice_s_chunks_carry_its_index_and_their_tokens_logprobs() -> None:
+    stream = TokenStream(
+        "r", "run", lambda ids: "".join(chr(97 + i) for i in ids), index=2,
+        token_text=lambda t: chr(97 + t), interval_tokens=2, interval_s=60.0,
+    )  # fmt: skip
+    for token in (0, 1, 2):
+        stream.add(token)
+    stream.add_logprobs([TokenLogprob(-float(t), (t, 5), (-0.1, -2.0)) for t in (0, 1, 2)])
+    first = stream.take(0.0)
+    assert first is not None and first.index == 2 and first.token_ids == [0, 1, 2]
+    assert first.logprobs is not None
+    assert first.logprobs.tokens == ["a", "b", "c"]
+    assert first.logprobs.token_logprobs == [0.0, -1.0, -2.0]
+    assert first.logprobs.top_tokens == [["a", "f"], ["b", "f"], ["c", "f"]]
+    stream.add(3)
+    stream.add_logprobs([TokenLogprob(-3.0, (3,), (-3.0,))])
+    last = stream.finish("abcd", [0, 1, 2, 3], 1.0)
+    assert last is not None and last.logprobs is not None and last.logprobs.tokens == ["d"]
+
+
+def test_without_logprobs_asked_a_chunk_carries_none() -> None:
+    stream = TokenStream("r", "run", lambda ids: "x" * len(ids), interval_tokens=1, interval_s=0)
+    stream.add(1)
+    taken = stream.take(0.0)
+    assert taken is not None and taken.logprobs is None and taken.index == 0

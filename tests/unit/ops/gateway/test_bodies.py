@@ -30,17 +30,19 @@ def test_stream_is_the_gateway_s_own_and_include_usage_is_read() -> None:
     assert asked.stream and asked.request.stream and asked.include_usage
 
 
-def test_stream_with_n_is_refused_with_the_door_s_code() -> None:
-    with pytest.raises(ApiError) as caught:
-        to_asked(COMPLETIONS_URL, {"prompt": "x", "n": 2, "stream": True}, "gw-3")
-    assert (caught.value.status, caught.value.code) == (400, ErrorCode.INVALID_REQUEST)
+def test_n_logprobs_and_a_tool_call_are_streamed() -> None:
+    asked = to_asked(COMPLETIONS_URL, {"prompt": "x", "n": 2, "logprobs": 2, "stream": True}, "a")
+    assert asked.request.stream and asked.request.n == 2 and asked.request.logprobs == 2
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = chat(stream=True, logprobs=True, top_logprobs=1, tools=tools, tool_choice="required")
+    asked = to_asked(CHAT_COMPLETIONS_URL, body, "b")
+    assert asked.request.stream and asked.tool_call and asked.request.logprobs == 1
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"logprobs": 2}, "logprobs"),
-        ({"echo": True, "logprobs": 1}, "logprobs"),
+        ({"echo": True, "logprobs": 1}, "echo"),
         ({"echo": True}, "echo"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ],
