@@ -74,7 +74,9 @@ class FakeGpu(FakeChild):
     standby = None
     model_loaded = True
     model_name = "tiny"
-    front = type("Front", (), {"ref": ModelRef(name="tiny", digest="sha-tiny")})()
+    front = type(
+        "Front", (), {"ref": ModelRef(name="tiny", digest="sha-tiny"), "max_model_len": 64}
+    )()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
