@@ -1,4 +1,4 @@
-"""OpenAI function tools in a chat batch line: a constraint in, `tool_calls` out.
+"""OpenAI function tools in a chat: what the request carries, and `tool_calls` out.
 
     format = tool_call_format(chat.tools, chat.tool_choice)   # a ResponseFormat, or None
     call = parse_tool_call(result.text)                       # a ToolCall, or None
@@ -7,13 +7,12 @@ With `tool_choice` "required" or a named function, the output is constrained to 
 JSON `{"name": <a tool's name>, "arguments": <an object valid against that tool's
 parameters>}`, through the JSON-schema constraint (`response_format` on the wire): one object
 schema per tool, the name a `const`, joined with `anyOf`. The answer turns that text back into
-OpenAI's `tool_calls` with `finish_reason` "tool_calls". One call per answer (OpenAI's
-`parallel_tool_calls` may make several; here it is always one).
+OpenAI's `tool_calls` with `finish_reason` "tool_calls".
 
-`tool_choice` "none" ignores the tools. "auto" (the default with tools) would need the model's
-chat template to render the tools and the output parsed for calls it may or may not make: it
-is refused. The tools are not shown to the model (the chat template renders the messages
-only): describe them in the messages if the model should know what they do.
+With "auto" (the default with tools) `tool_call_format` gives None: the request carries the
+tools (rendered by the model's chat template) and `tool_calling`, and the worker constrains
+the answer to free text or calls in the model's own format (`messages.tool_formats`); the
+answer is parsed for them (`messages.tool_parsing`). "none" ignores the tools.
 
 Pure functions: no I/O.
 """
@@ -77,8 +76,9 @@ def tool_call_format(
     tools: list[Tool] | None, tool_choice: str | NamedTool | None
 ) -> ResponseFormat | None:
     """The constraint that makes the output one call of `tools` as `tool_choice` allows, or
-    None when no call is asked (no tools, or "none"). Raises `BatchLineRefused` for "auto", a
-    name that is not a tool's, or a malformed tool."""
+    None when no call is forced (no tools, "none", or "auto": the model's own format then,
+    `messages.tool_formats`). Raises `BatchLineRefused` for a name that is not a tool's, an
+    unknown choice, or a malformed tool."""
     if not tools:
         if tool_choice is not None and tool_choice != "none":
             raise BatchLineRefused(
@@ -88,14 +88,8 @@ def tool_call_format(
     if tool_choice == "none":
         return None
     if tool_choice is None or tool_choice == "auto":
-        raise BatchLineRefused(
-            "unsupported_parameter",
-            'tool_choice "auto" (the default with `tools`) is not supported: it needs a chat '
-            "template that renders the tools and the model's output parsed for calls. Send "
-            'tool_choice "required" or {"type": "function", "function": {"name": ...}} to '
-            'constrain the answer to a call, or "none"',
-            param="tool_choice",
-        )
+        check_tools(tools)
+        return None
     functions = _functions(tools)
     if isinstance(tool_choice, NamedTool):
         chosen = [f for f in functions if f.name == tool_choice.function.name]
@@ -121,6 +115,12 @@ def tool_call_format(
             name="tool_call", schema=schema, strict=all(f.strict for f in functions)
         ),
     )
+
+
+def check_tools(tools: list[Tool]) -> list[FunctionDef]:
+    """`tools`' functions; `BatchLineRefused` for too many, a tool that is not a function, a
+    malformed name, two of one name, or parameters that are not plain JSON."""
+    return _functions(tools)
 
 
 def _functions(tools: list[Tool]) -> list[FunctionDef]:
@@ -157,19 +157,25 @@ def _functions(tools: list[Tool]) -> list[FunctionDef]:
     return functions
 
 
-def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
-    """The JSON Schema of one call of any of `functions`: name first, then arguments."""
+def call_schema(
+    functions: list[FunctionDef], *, at: str = "#", arguments: str = "arguments"
+) -> dict[str, Any]:
+    """The JSON Schema of one call of any of `functions`: name first, then its arguments
+    under the key `arguments`. `at`: where the schema will sit in the document its local
+    references resolve against (its root, by default)."""
     one = len(functions) == 1
     calls = []
     for i, function in enumerate(functions):
-        at = "#/properties/arguments" if one else f"#/anyOf/{i}/properties/arguments"
+        where = f"{at}/properties/{arguments}" if one else f"{at}/anyOf/{i}/properties/{arguments}"
         parameters = function.parameters if function.parameters is not None else _NO_PARAMETERS
-        arguments = _moved(parameters, at)
         calls.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": function.name}, "arguments": arguments},
-                "required": ["name", "arguments"],
+                "properties": {
+                    "name": {"const": function.name},
+                    arguments: _moved(parameters, where),
+                },
+                "required": ["name", arguments],
                 "additionalProperties": False,
             }
         )
