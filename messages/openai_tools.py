@@ -26,16 +26,16 @@ from typing import Any
 
 import msgspec
 
+from messages import tool_schema
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.limits import MAX_TOOL_NAME_CHARS, MAX_TOOLS
 from messages.response_format import JsonSchemaFormat, ResponseFormat, check_plain_json
+from messages.tool_formats import constraint_text
 
 # Refusals carry `openai_batch_mapping.LineCode` values (a StrEnum: equal to these strings),
 # written out here because that module imports this one.
 _NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}")
-# What `parameters` means when a function has none: no arguments (OpenAI's reading).
-_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -160,44 +160,10 @@ def _functions(tools: list[Tool]) -> list[FunctionDef]:
 def call_schema(
     functions: list[FunctionDef], *, at: str = "#", arguments: str = "arguments"
 ) -> dict[str, Any]:
-    """The JSON Schema of one call of any of `functions`: name first, then its arguments
-    under the key `arguments`. `at`: where the schema will sit in the document its local
-    references resolve against (its root, by default)."""
-    one = len(functions) == 1
-    calls = []
-    for i, function in enumerate(functions):
-        where = f"{at}/properties/{arguments}" if one else f"{at}/anyOf/{i}/properties/{arguments}"
-        parameters = function.parameters if function.parameters is not None else _NO_PARAMETERS
-        calls.append(
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": function.name},
-                    arguments: _moved(parameters, where),
-                },
-                "required": ["name", arguments],
-                "additionalProperties": False,
-            }
-        )
-    return calls[0] if one else {"anyOf": calls}
-
-
-def _moved(schema: dict[str, Any], at: str) -> dict[str, Any]:
-    """`schema` with its local references (`#/$defs/x`, `#`) pointing where it now sits (`at`),
-    a copy. (An `enum` or `const` value holding a `$ref` key would be rewritten too: a schema
-    keyword as data, which no tool schema is expected to carry.)"""
-    copy: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON: checked before
-    stack: list[Any] = [copy]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                item["$ref"] = at + ref[1:]
-            stack.extend(item.values())
-    return copy
+    """The JSON Schema of one call of any of `functions` (`messages.tool_schema`)."""
+    return tool_schema.call_schema(
+        [(f.name, f.parameters) for f in functions], at=at, arguments=arguments
+    )
 
 
 def parse_tool_call(text: str) -> ToolCall | None:
@@ -214,4 +180,40 @@ def parse_tool_call(text: str) -> ToolCall | None:
     return ToolCall(
         id=f"call_{uuid.uuid4().hex[:24]}",
         function=FunctionCall(name=call["name"], arguments=arguments),
+    )
+
+
+def check_tool_calling(
+    tools: list[Tool] | None, calling: bool, *, with_messages: bool, constrained: bool
+) -> None:
+    """A request's tool fields (`GenerateRequest.tools`, `tool_calling` given: `calling`):
+    `InvalidRequest` unless the tools are well formed, come with `messages` and, with
+    `calling`, are there and no other constraint is (`constrained`)."""
+    if tools:
+        if not with_messages:
+            raise InvalidRequest(ErrorCode.INVALID_REQUEST, "`tools` need `messages` (a chat)")
+        try:
+            _functions(tools)
+        except BatchLineRefused as exc:
+            known = exc.code in set(ErrorCode)
+            code = ErrorCode(exc.code) if known else ErrorCode.INVALID_REQUEST
+            raise InvalidRequest(code, exc.message) from None
+    if calling and not tools:
+        raise InvalidRequest(ErrorCode.INVALID_REQUEST, "`tool_calling` needs `tools`")
+    if calling and constrained:
+        raise InvalidRequest(
+            ErrorCode.INVALID_RESPONSE_FORMAT,
+            "give at most one constraint: tool_calling (tool_choice auto) and a constrained "
+            "response_format or structured_output",
+        )
+
+
+def auto_constraint_text(tools: list[Tool], parallel: bool) -> str:
+    """The worker's "tools" constraint for `tools` under tool_choice "auto"
+    (`messages.tool_formats.constraint_text`); `tools` checked (`check_tool_calling`)."""
+    functions = [t.function for t in tools if t.function is not None]
+    return constraint_text(
+        [(f.name, f.parameters) for f in functions],
+        parallel=parallel,
+        lenient=not all(f.strict for f in functions),
     )

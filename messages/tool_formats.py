@@ -19,13 +19,13 @@ The format is read from the template's text, as the template writes earlier call
 The grammar (Lark as llguidance reads it) lets the answer be free text (which may end at any
 point: EOS is allowed wherever a plain answer may end), or text then calls in the format, each
 call's JSON constrained to `{"name": <a tool's name>, "arguments": <that tool's parameters>}`
-(`messages.openai_tools.call_schema`): once the model writes the format's opening marker, the
+(`messages.tool_schema.call_schema`): once the model writes the format's opening marker, the
 call is valid JSON of one of the tools. A marker that is a special token of the model's
 vocabulary (`special`: its text → its id) is matched as that token (it can then never appear
 in the free text); a textual marker is kept out of the free text by the grammar itself, so
 the free text cannot hold a call the grammar did not check.
 
-Pure functions: no I/O.
+Pure functions, standard library only (the worker's grammar compiler uses them): no I/O.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from messages.openai_tools import FunctionDef, call_schema
+from messages.tool_schema import call_schema
 
 
 class ToolFormat(enum.StrEnum):
@@ -82,14 +82,15 @@ def markers(fmt: ToolFormat) -> tuple[str, ...]:
 
 def auto_grammar(
     fmt: ToolFormat,
-    functions: Sequence[FunctionDef],
+    functions: Sequence[tuple[str, dict[str, Any] | None]],
     *,
     parallel: bool,
     special: Mapping[str, int],
     lenient: bool = True,
 ) -> str:
     """The Lark grammar of an answer under tool_choice "auto": free text, or (text then) one
-    call, or with `parallel` one or more, in `fmt`. `special`: the format's markers that are
+    call, or with `parallel` one or more, in `fmt`. `functions`: (name, parameters) pairs;
+    `special`: the format's markers that are
     special tokens of the vocabulary, by text. `lenient`: ignore schema keywords the grammar
     cannot enforce (every tool not `strict`) instead of refusing the schema."""
     options = {"whitespace_flexible": False, "lenient": lenient}
@@ -171,3 +172,21 @@ def _regex(text: str) -> str:
         else:
             out.append("\\" + char)
     return "".join(out)
+
+
+def constraint_text(
+    functions: Sequence[tuple[str, dict[str, Any] | None]], *, parallel: bool, lenient: bool
+) -> str:
+    """What a "tools" constraint carries to the worker's grammar compiler (its cache key):
+    the tools as (name, parameters), and the two options of `auto_grammar`."""
+    return json.dumps(
+        {"tools": [list(f) for f in functions], "parallel": parallel, "lenient": lenient},
+        separators=(",", ":"),
+    )
+
+
+def read_constraint(text: str) -> tuple[list[tuple[str, dict[str, Any] | None]], bool, bool]:
+    """`constraint_text`'s functions, `parallel` and `lenient`, read back."""
+    data = json.loads(text)
+    functions = [(str(name), parameters) for name, parameters in data["tools"]]
+    return functions, bool(data["parallel"]), bool(data["lenient"])

@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import result_size_bound
 from messages.request import GenerateRequest
 from messages.result import ModelRef
+from messages.tool_formats import ToolFormat, detect_format
 
 
 class TokenizerLike(Protocol):
@@ -25,7 +28,11 @@ class TokenizerLike(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str: ...
 
 
@@ -68,8 +75,20 @@ class ModelFront:
         )
 
     @property
+    def tool_format(self) -> str:
+        """The format its chat template writes tool calls in (`messages.tool_formats`); ""
+        for tokenmill's default (a template with none)."""
+        found = detect_format(self.tokenizer.chat_template)
+        return "" if found is ToolFormat.DEFAULT else str(found)
+
+    @property
     def ref(self) -> ModelRef:
-        return ModelRef(name=self.name, digest=self.digest, quantization=self.quantization)
+        return ModelRef(
+            name=self.name,
+            digest=self.digest,
+            quantization=self.quantization,
+            tool_format=self.tool_format,
+        )
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
         """Tokenize and check `request` against this model; raises `InvalidRequest`.
@@ -93,8 +112,9 @@ class ModelFront:
                     ErrorCode.INVALID_PROMPT,
                     f"model {self.name!r} has no chat template; send `prompt` instead",
                 )
-            chat = [{"role": m.role, "content": m.content} for m in request.messages]
-            text = self.tokenizer.apply_chat_template(chat)
+            chat = [m.for_template() for m in request.messages]
+            tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
+            text = self.tokenizer.apply_chat_template(chat, tools=tools)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(request.prompt or "")

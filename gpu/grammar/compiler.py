@@ -13,6 +13,7 @@ from gpu.loading.tokenizer import Tokenizer
 from gpu.sequence import Constraint
 from messages.error_codes import ErrorCode
 from messages.limits import cut
+from messages.tool_formats import auto_grammar, detect_format, markers, read_constraint
 
 if TYPE_CHECKING:
     import llguidance
@@ -93,14 +94,26 @@ class GrammarCompiler:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
                     constraint.text, overrides=options
                 )
+            elif constraint.kind == "tools":
+                grammar = llguidance.grammar_from("lark", self.tools_grammar(constraint.text))
             else:  # "regex", "choice" (a JSON list of strings), "grammar" (Lark or GBNF)
                 grammar = llguidance.grammar_from(constraint.kind, constraint.text)
-        except ValueError as exc:  # not JSON, or GBNF the converter cannot read
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON, GBNF it cannot read, …
             raise _rejected(constraint, str(exc)) from None
         template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _rejected(constraint, template.get_error())
         return template
+
+    def tools_grammar(self, text: str) -> str:
+        """The Lark grammar of a "tools" constraint for this model: its chat template's
+        tool-call format, its markers matched as special tokens where they are ones."""
+        functions, parallel, lenient = read_constraint(text)
+        fmt = detect_format(self.tokenizer.chat_template)
+        added = self.tokenizer.inner.get_added_tokens_decoder()
+        special = {t.content: i for i, t in added.items() if t.special}
+        found = {m: special[m] for m in markers(fmt) if m in special}
+        return auto_grammar(fmt, functions, parallel=parallel, special=found, lenient=lenient)
 
 
 _WHAT = {
@@ -108,6 +121,7 @@ _WHAT = {
     "regex": "the regex",
     "choice": "the choice",
     "grammar": "the grammar",
+    "tools": "the tools' schemas",
 }
 
 

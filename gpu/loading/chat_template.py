@@ -1,6 +1,12 @@
 """Render a model's Jinja chat template, the way Hugging Face tokenizers do.
 
 jinja2 is a dependency of torch itself, so this adds nothing to what `gpu/` needs installed.
+
+Tools (`tools=`, OpenAI-style `{"type": "function", "function": {...}}` dicts) and earlier
+tool turns (an assistant message's `tool_calls`, `tool` messages) are rendered by the
+template's own tool support, as `apply_chat_template(tools=...)` passes them; a template with
+no tool format (`messages.tool_formats.detect_format`) gets them as plain messages instead
+(`messages.tool_prompt`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from typing import Any
 from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from messages.tool_formats import ToolFormat, detect_format
+from messages.tool_prompt import default_tool_messages
 
 
 def _raise_exception(message: str) -> None:
@@ -38,14 +47,23 @@ def render_chat(
     add_generation_prompt: bool,
     bos_token: str,
     eos_token: str,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     """Render, or raise ValueError saying why the template refused the messages."""
+    messages = list(messages)
+    if _has_tool_turns(messages, tools) and detect_format(template) is ToolFormat.DEFAULT:
+        messages, tools = default_tool_messages(messages, tools), None
     try:
         return _compile(template).render(
-            messages=list(messages),
+            messages=messages,
+            tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
         )
     except TemplateError as exc:
         raise ValueError(f"the chat template failed: {exc}") from exc
+
+
+def _has_tool_turns(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None) -> bool:
+    return bool(tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)

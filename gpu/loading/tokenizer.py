@@ -75,9 +75,14 @@ class Tokenizer:
         return str(self.inner.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render chat messages to the prompt text this model was trained on."""
+        """Render chat messages (and the tools they may call) to the prompt text this model
+        was trained on."""
         if not self.chat_template:
             raise ValueError("this model has no chat template")
         return render_chat(
@@ -86,6 +91,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            tools=tools,
         )
 
     @classmethod
