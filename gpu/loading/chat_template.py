@@ -11,6 +11,7 @@ no tool format (`messages.tool_formats.detect_format`) gets them as plain messag
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -32,11 +33,26 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Plain `json.dumps`, as Hugging Face's templates get it (Jinja's own `tojson` escapes
+    HTML characters and sorts keys, which a tool's schema shown to the model must not)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
 
 
