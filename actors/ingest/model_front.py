@@ -48,6 +48,9 @@ class ModelFront:
     max_new_tokens: int
     max_token_bytes: int = 64  # the most bytes one token decodes to (bounds a result's size)
     quantization: str = "none"  # `gpu.quant.scheme.describe` of its weights
+    # The format its chat template writes tool calls in (`messages.tool_formats`); "" for
+    # tokenmill's default (a template with none).
+    tool_format: str = ""
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
@@ -65,6 +68,7 @@ class ModelFront:
             max_new_tokens=engine.config.max_new_tokens,
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
             quantization=getattr(model, "quantization", "none"),
+            tool_format=tool_format_of(getattr(model.tokenizer, "chat_template", None)),
         )
 
     @property
@@ -73,13 +77,6 @@ class ModelFront:
         return result_size_bound(
             max_new_tokens=self.max_new_tokens, max_token_bytes=self.max_token_bytes
         )
-
-    @property
-    def tool_format(self) -> str:
-        """The format its chat template writes tool calls in (`messages.tool_formats`); ""
-        for tokenmill's default (a template with none)."""
-        found = detect_format(self.tokenizer.chat_template)
-        return "" if found is ToolFormat.DEFAULT else str(found)
 
     @property
     def ref(self) -> ModelRef:
@@ -127,6 +124,12 @@ class ModelFront:
             scoring=request.prompt_logprobs is not None,
         )
         return ids
+
+
+def tool_format_of(chat_template: str | None) -> str:
+    """`ModelRef.tool_format` of a model with this chat template."""
+    found = detect_format(chat_template)
+    return "" if found is ToolFormat.DEFAULT else str(found)
 
 
 def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None:

@@ -95,7 +95,8 @@ class GrammarCompiler:
                     constraint.text, overrides=options
                 )
             elif constraint.kind == "tools":
-                grammar = llguidance.grammar_from("lark", self.tools_grammar(constraint.text))
+                lark = self.tools_grammar(constraint.text, tokenizer)
+                grammar = llguidance.grammar_from("lark", lark)
             else:  # "regex", "choice" (a JSON list of strings), "grammar" (Lark or GBNF)
                 grammar = llguidance.grammar_from(constraint.kind, constraint.text)
         except (ValueError, KeyError, TypeError) as exc:  # not JSON, GBNF it cannot read, …
@@ -105,15 +106,20 @@ class GrammarCompiler:
             raise _rejected(constraint, template.get_error())
         return template
 
-    def tools_grammar(self, text: str) -> str:
+    def tools_grammar(self, text: str, library: llguidance.LLTokenizer) -> str:
         """The Lark grammar of a "tools" constraint for this model: its chat template's
-        tool-call format, its markers matched as special tokens where they are ones."""
+        tool-call format, a marker matched as its token where the library holds that token
+        apart from text (a special or added token: its text alone cannot match it).
+        `library`: the library's view of the vocabulary (`library_tokenizer`; passed, as its
+        property takes the lock the compile holds)."""
         functions, parallel, lenient = read_constraint(text)
         fmt = detect_format(self.tokenizer.chat_template)
-        added = self.tokenizer.inner.get_added_tokens_decoder()
-        special = {t.content: i for i, t in added.items() if t.special}
-        found = {m: special[m] for m in markers(fmt) if m in special}
-        return auto_grammar(fmt, functions, parallel=parallel, special=found, lenient=lenient)
+        special = {}
+        for marker in markers(fmt):
+            ids = self.tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) == 1 and library.is_special_token(ids[0]):
+                special[marker] = ids[0]
+        return auto_grammar(fmt, functions, parallel=parallel, special=special, lenient=lenient)
 
 
 _WHAT = {
