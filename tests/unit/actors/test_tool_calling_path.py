@@ -19,8 +19,8 @@ import pytest
 import torch
 from tokenizers import AddedToken
 
-from actors.ingest.model_front import ModelFront
 from actors.in_flight import engine_request
+from actors.ingest.model_front import ModelFront
 from actors.mail import Admitted, RecordRef
 from actors.results import engine_outcome
 from actors.telemetry.trace_context import TraceContext
