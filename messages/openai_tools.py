@@ -38,7 +38,7 @@ from messages.tool_formats import constraint_text
 _NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}")
 
 
-class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # JSON Schema of the arguments object
