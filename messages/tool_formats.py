@@ -121,10 +121,11 @@ def auto_grammar(
     more = f" (SEP {block})*" if parallel else ""
     if HERMES_OPEN in special:
         opener = _lit(HERMES_OPEN, special)
+        more = more.replace("SEP", "sep")  # a special token may not be in a terminal
         lines = [
             f"start: TEXT | TEXT? {opener} {block}{more}",
             r"TEXT: /(?s:.+)/",
-            f"SEP: /{_BETWEEN}/ {opener}" if parallel else "",
+            f"sep: /{_BETWEEN}/ {opener}" if parallel else "",
         ]
     else:
         lines = [

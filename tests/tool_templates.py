@@ -4,6 +4,9 @@ an assistant turn's `tool_calls` (arguments as objects, `| tojson`) and `tool` t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 HERMES = """\
 {%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
@@ -70,3 +73,28 @@ MISTRAL = """\
 "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
 {%- elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}
 {%- endif %}{% endfor %}"""
+
+
+def build_tool_checkpoint(folder: Path, chat_template: str = HERMES, seed: int = 0) -> Path:
+    """A tiny random llama (`tests.tiny_models`) whose vocabulary holds `<tool_call>` and
+    `</tool_call>` as tokens of their own (plain added tokens, as in Qwen's) and whose chat
+    template is `chat_template`; room for the long prompts tools make in its small vocabulary."""
+    import torch
+    from tokenizers import AddedToken
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import SPECIAL, hf_config, train_tokenizer
+
+    tok = train_tokenizer()
+    tok.add_tokens([AddedToken(t, special=False) for t in ("<tool_call>", "</tool_call>")])
+    eos = tok.token_to_id(SPECIAL)
+    config = hf_config("llama", tok.get_vocab_size(), eos)
+    config.max_position_embeddings = 2048
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    settings = {"eos_token": SPECIAL, "bos_token": SPECIAL, "chat_template": chat_template}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    return folder

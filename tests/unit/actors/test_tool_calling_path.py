@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-import torch
-from tokenizers import AddedToken
 
 from actors.in_flight import engine_request
 from actors.ingest.model_front import ModelFront
@@ -31,8 +28,7 @@ from messages.openai_batch import CHAT_COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import calls_tool, to_request
 from ops.models.offline import run_all
-from tests.tiny_models import SPECIAL, hf_config, train_tokenizer
-from tests.tool_templates import HERMES
+from tests.tool_templates import build_tool_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -56,22 +52,8 @@ FORECAST = {
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    """A tiny random llama whose vocabulary holds `<tool_call>` and `</tool_call>` (plain
-    added tokens, as Qwen's) and whose chat template renders tools the Hermes way."""
-    from transformers import AutoModelForCausalLM
-
-    folder: Path = tmp_path_factory.mktemp("tiny-tools")
-    tok = train_tokenizer()
-    tok.add_tokens([AddedToken(t, special=False) for t in ("<tool_call>", "</tool_call>")])
-    eos = tok.token_to_id(SPECIAL)
-    torch.manual_seed(0)
-    config = hf_config("llama", tok.get_vocab_size(), eos)
-    config.max_position_embeddings = 2048  # the tools' text is long in a 320-token vocabulary
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(folder, safe_serialization=True)
-    tok.save(str(folder / "tokenizer.json"))
-    settings = {"eos_token": SPECIAL, "bos_token": SPECIAL, "chat_template": HERMES}
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    """A tiny random llama with `<tool_call>` tokens and a Hermes-style chat template."""
+    folder = build_tool_checkpoint(tmp_path_factory.mktemp("tiny-tools") / "tiny-tools")
     return Engine(load_model(folder, name="tiny-tools"), EngineConfig(max_num_seqs=4))
 
 

@@ -13,7 +13,7 @@ import pytest
 from gpu.loading.chat_template import render_chat
 from gpu.loading.gguf import read_gguf_header
 from gpu.loading.tokenizer import Tokenizer
-from messages.tool_formats import ToolFormat, auto_grammar, detect_format
+from messages.tool_formats import ToolFormat, auto_grammar, detect_format, markers
 from messages.tool_parsing import ToolCallStream, parse_calls
 from messages.tool_prompt import default_tool_messages
 from tests.tool_templates import HERMES, LLAMA31, MISTRAL
@@ -270,3 +270,15 @@ def test_the_mistral_grammar_takes_a_list_of_calls(smollm2: Tokenizer) -> None:
     assert not accepted(smollm2, lark, '[TOOL_CALLS][{"name":"nope","arguments":{}}]')
     single = auto_grammar(ToolFormat.MISTRAL, FUNCTIONS, parallel=False, special={})
     assert not accepted(smollm2, single, "[TOOL_CALLS]" + calls)
+
+
+@pytest.mark.parametrize("fmt", list(ToolFormat))
+@pytest.mark.parametrize("parallel", [True, False])
+def test_every_grammar_compiles_with_its_markers_as_special_tokens(
+    smollm2: Tokenizer, fmt: ToolFormat, parallel: bool
+) -> None:
+    # SmolLM2's special tokens 1 and 2 stand in for markers that are tokens of their own.
+    special = dict(zip(markers(fmt), (1, 2), strict=False))
+    lark = auto_grammar(fmt, FUNCTIONS, parallel=parallel, special=special)
+    m = matcher(smollm2, lark)
+    assert m.validate_tokens([1]) == 1  # the opening marker's token starts a call
