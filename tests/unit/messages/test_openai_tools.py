@@ -12,13 +12,16 @@ import msgspec
 import pytest
 
 from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
 from messages.limits import MAX_TOOLS
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import TOOLS_KEY, LineCode, calls_tool
-from messages.openai_tools import FunctionDef, call_schema, parse_tool_call
-from messages.request import ToolCalling
+from messages.openai_tools import FunctionDef, Tool, call_schema, parse_tool_call
+from messages.request import ChatMessage, GenerateRequest, ToolCalling
+from messages.response_format import ResponseFormat
 from messages.result import Choice, FinishReason, ModelRef
+from messages.validation import check_request
 from tests.unit.messages.test_openai_batch_mapping import (
     chat_line,
     ok_result,
@@ -343,3 +346,29 @@ def test_a_legacy_functions_answer_is_a_function_call() -> None:
     assert choice["finish_reason"] == "function_call"
     assert choice["message"]["function_call"] == {"name": "ping", "arguments": "{}"}
     assert "tool_calls" not in choice["message"]
+
+
+def test_the_door_checks_the_tool_fields_of_a_request() -> None:
+    tools = [msgspec.convert(WEATHER, Tool)]
+    chat = [ChatMessage(role="user", content="Hi")]
+    check_request(GenerateRequest(messages=chat, tools=tools, tool_calling=ToolCalling()))
+    cases = [
+        (GenerateRequest(messages=chat, tool_calling=ToolCalling()), "needs `tools`"),
+        (GenerateRequest(prompt="Hi", tools=tools), "need `messages`"),
+        (
+            GenerateRequest(
+                messages=chat,
+                tools=tools,
+                tool_calling=ToolCalling(),
+                response_format=ResponseFormat(type="json_object"),
+            ),
+            "at most one constraint",
+        ),
+        (
+            GenerateRequest(messages=chat, tools=[msgspec.convert(NO_PARAMETERS, Tool)] * 2),
+            "two tools are named",
+        ),
+    ]
+    for request_, words in cases:
+        with pytest.raises(InvalidRequest, match=words):
+            check_request(request_)
