@@ -80,15 +80,27 @@ def smollm2(smollm2_path: Path) -> tuple[Tokenizer, llguidance.LLTokenizer, list
     return tokenizer, library, texts
 
 
-def walk(smollm2: tuple[Tokenizer, llguidance.LLTokenizer, list[str]], lark: str, seed: int) -> str:
+# How each format's call is opened (SmolLM2 has no marker tokens: they are text here).
+OPENERS = {
+    ToolFormat.DEFAULT: ["", "Sure. ", "Let me check:\n"],
+    ToolFormat.MISTRAL: ["[TOOL_CALLS]", "Sure. [TOOL_CALLS]"],
+    ToolFormat.LLAMA3_JSON: ["{"],
+}
+
+
+def walk(
+    smollm2: tuple[Tokenizer, llguidance.LLTokenizer, list[str]],
+    lark: str,
+    seed: int,
+    fmt: ToolFormat = ToolFormat.DEFAULT,
+) -> str:
     """Text, the trigger, then random allowed tokens until the grammar ends."""
     tokenizer, library, texts = smollm2
     rng = random.Random(seed)
     m = llguidance.LLMatcher(library, llguidance.grammar_from("lark", lark), log_level=0)
     assert not m.is_error(), m.get_error()
-    out = tokenizer.encode(
-        rng.choice(["", "Sure. ", "Let me check:\n"]) + HERMES_OPEN, add_special_tokens=False
-    )
+    opener = rng.choice(OPENERS[fmt]) + (HERMES_OPEN if fmt is ToolFormat.DEFAULT else "")
+    out = tokenizer.encode(opener, add_special_tokens=False)
     assert m.consume_tokens(out)
     eos = set(tokenizer.eos_token_ids)
     for _ in range(3000):
@@ -112,15 +124,16 @@ def walk(smollm2: tuple[Tokenizer, llguidance.LLTokenizer, list[str]], lark: str
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(tools=TOOLS, seed=st.integers(0, 2**32 - 1))
+@given(tools=TOOLS, seed=st.integers(0, 2**32 - 1), fmt=st.sampled_from(list(OPENERS)))
 def test_an_auto_call_always_validates_against_its_tools_schema(
     smollm2: tuple[Tokenizer, llguidance.LLTokenizer, list[str]],
     tools: list[tuple[str, dict[str, Any]]],
     seed: int,
+    fmt: ToolFormat,
 ) -> None:
-    lark = auto_grammar(ToolFormat.DEFAULT, tools, parallel=False, special={}, lenient=False)
-    text = walk(smollm2, lark, seed)
-    parsed = parse_calls(text, ToolFormat.DEFAULT)
+    lark = auto_grammar(fmt, tools, parallel=False, special={}, lenient=False)
+    text = walk(smollm2, lark, seed, fmt)
+    parsed = parse_calls(text, fmt)
     assert len(parsed.calls) == 1, text
     call = parsed.calls[0]
     schema = dict(tools)[call.function.name]
