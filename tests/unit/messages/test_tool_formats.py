@@ -14,7 +14,7 @@ from gpu.loading.chat_template import render_chat
 from gpu.loading.gguf import read_gguf_header
 from gpu.loading.tokenizer import Tokenizer
 from messages.tool_formats import ToolFormat, auto_grammar, detect_format, markers
-from messages.tool_parsing import ToolCallStream, parse_calls
+from messages.tool_parsing import ToolCallStream, parse_calls, stream_for
 from messages.tool_prompt import default_tool_messages
 from tests.tool_templates import HERMES, LLAMA31, MISTRAL
 
@@ -282,3 +282,11 @@ def test_every_grammar_compiles_with_its_markers_as_special_tokens(
     lark = auto_grammar(fmt, FUNCTIONS, parallel=parallel, special=special)
     m = matcher(smollm2, lark)
     assert m.validate_tokens([1]) == 1  # the opening marker's token starts a call
+
+
+def test_a_forced_calls_stream_reads_its_bare_json() -> None:
+    stream = stream_for("required", "hermes")
+    piece = stream.feed('{"name":"f","arguments":{"a":1}}')
+    assert piece.content == "" and piece.tool_calls[0].function.name == "f"
+    assert "".join(d.function.arguments for d in piece.tool_calls) == '{"a":1}'
+    assert stream_for("auto+functions", "").fmt is ToolFormat.DEFAULT
