@@ -1,7 +1,8 @@
 """Tool calls read back from a model's output, whole or as it streams.
 
     answer = parse_calls(result.text, fmt)        # ParsedAnswer: content, calls
-    stream = ToolCallStream(fmt)                  # one per streamed choice
+    stream = ToolCallStream(fmt)                  # one per streamed choice, or:
+    stream = stream_for(request.metadata[TOOLS_KEY], fmt)   # "required" reads bare JSON
     piece = stream.feed(chunk.text)               # StreamPiece: content, tool_calls deltas
     piece = stream.finish()                       # what was held back
 
