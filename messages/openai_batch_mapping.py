@@ -177,25 +177,32 @@ def _request_fields(line: BatchInputLine) -> dict[str, Any]:
     fields = {**_sampling(chat, max_tokens), "messages": messages}
     if chat.logprobs:
         fields["logprobs"] = chat.top_logprobs or 0  # its range is checked with the request
+    return _with_tools(chat, fields)
+
+
+def _with_tools(chat: ChatCompletionBody, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with the chat's constraint and its tools: rendered by the chat template
+    (`tools`), a forced call's JSON constraint, or under "auto" `tool_calling`; how the
+    answer reads calls in the metadata (`TOOLS_KEY`)."""
     tools, choice, legacy = _tools_asked(chat)
     tool_call = tool_call_format(tools, choice)
     fields |= constraint_fields(chat, response_format=chat.response_format, tool_call=tool_call)
-    if tools and choice != "none":
-        fields["tools"] = tools  # rendered by the chat template
-        mode = "required" if tool_call is not None else "auto"
-        if mode == "auto":
-            if "structured_output" in fields or (
-                "response_format" in fields and fields["response_format"].constrained
-            ):
-                raise BatchLineRefused(
-                    ErrorCode.INVALID_RESPONSE_FORMAT,
-                    'give at most one constraint: tools (tool_choice "auto") and a '
-                    "constrained response_format or structured output",
-                    param="tools",
-                )
-            parallel = chat.parallel_tool_calls is not False and not legacy
-            fields["tool_calling"] = ToolCalling(parallel=parallel)
-        fields["metadata"] = {TOOLS_KEY: mode + (FUNCTIONS_SUFFIX if legacy else "")}
+    if not tools or choice == "none":
+        return fields
+    fields["tools"] = tools
+    mode = "required" if tool_call is not None else "auto"
+    if mode == "auto":
+        shape = fields.get("response_format")
+        if "structured_output" in fields or (shape is not None and shape.constrained):
+            raise BatchLineRefused(
+                ErrorCode.INVALID_RESPONSE_FORMAT,
+                'give at most one constraint: tools (tool_choice "auto") and a constrained '
+                "response_format or structured output",
+                param="tools",
+            )
+        parallel = chat.parallel_tool_calls is not False and not legacy
+        fields["tool_calling"] = ToolCalling(parallel=parallel)
+    fields.setdefault("metadata", {})[TOOLS_KEY] = mode + (FUNCTIONS_SUFFIX if legacy else "")
     return fields
 
 
