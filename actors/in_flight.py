@@ -21,6 +21,7 @@ from actors.mail import Admitted
 from actors.streaming.token_stream import TokenStream
 from gpu.engine import Completion, EngineRequest, StepOutput
 from gpu.sequence import Constraint, SamplingParams
+from messages.openai_tools import auto_constraint_text
 from messages.result import ModelRef
 
 
@@ -67,6 +68,9 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     constraint = None if shape is None or schema is None else Constraint.json(schema, shape.strict)
     if request.structured_output is not None:  # the door let at most one through
         constraint = Constraint(*request.structured_output.rule())
+    if request.tool_calling is not None and request.tools:  # free text or calls of the tools
+        text = auto_constraint_text(request.tools, request.tool_calling.parallel)
+        constraint = Constraint("tools", text)
     params = SamplingParams(
         max_new_tokens=request.max_new_tokens,
         n=request.n,

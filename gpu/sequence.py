@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # gpu.logprobs holds tensor code; this module stays torch-fre
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 
 
-ConstraintKind = Literal["json", "regex", "choice", "grammar"]
+ConstraintKind = Literal["json", "regex", "choice", "grammar", "tools"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,10 @@ class Constraint:
       the grammar cannot enforce rather than ignore it;
     - "regex": the whole output matches the regular expression (the regex crate's syntax);
     - "choice": the output is one of the strings of a JSON list;
-    - "grammar": the output is a sentence of a Lark (or GBNF) grammar.
+    - "grammar": the output is a sentence of a Lark (or GBNF) grammar;
+    - "tools": free text or calls of tools in the model's own format, each call's arguments
+      valid against its tool's parameters (`messages.tool_formats.constraint_text`: the
+      grammar is built for the model's chat template where it is compiled).
     """
 
     kind: ConstraintKind

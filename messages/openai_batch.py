@@ -53,7 +53,12 @@ Constraints are served in the fields users' files carry, one per line: OpenAI's
 `json_object`) and its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`
 (`messages.openai_guided`). Chat `tools` with `tool_choice` "required" or a named function
 constrain the answer to one call, returned as `message.tool_calls` with `finish_reason`
-"tool_calls"; "none" ignores the tools; "auto" is refused (`messages.openai_tools`).
+"tool_calls"; "none" ignores the tools. "auto" (the default with tools) lets the model answer
+in text or call tools in its own format, the tools rendered by its chat template, each call's
+arguments constrained to its tool's schema (`messages.tool_formats`); `parallel_tool_calls`
+false allows one call at most. Earlier turns' `tool_calls` and `tool` messages are rendered
+by the chat template. The legacy `functions` and `function_call` are read as `tools` and
+`tool_choice`, and answered as `message.function_call` (`finish_reason` "function_call").
 """
 
 from __future__ import annotations
@@ -63,7 +68,14 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from messages.openai_tools import NamedTool, Tool, ToolCall
+from messages.openai_tools import (
+    FunctionCall,
+    FunctionDef,
+    NamedFunction,
+    NamedTool,
+    Tool,
+    ToolCall,
+)
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -132,9 +144,16 @@ class ContentPart(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
 
 
 class ChatMessageIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """A turn. An assistant's earlier calls (`tool_calls`, or the legacy `function_call`)
+    and a `tool` turn's `tool_call_id` are rendered by the chat template; `name` is a tool's
+    (a `tool` or legacy `function` turn) or a participant's."""
+
     role: str
     content: str | list[ContentPart] | None = None
-    tool_calls: list[Any] | None = None  # an earlier turn's calls: refused (not rendered)
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    function_call: FunctionCall | None = None  # legacy: an assistant's one call
 
 
 class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=False):
@@ -146,6 +165,9 @@ class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=Fa
     top_logprobs: int | None = None  # with `logprobs: true`: alternatives per token, 0..20
     tools: list[Tool] | None = None
     tool_choice: str | NamedTool | None = None  # "none", "auto", "required" or a named one
+    parallel_tool_calls: bool | None = None  # false: one call at most (under "auto")
+    functions: list[FunctionDef] | None = None  # legacy `tools`
+    function_call: str | NamedFunction | None = None  # legacy `tool_choice`
     response_format: dict[str, Any] | None = None
     # vLLM's chat template extras (`GenerateRequest`)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -239,11 +261,13 @@ class Completion(msgspec.Struct, kw_only=True):
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
-    """`content` is None, and `tool_calls` written, only for a tool call's answer."""
+    """`tool_calls` (or the legacy `function_call`) written only for an answer that calls;
+    `content` is then the text before the calls, or None."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
+    function_call: FunctionCall | msgspec.UnsetType = msgspec.UNSET  # legacy `functions`' call
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):

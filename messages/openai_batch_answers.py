@@ -45,13 +45,16 @@ from messages.openai_batch import (
 )
 from messages.openai_batch_mapping import (
     ECHO_KEY,
+    FUNCTIONS_SUFFIX,
     PROMPT_LOGPROBS_KEY,
     REQUEST_ID_KEY,
     TOKENS_AS_IDS_KEY,
+    TOOLS_KEY,
 )
 from messages.openai_token_ids import tokens_as_ids
-from messages.openai_tools import parse_tool_call
+from messages.openai_tools import ToolCall, parse_tool_call
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs
+from messages.tool_parsing import parse_calls
 
 # The HTTP status OpenAI would answer with for each worker-side refusal; 400 otherwise.
 _STATUS = {
@@ -73,8 +76,12 @@ def answer_line(
     tool_call: bool = False,
 ) -> BatchOutputLine:
     """The output line for `result`: 200 with a (chat) completion object, or the refusal.
-    `tool_call`: the request asked for one (`calls_tool`): each whole call is given as the
-    choice's `tool_calls` (`finish_reason` "tool_calls"), a cut-off one as its text."""
+    `tool_call`: the request gave tools (`calls_tool`): its output is read for calls as the
+    request's metadata says (`TOOLS_KEY`; "required" when it says nothing): a forced call's
+    JSON, or (tool_choice "auto") calls in the model's format (`result.model.tool_format`,
+    `messages.tool_parsing`). Whole calls are given as the choice's `tool_calls`
+    (`finish_reason` "tool_calls"; the legacy `function_call` and "function_call" when asked
+    with `functions`), with the text before them as `content`; a cut-off call is text."""
     return BatchOutputLine(
         id=f"batch_req_{uuid.uuid4().hex}",
         custom_id=custom_id,
@@ -104,7 +111,9 @@ def _body(url: str, result: GenerateResult, created: int, tool_call: bool = Fals
             id=f"chatcmpl-{answer_id}",
             created=created,
             model=model,
-            choices=[_chat_choice(c, tool_call) for c in choices],
+            choices=[
+                _chat_choice(c, _tool_reading(result) if tool_call else None) for c in choices
+            ],
             usage=usage,
         )
     return Completion(
@@ -147,14 +156,36 @@ def token_usage(result: GenerateResult) -> TokenUsage:
     )
 
 
-def _chat_choice(choice: Choice, tool_call: bool = False) -> ChatChoice:
-    call = parse_tool_call(choice.text) if tool_call else None
-    if call is not None:
+def _tool_reading(result: GenerateResult) -> tuple[str, str, bool]:
+    """How `result`'s choices are read for calls: the mode ("required" or "auto"), the
+    model's tool format, and whether the legacy `functions` asked."""
+    asked = result.metadata.get(TOOLS_KEY, "required")
+    mode, legacy = asked.removesuffix(FUNCTIONS_SUFFIX), asked.endswith(FUNCTIONS_SUFFIX)
+    return mode, result.model.tool_format if result.model else "", legacy
+
+
+def _chat_choice(choice: Choice, reading: tuple[str, str, bool] | None = None) -> ChatChoice:
+    content: str | None = choice.text
+    calls: list[ToolCall] = []
+    if reading is not None and reading[0] == "auto":
+        parsed = parse_calls(choice.text, reading[1])
+        content, calls = parsed.content, parsed.calls
+    elif reading is not None:
+        call = parse_tool_call(choice.text)
+        content, calls = (None, [call]) if call is not None else (choice.text, [])
+    if calls:
+        assert reading is not None
+        legacy = reading[2]
+        message = (
+            AssistantMessage(content=content, function_call=calls[0].function)
+            if legacy
+            else AssistantMessage(content=content, tool_calls=calls)
+        )
         return ChatChoice(
             index=choice.index,
-            message=AssistantMessage(content=None, tool_calls=[call]),
+            message=message,
             logprobs=None if choice.logprobs is None else _chat_logprobs(choice.logprobs),
-            finish_reason="tool_calls",
+            finish_reason="function_call" if legacy else "tool_calls",
         )
     return ChatChoice(
         index=choice.index,

@@ -1,4 +1,4 @@
-"""OpenAI function tools in a chat batch line: a constraint in, `tool_calls` out.
+"""OpenAI function tools in a chat: what the request carries, and `tool_calls` out.
 
     format = tool_call_format(chat.tools, chat.tool_choice)   # a ResponseFormat, or None
     call = parse_tool_call(result.text)                       # a ToolCall, or None
@@ -7,13 +7,12 @@ With `tool_choice` "required" or a named function, the output is constrained to 
 JSON `{"name": <a tool's name>, "arguments": <an object valid against that tool's
 parameters>}`, through the JSON-schema constraint (`response_format` on the wire): one object
 schema per tool, the name a `const`, joined with `anyOf`. The answer turns that text back into
-OpenAI's `tool_calls` with `finish_reason` "tool_calls". One call per answer (OpenAI's
-`parallel_tool_calls` may make several; here it is always one).
+OpenAI's `tool_calls` with `finish_reason` "tool_calls".
 
-`tool_choice` "none" ignores the tools. "auto" (the default with tools) would need the model's
-chat template to render the tools and the output parsed for calls it may or may not make: it
-is refused. The tools are not shown to the model (the chat template renders the messages
-only): describe them in the messages if the model should know what they do.
+With "auto" (the default with tools) `tool_call_format` gives None: the request carries the
+tools (rendered by the model's chat template) and `tool_calling`, and the worker constrains
+the answer to free text or calls in the model's own format (`messages.tool_formats`); the
+answer is parsed for them (`messages.tool_parsing`). "none" ignores the tools.
 
 Pure functions: no I/O.
 """
@@ -27,19 +26,19 @@ from typing import Any
 
 import msgspec
 
+from messages import tool_schema
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.limits import MAX_TOOL_NAME_CHARS, MAX_TOOLS
 from messages.response_format import JsonSchemaFormat, ResponseFormat, check_plain_json
+from messages.tool_formats import constraint_text
 
 # Refusals carry `openai_batch_mapping.LineCode` values (a StrEnum: equal to these strings),
 # written out here because that module imports this one.
 _NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}")
-# What `parameters` means when a function has none: no arguments (OpenAI's reading).
-_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class FunctionDef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # JSON Schema of the arguments object
@@ -77,8 +76,9 @@ def tool_call_format(
     tools: list[Tool] | None, tool_choice: str | NamedTool | None
 ) -> ResponseFormat | None:
     """The constraint that makes the output one call of `tools` as `tool_choice` allows, or
-    None when no call is asked (no tools, or "none"). Raises `BatchLineRefused` for "auto", a
-    name that is not a tool's, or a malformed tool."""
+    None when no call is forced (no tools, "none", or "auto": the model's own format then,
+    `messages.tool_formats`). Raises `BatchLineRefused` for a name that is not a tool's, an
+    unknown choice, or a malformed tool."""
     if not tools:
         if tool_choice is not None and tool_choice != "none":
             raise BatchLineRefused(
@@ -88,14 +88,8 @@ def tool_call_format(
     if tool_choice == "none":
         return None
     if tool_choice is None or tool_choice == "auto":
-        raise BatchLineRefused(
-            "unsupported_parameter",
-            'tool_choice "auto" (the default with `tools`) is not supported: it needs a chat '
-            "template that renders the tools and the model's output parsed for calls. Send "
-            'tool_choice "required" or {"type": "function", "function": {"name": ...}} to '
-            'constrain the answer to a call, or "none"',
-            param="tool_choice",
-        )
+        check_tools(tools)
+        return None
     functions = _functions(tools)
     if isinstance(tool_choice, NamedTool):
         chosen = [f for f in functions if f.name == tool_choice.function.name]
@@ -121,6 +115,12 @@ def tool_call_format(
             name="tool_call", schema=schema, strict=all(f.strict for f in functions)
         ),
     )
+
+
+def check_tools(tools: list[Tool]) -> list[FunctionDef]:
+    """`tools`' functions; `BatchLineRefused` for too many, a tool that is not a function, a
+    malformed name, two of one name, or parameters that are not plain JSON."""
+    return _functions(tools)
 
 
 def _functions(tools: list[Tool]) -> list[FunctionDef]:
@@ -157,41 +157,13 @@ def _functions(tools: list[Tool]) -> list[FunctionDef]:
     return functions
 
 
-def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
-    """The JSON Schema of one call of any of `functions`: name first, then arguments."""
-    one = len(functions) == 1
-    calls = []
-    for i, function in enumerate(functions):
-        at = "#/properties/arguments" if one else f"#/anyOf/{i}/properties/arguments"
-        parameters = function.parameters if function.parameters is not None else _NO_PARAMETERS
-        arguments = _moved(parameters, at)
-        calls.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": function.name}, "arguments": arguments},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
-    return calls[0] if one else {"anyOf": calls}
-
-
-def _moved(schema: dict[str, Any], at: str) -> dict[str, Any]:
-    """`schema` with its local references (`#/$defs/x`, `#`) pointing where it now sits (`at`),
-    a copy. (An `enum` or `const` value holding a `$ref` key would be rewritten too: a schema
-    keyword as data, which no tool schema is expected to carry.)"""
-    copy: dict[str, Any] = json.loads(json.dumps(schema))  # plain JSON: checked before
-    stack: list[Any] = [copy]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                item["$ref"] = at + ref[1:]
-            stack.extend(item.values())
-    return copy
+def call_schema(
+    functions: list[FunctionDef], *, at: str = "#", arguments: str = "arguments"
+) -> dict[str, Any]:
+    """The JSON Schema of one call of any of `functions` (`messages.tool_schema`)."""
+    return tool_schema.call_schema(
+        [(f.name, f.parameters) for f in functions], at=at, arguments=arguments
+    )
 
 
 def parse_tool_call(text: str) -> ToolCall | None:
@@ -208,4 +180,40 @@ def parse_tool_call(text: str) -> ToolCall | None:
     return ToolCall(
         id=f"call_{uuid.uuid4().hex[:24]}",
         function=FunctionCall(name=call["name"], arguments=arguments),
+    )
+
+
+def check_tool_calling(
+    tools: list[Tool] | None, calling: bool, *, with_messages: bool, constrained: bool
+) -> None:
+    """A request's tool fields (`GenerateRequest.tools`, `tool_calling` given: `calling`):
+    `InvalidRequest` unless the tools are well formed, come with `messages` and, with
+    `calling`, are there and no other constraint is (`constrained`)."""
+    if tools:
+        if not with_messages:
+            raise InvalidRequest(ErrorCode.INVALID_REQUEST, "`tools` need `messages` (a chat)")
+        try:
+            _functions(tools)
+        except BatchLineRefused as exc:
+            known = exc.code in set(ErrorCode)
+            code = ErrorCode(exc.code) if known else ErrorCode.INVALID_REQUEST
+            raise InvalidRequest(code, exc.message) from None
+    if calling and not tools:
+        raise InvalidRequest(ErrorCode.INVALID_REQUEST, "`tool_calling` needs `tools`")
+    if calling and constrained:
+        raise InvalidRequest(
+            ErrorCode.INVALID_RESPONSE_FORMAT,
+            "give at most one constraint: tool_calling (tool_choice auto) and a constrained "
+            "response_format or structured_output",
+        )
+
+
+def auto_constraint_text(tools: list[Tool], parallel: bool) -> str:
+    """The worker's "tools" constraint for `tools` under tool_choice "auto"
+    (`messages.tool_formats.constraint_text`); `tools` checked (`check_tool_calling`)."""
+    functions = [t.function for t in tools if t.function is not None]
+    return constraint_text(
+        [(f.name, f.parameters) for f in functions],
+        parallel=parallel,
+        lenient=not all(f.strict for f in functions),
     )

@@ -7,11 +7,13 @@ schema version the producer wrote.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any
 
 import msgspec
 
+from messages.openai_tools import Tool, ToolCall
 from messages.response_format import ResponseFormat
 from messages.structured_output import StructuredOutput
 
@@ -23,9 +25,54 @@ MODEL_DEFAULTS = ("max_new_tokens", "temperature", "top_p", "top_k")
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
-class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
+    """One chat turn. An assistant turn that called tools carries its `tool_calls` (their
+    arguments as JSON text, OpenAI's); a `tool` turn (a tool's result) the `tool_call_id` it
+    answers, and maybe the tool's `name`."""
+
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """This turn as chat templates take it (Hugging Face's `apply_chat_template`): a
+        call's arguments as the parsed object (templates write `arguments | tojson`), or the
+        text when it is not JSON."""
+        turn: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            turn["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": call.type,
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _parsed(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            turn["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            turn["name"] = self.name
+        return turn
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+
+
+class ToolCalling(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_defaults=True):
+    """tool_choice "auto": the output is free text or calls of the request's `tools`, in the
+    model's own tool-call format (`messages.tool_formats`), each call's arguments constrained
+    to its tool's parameters. `parallel`: one or more calls; False: at most one."""
+
+    parallel: bool = True
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -63,6 +110,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
       prompt decoded. Such a request computes its whole prompt (no prefix-cache hits: a cached
       block has no logits). With it, `max_new_tokens` may be 0: the prompt is scored and
       nothing generated (perplexity of a text).
+    - `tools`: function tools the chat template renders for the model (with `messages`; at
+      most `messages.limits.MAX_TOOLS`). `tool_calling`: with them, let the model call them in
+      its own format (tool_choice "auto", `ToolCalling`); a constraint, so not beside a
+      constrained `response_format` or a `structured_output`.
     - `speculate`: False opts this request out of speculative decoding when the worker runs
       with it (`--speculative`); its output is the same either way (greedy: token for token;
       sampled: the same distribution), only its speed and `usage`'s draft counts differ.
@@ -130,3 +181,5 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    tools: list[Tool] | None = None
+    tool_calling: ToolCalling | None = None

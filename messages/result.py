@@ -36,6 +36,9 @@ class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_d
     name: str
     digest: str  # content hash of the weights
     quantization: str = "none"  # how its linear weights are held: int8, int4-g32, mixes, none
+    # The format its chat template writes tool calls in (`messages.tool_formats.ToolFormat`):
+    # how an answer is read for calls. "": tokenmill's `default` (or a worker that predates it).
+    tool_format: str = ""
 
 
 class Timings(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

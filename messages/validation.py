@@ -33,6 +33,7 @@ from messages.limits import (
     MIN_SCHEMA_VERSION,
     number_text,
 )
+from messages.openai_tools import check_tool_calling
 from messages.request import MODEL_DEFAULTS, GenerateRequest
 from messages.response_format import check_response_format
 from messages.structured_output import check_structured_output
@@ -115,6 +116,13 @@ def check_request(request: GenerateRequest) -> None:
         )
     check_response_format(request.response_format)
     check_structured_output(request.structured_output, request.response_format)
+    shape = request.response_format
+    check_tool_calling(
+        request.tools,
+        request.tool_calling is not None,
+        with_messages=request.messages is not None,
+        constrained=request.structured_output is not None or bool(shape and shape.constrained),
+    )
     _check_extras(request)
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from actors.ingest.model_defaults import fill_max_new_tokens, fill_sampling
 from gpu.loading.sampling_defaults import SamplingDefaults, read_sampling_defaults
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
@@ -19,6 +21,7 @@ from messages.errors import InvalidRequest
 from messages.limits import result_size_bound
 from messages.request import GenerateRequest
 from messages.result import ModelRef
+from messages.tool_formats import ToolFormat, detect_format
 
 
 class TokenizerLike(Protocol):
@@ -28,11 +31,12 @@ class TokenizerLike(Protocol):
 
     def apply_chat_template(
         self,
-        messages: Sequence[dict[str, str]],
+        messages: Sequence[dict[str, Any]],
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str: ...
 
 
@@ -50,6 +54,9 @@ class ModelFront:
     quantization: str = "none"  # `gpu.quant.scheme.describe` of its weights
     # What `model_defaults`' temperature, top_p and top_k take (`actors.ingest.model_defaults`).
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    # The format its chat template writes tool calls in (`messages.tool_formats`); "" for
+    # tokenmill's default (a template with none).
+    tool_format: str = ""
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
@@ -68,6 +75,7 @@ class ModelFront:
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
             quantization=getattr(model, "quantization", "none"),
             sampling_defaults=read_sampling_defaults(Path(model.path)),
+            tool_format=tool_format_of(getattr(model.tokenizer, "chat_template", None)),
         )
 
     @property
@@ -79,7 +87,12 @@ class ModelFront:
 
     @property
     def ref(self) -> ModelRef:
-        return ModelRef(name=self.name, digest=self.digest, quantization=self.quantization)
+        return ModelRef(
+            name=self.name,
+            digest=self.digest,
+            quantization=self.quantization,
+            tool_format=self.tool_format,
+        )
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
         """Tokenize and check `request` against this model; raises `InvalidRequest`.
@@ -107,12 +120,14 @@ class ModelFront:
                     ErrorCode.INVALID_PROMPT,
                     f"model {self.name!r} has no chat template; send `prompt` instead",
                 )
-            chat = [{"role": m.role, "content": m.content} for m in request.messages]
+            chat = [m.for_template() for m in request.messages]
+            tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
             text = self.tokenizer.apply_chat_template(
                 chat,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs,
+                tools=tools,
             )
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
@@ -131,6 +146,12 @@ class ModelFront:
             scoring=request.prompt_logprobs is not None,
         )
         return ids
+
+
+def tool_format_of(chat_template: str | None) -> str:
+    """`ModelRef.tool_format` of a model with this chat template."""
+    found = detect_format(chat_template)
+    return "" if found is ToolFormat.DEFAULT else str(found)
 
 
 def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None:

@@ -13,6 +13,7 @@ from gpu.loading.tokenizer import Tokenizer
 from gpu.sequence import Constraint
 from messages.error_codes import ErrorCode
 from messages.limits import cut
+from messages.tool_formats import auto_grammar, detect_format, markers, read_constraint
 
 if TYPE_CHECKING:
     import llguidance
@@ -93,14 +94,32 @@ class GrammarCompiler:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
                     constraint.text, overrides=options
                 )
+            elif constraint.kind == "tools":
+                lark = self.tools_grammar(constraint.text, tokenizer)
+                grammar = llguidance.grammar_from("lark", lark)
             else:  # "regex", "choice" (a JSON list of strings), "grammar" (Lark or GBNF)
                 grammar = llguidance.grammar_from(constraint.kind, constraint.text)
-        except ValueError as exc:  # not JSON, or GBNF the converter cannot read
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON, GBNF it cannot read, …
             raise _rejected(constraint, str(exc)) from None
         template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise _rejected(constraint, template.get_error())
         return template
+
+    def tools_grammar(self, text: str, library: llguidance.LLTokenizer) -> str:
+        """The Lark grammar of a "tools" constraint for this model: its chat template's
+        tool-call format, a marker matched as its token where the library holds that token
+        apart from text (a special or added token: its text alone cannot match it).
+        `library`: the library's view of the vocabulary (`library_tokenizer`; passed, as its
+        property takes the lock the compile holds)."""
+        functions, parallel, lenient = read_constraint(text)
+        fmt = detect_format(self.tokenizer.chat_template)
+        special = {}
+        for marker in markers(fmt):
+            ids = self.tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) == 1 and library.is_special_token(ids[0]):
+                special[marker] = ids[0]
+        return auto_grammar(fmt, functions, parallel=parallel, special=special, lenient=lenient)
 
 
 _WHAT = {
@@ -108,6 +127,7 @@ _WHAT = {
     "regex": "the regex",
     "choice": "the choice",
     "grammar": "the grammar",
+    "tools": "the tools' schemas",
 }
 
 

@@ -81,8 +81,10 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render chat messages to the prompt text this model was trained on.
+        """Render chat messages (and the tools they may call) to the prompt text this model
+        was trained on.
 
         `continue_final_message`: the last message is left open, for the model to continue
         (`open_final_message`); `template_kwargs`: more variables for the template.
@@ -95,6 +97,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            tools=tools,
             extra=template_kwargs,
         )
         if continue_final_message and messages:

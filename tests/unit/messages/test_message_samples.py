@@ -57,6 +57,7 @@ SAMPLE_FILES = {
     "request_stream.json",
     "request_structured_output.json",
     "request_token_ids.json",
+    "request_tools.json",
     "result_deadline.json",
     "result_error.json",
     "result_logprobs.json",
@@ -230,6 +231,15 @@ def test_chat_sample() -> None:
     request = load("request_chat.json")
     assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
     assert request.prompt is None and request.prompt_token_ids is None
+
+
+def test_tools_sample() -> None:
+    request = load("request_tools.json")
+    assert request.tools is not None and request.tool_calling is not None
+    assert not request.tool_calling.parallel
+    assistant, tool = request.messages[1], request.messages[2]
+    assert assistant.tool_calls[0].function.name == "get_weather"
+    assert (tool.role, tool.tool_call_id) == ("tool", "call_8f2c")
 
 
 def test_json_schema_sample() -> None:

@@ -318,8 +318,6 @@ def test_the_request_carries_the_given_id_and_the_custom_id() -> None:
         (completion_line, {"stream": True}, "stream"),
         (completion_line, {"best_of": 3}, "best_of"),
         (completion_line, {"suffix": "!"}, "suffix"),
-        # tools with tool_choice "auto" (their default): openai_tools says why
-        (chat_line, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ],
 )
 def test_fields_that_would_change_the_answer_are_refused(

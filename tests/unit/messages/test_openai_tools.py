@@ -12,12 +12,16 @@ import msgspec
 import pytest
 
 from messages.error_codes import ErrorCode
+from messages.errors import InvalidRequest
 from messages.limits import MAX_TOOLS
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
-from messages.openai_batch_mapping import LineCode, calls_tool
-from messages.openai_tools import FunctionDef, call_schema, parse_tool_call
-from messages.result import Choice, FinishReason
+from messages.openai_batch_mapping import TOOLS_KEY, LineCode, calls_tool
+from messages.openai_tools import FunctionDef, Tool, call_schema, parse_tool_call
+from messages.request import ChatMessage, GenerateRequest, ToolCalling
+from messages.response_format import ResponseFormat
+from messages.result import Choice, FinishReason, ModelRef
+from messages.validation import check_request
 from tests.unit.messages.test_openai_batch_mapping import (
     chat_line,
     ok_result,
@@ -127,18 +131,20 @@ def test_references_move_with_the_parameters_and_the_tool_is_not_changed() -> No
     assert function.parameters["properties"]["guest"] == {"$ref": "#/$defs/Guest"}
 
 
-def test_an_earlier_turn_s_tool_calls_are_refused_not_dropped() -> None:
+def test_earlier_turns_calls_and_tool_results_are_carried_for_the_template() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
     history = [
         {"role": "user", "content": "Ping it."},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "content": "pong"},
+        {"role": "tool", "content": "pong", "tool_call_id": "call_1"},
     ]
-    refused = request_refused(chat_line(messages=history, tools=TOOLS, tool_choice="none"))
-    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "messages")
-    assert "tool_calls" in refused.message
-    history[1] = {"role": "assistant", "content": "Calling ping.", "tool_calls": []}
-    request(chat_line(messages=history))
+    req = request(chat_line(messages=history, tools=TOOLS))
+    assert req.messages is not None
+    assistant, tool = req.messages[1], req.messages[2]
+    assert assistant.content == "" and assistant.tool_calls is not None
+    assert assistant.tool_calls[0].function.name == "ping"
+    assert assistant.for_template()["tool_calls"][0]["function"]["arguments"] == {}
+    assert (tool.role, tool.content, tool.tool_call_id) == ("tool", "pong", "call_1")
 
 
 def test_tool_choice_none_ignores_the_tools() -> None:
@@ -147,11 +153,55 @@ def test_tool_choice_none_ignores_the_tools() -> None:
 
 
 @pytest.mark.parametrize("body", [{"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "auto"}])
-def test_auto_is_refused_saying_why(body: dict[str, Any]) -> None:
-    refused = request_refused(chat_line(**body))
-    assert (refused.code, refused.param) == (LineCode.UNSUPPORTED_PARAMETER, "tool_choice")
-    assert "chat template that renders the tools" in refused.message
-    assert '"required"' in refused.message
+def test_auto_carries_the_tools_and_lets_the_model_call_in_its_format(
+    body: dict[str, Any],
+) -> None:
+    req = request(chat_line(**body))
+    assert req.tools is not None
+    assert [t.function.name for t in req.tools if t.function] == [
+        t["function"]["name"] for t in TOOLS
+    ]
+    assert req.tool_calling == ToolCalling(parallel=True)
+    assert req.response_format is None and req.structured_output is None
+    assert req.metadata[TOOLS_KEY] == "auto"
+    single = request(chat_line(**body, parallel_tool_calls=False))
+    assert single.tool_calling == ToolCalling(parallel=False)
+
+
+def test_auto_and_another_constraint_are_refused() -> None:
+    shape = {"type": "json_object"}
+    refused = request_refused(chat_line(tools=TOOLS, response_format=shape))
+    assert refused.code == ErrorCode.INVALID_RESPONSE_FORMAT
+    assert "at most one constraint" in refused.message
+
+
+def test_required_still_forces_one_json_call_and_shows_the_tools() -> None:
+    req = request(chat_line(tools=TOOLS, tool_choice="required"))
+    assert req.tools is not None and req.tool_calling is None
+    assert req.response_format is not None and req.metadata[TOOLS_KEY] == "required"
+
+
+def test_legacy_functions_are_read_as_tools() -> None:
+    functions = [WEATHER["function"]]
+    req = request(chat_line(functions=functions))
+    assert req.tools is not None and req.tool_calling == ToolCalling(parallel=False)
+    assert req.metadata[TOOLS_KEY] == "auto+functions"
+    named = request(chat_line(functions=functions, function_call={"name": "get_weather"}))
+    assert named.response_format is not None
+    assert request(chat_line(functions=functions, function_call="none")).tools is None
+    refused = request_refused(chat_line(functions=functions, tools=TOOLS))
+    assert refused.param == "functions"
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": "get_weather", "arguments": "{}"},
+        },
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+    ]
+    turns = request(chat_line(messages=history, functions=functions)).messages
+    assert turns is not None and turns[1].tool_calls and turns[2].role == "tool"
 
 
 @pytest.mark.parametrize(
@@ -250,3 +300,75 @@ NOT_CALLS = ["", "[1]", '{"name": 3, "arguments": {}}', '{"name": "f", "argument
 @pytest.mark.parametrize("text", [*NOT_CALLS, "[" * 10**5])
 def test_text_that_is_not_a_call_parses_to_none(text: str) -> None:
     assert parse_tool_call(text) is None
+
+
+# -- answers under "auto" -------------------------------------------------------------------
+
+
+def auto_result(text: str, fmt: str = "", asked: str = "auto", **fields: Any) -> Any:
+    model = ModelRef(name="m", digest="d", tool_format=fmt)
+    return ok_result(
+        text=text, model=model, metadata={TOOLS_KEY: asked}, finish_reason=FinishReason.STOP
+    )
+
+
+def test_an_auto_answer_with_calls_gives_them_and_the_text_before() -> None:
+    text = (
+        'I will check.\n<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"C"}}'
+        '</tool_call>\n<tool_call>{"name":"ping","arguments":{}}</tool_call>'
+    )
+    (choice,) = chat_answer(auto_result(text))["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "I will check."
+    names = [c["function"]["name"] for c in choice["message"]["tool_calls"]]
+    assert names == ["get_weather", "ping"]
+    ids = {c["id"] for c in choice["message"]["tool_calls"]}
+    assert len(ids) == 2 and all(i.startswith("call_") for i in ids)
+
+
+def test_an_auto_answer_in_text_is_plain_text() -> None:
+    (choice,) = chat_answer(auto_result("It is sunny."))["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "It is sunny."}
+    assert choice["finish_reason"] == "stop"
+
+
+def test_an_auto_answer_is_read_in_the_models_format() -> None:
+    text = '{"name":"get_weather","parameters":{"city":"Oslo","unit":"F"}}'
+    (choice,) = chat_answer(auto_result(text, "llama3_json"))["choices"]
+    (call,) = choice["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "unit": "F"}
+    assert choice["message"]["content"] is None
+
+
+def test_a_legacy_functions_answer_is_a_function_call() -> None:
+    text = '<tool_call>{"name":"ping","arguments":{}}</tool_call>'
+    (choice,) = chat_answer(auto_result(text, asked="auto+functions"))["choices"]
+    assert choice["finish_reason"] == "function_call"
+    assert choice["message"]["function_call"] == {"name": "ping", "arguments": "{}"}
+    assert "tool_calls" not in choice["message"]
+
+
+def test_the_door_checks_the_tool_fields_of_a_request() -> None:
+    tools = [msgspec.convert(WEATHER, Tool)]
+    chat = [ChatMessage(role="user", content="Hi")]
+    check_request(GenerateRequest(messages=chat, tools=tools, tool_calling=ToolCalling()))
+    cases = [
+        (GenerateRequest(messages=chat, tool_calling=ToolCalling()), "needs `tools`"),
+        (GenerateRequest(prompt="Hi", tools=tools), "need `messages`"),
+        (
+            GenerateRequest(
+                messages=chat,
+                tools=tools,
+                tool_calling=ToolCalling(),
+                response_format=ResponseFormat(type="json_object"),
+            ),
+            "at most one constraint",
+        ),
+        (
+            GenerateRequest(messages=chat, tools=[msgspec.convert(NO_PARAMETERS, Tool)] * 2),
+            "two tools are named",
+        ),
+    ]
+    for request_, words in cases:
+        with pytest.raises(InvalidRequest, match=words):
+            check_request(request_)

@@ -1,0 +1,114 @@
+"""An agent loop under tool_choice "auto" through the gateway, with the official `openai` SDK,
+on a real broker and a worker running a tiny model whose chat template has a Hermes tool
+format (`<tool_call>` blocks, as Qwen's): every turn leaves `tool_choice` out.
+
+The model has random weights: `logit_bias` on its `<tool_call>` token steers the first turn to
+open a call (the grammar alone then makes the call valid against the tool's schema); the
+second turn, with the call and its result in the history and no bias, answers in text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from tokenizers import Tokenizer
+
+from ops.services.topics import create_topics
+from tests.integration.gateway_fleet import Fleet, client, gateway
+from tests.integration.pipeline import WorkerProcess, new_lane
+from tests.tool_templates import build_tool_checkpoint
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-tools"
+FORECAST: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "forecast",
+        "description": "The weather in a city for some days",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Oslo", "Rome", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """One worker serving the tiny Hermes-format model, with cancel and events topics."""
+    folder = tmp_path_factory.mktemp("tools-fleet")
+    checkpoint = build_tool_checkpoint(folder / MODEL)
+
+    async def topics() -> tuple[Any, str, str]:
+        lane = await new_lane(kafka_bootstrap)
+        prefix = lane.requests.removesuffix(".requests")
+        cancel, events = f"{prefix}.cancel", f"{prefix}.events"
+        names = {"cancel": cancel, "events": events, "control": f"{prefix}.control"}
+        await create_topics(kafka_bootstrap, names=names)
+        return lane, cancel, events
+
+    lane, cancel, events = asyncio.run(topics())
+    extra = [
+        "--cancel-topic", cancel,
+        "--events-topic", events,
+        "--control-topic", f"{lane.requests.removesuffix('.requests')}.control",
+    ]  # fmt: skip
+    worker = WorkerProcess(lane, str(checkpoint), folder / "worker.log", extra=extra).start()
+    try:
+        asyncio.run(worker.wait_for_log("ingest_started", within_s=300))
+        yield Fleet(lane, cancel, events, worker, folder / "batches")
+    finally:
+        worker.close()
+
+
+async def test_an_auto_agent_loop_on_a_model_with_a_tool_format(
+    tiny_fleet: Fleet, tmp_path: Path
+) -> None:
+    checkpoint = tiny_fleet.worker.model
+    trigger = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")).token_to_id(
+        "<tool_call>"
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo, 3 days?"}]
+    async with gateway(tiny_fleet) as url, client(url) as sdk:
+        first = await sdk.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            tools=[FORECAST],  # tool_choice omitted: "auto"
+            parallel_tool_calls=False,
+            logit_bias={str(trigger): 100},
+            max_tokens=80,
+        )
+        (choice,) = first.choices
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.tool_calls
+        (call,) = choice.message.tool_calls
+        assert call.id.startswith("call_") and call.function.name == "forecast"
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, FORECAST["function"]["parameters"])
+
+        messages.append(choice.message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"})
+        second = await sdk.chat.completions.create(
+            model=MODEL, messages=messages, tools=[FORECAST], max_tokens=20
+        )
+        (final,) = second.choices
+        assert final.finish_reason in ("stop", "length")
+        assert final.message.tool_calls is None and final.message.content
+        messages.append({"role": "assistant", "content": final.message.content})
+        messages.append({"role": "user", "content": "Thanks. And Rome?"})
+        third = await sdk.chat.completions.create(
+            model=MODEL, messages=messages, tools=[FORECAST], max_tokens=20
+        )
+        assert third.choices[0].message.content or third.choices[0].message.tool_calls
