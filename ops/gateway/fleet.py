@@ -131,6 +131,15 @@ class Fleet:
         worker knows it: its name, its digest, or (a path) the file's name or stem."""
         return any(model is None or model in _names(ref) for _, ref in self._listed())
 
+    def tool_format(self, model: str | None) -> str:
+        """The tool-call format of `model`'s chat template (None: any served model), as a
+        listed worker serving it announced (`ModelRef.tool_format`); "" (tokenmill's default
+        format) when none is listed."""
+        for _, ref in self._listed():
+            if model is None or model in _names(ref):
+                return ref.tool_format
+        return ""
+
     def find(self, model: str) -> ServedModel | None:
         """The listed model that `model` names (as `serves` matches), or None."""
         names = {ref.name for _, ref in self._listed() if model in _names(ref)}

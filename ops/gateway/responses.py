@@ -31,7 +31,7 @@ from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.outcomes import Refused
 from ops.gateway.routes.deps import Parts
 from ops.gateway.routes.disconnect import unless_disconnected
-from ops.gateway.routes.generating import served_alone
+from ops.gateway.routes.generating import served_alone, tool_format
 from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
 
@@ -63,7 +63,7 @@ async def create_response(request: Request, parts: Parts) -> Response:
         )
         with traced as trace:
             if responses.stream and not replay:
-                return await _streamed(gateway, responses, asked, trace, served_alone(parts), named)
+                return await _streamed(gateway, responses, asked, trace, parts, named)
             place = gateway.admit()
             try:
                 done = await unless_disconnected(
@@ -127,12 +127,13 @@ async def _streamed(
     responses: ResponsesAsked,
     asked: Asked,
     trace: list[tuple[str, bytes]],
-    served_alone: str,
+    parts: Parts,
     named: dict[str, str],
 ) -> Response:
     place = gateway.admit()
+    model = served_alone(parts)
     try:
-        started = await gateway.stream(asked, trace, place, served_alone)
+        started = await gateway.stream(asked, trace, place, model, tool_format(parts, asked))
     except BaseException:
         place.release()
         raise
@@ -140,7 +141,7 @@ async def _streamed(
         place.release()
         return JSONResponse(started.body, status_code=started.status, headers=named)
     first, chunks = started.first, started.events
-    model = asked.request.model or served_alone
+    model = asked.request.model or model
     events = ResponseEvents(responses, f"resp_{asked.request.id}", int(time.time()), model)
     return StreamingResponse(
         _events(events, first, chunks), media_type="text/event-stream", headers=_SSE_HEADERS | named

@@ -13,20 +13,23 @@ times out, or whose streaming client goes away, gets a cancel record, so the wor
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
 
+from messages.openai_batch_mapping import TOOLS_KEY
 from messages.result import GenerateResult
+from messages.tool_parsing import stream_for
 from ops.gateway.bodies import Asked, answer, to_asked
 from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
-from ops.gateway.sse import DONE, ChunkShape, StreamEvents, error_event
+from ops.gateway.sse import DONE, ChunkShape, StreamEvents, ToolText, error_event
 from ops.gateway.tool_stream import CallText
 
 log = structlog.get_logger("tokenmill.gateway")
@@ -80,13 +83,20 @@ class Gateway:
             self.replies.close(request_id)
 
     async def stream(
-        self, asked: Asked, trace: list[tuple[str, bytes]], place: Place, model: str = ""
+        self,
+        asked: Asked,
+        trace: list[tuple[str, bytes]],
+        place: Place,
+        model: str = "",
+        tool_format: str = "",
     ) -> Refused | Streaming:
         """Send `asked` and wait for its first reply: a `Refused`, else the `Streaming`
         events (the first and the rest). The events, once started, own the request and `place`:
         they release it and, when not iterated to the end (the client went away), cancel the
         request. (`place.release()` may be called again: it releases once.) `model`: the name
-        the chunks carry when the body names none (chunks do not say which model made them)."""
+        the chunks carry when the body names none (chunks do not say which model made them);
+        `tool_format`: the format its chat template writes tool calls in (`ModelRef.tool_format`,
+        which the workers announce), for a request that may call tools under "auto"."""
         request_id = asked.request.id
         queue = self.replies.open(request_id)
         try:
@@ -99,7 +109,7 @@ class Gateway:
         if isinstance(first, GenerateResult) and first.error is not None:
             self.replies.close(request_id)
             return Refused(*answer(asked, first, int(time.time())))
-        events = self._events(asked, queue, first, deadline, place, model)
+        events = self._events(asked, queue, first, deadline, place, model, tool_format)
         return Streaming(await anext(events), events)  # started: its `finally` always runs
 
     async def _events(
@@ -110,11 +120,12 @@ class Gateway:
         deadline: float,
         place: Place,
         model: str,
+        tool_format: str,
     ) -> AsyncIterator[bytes]:
         request_id = asked.request.id
         shown = asked.request.model or model
         shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
-        tools = CallText if asked.tool_call else None
+        tools = _tool_reader(asked, tool_format)
         events = StreamEvents(shape, asked.request.n, tools=tools)
         answered = False
         try:
@@ -161,6 +172,18 @@ class Gateway:
         """Wait for the cancels still being sent."""
         if self._cancels:
             await asyncio.gather(*self._cancels, return_exceptions=True)
+
+
+def _tool_reader(asked: Asked, tool_format: str) -> Callable[[], ToolText] | None:
+    """What reads each streamed choice for tool calls: a forced call's JSON (`CallText`), or
+    under "auto" text and calls in the model's format (`tool_parsing.stream_for`); None when
+    the request gave no tools."""
+    if not asked.tool_call:
+        return None
+    asked_as = asked.request.metadata.get(TOOLS_KEY, "required")
+    if asked_as.startswith("required"):
+        return CallText
+    return functools.partial(stream_for, asked_as, tool_format)
 
 
 class Place:

@@ -34,7 +34,12 @@ import msgspec
 
 from messages.chunk import GenerateChunk
 from messages.openai_batch import CHAT_COMPLETIONS_URL
-from messages.openai_batch_answers import result_choices, stream_logprobs, token_usage
+from messages.openai_batch_answers import (
+    openai_finish_reason,
+    result_choices,
+    stream_logprobs,
+    token_usage,
+)
 from messages.result import Choice, GenerateResult, TokenLogprobs
 from ops.submit.assembly import StreamedText
 
@@ -216,8 +221,8 @@ class ToolPieceLike(Protocol):
 
 class ToolText(Protocol):
     """Reads one choice's output as text and tool calls, a piece at a time: the seam for
-    tool calls in a stream (`ops.gateway.tool_stream.CallText` for a constrained call; a
-    reader of the model's own call format for `tool_choice` "auto")."""
+    tool calls in a stream (`ops.gateway.tool_stream.CallText` for a constrained call;
+    `messages.tool_parsing.ToolCallStream`, the model's own call format, for "auto")."""
 
     @property
     def called(self) -> bool: ...  # a call was started: the choice ends "tool_calls"
@@ -257,7 +262,7 @@ class StreamEvents:
         for choice in result_choices(result):
             if 0 <= choice.index < len(self.cursors):
                 piece = self.cursors[choice.index].finish(choice)
-                out += self._events(choice.index, piece, str(choice.finish_reason))
+                out += self._events(choice.index, piece, openai_finish_reason(choice.finish_reason))
         if self.shape.include_usage:
             out.append(self.shape.usage(result))
         return out

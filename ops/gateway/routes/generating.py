@@ -100,7 +100,9 @@ async def _answer(
         status, body, worker = done
         return _json(metrics, timing, status, body, named | _worker(worker))
     try:
-        started = await gateway.stream(asked, trace, place, served_alone(parts))
+        started = await gateway.stream(
+            asked, trace, place, served_alone(parts), tool_format(parts, asked)
+        )
     except BaseException:
         place.release()
         raise
@@ -154,6 +156,14 @@ async def _answer_prompts(
         return Response(status_code=499)
     status, body = merge_answers([(s, b) for s, b, _ in done], n=asked[0].request.n)
     return _json(parts.metrics, timing, status, body, named)
+
+
+def tool_format(parts: Parts, asked: Asked) -> str:
+    """The tool-call format of the model `asked` goes to, as its workers announce it ("":
+    tokenmill's default, also when no fleet is watched)."""
+    if parts.fleet is None or not asked.tool_call:
+        return ""
+    return parts.fleet.fleet.tool_format(asked.request.model)
 
 
 def served_alone(parts: Parts) -> str:

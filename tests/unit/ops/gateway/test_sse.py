@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import msgspec
@@ -11,6 +12,7 @@ from messages.chunk import GenerateChunk
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL
 from messages.openai_batch_answers import answer_line
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs, Usage
+from messages.tool_parsing import stream_for
 from ops.gateway.sse import DONE, ChunkShape, Piece, StreamCursor, StreamEvents
 from ops.gateway.tool_stream import CallText
 
@@ -213,3 +215,19 @@ def test_a_tool_call_cut_off_before_its_name_ends_as_text() -> None:
     [last] = out[1:]
     assert last["choices"][0]["delta"] == {"content": text}
     assert last["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_auto_answer_streams_its_text_then_its_calls_in_the_model_s_format() -> None:
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    text = f"Let me look.<tool_call>\n{call}\n</tool_call>"
+    result = GenerateResult(id="r", text=text, finish_reason=FinishReason.STOP)
+    replies = [chunk(i, text[at : at + 9]) for i, at in enumerate(range(0, len(text), 9))]
+    hermes = functools.partial(stream_for, "auto", "hermes")
+    out = events_of(CHAT_COMPLETIONS_URL, [*replies, result], tools=hermes)
+    deltas = [c["delta"] for e in out[1:] for c in e["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather"
+    arguments = "".join(call["function"]["arguments"] for call in calls)
+    assert json.loads(arguments) == {"city": "Oslo"}
+    assert out[-1]["choices"][0]["finish_reason"] == "tool_calls"
