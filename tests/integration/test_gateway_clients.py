@@ -88,15 +88,19 @@ def get_weather(city: str) -> str:
 @pytest.mark.xfail(reason=TOOLS, strict=False)
 async def test_langchain_bind_tools_loop_calls_gets_the_result_and_answers(fleet: Fleet) -> None:
     """An agent's loop: a call (forced on the first turn: a 135M model may not choose one),
-    the tool's result sent back, then the answer with the tools still bound (`auto`)."""
+    the tool's result sent back, then the answer with the tools still bound (`auto`). Strict
+    schemas: the arguments hold the tool's properties only (else a tiny model adds its own)."""
     history: list[Any] = [HumanMessage("What is the weather in Paris? Use the tool.")]
-    async with gateway(fleet) as base, chat_model(base, temperature=0, max_tokens=64) as model:
-        called = await model.bind_tools([get_weather], tool_choice="get_weather").ainvoke(history)
+    async with gateway(fleet) as base, chat_model(base, temperature=0, max_tokens=256) as model:
+        called = await model.bind_tools(
+            [get_weather], tool_choice="get_weather", strict=True
+        ).ainvoke(history)
         assert isinstance(called, AIMessage)
+        assert len(called.tool_calls) == 1, (called.content, called.response_metadata)
         [call] = called.tool_calls
         assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
         history += [called, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
-        answer = await model.bind_tools([get_weather]).ainvoke(history)
+        answer = await model.bind_tools([get_weather], strict=True).ainvoke(history)
     assert isinstance(answer, AIMessage)
     assert not answer.tool_calls and str(answer.content).strip()
 
