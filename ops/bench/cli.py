@@ -350,7 +350,8 @@ def json_bench(**kwargs: Any) -> None:
 @_int("--partitions", 6, "Partitions of the run's requests and results topics.")
 @_opt("--requests", type=click.IntRange(min=1), text="Requests per run [echo: 2000, torch: 96].")
 @_int("--concurrency", 32, "Requests in flight on each path (a closed loop of this many lanes).")
-@_int("--rounds", 3, "Rounds of a direct and a gateway run, taking turns at going first.")
+@_int("--rounds", 3, "Rounds of the four runs (direct and gateway, plain and streamed), taking "
+      "turns at going first.")  # fmt: skip
 @_int("--prompt-tokens", 32, "Tokens of every prompt (random token ids).")
 @_int("--max-output", 32, "New tokens every request asks for.")
 @_int("--seed", 0, "Seeds the prompts.", low=0)
@@ -360,14 +361,15 @@ def gateway_bench(**kwargs: Any) -> None:
     """What `tokenmill gateway` adds: HTTP → Kafka → HTTP against a Kafka client, one run.
 
     One `tokenmill worker` (--engine echo: no model; torch: --model) on a broker started for
-    the run (unless --bootstrap-servers or --kafka-config give one) is driven two ways in
+    the run (unless --bootstrap-servers or --kafka-config give one) is driven four ways in
     --rounds rounds, taking turns at going first: direct, this process producing the requests
     to Kafka and reading the results; and through a `tokenmill gateway` subprocess, the same
-    requests as POST /v1/completions bodies over keep-alive HTTP/1.1. Each path keeps
-    --concurrency requests in flight. Reports requests/s, latency p50/p99 and the latency
-    the gateway adds at each, the median of the rounds' throughput ratios (gateway / direct;
-    with torch, target ≥ 0.95: the gateway is not the bottleneck), and CPU seconds per
-    process (client, gateway, worker and broker share this host's CPUs).
+    requests as POST /v1/completions bodies over keep-alive HTTP/1.1; and both again with
+    `stream: true`. Each path keeps --concurrency requests in flight. Reports requests/s,
+    latency p50/p99 (streamed: to the first text and to the end) and the latency the gateway
+    adds at each (goal: at most 5 ms at p50), the median of the rounds' throughput ratios
+    (gateway / direct; with torch, target ≥ 0.95: the gateway is not the bottleneck), and
+    CPU seconds per process (client, gateway, worker and broker share this host's CPUs).
     """
     from ops.bench.gateway import GatewayBenchOptions, run_gateway_bench
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,12 @@ class HttpLane:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.conn = h11.Connection(h11.CLIENT)
+        self.first_data_at: float | None = None  # the last answer's first body bytes came
 
     async def post(self, path: str, payload: bytes) -> int:
-        """POST `payload` (JSON); the answer's status once its body has been read."""
+        """POST `payload` (JSON); the answer's status once its body has been read, and when
+        its first body bytes came in `first_data_at` (perf_counter; None: no body)."""
+        self.first_data_at = None
         head = [("host", "bench"), ("content-type", "application/json"),
                 ("content-length", str(len(payload)))]  # fmt: skip
         for event in (h11.Request(method="POST", target=path, headers=head),
@@ -46,6 +50,8 @@ class HttpLane:
                 self.conn.receive_data(await self.reader.read(1 << 16))
             elif isinstance(got, h11.Response):
                 status = got.status_code
+            elif isinstance(got, h11.Data) and self.first_data_at is None:
+                self.first_data_at = time.perf_counter()
             elif isinstance(got, h11.ConnectionClosed):
                 raise ConnectionError("the gateway closed the connection")
         self.conn.start_next_cycle()

@@ -1,6 +1,6 @@
 """`tokenmill bench gateway` on a tiny workload against the session broker, from the CLI: an
-echo worker, a `tokenmill gateway` subprocess, both paths answered; the report's shape and
-counts, never its timings (this machine's speed is not under test)."""
+echo worker, a `tokenmill gateway` subprocess, every path (plain and streamed) answered; the
+report's shape and counts, never its timings (this machine's speed is not under test)."""
 
 from __future__ import annotations
 
@@ -31,21 +31,28 @@ async def test_both_paths_through_an_echo_worker_from_the_cli(
     assert report["engine"]["kind"] == "echo"
     workload = report["workload"]
     assert (workload["requests_per_run"], workload["concurrency"], workload["rounds"]) == (24, 4, 2)
-    # Rounds take turns at going first: direct, gateway, then gateway, direct.
+    # Rounds take turns at going first: the paths in order, then in the reverse order.
+    paths = ["direct", "gateway", "direct-stream", "gateway-stream"]
     order = [(r["round"], r["path"]) for r in report["runs"]]
-    assert order == [(1, "direct"), (1, "gateway"), (2, "gateway"), (2, "direct")]
+    assert order == [(1, p) for p in paths] + [(2, p) for p in reversed(paths)]
     for run in report["runs"]:
         assert (run["requests"], run["ok"], run["errors"]) == (24, 24, 0)
         assert set(run["cpu_s"]) == {"client", "gateway", "worker", "broker"}
-    for path in ("direct", "gateway"):
+    for path in paths:
         pooled = report[path]
         assert (pooled["requests"], pooled["ok"]) == (48, 48)
         assert set(pooled["latency_ms"]) == {"p50", "p99"}
         assert pooled["requests_per_s"] > 0
+    for path in ("direct-stream", "gateway-stream"):  # every request timed to its first text
+        assert None not in report[path]["first_text_ms"].values()
     assert set(report["added_latency_ms"]) == {"p50", "p99"}
+    streamed = report["added_streamed_ms"]
+    assert set(streamed) == {"first_text", "end"}
+    assert None not in [*streamed["first_text"].values(), *streamed["end"].values()]
     assert len(report["ratios"]) == 2 and report["throughput_ratio"] is not None
     assert report["gateway"]["cpu_s"]["gateway"] is not None
-    assert report["targets"] == {}  # the ratio's target is the torch engine's
+    # The added latency's goal at p50, plain and to the first text; the ratio's is torch's.
+    assert set(report["targets"]) == {"added_latency_p50_ms", "added_first_text_p50_ms"}
     argv = report["processes"]["argv"]
     assert argv["gateway"][0] == "gateway" and argv["worker"][0] == "worker"
     requests_topic = argv["worker"][argv["worker"].index("--requests-topic") + 1]

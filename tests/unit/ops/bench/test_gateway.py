@@ -10,7 +10,7 @@ from typing import Any
 
 from gpu.engine_config import EngineConfig
 from messages.openai_batch import COMPLETIONS_URL
-from ops.bench.gateway import GatewayBenchOptions, Run, closed_loop, compare, figures
+from ops.bench.gateway import GatewayBenchOptions, Run, added, closed_loop, compare, figures
 from ops.bench.gateway_process import HttpLane
 from ops.models.engine_options import EngineChoice
 
@@ -91,6 +91,35 @@ def test_compare_gives_the_added_latency_and_the_median_of_the_round_ratios() ->
     assert out["gateway_cpu_us_per_request"] == 10_000
 
 
+def test_streamed_runs_give_the_added_latency_to_the_first_text_and_to_the_end() -> None:
+    plain = [_run(1, "direct", [10.0] * 10, 1.0), _run(1, "gateway", [12.0] * 10, 1.0)]
+    direct = _run(1, "direct-stream", [20.0] * 9 + [None], 1.0)
+    direct.first_ms = [4.0] * 9 + [None]  # the unanswered request has no first text either
+    gateway = _run(1, "gateway-stream", [23.0] * 10, 1.0)
+    gateway.first_ms = [5.5] * 5 + [6.5] * 5
+
+    out = compare([*plain, direct, gateway])
+
+    assert out["direct-stream"]["first_text_ms"] == {"p50": 4.0, "p99": 4.0}
+    assert out["gateway-stream"]["first_text_ms"] == {"p50": 6.0, "p99": 6.5}
+    assert out["added_streamed_ms"] == {
+        "first_text": {"p50": 2.0, "p99": 2.5},
+        "end": {"p50": 3.0, "p99": 3.0},
+    }
+    assert out["added_latency_ms"] == {"p50": 2.0, "p99": 2.0}
+    assert "first_text_ms" not in out["direct"]  # a plain path has no first text
+    assert out["ratios"] == [1.0]  # the throughput ratio is the plain paths'
+
+
+def test_added_is_none_where_either_percentile_is() -> None:
+    assert added({"p50": 1.0, "p99": None}, {"p50": 3.5, "p99": 9.0}) == {"p50": 2.5, "p99": None}
+
+
+def test_without_streamed_runs_there_is_no_streamed_figure() -> None:
+    out = compare([_run(1, "direct", [1.0], 1.0), _run(1, "gateway", [2.0], 1.0)])
+    assert "added_streamed_ms" not in out and "direct-stream" not in out
+
+
 def test_a_round_with_no_answers_has_no_ratio_and_the_median_none() -> None:
     runs = [_run(1, "direct", [None], 1.0), _run(1, "gateway", [5.0], 1.0)]
 
@@ -138,6 +167,7 @@ async def test_an_http_lane_posts_twice_on_one_connection() -> None:
     statuses = [await lane.post(COMPLETIONS_URL, b'{"prompt": [1]}') for _ in range(2)]
 
     assert statuses == [200, 200]
+    assert lane.first_data_at is not None  # the last answer's first body bytes, stamped
     lane.writer.close()
     await lane.writer.wait_closed()
     await closed.wait()
