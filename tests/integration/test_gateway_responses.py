@@ -132,7 +132,6 @@ async def test_a_required_function_tool_is_a_function_call_item(fleet: Fleet) ->
         assert events[-1].type == "response.completed"
 
 
-@pytest.mark.xfail(reason="needs the tools track: earlier turns' tool_calls", strict=False)
 async def test_a_function_call_output_sent_back_is_answered(fleet: Fleet) -> None:
     async with gateway(fleet) as base, client(base) as api:
         first = await call_weather(api)
