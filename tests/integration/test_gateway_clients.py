@@ -4,8 +4,7 @@ against the session broker and a real SmolLM2 worker (tests/integration/gateway_
 The gateway serves in this event loop, so every client is used through its async API.
 
 Greedy requests (`temperature=0`, said each time: an omitted temperature is the model's
-default sampling, not greedy) make a streamed answer joinable into the plain one. Tests of what
-issue 47's other tracks bring are `xfail(strict=False)` with the track named in the reason.
+default sampling, not greedy) make a streamed answer joinable into the plain one.
 """
 
 from __future__ import annotations
