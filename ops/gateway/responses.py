@@ -27,13 +27,17 @@ from messages.openai_responses import RESPONSES_URL, ResponsesAsked, to_chat
 from messages.openai_responses_answers import to_response
 from messages.openai_responses_events import ResponseEvents, replayed
 from ops.gateway.bodies import Asked, parse_body, read_body
-from ops.gateway.errors import ApiError, no_worker
+from ops.gateway.errors import ApiError
 from ops.gateway.outcomes import Refused
 from ops.gateway.routes.deps import Parts
-from ops.gateway.routes.disconnect import unless_disconnected
-from ops.gateway.routes.generating import served_alone, tool_format
+from ops.gateway.routes.generating import (
+    check_served,
+    served_alone,
+    span_of,
+    stream_answer,
+    whole_answer,
+)
 from ops.gateway.service import Gateway
-from ops.gateway.tracing import request_span
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 Completed = tuple[int, object, str]  # `Gateway.complete`'s status, body and worker
@@ -53,26 +57,11 @@ async def create_response(request: Request, parts: Parts) -> Response:
             raise ApiError.refused(exc) from None
         asked, replay = _chat_asked(responses, request_id, gateway)
         named.update(asked.ignored_header)
-        if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
-            raise no_worker(asked.request.model)
-        traced = request_span(
-            RESPONSES_URL,
-            request_id,
-            request.headers.get("traceparent"),
-            request.headers.get("tracestate"),
-        )
-        with traced as trace:
+        check_served(parts, asked)
+        with span_of(request, RESPONSES_URL, request_id) as trace:
             if responses.stream and not replay:
-                return await _streamed(gateway, responses, asked, trace, parts, named)
-            place = gateway.admit()
-            try:
-                done = await unless_disconnected(
-                    request,
-                    gateway.complete(asked, trace),
-                    lambda: gateway.cancel_later(asked.request.id, "client_disconnected"),
-                )
-            finally:
-                place.release()
+                return await _streamed(responses, asked, trace, parts, named)
+            done = await whole_answer(request, gateway, asked, trace)
             return _whole(done, responses, asked, named)
     except ApiError as exc:
         exc.headers.update(named)
@@ -123,25 +112,17 @@ def _whole(
 
 
 async def _streamed(
-    gateway: Gateway,
     responses: ResponsesAsked,
     asked: Asked,
     trace: list[tuple[str, bytes]],
     parts: Parts,
     named: dict[str, str],
 ) -> Response:
-    place = gateway.admit()
-    model = served_alone(parts)
-    try:
-        started = await gateway.stream(asked, trace, place, model, tool_format(parts, asked))
-    except BaseException:
-        place.release()
-        raise
+    started = await stream_answer(parts, asked, trace)
     if isinstance(started, Refused):
-        place.release()
         return JSONResponse(started.body, status_code=started.status, headers=named)
     first, chunks = started.first, started.events
-    model = asked.request.model or model
+    model = asked.request.model or served_alone(parts)
     events = ResponseEvents(responses, f"resp_{asked.request.id}", int(time.time()), model)
     return StreamingResponse(
         _events(events, first, chunks), media_type="text/event-stream", headers=_SSE_HEADERS | named

@@ -1,6 +1,7 @@
 """A gateway in front of one real SmolLM2 worker, for the gateway's integration tests.
 
 fleet          a module-scoped fixture: the worker and its topics on the session broker
+serving(...)   the same for any model (a context manager)
 gateway(fleet) an async context: a gateway serving in this process; its base URL
 client(url)    the official `openai` SDK's async client for it
 direct_text    the worker's answer to a body asked straight on Kafka (the same mapping)
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,15 @@ def fleet(
     kafka_bootstrap: str, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Fleet]:
     """One SmolLM2 worker with cancel and events topics, for every test of this module."""
+    with serving(kafka_bootstrap, MODEL, tmp_path_factory.mktemp("gateway")) as served:
+        asyncio.run(served.worker.wait_for_log(("cancel_ready", "cancel_started"), within_s=300))
+        yield served
+
+
+@contextmanager
+def serving(kafka_bootstrap: str, model: str, folder: Path) -> Iterator[Fleet]:
+    """A worker serving `model` (a name or a path) on topics of its own (requests, results,
+    cancel, events, control), its log and batches in `folder`; closed after the block."""
 
     async def topics() -> tuple[Lane, str, str]:
         lane = await new_lane(kafka_bootstrap)
@@ -72,11 +82,8 @@ def fleet(
         "--events-topic", events,
         "--control-topic", f"{lane.requests.removesuffix('.requests')}.control",
     ]  # fmt: skip
-    folder = tmp_path_factory.mktemp("gateway")
-    log = folder / "worker.log"
-    worker = WorkerProcess(lane, MODEL, log, extra=extra).start()
+    worker = WorkerProcess(lane, model, folder / "worker.log", extra=extra).start()
     try:
-        asyncio.run(worker.wait_for_log(("cancel_ready", "cancel_started"), within_s=300))
         asyncio.run(worker.wait_for_log("ingest_started", within_s=300))
         yield Fleet(lane, cancel, events, worker, folder / "batches")
     finally:

@@ -11,7 +11,6 @@ and once streamed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,7 @@ import jsonschema
 import pytest
 from tokenizers import Tokenizer
 
-from ops.services.topics import create_topics
-from tests.integration.gateway_fleet import Fleet, client, gateway
-from tests.integration.pipeline import WorkerProcess, new_lane
+from tests.integration.gateway_fleet import Fleet, client, gateway, serving
 from tests.tool_templates import build_tool_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -52,27 +49,8 @@ def tiny_fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -
     """One worker serving the tiny Hermes-format model, with cancel and events topics."""
     folder = tmp_path_factory.mktemp("tools-fleet")
     checkpoint = build_tool_checkpoint(folder / MODEL)
-
-    async def topics() -> tuple[Any, str, str]:
-        lane = await new_lane(kafka_bootstrap)
-        prefix = lane.requests.removesuffix(".requests")
-        cancel, events = f"{prefix}.cancel", f"{prefix}.events"
-        names = {"cancel": cancel, "events": events, "control": f"{prefix}.control"}
-        await create_topics(kafka_bootstrap, names=names)
-        return lane, cancel, events
-
-    lane, cancel, events = asyncio.run(topics())
-    extra = [
-        "--cancel-topic", cancel,
-        "--events-topic", events,
-        "--control-topic", f"{lane.requests.removesuffix('.requests')}.control",
-    ]  # fmt: skip
-    worker = WorkerProcess(lane, str(checkpoint), folder / "worker.log", extra=extra).start()
-    try:
-        asyncio.run(worker.wait_for_log("ingest_started", within_s=300))
-        yield Fleet(lane, cancel, events, worker, folder / "batches")
-    finally:
-        worker.close()
+    with serving(kafka_bootstrap, str(checkpoint), folder) as served:
+        yield served
 
 
 async def test_an_auto_agent_loop_on_a_model_with_a_tool_format(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from fastapi import Request
@@ -22,10 +23,11 @@ from messages.openai_batch import COMPLETIONS_URL
 from ops.gateway.bodies import Asked, parse_body, read_body
 from ops.gateway.errors import ApiError, no_worker
 from ops.gateway.metrics import GatewayMetrics
-from ops.gateway.outcomes import Refused
+from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.prompt_list import merge_answers, split_prompts
 from ops.gateway.routes.deps import Parts
 from ops.gateway.routes.disconnect import unless_disconnected
+from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
 
 
@@ -43,12 +45,8 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
         asked = gateway.asked(url, body, request_id)
         stream = asked.stream
         named.update(asked.ignored_header)  # the fields the mapping let by unread
-        if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
-            raise no_worker(asked.request.model)
-        traced = request_span(
-            url, request_id, request.headers.get("traceparent"), request.headers.get("tracestate")
-        )
-        with traced as trace:
+        check_served(parts, asked)
+        with span_of(request, url, request_id) as trace:
             return await _answer(request, parts, asked, trace, _Timing(url, started), named)
     except ApiError as exc:
         exc.headers.update(named)
@@ -83,31 +81,15 @@ async def _answer(
 ) -> Response:
     """Send `asked` in one of the --max-inflight places and answer it."""
     gateway, metrics = parts.gateway, parts.metrics
-    place = gateway.admit()
-    metrics.in_flight.set(gateway.in_flight)
     if not asked.stream:
-        try:
-            done = await unless_disconnected(
-                request,
-                gateway.complete(asked, trace),
-                lambda: gateway.cancel_later(asked.request.id, "client_disconnected"),
-            )
-        finally:
-            place.release()
+        done = await whole_answer(request, gateway, asked, trace)
         if done is None:  # the client left; its request was cancelled
             metrics.requests.labels(timing.endpoint, "499", "client_disconnected").inc()
             return Response(status_code=499)  # nginx's "client closed request"
         status, body, worker = done
         return _json(metrics, timing, status, body, named | _worker(worker))
-    try:
-        started = await gateway.stream(
-            asked, trace, place, served_alone(parts), tool_format(parts, asked)
-        )
-    except BaseException:
-        place.release()
-        raise
+    started = await stream_answer(parts, asked, trace)
     if isinstance(started, Refused):
-        place.release()
         return _json(metrics, timing, started.status, started.body, named)
     return StreamingResponse(
         _measured(metrics, timing, started.first, started.events),
@@ -131,22 +113,15 @@ async def _answer_prompts(
         gateway.asked(COMPLETIONS_URL, body, f"{request_id}-{i}") for i, body in enumerate(bodies)
     ]
     named.update(asked[0].ignored_header)
-    if parts.fleet is not None and parts.fleet.refuses(asked[0].request.model):
-        raise no_worker(asked[0].request.model)
+    check_served(parts, asked[0])
 
     def cancel_all() -> None:
         for one in asked:
             gateway.cancel_later(one.request.id, "client_disconnected")
 
     place = gateway.admit()
-    traced = request_span(
-        COMPLETIONS_URL,
-        request_id,
-        request.headers.get("traceparent"),
-        request.headers.get("tracestate"),
-    )
     try:
-        with traced as trace:
+        with span_of(request, COMPLETIONS_URL, request_id) as trace:
             work = asyncio.gather(*(gateway.complete(one, trace) for one in asked))
             done = await unless_disconnected(request, work, cancel_all)
     finally:
@@ -156,6 +131,57 @@ async def _answer_prompts(
         return Response(status_code=499)
     status, body = merge_answers([(s, b) for s, b, _ in done], n=asked[0].request.n)
     return _json(parts.metrics, timing, status, body, named)
+
+
+def check_served(parts: Parts, asked: Asked) -> None:
+    """503 `no_worker` at once when no live worker serves the model `asked` names."""
+    if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
+        raise no_worker(asked.request.model)
+
+
+def span_of(
+    request: Request, url: str, request_id: str
+) -> AbstractContextManager[list[tuple[str, bytes]]]:
+    """The request's span, a child of the client's `traceparent` when it sent one; the
+    headers that carry it on to the workers."""
+    headers = request.headers
+    return request_span(url, request_id, headers.get("traceparent"), headers.get("tracestate"))
+
+
+async def whole_answer(
+    request: Request, gateway: Gateway, asked: Asked, trace: list[tuple[str, bytes]]
+) -> tuple[int, Any, str] | None:
+    """`asked` sent in one of the --max-inflight places and its answer awaited (status, body,
+    worker), or None when the client left first (the request is then cancelled)."""
+    place = gateway.admit()
+    try:
+        return await unless_disconnected(
+            request,
+            gateway.complete(asked, trace),
+            lambda: gateway.cancel_later(asked.request.id, "client_disconnected"),
+        )
+    finally:
+        place.release()
+
+
+async def stream_answer(
+    parts: Parts, asked: Asked, trace: list[tuple[str, bytes]]
+) -> Refused | Streaming:
+    """`asked` sent in one of the --max-inflight places, as a stream: a `Refused` (its place
+    released), or the `Streaming` events, which hold the place until they end."""
+    gateway = parts.gateway
+    place = gateway.admit()
+    parts.metrics.in_flight.set(gateway.in_flight)
+    try:
+        started = await gateway.stream(
+            asked, trace, place, served_alone(parts), tool_format(parts, asked)
+        )
+    except BaseException:
+        place.release()
+        raise
+    if isinstance(started, Refused):
+        place.release()
+    return started
 
 
 def tool_format(parts: Parts, asked: Asked) -> str:
