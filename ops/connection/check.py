@@ -20,12 +20,16 @@ async def ensure_reachable(kafka: KafkaConnection, error: type[OpsError]) -> Non
         raise error(f"cannot reach Kafka at {kafka.bootstrap_servers} ({reach.reason})")
 
 
-async def started_producer(kafka: KafkaConnection, error: type[OpsError]) -> AIOKafkaProducer:
+async def started_producer(
+    kafka: KafkaConnection, error: type[OpsError], *, linger_ms: int = 5
+) -> AIOKafkaProducer:
     """A started idempotent producer (acks=all) for a command, once the broker answers;
-    `error` (with the address) when it cannot be reached."""
+    `error` (with the address) when it cannot be reached. `linger_ms`: how long a record may
+    wait for others to share its batch (a command sending many wants a few ms; a server
+    answering one request at a time, none)."""
     await ensure_reachable(kafka, error)
     producer = AIOKafkaProducer(
-        **kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=5
+        **kafka.producer_kwargs(), acks="all", enable_idempotence=True, linger_ms=linger_ms
     )
     try:
         await producer.start()
