@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from messages.openai_batch_mapping import TOOLS_KEY
+from messages.openai_batch_mapping import FUNCTIONS_SUFFIX, TOOLS_KEY
 from messages.result import GenerateResult
 from messages.tool_parsing import stream_for
 from ops.gateway.bodies import Asked, answer, to_asked
@@ -126,7 +126,8 @@ class Gateway:
         shown = asked.request.model or model
         shape = ChunkShape(asked.url, request_id, shown, int(time.time()), asked.include_usage)
         tools = _tool_reader(asked, tool_format)
-        events = StreamEvents(shape, asked.request.n, tools=tools)
+        functions = asked.request.metadata.get(TOOLS_KEY, "").endswith(FUNCTIONS_SUFFIX)
+        events = StreamEvents(shape, asked.request.n, tools=tools, functions=functions)
         answered = False
         try:
             for sent in events.start():

@@ -187,18 +187,18 @@ class ChunkShape:
             return event(self._envelope([_choice(index, logprobs, finish_reason, delta=delta)]))
         return event(self._envelope([_choice(index, logprobs, finish_reason, text=piece.text)]))
 
-    def tool_calls(
+    def call(
         self,
         index: int,
-        calls: list[dict[str, Any]],
+        delta: dict[str, Any],
         logprobs: TokenLogprobs | None = None,
         finish_reason: str | None = None,
     ) -> bytes:
-        """A chat event of choice `index` carrying tool-call pieces (`delta.tool_calls`)."""
+        """A chat event of choice `index` carrying call pieces (`delta.tool_calls`, or the
+        legacy `delta.function_call`)."""
         shown = (
             None if logprobs is None else msgspec.to_builtins(stream_logprobs(self.url, logprobs))
         )
-        delta = {"tool_calls": calls} if calls else {}
         return event(self._envelope([_choice(index, shown, finish_reason, delta=delta)]))
 
     def usage(self, result: GenerateResult) -> bytes:
@@ -206,6 +206,17 @@ class ChunkShape:
         out = self._envelope([])
         out["usage"] = msgspec.to_builtins(token_usage(result))
         return event(out)
+
+
+def _function_call(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool-call pieces as the legacy `delta.function_call` (one call: its name, then its
+    arguments in pieces; no index nor id)."""
+    function: dict[str, str] = {}
+    for call in calls:
+        for key, value in (call.get("function") or {}).items():
+            if value or key == "arguments":
+                function[key] = function.get(key, "") + value
+    return {"function_call": function}
 
 
 def _choice(index: int, logprobs: Any, finish_reason: str | None, **content: Any) -> dict[str, Any]:
@@ -235,12 +246,19 @@ class StreamEvents:
 
     `tools`: makes each choice's `ToolText` when the request may call tools: its text is
     then streamed as `delta.content` and `delta.tool_calls` pieces (`tool_text`); a choice
-    that started a call and stopped ends "tool_calls"."""
+    that started a call and stopped ends "tool_calls". `functions`: the request asked with the
+    legacy `functions`: the call streams as `delta.function_call` and ends "function_call"."""
 
     def __init__(
-        self, shape: ChunkShape, n: int = 1, *, tools: Callable[[], ToolText] | None = None
+        self,
+        shape: ChunkShape,
+        n: int = 1,
+        *,
+        tools: Callable[[], ToolText] | None = None,
+        functions: bool = False,
     ) -> None:
         self.shape = shape
+        self.functions = functions
         self.cursors = [StreamCursor() for _ in range(n)]
         self.tools = [tools() for _ in range(n)] if tools is not None and shape.chat else None
         self._held: list[list[TokenLogprobs]] = [[] for _ in range(n)]  # tool text's logprobs
@@ -281,7 +299,7 @@ class StreamEvents:
         if finish_reason is not None:
             read.append(reader.finish())
             if reader.called and finish_reason == "stop":
-                finish_reason = "tool_calls"
+                finish_reason = "function_call" if self.functions else "tool_calls"
         if piece.logprobs is not None:
             held.append(piece.logprobs)
         content = "".join(r.content for r in read)
@@ -296,5 +314,6 @@ class StreamEvents:
             out.append(self.shape.text(index, Piece(content, logprobs), last))
             logprobs = None
         if calls:
-            out.append(self.shape.tool_calls(index, calls, logprobs, finish_reason))
+            delta = _function_call(calls) if self.functions else {"tool_calls": calls}
+            out.append(self.shape.call(index, delta, logprobs, finish_reason))
         return out

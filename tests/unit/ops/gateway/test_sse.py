@@ -231,3 +231,17 @@ def test_an_auto_answer_streams_its_text_then_its_calls_in_the_model_s_format() 
     arguments = "".join(call["function"]["arguments"] for call in calls)
     assert json.loads(arguments) == {"city": "Oslo"}
     assert out[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_call_asked_with_the_legacy_functions_streams_as_function_call() -> None:
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    result = GenerateResult(id="r", text=text, finish_reason=FinishReason.STOP)
+    replies = [chunk(0, text[:14]), chunk(1, text[14:40]), chunk(2, text[40:]), result]
+    out = events_of(CHAT_COMPLETIONS_URL, replies, tools=CallText, functions=True)
+    deltas = [c["delta"] for e in out[1:] for c in e["choices"]]
+    assert all("tool_calls" not in d for d in deltas)
+    pieces = [d["function_call"] for d in deltas if "function_call" in d]
+    assert pieces[0]["name"] == "get_weather"
+    assert all("name" not in p for p in pieces[1:])
+    assert json.loads("".join(p["arguments"] for p in pieces)) == {"city": "Paris"}
+    assert out[-1]["choices"][0]["finish_reason"] == "function_call"
