@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 import msgspec
 
-from actors.ingest.model_defaults import fill_max_new_tokens, fill_sampling
 from gpu.loading.sampling_defaults import SamplingDefaults, read_sampling_defaults
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
 from messages.error_codes import ErrorCode
@@ -52,7 +51,7 @@ class ModelFront:
     max_new_tokens: int
     max_token_bytes: int = 64  # the most bytes one token decodes to (bounds a result's size)
     quantization: str = "none"  # `gpu.quant.scheme.describe` of its weights
-    # What `model_defaults`' temperature, top_p and top_k take (`actors.ingest.model_defaults`).
+    # What `model_defaults`' temperature, top_p and top_k take (`_fill_sampling`).
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # The format its chat template writes tool calls in (`messages.tool_formats`); "" for
     # tokenmill's default (a template with none).
@@ -101,15 +100,15 @@ class ModelFront:
         messages are rendered with the model's chat template, which already holds them. The
         rules are `messages.admission`'s, against this model's vocabulary and limits, once the
         prompt is cut to `truncate_prompt_tokens` and the fields the request leaves to the
-        model (`model_defaults`) are filled in `request` itself (`actors.ingest.model_defaults`:
-        filling them again, for another model, gives that model's).
+        model (`model_defaults`) are filled in `request` itself (`_fill_sampling`,
+        `_fill_max_new_tokens`: filling them again, for another model, gives that model's).
         """
         if request.model is not None and request.model not in self.aliases:
             raise InvalidRequest(
                 ErrorCode.UNKNOWN_MODEL,
                 f"model {request.model!r} is not served here; this worker runs {self.name!r}",
             )
-        fill_sampling(request, self.sampling_defaults)
+        _fill_sampling(request, self.sampling_defaults)
         check_sampling(request, vocab_size=self.vocab_size)
         if request.prompt_token_ids is not None:
             ids = request.prompt_token_ids
@@ -136,7 +135,7 @@ class ModelFront:
         if keep is not None:
             keep = self.max_prompt_tokens if keep == -1 else keep
             ids = ids[-keep:] if len(ids) > keep else ids
-        fill_max_new_tokens(request, self.max_new_tokens, self.max_model_len - len(ids))
+        _fill_max_new_tokens(request, self.max_new_tokens, self.max_model_len - len(ids))
         check_lengths(
             len(ids),
             request.max_new_tokens,
@@ -167,3 +166,39 @@ def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None
         "raise --max-message-bytes (and the reply topics' max.message.bytes) or lower "
         "--max-new-tokens-limit"
     )
+
+
+# What a request leaves to the model (`GenerateRequest.model_defaults`), filled here: the
+# gateway holds no model, so a client's omitted `max_tokens`, `temperature`, `top_p` and `top_k`
+# travel as names and the worker that tokenizes the request fills them, in the request itself,
+# before its lengths are checked (idempotent per model: a request tokenized again for another
+# model, a flip, takes that model's values).
+# What an omitted field means when the model recommends nothing: OpenAI's defaults.
+OPENAI_TEMPERATURE = 1.0
+OPENAI_TOP_P = 1.0
+OPENAI_TOP_K = 0  # off
+
+
+def _fill_sampling(request: GenerateRequest, model: SamplingDefaults) -> None:
+    """Set the `temperature`, `top_p` and `top_k` that `request.model_defaults` names to the
+    model's recommendation, else OpenAI's default."""
+    asked = request.model_defaults
+    if not asked:
+        return
+    if "temperature" in asked:
+        temperature = model.temperature
+        request.temperature = OPENAI_TEMPERATURE if temperature is None else temperature
+    if "top_p" in asked:
+        request.top_p = OPENAI_TOP_P if model.top_p is None else model.top_p
+    if "top_k" in asked:
+        # a recommended -1 means off, as 0 does here
+        request.top_k = OPENAI_TOP_K if model.top_k is None else max(model.top_k, 0)
+
+
+def _fill_max_new_tokens(request: GenerateRequest, limit: int, room: int) -> None:
+    """When `request.model_defaults` names `max_new_tokens`: run to EOS, or to the worker's
+    `limit`, or to the end of the context (`room`: what the prompt leaves), whichever comes
+    first. A prompt that leaves no room keeps the request's value, for `check_lengths` to
+    refuse it saying why."""
+    if "max_new_tokens" in request.model_defaults and room > 0:
+        request.max_new_tokens = min(limit, room)

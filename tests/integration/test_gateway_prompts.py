@@ -16,7 +16,9 @@ PROMPTS = ["The capital of France is", "Water boils at", "The first letter is"]
 
 async def test_a_list_of_prompts_is_answered_one_choice_each_in_order(fleet: Fleet) -> None:
     want = [
-        await direct_text(fleet, COMPLETIONS_URL, {"model": MODEL, "prompt": p, "max_tokens": 6})
+        await direct_text(
+            fleet, COMPLETIONS_URL, {"model": MODEL, "prompt": p, "max_tokens": 6, "temperature": 0}
+        )
         for p in PROMPTS
     ]
     async with gateway(fleet) as base, client(base) as api:
