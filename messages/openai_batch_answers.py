@@ -45,12 +45,11 @@ from messages.openai_batch import (
 )
 from messages.openai_batch_mapping import (
     ECHO_KEY,
-    FUNCTIONS_SUFFIX,
     PROMPT_LOGPROBS_KEY,
     REQUEST_ID_KEY,
     TOKENS_AS_IDS_KEY,
-    TOOLS_KEY,
 )
+from messages.openai_chat_tools import FUNCTIONS_SUFFIX, TOOLS_KEY
 from messages.openai_token_ids import tokens_as_ids
 from messages.openai_tools import ToolCall, parse_tool_call
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs

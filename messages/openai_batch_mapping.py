@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import (
     CHAT_COMPLETIONS_URL,
@@ -30,12 +29,11 @@ from messages.openai_batch import (
     SUPPORTED_URLS,
     BatchInputLine,
     ChatCompletionBody,
-    ChatMessageIn,
     CompletionBody,
 )
+from messages.openai_chat_tools import chat_message, with_tools
 from messages.openai_guided import constraint_fields
-from messages.openai_tools import NamedFunction, NamedTool, Tool, ToolCall, tool_call_format
-from messages.request import ChatMessage, GenerateRequest, ToolCalling
+from messages.request import GenerateRequest
 from messages.validation import check_request
 
 
@@ -72,10 +70,6 @@ TOKENS_AS_IDS_KEY = "openai.tokens_as_ids"
 # An omitted `max_tokens` the worker fills (`model_defaults`) still carries a value: the one an
 # older worker, which knows no `model_defaults`, runs (the wire's default).
 _WIRE_MAX_TOKENS = 16
-# How a chat with tools is answered: "required" (the output is one call's JSON) or "auto" (text
-# or calls in the model's format), + FUNCTIONS_SUFFIX when asked with the legacy `functions`.
-TOOLS_KEY = "openai.tools"
-FUNCTIONS_SUFFIX = "+functions"
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -204,58 +198,11 @@ def _request_fields(line: BatchInputLine, ignore_unknown: bool = False) -> dict[
     max_tokens = (
         chat.max_tokens if chat.max_completion_tokens is None else chat.max_completion_tokens
     )
-    messages = [_chat_message(m) for m in chat.messages]
+    messages = [chat_message(m) for m in chat.messages]
     fields = {**_sampling(chat, max_tokens), "messages": messages}
     if chat.logprobs:
         fields["logprobs"] = chat.top_logprobs or 0  # its range is checked with the request
-    return _with_tools(chat, fields | _template_fields(chat))
-
-
-def _with_tools(chat: ChatCompletionBody, fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` with the chat's constraint and its tools: rendered by the chat template
-    (`tools`), a forced call's JSON constraint, or under "auto" `tool_calling`; how the
-    answer reads calls in the metadata (`TOOLS_KEY`)."""
-    tools, choice, legacy = _tools_asked(chat)
-    tool_call = tool_call_format(tools, choice)
-    fields |= constraint_fields(chat, response_format=chat.response_format, tool_call=tool_call)
-    if not tools or choice == "none":
-        return fields
-    fields["tools"] = tools
-    mode = "required" if tool_call is not None else "auto"
-    if mode == "auto":
-        shape = fields.get("response_format")
-        if "structured_output" in fields or (shape is not None and shape.constrained):
-            raise BatchLineRefused(
-                ErrorCode.INVALID_RESPONSE_FORMAT,
-                'give at most one constraint: tools (tool_choice "auto") and a constrained '
-                "response_format or structured output",
-                param="tools",
-            )
-        parallel = chat.parallel_tool_calls is not False and not legacy
-        fields["tool_calling"] = ToolCalling(parallel=parallel)
-    fields.setdefault("metadata", {})[TOOLS_KEY] = mode + (FUNCTIONS_SUFFIX if legacy else "")
-    return fields
-
-
-def _tools_asked(
-    chat: ChatCompletionBody,
-) -> tuple[list[Tool] | None, str | NamedTool | None, bool]:
-    """The chat's tools and tool_choice, the legacy `functions`/`function_call` read as them,
-    and whether they were given the legacy way."""
-    if chat.functions is None and chat.function_call is None:
-        return chat.tools, chat.tool_choice, False
-    if chat.tools is not None or chat.tool_choice is not None:
-        raise BatchLineRefused(
-            LineCode.INVALID_BODY,
-            "give `tools` and `tool_choice`, or the legacy `functions` and `function_call`, "
-            "not both",
-            param="functions",
-        )
-    tools = [Tool(function=f) for f in chat.functions] if chat.functions is not None else None
-    choice = chat.function_call
-    if isinstance(choice, NamedFunction):
-        return tools, NamedTool(function=choice), True
-    return tools, choice, True
+    return with_tools(chat, fields | _template_fields(chat))
 
 
 def _template_fields(chat: ChatCompletionBody) -> dict[str, Any]:
@@ -401,37 +348,6 @@ def _prompt(prompt: str | list[int | str]) -> dict[str, Any]:
         "`prompt` must be a string or a list of token ids (one prompt per line)",
         param="prompt",
     )
-
-
-def _chat_message(message: ChatMessageIn) -> ChatMessage:
-    """A turn as the request carries it: its text, an assistant's calls (the legacy
-    `function_call` as one call) and a tool result's id; a legacy `function` turn (a
-    function's result) is a `tool` turn."""
-    calls = message.tool_calls
-    if message.function_call is not None and not calls:
-        call = message.function_call
-        calls = [ToolCall(id=f"call_{call.name}", function=call)]
-    role = "tool" if message.role == "function" else message.role
-    return ChatMessage(
-        role=role,
-        content=_text_of(message),
-        tool_calls=calls or None,
-        tool_call_id=message.tool_call_id,
-        name=message.name,
-    )
-
-
-def _text_of(message: ChatMessageIn) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    kinds = {part.type for part in message.content} - {"text"}
-    if kinds:
-        raise BatchLineRefused(
-            LineCode.UNSUPPORTED_PARAMETER,
-            f"message content of type {', '.join(sorted(kinds))}: only text is supported",
-            param="messages",
-        )
-    return "".join(part.text or "" for part in message.content)
 
 
 def calls_tool(line: BatchInputLine) -> bool:

@@ -257,7 +257,7 @@ def parse_calls(text: str, fmt: ToolFormat | str | None = None) -> ParsedAnswer:
 
 def stream_for(asked: str, tool_format: str | None) -> ToolCallStream:
     """The reader of one streamed choice of a request with tools. `asked`: how the request
-    asked for calls (the value of the request's metadata `openai_batch_mapping.TOOLS_KEY`:
+    asked for calls (the value of the request's metadata `openai_chat_tools.TOOLS_KEY`:
     "auto" or "required", "+functions" after it for the legacy fields); `tool_format`: the
     model's (`ModelRef.tool_format`; "" or None for the default). A forced call is one bare
     JSON object, `{"name": ..., "arguments": {...}}`, read as Llama's format reads one."""

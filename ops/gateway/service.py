@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from messages.openai_batch_mapping import FUNCTIONS_SUFFIX, TOOLS_KEY
+from messages.openai_chat_tools import FUNCTIONS_SUFFIX, TOOLS_KEY
 from messages.result import GenerateResult
 from messages.tool_parsing import stream_for
 from ops.gateway.bodies import Asked, answer, to_asked

@@ -16,7 +16,8 @@ from messages.errors import InvalidRequest
 from messages.limits import MAX_TOOLS
 from messages.openai_batch import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
-from messages.openai_batch_mapping import TOOLS_KEY, LineCode, calls_tool
+from messages.openai_batch_mapping import LineCode, calls_tool
+from messages.openai_chat_tools import TOOLS_KEY
 from messages.openai_tools import FunctionDef, Tool, call_schema, parse_tool_call
 from messages.request import ChatMessage, GenerateRequest, ToolCalling
 from messages.response_format import ResponseFormat
