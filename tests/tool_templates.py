@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 HERMES = """\
 {%- if tools %}<|im_start|>system
@@ -73,6 +74,26 @@ MISTRAL = """\
 "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
 {%- elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}
 {%- endif %}{% endfor %}"""
+
+
+# One function tool for the tests of tool calling on the tiny model (its schema constrains a
+# call's arguments).
+FORECAST: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "forecast",
+        "description": "The weather in a city for some days",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Oslo", "Rome", "Lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def build_tool_checkpoint(folder: Path, chat_template: str = HERMES, seed: int = 0) -> Path:

@@ -32,7 +32,7 @@ from messages.openai_batch import COMPLETIONS_URL
 from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from ops.bench.gateway_process import HttpLane, http_lanes
-from ops.bench.load import Arrival, LoadClient, Stamp
+from ops.bench.load import LoadClient, Stamp
 from ops.gateway.bodies import to_asked
 
 PLAIN, STREAMED = ("direct", "gateway"), ("direct-stream", "gateway-stream")
@@ -53,26 +53,14 @@ class StreamLoadClient(LoadClient):
         await super().__aenter__()
         return self
 
-    async def _collect(self) -> None:
-        while True:
-            fetched = await self.consumer.getmany(timeout_ms=100, max_records=10_000)
-            at = Stamp.now()
-            for records in fetched.values():
-                for record in records:
-                    headers = dict(record.headers or ())
-                    if headers.get(SCHEMA) == CHUNK_SCHEMA.encode():
-                        chunk = _chunks.decode(record.value or b"")
-                        if chunk.text and chunk.id not in self.first_text:
-                            self.first_text[chunk.id] = at.mono
-                        continue
-                    result = _results.decode(record.value or b"")
-                    if result.id in self.arrived:
-                        self.duplicates[result.id] += 1
-                    else:
-                        leg = at.unix * 1e3 - record.timestamp
-                        self.arrived[result.id] = Arrival(at, result, leg)
-            if fetched:
-                self._fetched.set()
+    def _take(self, record: Any, at: Stamp) -> None:
+        """A chunk marks its id's first text; a result is taken as the load client takes it."""
+        if dict(record.headers or ()).get(SCHEMA) == CHUNK_SCHEMA.encode():
+            chunk = _chunks.decode(record.value or b"")
+            if chunk.text and chunk.id not in self.first_text:
+                self.first_text[chunk.id] = at.mono
+            return
+        super()._take(record, at)
 
 
 class StreamCalls:

@@ -92,14 +92,17 @@ class LoadClient:
             at = Stamp.now()
             for records in fetched.values():
                 for record in records:
-                    result = _results.decode(record.value or b"")
-                    if result.id in self.arrived:
-                        self.duplicates[result.id] += 1
-                    else:
-                        leg = at.unix * 1e3 - record.timestamp
-                        self.arrived[result.id] = Arrival(at, result, leg)
+                    self._take(record, at)
             if fetched:
                 self._fetched.set()
+
+    def _take(self, record: Any, at: Stamp) -> None:
+        """One fetched record: its result arrived (again: a duplicate)."""
+        result = _results.decode(record.value or b"")
+        if result.id in self.arrived:
+            self.duplicates[result.id] += 1
+        else:
+            self.arrived[result.id] = Arrival(at, result, at.unix * 1e3 - record.timestamp)
 
     async def send(self, request: GenerateRequest | tuple[str, bytes]) -> asyncio.Future[Any]:
         """Queue one request (or an id and its encoded bytes); the future of its ack."""

@@ -21,27 +21,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.integration.gateway_fleet import Fleet, client, gateway, serving
-from tests.tool_templates import build_tool_checkpoint
+from tests.tool_templates import FORECAST, build_tool_checkpoint
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-tools"
-FORECAST: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "forecast",
-        "description": "The weather in a city for some days",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"enum": ["Oslo", "Rome", "Lima"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 9},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +37,16 @@ def tiny_fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -
         yield served
 
 
+def trigger_token(fleet: Fleet) -> int:
+    """The tiny model's `<tool_call>` token id (a `logit_bias` on it opens a call)."""
+    tokenizer = Tokenizer.from_file(str(Path(fleet.worker.model) / "tokenizer.json"))
+    return int(tokenizer.token_to_id("<tool_call>"))
+
+
 async def test_an_auto_agent_loop_on_a_model_with_a_tool_format(
     tiny_fleet: Fleet, tmp_path: Path
 ) -> None:
-    checkpoint = tiny_fleet.worker.model
-    trigger = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")).token_to_id(
-        "<tool_call>"
-    )
+    trigger = trigger_token(tiny_fleet)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo, 3 days?"}]
     async with gateway(tiny_fleet) as url, client(url) as sdk:
         first = await sdk.chat.completions.create(
@@ -95,10 +82,7 @@ async def test_an_auto_agent_loop_on_a_model_with_a_tool_format(
 
 
 async def test_the_same_loop_streamed_gives_the_call_in_pieces_then_text(tiny_fleet: Fleet) -> None:
-    checkpoint = tiny_fleet.worker.model
-    trigger = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")).token_to_id(
-        "<tool_call>"
-    )
+    trigger = trigger_token(tiny_fleet)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Lima, 2 days?"}]
     async with gateway(tiny_fleet) as url, client(url) as sdk:
         stream = await sdk.chat.completions.create(

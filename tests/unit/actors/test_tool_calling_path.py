@@ -28,26 +28,9 @@ from messages.openai_batch import CHAT_COMPLETIONS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import calls_tool, to_request
 from ops.models.offline import run_all
-from tests.tool_templates import build_tool_checkpoint
+from tests.tool_templates import FORECAST, build_tool_checkpoint
 
 pytestmark = pytest.mark.slow
-
-FORECAST = {
-    "type": "function",
-    "function": {
-        "name": "forecast",
-        "description": "The weather in a city for some days",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"enum": ["Oslo", "Rome", "Lima"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 9},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")
