@@ -10,18 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu.logprobs import CompletionLogprobs, TokenLogprob
 from gpu.sequence import SamplingParams
 
 
 @dataclass(frozen=True)
+class EmbedJob:
+    """What an embedding request asks of an encoder engine (`gpu.encoder`): one vector per
+    input, each input's tokens final (task prompt, special tokens and truncation applied by the
+    caller). `dimensions`: keep each vector's first values and normalize again (Matryoshka);
+    None: the model's full width."""
+
+    inputs: tuple[Sequence[int], ...]
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
-    prompt_token_ids: Sequence[int]
+    prompt_token_ids: Sequence[int]  # an embedding request's: its inputs' tokens, concatenated
     params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0  # larger runs first
     arrival_time: float | None = None  # monotonic seconds; now when None
+    embed: EmbedJob | None = None  # an embedding request (only an encoder engine runs one)
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,9 @@ class Completion:
     accepted_draft_tokens: int = 0
     # n > 1: every choice in order (the fields above are the first's; `gpu.choices.merge`).
     choices: tuple[Completion, ...] = ()
+    # An embedding request's vectors (`EngineRequest.embed`), one per input in order: float32
+    # numpy arrays [dimensions], normalized as the model's pipeline says. Empty otherwise.
+    embeddings: tuple[Any, ...] = ()
 
     @property
     def ttft_ms(self) -> float | None:

@@ -49,6 +49,11 @@ class ErrorCode(enum.StrEnum):
     # The worker failed admitting this one record in a way no rule names (a bug): answered,
     # counted (`tokenmill_requests_total{code="internal_error"}`), and the worker goes on.
     INTERNAL_ERROR = "internal_error"
+    # Embeddings (`messages.embedding`). A generation request sent to a worker that serves an
+    # embedding model, or an embedding request to one that serves a generative model.
+    UNSUPPORTED_TASK = "unsupported_task"
+    INVALID_DIMENSIONS = "invalid_dimensions"  # not in 1 .. the model's width (or not offered)
+    UNKNOWN_PROMPT_NAME = "unknown_prompt_name"  # not one of the model's task prompts
 
 
 # Codes whose record cannot be read as a request: the raw bytes go to the dead-letter topic.

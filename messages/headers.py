@@ -13,6 +13,9 @@ CONTENT_TYPE = "content-type"
 SCHEMA = "tokenmill-schema"  # message type and version, e.g. "GenerateResult/1"
 RESULT_SCHEMA = "GenerateResult/1"  # a final result
 CHUNK_SCHEMA = "GenerateChunk/1"  # a streamed request's partial result (messages.chunk)
+GENERATE_REQUEST_SCHEMA = "GenerateRequest/1"  # optional on a generation request
+EMBED_REQUEST_SCHEMA = "EmbedRequest/1"  # an embedding request (messages.embedding)
+EMBED_RESULT_SCHEMA = "EmbedResult/1"  # its result
 
 # On dead-lettered records: why, and where the original was read.
 DLQ_ERROR_CODE = "tokenmill-error-code"

@@ -1,0 +1,1 @@
+"""The encoder path: embedding models run bidirectionally over whole inputs, no KV kept."""
