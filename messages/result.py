@@ -39,6 +39,9 @@ class ModelRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=False, omit_d
     # The format its chat template writes tool calls in (`messages.tool_formats.ToolFormat`):
     # how an answer is read for calls. "": tokenmill's `default` (or a worker that predates it).
     tool_format: str = ""
+    # What it serves: "embed" for an embedding model (it answers `EmbedRequest`s only);
+    # "" for a generative one (it answers `GenerateRequest`s only).
+    task: str = ""
 
 
 class Timings(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):

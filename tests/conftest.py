@@ -40,3 +40,12 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
     root = tmp_path_factory.mktemp("tiny")
     return {arch: build_tiny_checkpoint(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def embeddinggemma_dir() -> Path:
+    """EmbeddingGemma-300M's sentence-transformers folder, fetched once into the model cache
+    (`tokenmill models fetch embeddinggemma-300m`)."""
+    from ops.models.registry import fetch_model
+
+    return fetch_model("embeddinggemma-300m")
