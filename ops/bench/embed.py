@@ -31,6 +31,7 @@ from ops.bench.embed_texts import describe, make_texts
 from ops.bench.report import Narrate, Report
 
 OURS = "tokenmill"
+DIRECT = "tokenmill-direct"
 ST = "sentence-transformers"
 VLLM = "vllm"
 Tokenize = Callable[[str], list[int]]  # a text → its input's final tokens
@@ -54,14 +55,15 @@ class EmbedBenchOptions:
 class EngineContender:
     """tokenmill's encoder engine, through the API the worker's GPU actor uses."""
 
-    def __init__(self, engine: Any, tokenize: Tokenize, name: str = OURS) -> None:
-        self.name = name
+    def __init__(self, engine: Any, tokenize: Tokenize, *, direct: bool = False) -> None:
+        self.name = DIRECT if direct else OURS
         self.engine = engine
         self.tokenize = tokenize
+        self.direct = direct  # the engine's synchronous `encode`, not add/step
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         inputs = [self.tokenize(text) for text in texts]
-        if self.name != OURS:  # the direct path
+        if self.direct:
             return np.stack(self.engine.encode(inputs))
         for i, ids in enumerate(inputs):
             request = EngineRequest(str(i), ids, embed=EmbedJob((ids,)))
@@ -82,9 +84,8 @@ def ingest_tokenizer(engine: Any, prompt_name: str | None) -> Tokenize:
     spec, tokenizer = engine.embedding, engine.model.tokenizer
 
     def tokenize(text: str) -> list[int]:
-        ids: list[int] = fit(
-            embed_tokens(tokenizer, spec, text, prompt_name), spec.max_tokens, "end"
-        )[0]
+        tokens = embed_tokens(tokenizer, spec, text, prompt_name)
+        ids: list[int] = fit(tokens, spec.max_tokens, "end", spec.specials)[0]
         return ids
 
     return tokenize
@@ -162,7 +163,7 @@ def measure(
     report["st_batch_sizes"] = {"sample_texts": len(sample), "texts_per_s": rates, "best": size}
     contenders: list[Contender] = [EngineContender(engine, tokenize), st_at(size)]
     if options.direct:
-        contenders.append(EngineContender(engine, tokenize, name="tokenmill-direct"))
+        contenders.append(EngineContender(engine, tokenize, direct=True))
     if vllm is not None:
         report["vllm"] = vllm.status
         if vllm.running:

@@ -113,7 +113,7 @@ def test_the_engine_is_driven_request_by_request_within_its_budget() -> None:
     for text, row in zip(texts, vectors, strict=True):  # in the texts' order
         np.testing.assert_array_equal(row, _vector(_tokenize(text)))
     assert len(engine.steps) > 1 and not engine.has_work()
-    direct = EngineContender(engine, _tokenize, name="tokenmill-direct").embed(texts)
+    direct = EngineContender(engine, _tokenize, direct=True).embed(texts)
     np.testing.assert_array_equal(direct, vectors)
 
 
