@@ -19,7 +19,6 @@ PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # ids 0, 1, 2 as Gemma's
 PROMPTS = {"query": "task: search | query: ", "document": "title: none | text: ", "empty": None}
 WINDOW = 8  # the tiny model's sliding window: 4 positions each side
 MAX_SEQ_LENGTH = 40  # sentence_bert_config.json's: texts longer than this are truncated
-DENSE_TYPE = "sentence_transformers.models.Dense"
 
 
 def write_json(path: Path, value: Any) -> None:
