@@ -191,8 +191,11 @@ def _conclude(report: Report) -> Report:
     sections = report["contenders"]
     for name, figures in sections.items():
         text = f"{figures['texts_per_s']} texts/s · {figures['tokens_per_s']} tokens/s"
+        text += f" · {figures['texts_per_cpu_s']} texts/CPU-s"
         if f"{OURS}_ratio" in figures:
-            text += f" · {OURS} ×{figures[f'{OURS}_ratio']}"
+            text += (
+                f" · {OURS} ×{figures[f'{OURS}_ratio']} (per CPU-s ×{figures[f'{OURS}_cpu_ratio']})"
+            )
         if agreement := figures.get(f"agreement_with_{OURS}"):
             text += f" · min cosine {agreement['min_cosine']}"
         report.headline(name, text)

@@ -14,15 +14,24 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ops.bench.report import Narrate, alternate, ratio, significant
+from ops.bench.report import Narrate, alternate, host_load, ratio, significant
 
 
 class Contender(Protocol):
-    """One way of embedding texts: a name, and `embed` giving one row per text, in order."""
+    """One way of embedding texts: a name, and `embed` giving one row per text, in order.
+    A contender running outside this process also has `cpu_seconds()`: the CPU its processes
+    used so far (otherwise this process's CPU time is counted)."""
 
     name: str
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...  # [texts, dims] float32
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float  # wall clock
+    cpu_seconds: float  # all threads of the processes that did the work
+    load_1m: float | None  # the host's load average as it began
 
 
 @dataclass
@@ -30,30 +39,42 @@ class Timings:
     """A contender's timed runs over the same texts, and the vectors of its last run."""
 
     name: str
-    seconds: list[float] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
     vectors: np.ndarray | None = None
+
+    @property
+    def best(self) -> Run:
+        return min(self.runs, key=lambda r: r.seconds)
+
+    @property
+    def least_cpu(self) -> Run:
+        return min(self.runs, key=lambda r: r.cpu_seconds)
 
     def summary(self, texts: int, tokens: int) -> dict[str, Any]:
         runs = [
             {
-                "seconds": round(s, 3),
-                "texts_per_s": significant(texts / s),
-                "tokens_per_s": significant(tokens / s),
+                "seconds": round(r.seconds, 3),
+                "cpu_seconds": round(r.cpu_seconds, 3),
+                "texts_per_s": significant(texts / r.seconds),
+                "tokens_per_s": significant(tokens / r.seconds),
+                "load_1m": r.load_1m,
             }
-            for s in self.seconds
+            for r in self.runs
         ]
-        best = min(self.seconds)
         return {
             "runs": runs,
-            "texts_per_s": significant(texts / best),  # the best run
-            "tokens_per_s": significant(tokens / best),
+            "texts_per_s": significant(texts / self.best.seconds),  # the best run
+            "tokens_per_s": significant(tokens / self.best.seconds),
+            # per CPU-second: what a host's cores would give it without other work beside it
+            "texts_per_cpu_s": significant(texts / self.least_cpu.cpu_seconds),
         }
 
 
-def timed(contender: Contender, texts: Sequence[str]) -> tuple[float, np.ndarray]:
-    start = time.perf_counter()
+def timed(contender: Contender, texts: Sequence[str]) -> tuple[Run, np.ndarray]:
+    cpu = getattr(contender, "cpu_seconds", time.process_time)
+    load, cpu_start, start = host_load(), cpu(), time.perf_counter()
     vectors = contender.embed(texts)
-    return time.perf_counter() - start, vectors
+    return Run(time.perf_counter() - start, cpu() - cpu_start, load), vectors
 
 
 def run_rounds(
@@ -66,12 +87,15 @@ def run_rounds(
         contender.embed(texts[:4])
     timings = {name: Timings(name) for name in by_name}
     for i, name in enumerate(alternate(list(by_name), rounds)):
-        seconds, vectors = timed(by_name[name], texts)
+        run, vectors = timed(by_name[name], texts)
         if vectors.shape[0] != len(texts):
             raise RuntimeError(f"{name} gave {vectors.shape[0]} vectors for {len(texts)} texts")
-        timings[name].seconds.append(seconds)
+        timings[name].runs.append(run)
         timings[name].vectors = vectors
-        say(f"run {i + 1}: {name} {seconds:.1f} s ({len(texts) / seconds:.1f} texts/s)")
+        say(
+            f"run {i + 1}: {name} {run.seconds:.1f} s, {run.cpu_seconds:.1f} CPU s "
+            f"({len(texts) / run.seconds:.2f} texts/s; load {run.load_1m})"
+        )
     return timings
 
 
@@ -83,8 +107,8 @@ def best_batch_size(
     for size in sizes:
         contender = make(size)
         contender.embed(sample[:4])
-        seconds, _ = timed(contender, sample)
-        rates[size] = significant(len(sample) / seconds)
+        run, _ = timed(contender, sample)
+        rates[size] = significant(len(sample) / run.seconds)
         say(f"batch size {size}: {rates[size]} texts/s on {len(sample)} texts")
     return max(rates, key=lambda size: rates[size]), rates
 
@@ -104,15 +128,18 @@ def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
 def compare(
     timings: dict[str, Timings], texts: int, tokens: int, ours: str
 ) -> dict[str, dict[str, Any]]:
-    """Every contender's rates, and beside each other one: ours / theirs (best runs) and the
-    cosine agreement of ours with it."""
+    """Every contender's rates, and beside each other one: ours / theirs (best runs; by wall
+    clock and by CPU time) and the cosine agreement of ours with it."""
     sections = {name: t.summary(texts, tokens) for name, t in timings.items()}
     mine = timings[ours]
     for name, theirs in timings.items():
         if name == ours:
             continue
         section = sections[name]
-        section[f"{ours}_ratio"] = ratio(min(theirs.seconds), min(mine.seconds))
+        section[f"{ours}_ratio"] = ratio(theirs.best.seconds, mine.best.seconds)
+        section[f"{ours}_cpu_ratio"] = ratio(
+            theirs.least_cpu.cpu_seconds, mine.least_cpu.cpu_seconds
+        )
         if mine.vectors is not None and theirs.vectors is not None:
             section[f"agreement_with_{ours}"] = agreement(mine.vectors, theirs.vectors)
     return sections

@@ -91,6 +91,10 @@ class VllmContender:
         vectors: np.ndarray = np.load(out)
         return vectors
 
+    def cpu_seconds(self) -> float:
+        """The CPU time of vLLM's processes so far (the child, its engine and its worker)."""
+        return 0.0 if self.proc is None else group_cpu_seconds(self.proc.pid)
+
     def close(self) -> None:
         """Ask the child to quit, then make sure it is gone (it and its engine process).
         Idempotent."""
@@ -140,6 +144,22 @@ class VllmContender:
         self.log.seek(0)
         lines = [s for s in self.log.read().splitlines() if s.strip()]
         return "\n".join(lines[-_LOG_TAIL:])
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User and system CPU seconds of the live processes of process group `pgid` (/proc)."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+        if int(fields[2]) == pgid:  # field 5: pgrp
+            ticks += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def child_env(python: Path, threads: int) -> dict[str, str]:

@@ -99,9 +99,14 @@ class FakeVllm:
         self.running = running
         self.status = {"ran": running} | ({} if running else {"reason": "exited with status 1"})
         self.calls = 0
+        self.cpu = 0.0
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.calls += 1
+        self.cpu += 2.0  # its own processes' CPU, not this one's
         return np.stack([_vector(_tokenize(t)) for t in texts])
 
 
@@ -130,7 +135,8 @@ def test_rounds_alternate_and_keep_the_last_vectors() -> None:
 
     timings = run_rounds([Named("a"), Named("b")], ["x"] * 6, 3, lambda _: None)
     assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then the rounds
-    assert [len(t.seconds) for t in timings.values()] == [3, 3]
+    assert [len(t.runs) for t in timings.values()] == [3, 3]
+    assert all(r.seconds > 0 and r.cpu_seconds >= 0 for t in timings.values() for r in t.runs)
     assert timings["a"].vectors is not None and timings["a"].vectors.shape == (6, 2)
 
 
@@ -183,8 +189,12 @@ def test_the_report_has_rates_ratios_agreement_and_targets(vllm_runs: bool | Non
         assert len(section["runs"]) == 2
         assert section["texts_per_s"] >= max(r["texts_per_s"] for r in section["runs"]) * 0.999
         assert section["tokens_per_s"] > section["texts_per_s"]
+        assert section["texts_per_cpu_s"] > 0
+        assert all(r["cpu_seconds"] >= 0 and "load_1m" in r for r in section["runs"])
         if name != OURS:
-            assert section["tokenmill_ratio"] > 0
+            assert section["tokenmill_ratio"] > 0 and section["tokenmill_cpu_ratio"] > 0
+        if name == VLLM:
+            assert [r["cpu_seconds"] for r in section["runs"]] == [2.0, 2.0]
     st_agreement = report["contenders"][ST]["agreement_with_tokenmill"]
     assert 0.99 < st_agreement["min_cosine"] < 1.0  # FakeST's small error
     assert report["contenders"]["tokenmill-direct"]["agreement_with_tokenmill"]["min_cosine"] == 1.0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ops.bench.embed_vllm
-from ops.bench.embed_vllm import VllmContender, child_env
+from ops.bench.embed_vllm import VllmContender, child_env, group_cpu_seconds
 
 _FAKE_CHILD = """
 import json, os, sys
@@ -52,6 +52,7 @@ def test_the_child_embeds_on_request_with_the_prompt_first(
         vectors = vllm.embed(["ab", "abcd"])
         np.testing.assert_array_equal(vectors[:, 0], [5, 7])  # "q: " + text
         assert vllm.embed(["x"]).shape == (1, 2)
+        assert vllm.cpu_seconds() > 0  # the child has its own group: its CPU, not ours
     finally:
         vllm.close()
     assert vllm.proc is not None and vllm.proc.returncode == 0
@@ -80,3 +81,12 @@ def test_the_child_gets_vllms_cpu_settings(tmp_path: Path) -> None:
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert len(env["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == 1
     assert str(tmp_path / "venv" / "lib" / "libiomp5.so") in env["LD_PRELOAD"]
+
+
+def test_a_process_groups_cpu_is_read_from_proc() -> None:
+    import os
+    import time
+
+    before = time.process_time()
+    assert group_cpu_seconds(os.getpgrp()) >= before - 0.5  # ours is in it (ticks round)
+    assert group_cpu_seconds(2**22 + 1) == 0.0  # no such group
