@@ -66,7 +66,10 @@ def plan(spans: Sequence[PrefillSpan], side: int | None, device: torch.device) -
 
 
 def _batch(group: list[PrefillSpan], width: int, device: torch.device) -> Batch:
-    slots, kept, rows, pad = [], [], [], []
+    slots: list[int] = []  # see Batch
+    kept: list[int] = []
+    rows: list[int] = []
+    pad: list[list[float]] = []
     for i, span in enumerate(group):
         n = span.end - span.begin
         slots += [*range(span.begin, span.end), *[0] * (width - n)]

@@ -37,7 +37,7 @@ from gpu.encoder.pipeline import Pipeline, read_pipeline
 from gpu.encoder.pooling import pool
 from gpu.encoder.spec import EmbeddingSpec
 from gpu.engine_config import EngineConfig
-from gpu.engine_io import Completion, EngineRequest, StepOutput, StepStats
+from gpu.engine_io import Completion, EmbedJob, EngineRequest, StepOutput, StepStats
 from gpu.errors import RequestRejected, UnsupportedPipeline
 from gpu.kv_pool import KVPool
 from gpu.loading.loader import LoadedModel, load_model
@@ -132,6 +132,9 @@ class EncoderEngine:
             raise RequestRejected(
                 ErrorCode.DUPLICATE_REQUEST, f"request {request.request_id!r} is already running"
             )
+        self._check(job)
+
+    def _check(self, job: EmbedJob) -> None:
         if not job.inputs or any(len(tokens) == 0 for tokens in job.inputs):
             raise RequestRejected(ErrorCode.EMPTY_PROMPT, "an embedding input has no tokens")
         for i, tokens in enumerate(job.inputs):
@@ -237,7 +240,14 @@ class EncoderEngine:
         self, inputs: Sequence[Sequence[int]], dimensions: int | None = None
     ) -> list[np.ndarray]:
         """One float32 vector per input, in order: `inputs` run longest first, packed up to the
-        token budget, outside the queue (the direct path: a benchmark, tests)."""
+        token budget, outside the queue (the direct path: a benchmark, tests). ValueError for
+        what `add` would refuse."""
+        if not inputs:
+            return []
+        try:
+            self._check(EmbedJob(tuple(inputs), dimensions))
+        except RequestRejected as exc:
+            raise ValueError(exc.message) from exc
         order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
         out: list[np.ndarray | None] = [None] * len(inputs)
         budget = self.config.max_num_batched_tokens
