@@ -59,11 +59,13 @@ class FakeEncoder:
         name: str = "fake-embed",
         steps_needed: int = 1,
         config: EngineConfig | None = None,
+        path: Path | None = None,
+        digest: str = "sha256:" + "cd" * 32,
     ) -> None:
         self.model = SimpleNamespace(
             name=name,
-            digest="sha256:" + "cd" * 32,
-            path=Path("/nonexistent") / name,
+            digest=digest,
+            path=path or Path("/nonexistent") / name,
             tokenizer=CharTokenizer(),
             config=SimpleNamespace(vocab_size=VOCAB),
             dtype=None,
