@@ -44,8 +44,10 @@ def fake_encoder(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         built.append({"path": path, **kw})
         return FakeEncoder(path=path, digest="sha256:" + "ef" * 32)
 
-    monkeypatch.setattr(gpu.encoder, "is_embedding_model",
-                        lambda path: (Path(path) / "modules.json").is_file(), raising=False)  # fmt: skip
+    def embeds(path: Path) -> bool:
+        return (Path(path) / "modules.json").is_file()
+
+    monkeypatch.setattr(gpu.encoder, "is_embedding_model", embeds, raising=False)
     monkeypatch.setattr(gpu.encoder, "load_encoder_engine", load, raising=False)
     return built
 
