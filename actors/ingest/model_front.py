@@ -24,7 +24,7 @@ from messages.admission import check_lengths, check_sampling, check_vocabulary, 
 from messages.embedding import EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import cut, result_size_bound
+from messages.limits import cut, number_text, result_size_bound
 from messages.request import GenerateRequest
 from messages.request_kinds import Request
 from messages.result import ModelRef
@@ -173,7 +173,7 @@ class ModelFront:
             raise InvalidRequest(
                 ErrorCode.INVALID_DIMENSIONS,
                 f"dimensions must be in [1, {spec.dimensions}] for model {self.name!r}, "
-                f"got {dimensions}",
+                f"got {number_text(dimensions)}",
             )
         name = request.prompt_name
         if name is not None and name not in spec.prompts:
