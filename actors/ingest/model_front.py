@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import msgspec
 
@@ -30,6 +30,9 @@ from messages.request_kinds import Request
 from messages.result import ModelRef
 from messages.tool_formats import ToolFormat, detect_format
 from messages.validation import embed_inputs
+
+if TYPE_CHECKING:
+    from gpu.loading.tokenizer import Tokenizer
 
 
 class TokenizerLike(Protocol):
@@ -156,8 +159,8 @@ class ModelFront:
         Texts get the task prompt (`prompt_name`, else the model's default) and the special
         tokens, as sentence-transformers adds them (`gpu.encoder.inputs.embed_tokens`); token
         ids run as given. An input longer than the model takes is refused (`truncate` "none")
-        or cut: a text as sentence-transformers cuts one (`gpu.encoder.inputs.fit`), token ids
-        to their first ("end") or last ("start") ones.
+        or cut (`gpu.encoder.inputs.fit`): its first tokens kept ("end") or its last
+        ("start"), a text's special tokens kept as sentence-transformers keeps them.
         """
         spec = self.embedding
         if spec is None:
@@ -188,7 +191,9 @@ class ModelFront:
         truncated = 0
         for index, one in enumerate(embed_inputs(request.input)):
             if isinstance(one, str):
-                ids = encoder_inputs.embed_tokens(self.tokenizer, spec, one, name)
+                # An encoder engine's tokenizer is a `gpu.loading.tokenizer.Tokenizer`.
+                tokenizer = cast("Tokenizer", self.tokenizer)
+                ids = encoder_inputs.embed_tokens(tokenizer, spec, one, name)
             else:
                 check_vocabulary(one, self.vocab_size, f"input {index}")
                 ids = list(one)
@@ -199,7 +204,8 @@ class ModelFront:
                         f"input {index} is {len(ids)} tokens; model {self.name!r} takes at most "
                         f'{spec.max_tokens} (set truncate to "end" or "start" to cut it)',
                     )
-                ids = _cut(ids, spec.max_tokens, request.truncate, text=isinstance(one, str))
+                specials = spec.specials if isinstance(one, str) else (0, 0)
+                ids, _ = encoder_inputs.fit(ids, spec.max_tokens, request.truncate, specials)
                 truncated += 1
             out.append(ids)
         return EmbedInputs(tuple(out), truncated)
@@ -259,14 +265,6 @@ class ModelFront:
             scoring=request.prompt_logprobs is not None,
         )
         return ids
-
-
-def _cut(ids: list[int], limit: int, truncate: str, *, text: bool) -> list[int]:
-    """An over-long input cut to `limit` tokens: a text's as sentence-transformers cuts it
-    (its special tokens kept), token ids plainly (first ones for "end", last for "start")."""
-    if text:
-        return list(encoder_inputs.fit(ids, limit, truncate)[0])
-    return ids[:limit] if truncate == "end" else ids[len(ids) - limit :]
 
 
 def tool_format_of(chat_template: str | None) -> str:

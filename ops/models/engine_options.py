@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
@@ -75,10 +75,18 @@ def engine_choice(values: dict[str, Any]) -> EngineChoice:
     return build(EngineChoice, values, random_weights=random_weights)
 
 
-def build_engine(choice: EngineChoice) -> Engine | EncoderEngine:
-    """Resolve the model, load it and build the engine; errors become click errors. An
-    embedding model (a sentence-transformers folder: `gpu.encoder.is_embedding_model`) gets
-    the encoder engine, which answers embedding requests only."""
+@overload
+def build_engine(choice: EngineChoice, *, embeddings: Literal[False] = False) -> Engine: ...
+@overload
+def build_engine(choice: EngineChoice, *, embeddings: bool) -> Engine | EncoderEngine: ...
+
+
+def build_engine(choice: EngineChoice, *, embeddings: bool = False) -> Engine | EncoderEngine:
+    """Resolve the model, load it and build the engine; errors become click errors.
+
+    An embedding model (a sentence-transformers folder: `gpu.encoder.is_embedding_model`)
+    gets the encoder engine, which answers embedding requests only, when the caller takes one
+    (`embeddings`: the worker); a command that generates is told it cannot run one."""
     import torch
 
     from gpu.device import parse_device, parse_dtype
@@ -95,6 +103,11 @@ def build_engine(choice: EngineChoice) -> Engine | EncoderEngine:
         dtype = parse_dtype(choice.dtype) if choice.dtype else None
         path = resolve_model(choice.model) if choice.random_weights is None else None
         if path is not None and is_embedding_model(path):
+            if not embeddings:
+                raise click.ClickException(
+                    f"{choice.model} is an embedding model: it makes vectors, not text "
+                    "(serve it with `tokenmill worker`)"
+                )
             return load_encoder_engine(
                 path, name=choice.model, dtype=dtype, device=device, config=choice.engine
             )
