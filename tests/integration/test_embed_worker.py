@@ -29,6 +29,7 @@ from messages.request import GenerateRequest
 from messages.result import GenerateResult
 from tests.integration.pipeline import (
     Lane,
+    WorkerProcess,
     new_lane,
     produce,
     read_all,
@@ -170,6 +171,9 @@ async def test_a_jobs_set_is_answered_once_each_with_unit_vectors(
         found = await answers(lane, wanted)
         await wait_committed_to_end(lane)
         assert worker.supervisor.exit_code == 0 and not worker.supervisor.down
+        status = worker.supervisor.status()  # what its events say of the model
+        assert status.model.task == "embed" and status.model.name == "embeddinggemma-300m"
+        assert status.max_model_len == encoder.embedding.max_tokens
     assert {i: len(r) for i, r in found.items() if len(r) != 1} == {}, "each answered once"
     by_id = {i: results[0] for i, results in found.items()}
 
@@ -210,6 +214,25 @@ async def test_a_jobs_set_is_answered_once_each_with_unit_vectors(
     assert garbage.error is not None and garbage.error.code is ErrorCode.INVALID_JSON
     letters = await read_all(lane.bootstrap, lane.dlq, until=1)
     assert [x.value for x in letters] == [b"{not json"], "only the undecodable record"
+
+
+async def test_tokenmill_worker_serves_the_embedding_model_by_its_alias(
+    kafka_bootstrap: str, embeddinggemma_dir: Path, tmp_path: Path
+) -> None:
+    lane = await new_lane(kafka_bootstrap, partitions=1)
+    requests = [EmbedRequest(id=f"cli-{i}", input=f"text {i}", dimensions=128) for i in range(3)]
+    await produce_embeds(lane, requests)
+    worker = WorkerProcess(lane, "embeddinggemma-300m", tmp_path / "worker.log").start()
+    try:
+        found = await answers(lane, {r.id for r in requests}, within_s=600)
+        await wait_committed_to_end(lane, within_s=60)
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()[-3000:]
+    for request in requests:
+        (result,) = found[request.id]
+        (vector,) = vectors(result)
+        assert vector.shape == (128,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-4
 
 
 async def test_exactly_once_answers_each_embedding_request_once(
