@@ -25,9 +25,10 @@ from actors.ingest.envelope import Envelope
 from actors.ingest.model_front import EmbedInputs, ModelFront, Tokens
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
-from actors.ingest.rules import check, tokenize_all
+from actors.ingest.rules import check, check_embed_result_size, tokenize_all
 from actors.mail import Admitted, Outcome
 from actors.runtime import Address
+from messages.embedding import EmbedRequest
 from messages.errors import InvalidRequest, UndecodableRequest
 from messages.request_decoding import decode_request
 from messages.request_kinds import Request, kind_of
@@ -108,6 +109,8 @@ class Door:
         now = time.monotonic()
         admitted = []
         for entry, ids in zip(entries, tokens, strict=True):
+            if isinstance(ids, EmbedInputs) and isinstance(entry.request, EmbedRequest):
+                ids = self._sized(entry.request, ids, front)
             if isinstance(ids, InvalidRequest):
                 await self.refusals.reject(entry.envelope, ids, None, entry.request)
                 continue
@@ -119,6 +122,19 @@ class Door:
                 continue
             admitted.append(item)
         return admitted
+
+    def _sized(
+        self, request: EmbedRequest, inputs: EmbedInputs, front: ModelFront
+    ) -> EmbedInputs | InvalidRequest:
+        """`inputs`, or the refusal of a request whose vectors could not fit in one result."""
+        width = front.embedding.dimensions if front.embedding is not None else 0
+        try:
+            check_embed_result_size(
+                request, len(inputs.inputs), width, self.config.producer_max_bytes
+            )
+        except InvalidRequest as exc:
+            return exc
+        return inputs
 
     def admitted(self, entry: Entry, tokens: Tokens, front: ModelFront, now: float) -> Admitted:
         """The request, tokenized by `front`, ready for a bucket."""

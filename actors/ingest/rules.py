@@ -45,6 +45,39 @@ def check(request: Request, record_timestamp_ms: int) -> float | None:
     return deadline
 
 
+# An embedding result's bytes a vector value: float32 values written as JSON numbers take 21
+# on average (the shortest text that reads back the same double, and a comma); base64, 4/3 of
+# the 4 bytes. A vector's own fields and the result's (id, metadata, model, timings) are apart.
+FLOAT_VALUE_BYTES = 22
+BASE64_VALUE_BYTES = 16 / 3
+VECTOR_OVERHEAD_BYTES = 48
+RESULT_OVERHEAD_BYTES = 2048
+
+
+def check_embed_result_size(request: EmbedRequest, inputs: int, width: int, max_bytes: int) -> None:
+    """Refuse at the door an embedding request whose result would not fit in one record of
+    `max_bytes` (`result_too_large`), rather than after its vectors are made. `width`: the
+    model's full width (the request's `dimensions` when it asks fewer)."""
+    dimensions = request.dimensions or width
+    per_value = BASE64_VALUE_BYTES if request.encoding_format == "base64" else FLOAT_VALUE_BYTES
+    per_vector = dimensions * per_value + VECTOR_OVERHEAD_BYTES
+    fixed = (
+        RESULT_OVERHEAD_BYTES
+        + len(request.id)
+        + sum(len(k) + len(v) for k, v in request.metadata.items())
+    )
+    size = int(inputs * per_vector + fixed)
+    if size <= max_bytes:
+        return
+    fits = max(0, int((max_bytes - fixed) // per_vector))
+    raise InvalidRequest(
+        ErrorCode.RESULT_TOO_LARGE,
+        f"{inputs} vectors of {dimensions} values as {request.encoding_format} make about "
+        f"{size} bytes, over the worker's limit of {max_bytes} a result: send at most {fits} "
+        "inputs a request, or ask encoding_format base64 or fewer dimensions",
+    )
+
+
 def deadline_of(request: Request, record_timestamp_ms: int) -> float | None:
     """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`.
 
