@@ -80,16 +80,19 @@ class EncoderEngine:
         """`model`: the pipeline's Transformer, loaded (`load_encoder_engine` does both)."""
         if not isinstance(model.module, GemmaForCausalLM) or not model.config.bidirectional:
             raise UnsupportedPipeline(
-                model.path, f"the encoder runs Gemma 3 with bidirectional attention only, not "
-                f"{model.config.arch}"
+                model.path,
+                f"the encoder runs Gemma 3 with bidirectional attention only, not "
+                f"{model.config.arch}",
             )
         self.model = model
         self.module: GemmaForCausalLM = model.module
         self.pipeline = pipeline.to(model.device)
         self.config = config = config or EngineConfig()
         self.clock = clock
-        limit = min(pipeline.max_seq_length or model.config.max_position_embeddings,
-                    model.config.max_position_embeddings)
+        limit = min(
+            pipeline.max_seq_length or model.config.max_position_embeddings,
+            model.config.max_position_embeddings,
+        )
         if config.max_model_len is not None:
             limit = min(limit, config.max_model_len)
         self.max_model_len = limit
@@ -107,7 +110,7 @@ class EncoderEngine:
         if kernels is not None:
             fuse_norms(self.module, kernels)
         self._ops: LayerOps = EncoderOps(inner, kernels)
-        self.ops = self._ops  # as the forward sees them (an observer may wrap them)
+        self.ops: LayerOps = self._ops  # as the forward sees them (an observer may wrap them)
         # The forward hands each layer its K/V view; an encoder keeps none: one slot, unused.
         self._no_kv = KVPool(model.config, 1, 1, 0, model.dtype, model.device)
         self.observer: StepObserver | None = None
@@ -156,7 +159,10 @@ class EncoderEngine:
         assert job is not None  # validate's
         arrival = request.arrival_time if request.arrival_time is not None else self.clock()
         owner = _Running(
-            request, arrival, [None] * len(job.inputs), len(job.inputs),
+            request,
+            arrival,
+            [None] * len(job.inputs),
+            len(job.inputs),
             sum(len(t) for t in job.inputs),
         )
         self.running[request.request_id] = owner

@@ -54,7 +54,9 @@ def reference(folder: Path) -> Any:
 
 def tokens(engine: EncoderEngine, text: str, prompt_name: str | None = None) -> list[int]:
     spec = engine.embedding
-    return fit(embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end")[0]
+    return fit(
+        embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end"
+    )[0]
 
 
 def cosines(ours: list[np.ndarray], theirs: np.ndarray) -> list[float]:
