@@ -68,7 +68,7 @@ def test_a_file_of_embeddings_lines_gets_one_answer_per_line(
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-        },  # fmt: skip
+        },
     ]
     source = write_jsonl(tmp_path / "in.jsonl", [*good, *bad])
     out = tmp_path / "out.jsonl"
