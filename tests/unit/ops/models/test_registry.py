@@ -401,7 +401,7 @@ def test_cli_fetch_prints_path_on_stdout(cache: Path, no_network: None) -> None:
 def test_cli_fetch_unknown_alias_fails_cleanly(cache: Path) -> None:
     result = CliRunner().invoke(models, ["fetch", "nope"])
     assert result.exit_code == 1
-    assert "known aliases: gemma3-270m, smollm2-135m" in result.stderr
+    assert "known aliases: embeddinggemma-300m, gemma3-270m, smollm2-135m" in result.stderr
 
 
 def test_cli_list_shows_cache_state(cache: Path) -> None:
