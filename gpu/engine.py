@@ -22,6 +22,7 @@ from gpu.backends.backend import StepSample
 from gpu.backends.choose import build_backend
 from gpu.block_allocator import BlockAllocator, blocks_for
 from gpu.choices import ChoiceGroups
+from gpu.encoder.spec import EmbeddingSpec
 from gpu.engine_config import EngineConfig, size_kv_pool
 from gpu.engine_io import Completion as Completion  # `gpu.engine` is where callers find them
 from gpu.engine_io import EngineRequest as EngineRequest
@@ -45,6 +46,8 @@ from messages.error_codes import ErrorCode
 
 
 class Engine:
+    embedding: EmbeddingSpec | None = None  # a generative model's: `gpu.encoder` embeds
+
     def __init__(
         self,
         model: LoadedModel,

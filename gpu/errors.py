@@ -6,6 +6,9 @@ results; each carries a message a user can act on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 
 
@@ -56,3 +59,24 @@ class SmokeTestFailed(EngineError):
 class SpeculativeConfigError(EngineError, ValueError):
     """A speculative decoding setting that cannot work: an unknown proposer, a k out of range,
     a draft model whose tokenizer is not the target's."""
+
+
+class UnsupportedPipeline(UnsupportedArchitecture):
+    """A sentence-transformers folder whose pipeline (`modules.json`) has a module or a setting
+    the encoder does not implement (`gpu.encoder.pipeline`): the message names which."""
+
+
+class UnknownPromptName(RequestRejected, KeyError):
+    """An embedding request names a task prompt the model does not have
+    (`gpu.encoder.inputs.embed_tokens`). A KeyError too: a lookup that missed."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        names = ", ".join(sorted(known)) or "none"
+        super().__init__(
+            ErrorCode.UNKNOWN_PROMPT_NAME,
+            f"prompt_name {name!r} is not one of the model's task prompts ({names})",
+        )
+        self.name = name
+
+    def __str__(self) -> str:  # the message, not KeyError's quoted repr of it
+        return self.message

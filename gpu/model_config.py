@@ -56,6 +56,9 @@ class ModelConfig:
     moe_intermediate_size: int | None = None  # one expert's intermediate size
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
     dense_layers: tuple[int, ...] = ()  # an MoE model's layers with a dense MLP (Qwen3-MoE)
+    # An encoder (EmbeddingGemma: `use_bidirectional_attention`): every token sees the whole
+    # sequence, a sliding layer's |q - k| <= sliding_window // 2; no LM head (`gpu.encoder`).
+    bidirectional: bool = False
 
     @property
     def q_size(self) -> int:

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import time
 
-from actors.ingest.model_front import ModelFront
+from actors.ingest.model_front import ModelFront, Tokens
+from messages.embedding import EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import MAX_ID_BYTES
-from messages.request import GenerateRequest
-from messages.validation import check_request
+from messages.request_kinds import Request
+from messages.validation import check_embed_request, check_request
 
 
-def tokenize_all(
-    front: ModelFront, requests: list[GenerateRequest]
-) -> list[list[int] | InvalidRequest]:
-    out: list[list[int] | InvalidRequest] = []
+def tokenize_all(front: ModelFront, requests: list[Request]) -> list[Tokens | InvalidRequest]:
+    out: list[Tokens | InvalidRequest] = []
     for request in requests:
         try:
-            out.append(front.prompt_tokens(request))
+            out.append(front.tokenize(request))
         except InvalidRequest as exc:
             out.append(exc)
         except Exception as exc:  # a template or tokenizer failure is this request's problem
@@ -31,10 +30,13 @@ def tokenize_all(
     return out
 
 
-def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+def check(request: Request, record_timestamp_ms: int) -> float | None:
     """Apply the model-independent rules; returns the deadline (monotonic) if it has one.
     Raises `InvalidRequest`, and nothing else, for any request `decode_request` returns."""
-    check_request(request)
+    if isinstance(request, EmbedRequest):
+        check_embed_request(request)
+    else:
+        check_request(request)
     deadline = deadline_of(request, record_timestamp_ms)
     if deadline is not None and deadline <= time.monotonic():
         raise InvalidRequest(
@@ -43,7 +45,7 @@ def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
     return deadline
 
 
-def deadline_of(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+def deadline_of(request: Request, record_timestamp_ms: int) -> float | None:
     """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`.
 
     For a request `check_request` passed this cannot overflow: `timeout_ms` is at most

@@ -19,3 +19,6 @@ class EmbeddingSpec:
     default_prompt_name: str | None = None  # applied when a request names none
     pooling: str = "mean"  # sentence-transformers' pooling mode
     normalized: bool = True  # vectors have unit length (a Normalize module ends the pipeline)
+    # special tokens the tokenizer puts before and after a text (<bos>, <eos>): truncation
+    # keeps them (`gpu.encoder.inputs.fit`)
+    specials: tuple[int, int] = (1, 1)

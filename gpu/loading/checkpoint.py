@@ -43,7 +43,9 @@ def load_hf_folder(path: Path) -> Checkpoint:
     config = load_hf_config(path)
     files = safetensors_files(path)
     check_recorded_sha256(path, files)
-    tensors = SafetensorsTensors(files)
+    tensors: Mapping[str, torch.Tensor] = SafetensorsTensors(files)
+    if BARE_EMBEDDING in tensors and "model." + BARE_EMBEDDING not in tensors:
+        tensors = Prefixed(tensors, "model.")  # a bare model's weights (no LM head)
     tokenizer = Tokenizer.from_hf_folder(path, eos_token_ids=config.eos_token_ids)
     return Checkpoint(config=config, tensors=tensors, tokenizer=tokenizer, files=files)
 
@@ -123,6 +125,35 @@ class SafetensorsTensors(Mapping[str, torch.Tensor]):
             except (SafetensorError, OSError, ValueError) as exc:
                 raise CheckpointError(file, f"corrupt safetensors tensor {name!r}: {exc}") from exc
         return tensor
+
+
+BARE_EMBEDDING = "embed_tokens.weight"  # a `*Model` (`Gemma3TextModel`) saves names bare
+
+
+class Prefixed(Mapping[str, torch.Tensor]):
+    """A bare model's tensors (`embed_tokens.weight`, `layers.0...`: what transformers saves of
+    a `Gemma3TextModel`, the body of a sentence-transformers folder) under the names a
+    `*ForCausalLM` gives them (`model.embed_tokens.weight`), which the model files take."""
+
+    def __init__(self, inner: Mapping[str, torch.Tensor], prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.startswith(self.prefix) and (
+            name.removeprefix(self.prefix) in self.inner
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.prefix + name for name in self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if not name.startswith(self.prefix):
+            raise KeyError(name)
+        return self.inner[name.removeprefix(self.prefix)]
 
 
 def _opened(file: Path):  # type: ignore[no-untyped-def]  # safetensors' handle is untyped

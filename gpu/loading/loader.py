@@ -184,7 +184,7 @@ def _tie_and_fill_buffers(module: nn.Module, config: ModelConfig, device: torch.
     else:
         assert isinstance(module, GPT2ForCausalLM)
         embed = module.wte
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and module.lm_head is not None:  # an encoder has none
         module.lm_head.weight = embed.weight
 
 

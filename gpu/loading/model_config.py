@@ -114,8 +114,6 @@ def _gemma_config(arch: str, raw: dict[str, Any], source: Path) -> ModelConfig:
     if len(types) != layers or not set(types) <= {SLIDING, FULL}:
         raise CheckpointError(source, f"layer_types must be {layers} of {SLIDING}, {FULL}")
     sliding = raw.get("sliding_window")
-    if raw.get("use_bidirectional_attention"):
-        raise UnsupportedArchitecture(source, "use_bidirectional_attention is not supported")
     return ModelConfig(
         arch=arch,
         vocab_size=int(raw["vocab_size"]),
@@ -147,6 +145,9 @@ def _gemma_config(arch: str, raw: dict[str, Any], source: Path) -> ModelConfig:
         else None,
         final_logit_softcapping=_optional_float(raw, "final_logit_softcapping"),
         rope_local_theta=local_theta if arch == "gemma3" else None,
+        # the file's window, as written: transformers keeps window // 2 + 1 as an exclusive
+        # bound on |q - k| (`gpu.encoder.attention`)
+        bidirectional=bool(raw.get("use_bidirectional_attention", False)),
     )
 
 

@@ -140,9 +140,12 @@ class GemmaForCausalLM(nn.Module):
         self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        # An encoder (EmbeddingGemma) has no head: its hidden states are pooled (`gpu.encoder`)
+        self.lm_head: nn.Linear | None = None
+        if not config.bidirectional:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            if config.tie_word_embeddings:
+                self.lm_head.weight = self.embed_tokens.weight
         if not on_meta():  # there, the loader fills them once materialised
             self.fill_rope(max_positions)
 
@@ -159,6 +162,25 @@ class GemmaForCausalLM(nn.Module):
     def forward(
         self, inputs: ModelInputs, kv: KVPool, ops: LayerOps
     ) -> torch.Tensor:  # [rows, vocab] float32
+        if self.lm_head is None:
+            raise TypeError("an encoder has no LM head: run it through gpu.encoder")
+        x = self.residual_stream(inputs, kv, ops)  # [tokens, hidden]
+        logits: torch.Tensor = self.lm_head(self.norm(x[inputs.logits_rows])).float()
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def hidden_states(
+        self, inputs: ModelInputs, kv: KVPool, ops: LayerOps
+    ) -> torch.Tensor:  # [tokens, hidden]
+        """Every token's final-normed hidden state (what an encoder pools; `gpu.encoder`)."""
+        out: torch.Tensor = self.norm(self.residual_stream(inputs, kv, ops))
+        return out
+
+    def residual_stream(
+        self, inputs: ModelInputs, kv: KVPool, ops: LayerOps
+    ) -> torch.Tensor:  # [tokens, hidden] after the last layer, before the final norm
         x = self.embed_tokens(inputs.input_ids)  # [tokens, hidden]
         # The scale rounded to the model's dtype first, as transformers does (bf16: 55.5, not
         # sqrt(3072) = 55.43), so the embeddings match its bits.
@@ -169,11 +191,7 @@ class GemmaForCausalLM(nn.Module):
         for index, layer in enumerate(self.typed_layers()):
             rope = local if layer.self_attn.window is not None else full
             x = layer(x, rope, kv.layer(index), inputs.attention, ops)
-        logits: torch.Tensor = self.lm_head(self.norm(x[inputs.logits_rows])).float()
-        cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return x
 
     def typed_layers(self) -> list[GemmaLayer]:
         return [layer for layer in self.layers if isinstance(layer, GemmaLayer)]
@@ -198,7 +216,7 @@ class GemmaForCausalLM(nn.Module):
                 norm = getattr(layer, name)
                 copy_into(norm.weight, src.take(p + name + ".weight", (h,)))
         copy_into(self.norm.weight, src.take("model.norm.weight", (h,)))
-        if not c.tie_word_embeddings:
+        if not c.tie_word_embeddings and self.lm_head is not None:
             fill_linear(self, "lm_head", [src.take_linear("lm_head.weight", (c.vocab_size, h))])
 
 
