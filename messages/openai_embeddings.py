@@ -33,24 +33,31 @@ from typing import Any, Literal
 
 import msgspec
 
-from messages.embedding import EmbedRequest, EmbedResult, Truncate
+from messages.embedding import EmbedInput, EmbedRequest, EmbedResult, Truncate
 from messages.error_codes import ErrorCode
-from messages.errors import BatchLineRefused
-from messages.limits import MAX_EMBED_INPUTS
+from messages.errors import BatchLineRefused, InvalidRequest
 from messages.openai_batch import BatchInputLine
 from messages.openai_batch_mapping import HARMLESS, LineCode
+from messages.validation import check_embed_request
 
 _PATH = re.compile(r"(?:at `\$\.|missing required field `)([A-Za-z_]+)")  # the field at fault
 _FORMATS = ("float", "base64")
 _WIRE_TRUNCATE = ("none", "end", "start")
 _SIDES: dict[str, Truncate] = {"left": "start", "right": "end"}
+# The body field a broken request rule is about (`check_embed_request`'s codes).
+_PARAMS = {
+    ErrorCode.EMPTY_PROMPT: "input",
+    ErrorCode.INVALID_PROMPT: "input",
+    ErrorCode.TOKEN_OUT_OF_VOCABULARY: "input",
+    ErrorCode.INVALID_DIMENSIONS: "dimensions",
+}
 
 
 class EmbeddingsBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """`/v1/embeddings`: OpenAI's fields, then the extras TEI and vLLM take (module docstring).
-    `input` is checked by `_inputs` (msgspec decodes no union of list types)."""
+    `input` as the wire types it (its rules: `check_embed_request`)."""
 
-    input: str | list[Any]
+    input: EmbedInput
     model: str | None = None
     encoding_format: str | None = None
     dimensions: int | None = None
@@ -93,33 +100,34 @@ def to_embed_request(
     """The `EmbedRequest` for `line`'s `/v1/embeddings` body; `BatchLineRefused` (naming the
     line's `custom_id`) for a body it cannot be. `model` overrides the body's; `ignore_unknown`:
     fields this mapping does not know are left out (`unknown_fields`), not refused. The
-    request's metadata carries the `custom_id`, so its result names the line it answers."""
+    request's metadata carries the `custom_id`, so its result names the line it answers. The
+    request is checked against the model-independent rules (`check_embed_request`: inputs of
+    one kind, none empty, at most `MAX_EMBED_INPUTS`; `dimensions` positive; priority)."""
     try:
         body = _convert(line, ignore_unknown)
         fields: dict[str, Any] = {
             "id": request_id,
-            "input": _inputs(body.input),
+            "input": body.input,
             "model": model if model is not None else body.model,
+            "dimensions": body.dimensions,
             "encoding_format": _format(body.encoding_format),
+            "prompt_name": body.prompt_name or None,
             "truncate": _truncate(body),
             "metadata": {"custom_id": line.custom_id},
         }
-        if body.dimensions is not None:
-            if body.dimensions < 1:
-                raise BatchLineRefused(
-                    ErrorCode.INVALID_DIMENSIONS,
-                    f"`dimensions` must be a positive number, got {body.dimensions}",
-                    param="dimensions",
-                )
-            fields["dimensions"] = body.dimensions
-        if body.prompt_name:
-            fields["prompt_name"] = body.prompt_name
         if body.priority is not None:
             fields["priority"] = -body.priority  # vLLM's lower-first; the wire's larger-first
+        request = EmbedRequest(**fields)
+        check_embed_request(request)
+    except InvalidRequest as exc:
+        param = _PARAMS.get(exc.code)
+        raise BatchLineRefused(
+            exc.code, exc.message, param=param, custom_id=line.custom_id
+        ) from None
     except BatchLineRefused as exc:
         exc.custom_id = line.custom_id
         raise
-    return EmbedRequest(**fields)
+    return request
 
 
 def unknown_fields(line: BatchInputLine) -> tuple[str, ...]:
@@ -160,56 +168,6 @@ def _convert(line: BatchInputLine, ignore_unknown: bool) -> EmbeddingsBody:
             LineCode.UNSUPPORTED_PARAMETER, f"`{unknown[0]}` is not supported", param=unknown[0]
         )
     return body
-
-
-def _inputs(given: str | list[Any]) -> str | list[Any]:
-    """`input` as the wire takes it: one text, or a list of texts, of token ids (one input) or
-    of lists of token ids, none empty and at most `MAX_EMBED_INPUTS`."""
-    if isinstance(given, str):
-        if not given:
-            raise _empty("`input` is an empty string")
-        return given
-    if not given:
-        raise _empty("`input` is an empty list")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in given):
-        _check_ids(given)
-        return given  # the token ids of one input
-    if len(given) > MAX_EMBED_INPUTS:
-        raise BatchLineRefused(
-            ErrorCode.INVALID_PROMPT,
-            f"`input` has {len(given)} inputs; at most {MAX_EMBED_INPUTS} are taken",
-            param="input",
-        )
-    if all(isinstance(t, str) for t in given):
-        if "" in given:
-            raise _empty(f"`input[{given.index('')}]` is an empty string")
-        return given
-    if all(isinstance(t, list) for t in given):
-        for i, ids in enumerate(given):
-            if not ids:
-                raise _empty(f"`input[{i}]` is an empty list of token ids")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                break
-            _check_ids(ids)
-        else:
-            return given
-    raise BatchLineRefused(
-        ErrorCode.INVALID_PROMPT,
-        "`input` must be a string, a list of strings, a list of token ids or a list of lists "
-        "of token ids",
-        param="input",
-    )
-
-
-def _check_ids(ids: list[int]) -> None:
-    if any(t < 0 for t in ids):
-        raise BatchLineRefused(
-            ErrorCode.TOKEN_OUT_OF_VOCABULARY, "a token id in `input` is negative", param="input"
-        )
-
-
-def _empty(message: str) -> BatchLineRefused:
-    return BatchLineRefused(ErrorCode.EMPTY_PROMPT, message, param="input")
 
 
 def _format(given: str | None) -> str:

@@ -33,6 +33,7 @@ from messages.codec import JSON, Codec, normalize_content_type
 from messages.embedding import EmbedRequest, EmbedResult
 from messages.errors import MessageError
 from messages.request import GenerateRequest
+from messages.request_kinds import Request
 from messages.result import GenerateResult
 from ops.connection.check import started_producer
 from ops.errors import TopicCreateError
@@ -42,7 +43,6 @@ from ops.services.topics import create_topics
 log = structlog.get_logger("tokenmill.gateway")
 
 Reply = GenerateResult | GenerateChunk | EmbedResult
-Request = GenerateRequest | EmbedRequest
 _request_codec = Codec(GenerateRequest)
 _embed_request_codec = Codec(EmbedRequest)
 _result_codec = Codec(GenerateResult)

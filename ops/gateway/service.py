@@ -25,12 +25,13 @@ import structlog
 from messages.chunk import GenerateChunk
 from messages.embedding import EmbedResult
 from messages.openai_chat_tools import FUNCTIONS_SUFFIX, TOOLS_KEY
+from messages.request_kinds import Request
 from messages.result import GenerateResult
 from messages.tool_parsing import stream_for
 from ops.gateway.bodies import Asked, EmbedAsked, answer, to_asked, to_embed_asked
 from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.outcomes import Refused, Streaming
-from ops.gateway.replies import Replies, Reply, Request
+from ops.gateway.replies import Replies, Reply
 from ops.gateway.settings import GatewaySettings
 from ops.gateway.sse import DONE, ChunkShape, StreamEvents, ToolText, error_event
 from ops.gateway.tool_stream import CallText

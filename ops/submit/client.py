@@ -25,66 +25,40 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection, connection_of
 from messages.chunk import GenerateChunk
-from messages.codec import Codec
-from messages.embedding import EmbedRequest, EmbedResult
+from messages.codec import JSON, Codec
+from messages.embedding import EmbedRequest
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
+from messages.request_kinds import Request, Result, request_kind
 from ops.connection.check import started_producer
 from ops.errors import SubmitError
-from ops.gateway.replies import Request, decode_reply, encode_request
+from ops.gateway.replies import decode_reply, encode_request
 
 _tracer = trace.get_tracer("tokenmill.client")
 _propagator = TraceContextTextMapPropagator()
 _request_codec = Codec(GenerateRequest)
 _embed_codec = Codec(EmbedRequest)
-Result = GenerateResult | EmbedResult
-# A request record without a schema header is an embedding request iff it has `input` and none
-# of these (`messages.embedding`).
-_GENERATION_FIELDS = ("prompt", "prompt_token_ids", "messages")
-
-
-class _Kind(msgspec.Struct):
-    """The fields that tell a jobs line's kind, unread (empty: not there)."""
-
-    input: msgspec.Raw = msgspec.Raw()
-    prompt: msgspec.Raw = msgspec.Raw()
-    prompt_token_ids: msgspec.Raw = msgspec.Raw()
-    messages: msgspec.Raw = msgspec.Raw()
-
-
-_kind_decoder = msgspec.json.Decoder(_Kind)
 
 
 def read_jobs(path: Path, *, embed: bool = False) -> list[Request]:
     """Parse a JSONL jobs file; a line without `id` gets one. Raises ValueError naming the line.
 
     A line is an `EmbedRequest` when it has `input` and none of `prompt`, `prompt_token_ids`,
-    `messages` (the rule workers read header-less records by), or with `embed` every line
-    is; else a `GenerateRequest`."""
+    `messages` (the rule workers read header-less records by: `request_kind`), or with `embed`
+    every line is; else a `GenerateRequest`."""
     requests: list[Request] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         raw = line.encode()
         try:
-            request: Request = (
-                _embed_codec.decode(raw) if embed or _embeds(raw) else _request_codec.decode(raw)
-            )
+            embeds = embed or request_kind(raw, JSON, None) == "embed"
+            request: Request = _embed_codec.decode(raw) if embeds else _request_codec.decode(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
         if not request.id:
             request.id = f"job-{uuid.uuid4().hex[:12]}-{number}"
         requests.append(request)
     return requests
-
-
-def _embeds(raw: bytes) -> bool:
-    kind = _kind_decoder.decode(raw)
-    return _given(kind.input) and not any(_given(getattr(kind, f)) for f in _GENERATION_FIELDS)
-
-
-def _given(value: msgspec.Raw) -> bool:
-    return bytes(value) not in (b"", b"null")
 
 
 class SubmitClient:

@@ -72,13 +72,14 @@ def test_every_input_form_openai_takes_goes_as_it_is(given: Any) -> None:
         (["a", ""], ErrorCode.EMPTY_PROMPT),
         ([[1, 2], []], ErrorCode.EMPTY_PROMPT),
         (["a", 1], ErrorCode.INVALID_PROMPT),
-        ([[1], ["a"]], ErrorCode.INVALID_PROMPT),
         ([[1], 2], ErrorCode.INVALID_PROMPT),
-        ([True, 1], ErrorCode.INVALID_PROMPT),
-        ([{"text": "a"}], ErrorCode.INVALID_PROMPT),
+        ([[1], ["a"]], "invalid_body"),  # the body's shape: what msgspec checks
+        ([True, 1], "invalid_body"),
+        ([{"text": "a"}], "invalid_body"),
         (["x"] * (MAX_EMBED_INPUTS + 1), ErrorCode.INVALID_PROMPT),
         ([1, -2], ErrorCode.TOKEN_OUT_OF_VOCABULARY),
         ([[1], [-2]], ErrorCode.TOKEN_OUT_OF_VOCABULARY),
+        ([[1], [2**31]], ErrorCode.TOKEN_OUT_OF_VOCABULARY),
     ],
 )
 def test_inputs_that_cannot_be_embedded_are_refused_naming_input(given: Any, code: str) -> None:
@@ -97,6 +98,10 @@ def test_a_body_of_the_wrong_shape_names_the_field() -> None:
     with pytest.raises(BatchLineRefused) as info:
         missing(BatchInputLine(custom_id="e1", url=EMBEDDINGS_URL, body={"model": "m"}), "r")
     assert (info.value.code, info.value.param) == ("invalid_body", "input")
+
+
+def test_the_wire_s_own_rules_apply_as_a_worker_would_apply_them() -> None:
+    assert (refused(priority=1000).code, refused(priority=1000).param) == ("invalid_request", None)
 
 
 def test_dimensions_format_prompt_name_and_priority_are_carried() -> None:

@@ -17,9 +17,10 @@ from fastapi.testclient import TestClient
 from messages.embedding import Embedding, EmbedRequest, EmbedResult, EmbedUsage
 from messages.error_codes import ErrorCode
 from messages.events import WorkerStarted
+from messages.request_kinds import Request
 from messages.result import ErrorInfo, ModelRef
 from ops.gateway.fleet import FleetWatch
-from ops.gateway.replies import Reply, Request
+from ops.gateway.replies import Reply
 from tests.unit.ops.gateway.test_routes import AUTH, KEY, NOWHERE, app_with
 
 EMBEDDER = "embeddinggemma-300m"
