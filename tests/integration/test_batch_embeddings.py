@@ -35,7 +35,7 @@ def embedding_worker(
     """One worker serving EmbeddingGemma-300M on topics of its own."""
     lane = asyncio.run(new_lane(kafka_bootstrap))
     log = tmp_path_factory.mktemp("batch-embeddings") / "worker.log"
-    process = WorkerProcess(lane, str(embeddinggemma_dir), log).start()
+    process = WorkerProcess(lane, "embeddinggemma-300m", log).start()
     try:
         asyncio.run(process.wait_for_log("ingest_started", within_s=300))
         yield lane, process

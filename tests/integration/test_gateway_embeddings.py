@@ -37,7 +37,7 @@ def embedder(
 ) -> Iterator[Fleet]:
     """One worker serving EmbeddingGemma-300M, for every test of this module."""
     folder = tmp_path_factory.mktemp("embeddings")
-    with serving(kafka_bootstrap, str(embeddinggemma_dir), folder) as served:
+    with serving(kafka_bootstrap, "embeddinggemma-300m", folder) as served:
         asyncio.run(served.worker.wait_for_log(("cancel_ready", "cancel_started"), within_s=300))
         yield served
 
