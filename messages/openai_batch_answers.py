@@ -66,6 +66,7 @@ _STATUS = {
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.ENGINE_ERROR: 500,
     ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.CANCELLED: 499,  # an embedding request cancelled: nginx's "client closed request"
 }
 
 

@@ -32,7 +32,7 @@ from messages.openai_batch_answers import answer_line, refusal_line
 from messages.openai_batch_mapping import LineCode, calls_tool, parse_line, to_request
 from messages.openai_embeddings import to_embed_request
 from messages.request import GenerateRequest
-from messages.result import FinishReason, GenerateResult
+from messages.result import ErrorInfo, FinishReason, GenerateResult
 from ops.batch.ids import Fingerprints
 from ops.batch.output import Answered
 from ops.batch.progress import Progress
@@ -42,10 +42,7 @@ from ops.batch.summary import BatchSummary
 # another worker's (or another step's) answer, not a final error. Sent at most this often.
 RETRIED_CODES = frozenset({ErrorCode.SHUTTING_DOWN, ErrorCode.ENGINE_ERROR})
 MAX_ATTEMPTS = 3
-# The error line of an embedding request its cancel left unanswered (an embedding has no
-# finish reason to say "cancelled" with): the code the gateway's batches give lines a cancel
-# left unanswered (`ops.gateway.batch_ending`).
-ABANDONED_CODE = "batch_cancelled"
+CANCELLED = ErrorCode.CANCELLED  # how an embedding result says it was cancelled
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,8 @@ class BatchPlan:
         if isinstance(result, GenerateResult):
             summary.cancelled += result.finish_reason is FinishReason.CANCELLED
             completion_tokens = result.usage.completion_tokens
-        else:
+        else:  # an embedding's cancel is its error (it has no finish reason)
+            summary.cancelled += result.error is not None and result.error.code == CANCELLED
             summary.embeddings += len(result.data)
         summary.prompt_tokens += result.usage.prompt_tokens
         summary.completion_tokens += completion_tokens
@@ -169,17 +167,16 @@ class BatchPlan:
 
     def abandoned(self, request_id: str) -> BatchOutputLine:
         """The line for a request still unanswered well after its cancel (it never reached a
-        worker, or its worker is gone): cancelled, with no tokens (an embedding request: an
-        error line, `ABANDONED_CODE`). A late result is ignored."""
+        worker, or its worker is gone): cancelled, with no tokens (an embedding request: the
+        error `cancelled`, as a worker answers one it cancels). A late result is ignored."""
+        cancelled: GenerateResult | EmbedResult
         done = self.pending.get(request_id)
         if done is not None and isinstance(done.request, EmbedRequest):
-            del self.pending[request_id]
-            self.window.release()
-            self.summary.cancelled += 1
-            why = BatchLineRefused(ABANDONED_CODE, "cancelled before a worker answered it",
-                                   custom_id=done.custom_id)  # fmt: skip
-            return self._refusal(why, done.line)
-        line = self.settle(GenerateResult(id=request_id, finish_reason=FinishReason.CANCELLED))
+            why = ErrorInfo(code=CANCELLED, message="cancelled before a worker answered it")
+            cancelled = EmbedResult(id=request_id, error=why)
+        else:
+            cancelled = GenerateResult(id=request_id, finish_reason=FinishReason.CANCELLED)
+        line = self.settle(cancelled)
         if not isinstance(line, BatchOutputLine):
             raise KeyError(f"{request_id} is not in flight")
         return line

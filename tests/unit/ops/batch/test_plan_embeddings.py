@@ -12,7 +12,7 @@ from messages.embedding import Embedding, EmbedRequest, EmbedResult, EmbedUsage
 from messages.error_codes import ErrorCode
 from messages.openai_batch import EMBEDDINGS_URL
 from messages.result import ErrorInfo, ModelRef
-from ops.batch.plan import ABANDONED_CODE, MAX_ATTEMPTS, BatchPlan, InFlight
+from ops.batch.plan import MAX_ATTEMPTS, BatchPlan, InFlight
 from tests.unit.ops.batch.test_plan import error_line, in_flight, new_run, result, sent
 
 
@@ -118,12 +118,18 @@ async def test_a_draining_worker_s_answer_sends_the_request_again() -> None:
     assert settled(run, vectors(again.request.id))["response"]["status_code"] == 200
 
 
-async def test_one_its_cancel_left_unanswered_is_an_error_line_of_its_own() -> None:
+async def test_a_cancelled_one_is_counted_and_one_its_cancel_left_unanswered_too() -> None:
     run, progress = new_run()
+    first = await in_flight(run, 6, embed_line("d0"))
+    why = ErrorInfo(code=ErrorCode.CANCELLED, message="the request was cancelled")
+    line = settled(run, vectors(first, 0, error=why))  # as the worker answers a cancel
+    assert (line["response"]["status_code"], line["custom_id"]) == (499, "d0")
+    assert line["response"]["body"]["error"]["code"] == "cancelled"
     request_id = await in_flight(run, 7, embed_line("d1"))
     out = run.abandoned(request_id)
-    assert out.custom_id == "d1" and out.response is None and out.error is not None
-    assert (out.error.code, out.error.line) == (ABANDONED_CODE, 7)
-    assert (run.summary.cancelled, run.summary.line_errors) == (1, 1)
-    assert run.pending == {} and progress.calls == [("answered", False, 0)]
+    assert out.custom_id == "d1" and out.response is not None and out.error is None
+    assert out.response.status_code == 499
+    assert msgspec.to_builtins(out.response.body)["error"]["code"] == "cancelled"
+    assert (run.summary.cancelled, run.summary.refused) == (2, 2)
+    assert run.pending == {} and progress.calls == [("answered", False, 0)] * 2
     assert run.settle(vectors(request_id)) is None  # its late answer is ignored
