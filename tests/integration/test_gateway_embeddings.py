@@ -95,6 +95,19 @@ async def test_floats_base64_dimensions_and_a_list_through_the_sdk(embedder: Fle
     assert raw.headers["x-request-id"].startswith("gw-") and raw.headers["x-tokenmill-worker"]
 
 
+async def test_many_inputs_come_back_whole_and_in_order(embedder: Fleet) -> None:
+    """More inputs than one result record holds as floats (LangChain sends 1,000 at a time):
+    the gateway sends them in parts and joins the answers."""
+    texts = [f"note {n}: {TEXTS[n % len(TEXTS)]}" for n in range(300)]
+    async with gateway(embedder) as base, client(base) as api:
+        model = await embedding_model(api)
+        many = await api.embeddings.create(model=model, input=texts, encoding_format="float")
+        alone = await api.embeddings.create(model=model, input=texts[257], encoding_format="float")
+    assert [d.index for d in many.data] == list(range(len(texts)))
+    assert all(len(d.embedding) == WIDTH for d in many.data)
+    assert float(unit(many.data[257].embedding) @ unit(alone.data[0].embedding)) > 0.9999
+
+
 async def test_task_prompts_and_token_ids_reach_the_worker(embedder: Fleet) -> None:
     async with gateway(embedder) as base, client(base) as api:
         model = await embedding_model(api)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -173,16 +173,23 @@ async def whole_answer(
 
 
 async def in_place(
-    request: Request, gateway: Gateway, request_id: str, work: Callable[[], Awaitable[T]]
+    request: Request,
+    gateway: Gateway,
+    request_id: str | Sequence[str],
+    work: Callable[[], Awaitable[T]],
 ) -> T | None:
-    """`work()` (request `request_id`'s round trip) run in one of the --max-inflight places
-    (429 when none is free), or None when the client left first (the request is then
-    cancelled)."""
+    """`work()` (the round trip of request `request_id`, or of the requests it lists) run in
+    one of the --max-inflight places (429 when none is free), or None when the client left
+    first (the requests are then cancelled)."""
+    ids = [request_id] if isinstance(request_id, str) else list(request_id)
+
+    def cancel() -> None:
+        for one in ids:
+            gateway.cancel_later(one, "client_disconnected")
+
     place = gateway.admit()
     try:
-        return await unless_disconnected(
-            request, work(), lambda: gateway.cancel_later(request_id, "client_disconnected")
-        )
+        return await unless_disconnected(request, work(), cancel)
     finally:
         place.release()
 
