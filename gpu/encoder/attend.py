@@ -76,17 +76,12 @@ def _batch(group: list[PrefillSpan], width: int, device: torch.device) -> Batch:
         kept += range(i * width, i * width + n)
         rows += range(span.begin, span.end)
         pad.append([0.0] * n + [float("-inf")] * (width - n))
-    padded = any(s.end - s.begin < width for s in group)
-    host = torch.tensor([slots], dtype=torch.int64), torch.tensor([kept, rows], dtype=torch.int64)
-    mask = torch.tensor(pad).view(len(group), 1, 1, width) if padded else None
-    return Batch(
-        host[0][0].to(device),
-        host[1][0].to(device),
-        host[1][1].to(device),
-        None if mask is None else mask.to(device),
-        len(group),
-        width,
-    )
+    index = torch.tensor([kept, rows], dtype=torch.int64).to(device)
+    mask = None
+    if len(kept) < len(slots):
+        mask = torch.tensor(pad).view(len(group), 1, 1, width).to(device)
+    slot_rows = torch.tensor(slots, dtype=torch.int64).to(device)
+    return Batch(slot_rows, index[0], index[1], mask, len(group), width)
 
 
 def attend_batch(
@@ -101,7 +96,7 @@ def attend_batch(
     qb, kb, vb = (t.view(b, w, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
     o = sdpa(qb, kb, vb, batch.padding, shape.scale, shape.softcap)
     flat = o.transpose(1, 2).reshape(b * w, shape.heads, shape.head_dim)  # [slots, ...]
-    out[batch.rows] = flat[batch.kept]
+    out[batch.rows] = flat if batch.padding is None else flat[batch.kept]
 
 
 def attend_alone(
