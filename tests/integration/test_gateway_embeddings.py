@@ -101,8 +101,8 @@ async def test_many_inputs_come_back_whole_and_in_order(embedder: Fleet) -> None
     texts = [f"note {n}: {TEXTS[n % len(TEXTS)]}" for n in range(300)]
     async with gateway(embedder) as base, client(base) as api:
         model = await embedding_model(api)
-        many = await api.embeddings.create(model=model, input=texts, encoding_format="float")
         alone = await api.embeddings.create(model=model, input=texts[257], encoding_format="float")
+        many = await api.embeddings.create(model=model, input=texts, encoding_format="float")
     assert [d.index for d in many.data] == list(range(len(texts)))
     assert all(len(d.embedding) == WIDTH for d in many.data)
     assert float(unit(many.data[257].embedding) @ unit(alone.data[0].embedding)) > 0.9999
