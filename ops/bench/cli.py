@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 # What every command shares (ops/bench/cli_options.py), under the short names used below.
+from gpu.engine_config import EngineConfig
 from ops.bench.cli_options import POSITIVE as _POSITIVE
 from ops.bench.cli_options import bench_kafka as _bench_kafka
 from ops.bench.cli_options import given as _given
@@ -381,3 +382,45 @@ def gateway_bench(**kwargs: Any) -> None:
     given = {"engine": choice, "kafka": _bench_kafka(kwargs), "timeout_s": kwargs["timeout"]}
     options = _given(GatewayBenchOptions, kwargs, **given)
     _show(_run(lambda: run_gateway_bench(options, _say)), kwargs)
+
+
+@bench.command("embed")
+@_opt("--model", "-m", default="embeddinggemma-300m", text="Alias or sentence-transformers "
+      "folder of an embedding model.")  # fmt: skip
+@_int("--texts", 1000, "Texts embedded in each timed run (seeded, mixed lengths).")
+@_int("--seed", 0, "Seeds the texts (the batch-size sample uses the next seed).", low=0)
+@_int("--rounds", 2, "Timed runs of each contender, alternating.")
+@_opt("--batch-sizes", default="8,16,32,64", text="sentence-transformers' batch sizes to try; "
+      "the fastest on --sample texts runs the rounds.")  # fmt: skip
+@_int("--sample", 100, "Texts of the batch-size sweep.")
+@_int("--max-num-batched-tokens", EngineConfig().max_num_batched_tokens,
+      "tokenmill's token budget per step (the worker's default).")  # fmt: skip
+@_opt("--prompt-name", text="A task prompt of the model's (query, document, …) on every text.")
+@_opt("--device", default="cpu", text="cpu | cuda, for tokenmill and sentence-transformers.")
+@_opt("--direct", is_flag=True, text="Also time the encoder's synchronous `encode` path.")
+@_opt("--vllm-python", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+      text="An interpreter with vLLM installed (e.g. the peer bench's ~/.cache/tokenmill-peers/"
+      "vllm/bin/python): vLLM embeds the texts too, in a child process.")  # fmt: skip
+@_report_options
+def embed_bench(**kwargs: Any) -> None:
+    """Texts/s and tokens/s of tokenmill's encoder against sentence-transformers (and vLLM).
+
+    --texts seeded texts, from one-sentence queries to documents over 512 tokens, are embedded
+    from text to vectors (tokenizing included) on the same folder and CPU threads: by
+    tokenmill's encoder engine driven as the worker drives it (one request per text, steps
+    packed to --max-num-batched-tokens), and by sentence-transformers' `encode` at its fastest
+    of --batch-sizes; with --vllm-python, also by vLLM's pooling runner. The contenders take
+    turns over --rounds rounds; the best run of each counts. Reports the rates, tokenmill's
+    ratio to each (targets: ≥ 2× sentence-transformers, ≥ 1.2× vLLM) and the cosine agreement
+    of their vectors with tokenmill's (target: min ≥ 0.9999).
+    """
+    from ops.bench.embed import EmbedBenchOptions, run_embed_bench
+
+    try:
+        sizes = tuple(int(s) for s in kwargs["batch_sizes"].split(","))
+    except ValueError:
+        raise click.UsageError("--batch-sizes: comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise click.UsageError("--batch-sizes: each at least 1")
+    options = _given(EmbedBenchOptions, kwargs, batch_sizes=sizes)
+    _show(_run(lambda: run_embed_bench(options, _say)), kwargs)
