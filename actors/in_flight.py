@@ -6,7 +6,7 @@ it, the model its result names, when it was admitted, whether it was already que
 after a crash, and its copies (the same request consumed again while it runs: a redelivery, a
 client's retry), which are answered with its result.
 
-A copy is the same request for the same reader: an equal `GenerateRequest` and the same reply
+A copy is the same request for the same reader: an equal request and the same reply
 topic (`is_copy`). Anything else under a running id is another request, and its result must
 not be this one's (another producer would read it): the GPU actor answers it
 `duplicate_request` on its own reply topic instead.
@@ -17,16 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from actors.ingest.model_front import EmbedInputs, Tokens
 from actors.mail import Admitted
 from actors.streaming.token_stream import TokenStream
 from gpu.engine import Completion, EngineRequest, StepOutput
+from gpu.engine_io import EmbedJob
 from gpu.sequence import Constraint, SamplingParams
+from messages.embedding import EmbedRequest
 from messages.openai_tools import auto_constraint_text
 from messages.result import ModelRef
 
 
 class EngineLike(Protocol):
-    """What the GPU actor needs of an engine (`gpu.engine.Engine`, the benchmark's echo engine)."""
+    """What the GPU actor needs of an engine (`gpu.engine.Engine`, `gpu.encoder`'s engine for
+    an embedding model, the benchmark's echo engine). An engine that embeds says how in its
+    `embedding` (an `EmbeddingSpec`; None or absent: it generates)."""
 
     model: Any  # .name, .digest, .path, .tokenizer, .config
     config: Any  # its EngineConfig
@@ -60,9 +65,19 @@ class InFlight:
         return item.reply_topic == self.item.reply_topic and item.request == self.item.request
 
 
-def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
-    """What an engine runs for `item`, with `prompt` tokenized for that engine's model."""
+def engine_request(item: Admitted, tokens: Tokens) -> EngineRequest:
+    """What an engine runs for `item`, with `tokens` made for that engine's model: a
+    generation request's prompt, or an embedding request's inputs (`EngineRequest.embed`)."""
     request = item.request
+    if isinstance(request, EmbedRequest) or isinstance(tokens, EmbedInputs):
+        assert isinstance(request, EmbedRequest) and isinstance(tokens, EmbedInputs)
+        return EngineRequest(
+            request_id=request.id,
+            prompt_token_ids=tokens.tokens,
+            priority=request.priority,
+            arrival_time=item.consumed_at,
+            embed=EmbedJob(tuple(tokens.inputs), request.dimensions),
+        )
     shape = request.response_format
     schema = shape.schema_text() if shape is not None else None
     constraint = None if shape is None or schema is None else Constraint.json(schema, shape.strict)
@@ -96,7 +111,7 @@ def engine_request(item: Admitted, prompt: list[int]) -> EngineRequest:
     )
     return EngineRequest(
         request_id=request.id,
-        prompt_token_ids=prompt,
+        prompt_token_ids=tokens,
         params=params,
         priority=request.priority,
         arrival_time=item.consumed_at,

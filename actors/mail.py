@@ -32,7 +32,7 @@ from typing import Literal
 
 from aiokafka.structs import TopicPartition
 
-from actors.ingest.model_front import ModelFront
+from actors.ingest.model_front import EmbedInputs, ModelFront
 from actors.telemetry.span_link import SpanLink
 from actors.telemetry.trace_context import TraceContext
 from actors.transactions.answered import AnsweredOffsets
@@ -41,7 +41,8 @@ from messages.chunk import GenerateChunk
 from messages.control import Command
 from messages.headers import Headers
 from messages.request import GenerateRequest
-from messages.result import GenerateResult, SourceRef
+from messages.request_kinds import Request, Result
+from messages.result import SourceRef
 
 # Why a batch was cut: a length bucket filled (tokens, size), waited long enough (wait), the
 # ingest went idle or drained; requeued: after a GPU actor crash; isolated: run alone after a
@@ -74,9 +75,12 @@ class RecordRef:
 
 @dataclass(slots=True)
 class Admitted:
-    """A request that passed every check at the door and is tokenized, ready to run."""
+    """A request that passed every check at the door and is tokenized, ready to run.
 
-    request: GenerateRequest
+    An embedding request's `prompt_token_ids` are its inputs' tokens one after another (what
+    it weighs in buckets, budgets and watermarks); `embed` holds them input by input."""
+
+    request: Request
     record: RecordRef
     prompt_token_ids: list[int]
     reply_topic: str
@@ -87,12 +91,16 @@ class Admitted:
     batch_span: SpanLink | None = None  # the span of the batch it ran in, when traced
     model_digest: str = ""  # the model whose tokenizer made `prompt_token_ids`
     attempts: Attempts = field(default_factory=Attempts)  # which attempt its record is
+    embed: EmbedInputs | None = None  # an embedding request's inputs, tokenized
 
     @property
     def cost_tokens(self) -> int:
         """What it may occupy in the engine: prompt plus every token each of its choices may
-        generate (the choices share the prompt)."""
-        return len(self.prompt_token_ids) + self.request.n * self.request.max_new_tokens
+        generate (the choices share the prompt); an embedding request's inputs."""
+        request = self.request
+        if isinstance(request, GenerateRequest):
+            return len(self.prompt_token_ids) + request.n * request.max_new_tokens
+        return len(self.prompt_token_ids)
 
 
 @dataclass(slots=True)
@@ -121,7 +129,7 @@ class Outcome:
     request for a retry topic instead: `actors.emit.planning`.)"""
 
     record: RecordRef
-    result: GenerateResult
+    result: Result  # a `GenerateResult`, or an `EmbedResult` for an embedding request
     reply_topic: str
     content_type: str
     trace: TraceContext = field(default_factory=TraceContext)
@@ -129,7 +137,7 @@ class Outcome:
     admitted: bool = False  # it went through the engine (counted as outstanding work)
     dead_letter: DeadLetter | None = None
     batch_span: SpanLink | None = None  # linked from the request's process span
-    request: GenerateRequest | None = None  # when it was decoded (for its trace attributes)
+    request: Request | None = None  # when it was decoded (for its trace attributes)
     preemptions: int = 0  # times the engine preempted it (KV blocks ran out)
     kv_blocks: int = 0  # KV-cache blocks it held when it finished
     finished_ns: int = field(default_factory=time.time_ns)  # wall clock; timings end here

@@ -1,4 +1,8 @@
-"""Building `GenerateResult`s and the outcomes that carry them: success, error, dead letter."""
+"""The outcomes that carry results: a run's, a refusal's, an error's, a dead letter's.
+
+Each result is of its request's kind (`GenerateResult` or `EmbedResult`), made by
+`actors.result_shapes` from the engine's `Completion` or from an error.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +12,33 @@ from typing import TYPE_CHECKING
 
 from actors.config import DEAD_LETTER_HEADER_BYTES
 from actors.mail import Admitted, CancelledIn, DeadLetter, Outcome, RecordRef
+from actors.result_shapes import (
+    Stamp,
+    completed_result,
+    error_result,
+    finish_reason,
+    stripped,
+)
 from actors.telemetry.trace_context import TraceContext
 from messages import headers as h
 from messages.error_codes import DEAD_LETTER_CODES, ErrorCode
 from messages.headers import Headers
 from messages.limits import MAX_ERROR_MESSAGE_CHARS, MAX_KEY_BYTES, MAX_NAME_CHARS, cut
-from messages.request import GenerateRequest
-from messages.result import (
-    Choice,
-    ErrorInfo,
-    FinishReason,
-    GenerateResult,
-    ModelRef,
-    Timings,
-    TokenLogprobs,
-    Usage,
-)
+from messages.request_kinds import Request, RequestKind, Result, kind_of
+from messages.result import ErrorInfo, ModelRef, Timings
 
-if TYPE_CHECKING:  # only read here; gpu.logprobs imports torch, which the ingest needs not
+if TYPE_CHECKING:  # only read here; gpu.engine_io imports torch, which the ingest needs not
     from gpu.engine_io import Completion
-    from gpu.logprobs import CompletionLogprobs
 
-_FINISH = {
-    "stop": FinishReason.STOP,
-    "length": FinishReason.LENGTH,
-    "cancelled": FinishReason.CANCELLED,
-    "deadline": FinishReason.DEADLINE,
-    "shutting_down": FinishReason.ERROR,
-    "error": FinishReason.ERROR,
-}
-
-
-def finish_reason(engine_reason: str) -> FinishReason:
-    return _FINISH.get(engine_reason, FinishReason.ERROR)
+__all__ = [
+    "cancelled_before_engine",
+    "dead_lettered_after_attempts",
+    "engine_outcome",
+    "finish_reason",
+    "rejected_at_door",
+    "undeliverable",
+    "unrun_outcome",
+]
 
 
 def rejected_at_door(
@@ -57,21 +55,18 @@ def rejected_at_door(
     trace: TraceContext,
     metadata: dict[str, str] | None = None,
     max_dead_letter_bytes: int = 1 << 20,
-    request: GenerateRequest | None = None,
+    request: Request | None = None,
+    kind: RequestKind = "generate",
 ) -> Outcome:
     """The outcome of a record refused before it was queued; undecodable ones are dead-lettered.
+    Its result is of the request's kind (`kind`, when the record could not be decoded).
 
     A dead letter keeps at most `max_dead_letter_bytes` of the value (a header then gives the
     original size), so one oversized record cannot block the DLQ producer.
     """
-    result = GenerateResult(
-        id=request_id,
-        finish_reason=FinishReason.ERROR,
-        worker=worker,
-        error=ErrorInfo(code=code, message=cut(message, MAX_ERROR_MESSAGE_CHARS)),
-        source=record.source(),
-        metadata=metadata or {},
-    )
+    error = ErrorInfo(code=code, message=cut(message, MAX_ERROR_MESSAGE_CHARS))
+    stamp = Stamp(request_id, worker, record.source(), error=error, metadata=metadata or {})
+    result = error_result(kind_of(request) if request is not None else kind, stamp)
     dead_letter = None
     if code in DEAD_LETTER_CODES:
         dead_letter = _dead_letter(
@@ -106,16 +101,7 @@ def undeliverable(
     """
     old = outcome.result
     message = cut(message, MAX_ERROR_MESSAGE_CHARS)
-    result = GenerateResult(
-        id=old.id,
-        finish_reason=FinishReason.ERROR,
-        usage=old.usage,
-        model=old.model,
-        timings=old.timings,
-        worker=old.worker,
-        error=ErrorInfo(code=code, message=message),
-        source=old.source,
-    )
+    result = stripped(old, ErrorInfo(code=code, message=message))
     letter = outcome.dead_letter or _dead_letter(
         outcome.record, code, message, value, [], None, worker=old.worker, stage="KAFKA_PRODUCE"
     )
@@ -225,53 +211,6 @@ def _utf8(text: str, max_bytes: int) -> bytes:
     return text.encode(errors="replace")[:max_bytes].decode(errors="ignore").encode()
 
 
-def wire_logprobs(logprobs: CompletionLogprobs | None) -> TokenLogprobs | None:
-    """A completion's logprobs as the result carries them."""
-    if logprobs is None:
-        return None
-    return TokenLogprobs(
-        tokens=logprobs.tokens,
-        token_logprobs=logprobs.token_logprobs,
-        top_ids=logprobs.top_ids,
-        top_logprobs=logprobs.top_logprobs,
-        top_tokens=logprobs.top_tokens,
-        unscored_first=logprobs.unscored_first,
-        token_ids=logprobs.token_ids,
-    )
-
-
-def wire_choices(completion: Completion) -> list[Choice]:
-    """A completion's choices (n > 1) as the result carries them; none for one choice."""
-    return [
-        Choice(
-            index=i,
-            text=choice.text,
-            token_ids=choice.token_ids,
-            finish_reason=finish_reason(choice.finish_reason),
-            logprobs=wire_logprobs(choice.logprobs),
-        )
-        for i, choice in enumerate(completion.choices)
-    ]
-
-
-def wire_usage(completion: Completion) -> Usage:
-    """A completion's token counts as the result carries them: every choice's new tokens, and
-    its speculation's guesses split into accepted and rejected."""
-    if completion.choices:
-        completion_tokens = sum(len(c.token_ids) for c in completion.choices)
-    else:
-        completion_tokens = len(completion.token_ids)
-    accepted = completion.accepted_draft_tokens
-    return Usage(
-        prompt_tokens=completion.prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=completion.prompt_tokens + completion_tokens,
-        cached_tokens=completion.cached_tokens,
-        accepted_draft_tokens=accepted,
-        rejected_draft_tokens=max(0, completion.draft_tokens - accepted),
-    )
-
-
 def engine_outcome(
     item: Admitted,
     completion: Completion,
@@ -282,35 +221,24 @@ def engine_outcome(
     error: ErrorInfo | None = None,
 ) -> Outcome:
     """The outcome of a request the engine ran (finished, or aborted there): its result is
-    `completion`, the engine's one value for it, mapped whole (text, tokens, finish reason,
-    usage as the engine counted it, ttft/tpot, logprobs, choices, prompt logprobs and text).
+    `completion`, the engine's one value for it, mapped whole (`completed_result`: text,
+    tokens, finish reason, usage as the engine counted it, ttft/tpot, logprobs, choices,
+    prompt logprobs and text; an embedding request's vectors).
 
     `model`: the model it ran on; `queued_ms`: consumed → admitted to the engine; `error`:
     why it was aborted, when it was. A request answered without a run has
     `unrun_outcome`.
     """
-    result = GenerateResult(
-        id=item.request.id,
-        text=completion.text,
-        token_ids=completion.token_ids,
-        finish_reason=finish_reason(completion.finish_reason),
-        usage=wire_usage(completion),
-        model=model,
-        timings=Timings(
-            queued_ms=queued_ms,
-            ttft_ms=completion.ttft_ms,
-            tpot_ms=completion.tpot_ms,
-            total_ms=(time.monotonic() - item.consumed_at) * 1000,
-        ),
-        worker=worker,
-        error=error,
-        source=item.record.source(),
-        metadata=item.request.metadata,
-        logprobs=wire_logprobs(completion.logprobs),
-        choices=wire_choices(completion),
-        prompt_logprobs=wire_logprobs(completion.prompt_logprobs),
-        prompt_text=completion.prompt_text,
+    timings = Timings(
+        queued_ms=queued_ms,
+        ttft_ms=completion.ttft_ms,
+        tpot_ms=completion.tpot_ms,
+        total_ms=(time.monotonic() - item.consumed_at) * 1000,
     )
+    stamp = Stamp(item.request.id, worker, item.record.source(), model, timings, error,
+                  item.request.metadata)  # fmt: skip
+    truncated = item.embed.truncated if item.embed is not None else 0
+    result = completed_result(item.request, completion, stamp, truncated=truncated)
     return _admitted_outcome(
         item, result, preemptions=completion.num_preemptions, kv_blocks=completion.num_kv_blocks
     )
@@ -327,24 +255,18 @@ def unrun_outcome(
     """The outcome of an admitted request answered without a run, so without a `Completion`:
     cancelled before the engine had it, refused by the engine, or failed with it. No tokens;
     its prompt tokens as the ingest counted them; queued until now."""
-    prompt_tokens = len(item.prompt_token_ids)
     queued_ms = (time.monotonic() - item.consumed_at) * 1000
-    result = GenerateResult(
-        id=item.request.id,
-        finish_reason=finish_reason(reason),
-        usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
-        model=model,
-        timings=Timings(queued_ms=queued_ms, total_ms=queued_ms),
-        worker=worker,
-        error=error,
-        source=item.record.source(),
-        metadata=item.request.metadata,
+    timings = Timings(queued_ms=queued_ms, total_ms=queued_ms)
+    stamp = Stamp(item.request.id, worker, item.record.source(), model, timings, error,
+                  item.request.metadata)  # fmt: skip
+    result = error_result(
+        kind_of(item.request), stamp, reason=reason, prompt_tokens=len(item.prompt_token_ids)
     )
     return _admitted_outcome(item, result)
 
 
 def _admitted_outcome(
-    item: Admitted, result: GenerateResult, *, preemptions: int = 0, kv_blocks: int = 0
+    item: Admitted, result: Result, *, preemptions: int = 0, kv_blocks: int = 0
 ) -> Outcome:
     return Outcome(
         record=item.record,
@@ -366,7 +288,8 @@ def cancelled_before_engine(
     item: Admitted, *, model: ModelRef, worker: str, where: CancelledIn
 ) -> Outcome:
     """The outcome of a request cancelled before the engine had it (in a bucket or queued):
-    `finish_reason` cancelled, no tokens, no error."""
+    `finish_reason` cancelled, no tokens, no error (an embedding request's result says
+    `cancelled` in its error)."""
     outcome = unrun_outcome(item, "cancelled", model=model, worker=worker)
     outcome.cancelled_in = where
     return outcome

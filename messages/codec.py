@@ -32,6 +32,18 @@ def normalize_content_type(value: str | bytes | None) -> str:
     raise UnsupportedContentType(f"content-type {text!r} is not supported; use {JSON} or {MSGPACK}")
 
 
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(message: msgspec.Struct, content_type: str = JSON) -> bytes:
+    """Any message, in the wire format `content_type` names (normalized): for a value that
+    may be of several types (a `GenerateResult` or an `EmbedResult`)."""
+    if content_type == MSGPACK:
+        return _msgpack_encoder.encode(message)
+    return _json_encoder.encode(message)
+
+
 class Codec(Generic[T]):
     """Encode/decode one message type as JSON or MessagePack.
 

@@ -54,6 +54,9 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_TASK = "unsupported_task"
     INVALID_DIMENSIONS = "invalid_dimensions"  # not in 1 .. the model's width (or not offered)
     UNKNOWN_PROMPT_NAME = "unknown_prompt_name"  # not one of the model's task prompts
+    # An embedding request cancelled (a cancel record) before its vectors were made: an
+    # `EmbedResult` has no finish reason to say so (a `GenerateResult` says `cancelled`).
+    CANCELLED = "cancelled"
 
 
 # Codes whose record cannot be read as a request: the raw bytes go to the dead-letter topic.

@@ -110,5 +110,6 @@ def number_text(value: int | float) -> str:
         return text
     return f"{text[:12]}… ({len(text.lstrip('-'))} digits)"
 
+
 # Embeddings (`messages.embedding`): inputs in one `EmbedRequest` (OpenAI's limit).
 MAX_EMBED_INPUTS = 2048

@@ -12,6 +12,10 @@ Output, one JSON object per answered input line:
      "response": {"status_code": 200, "request_id": "…", "body": {chat.completion object}},
      "error": null}
 
+A `/v1/embeddings` line becomes an `EmbedRequest` and is answered with OpenAI's embeddings
+list (`messages.openai_embeddings`); a file may mix endpoints (OpenAI's Batch API takes one
+endpoint per batch, and so do the gateway's `/v1/batches`).
+
 A request the worker refused has `response.status_code` 4xx/5xx and an OpenAI error body; a
 line that never became a request (not JSON, no `custom_id`, a duplicate `custom_id`, an
 unsupported `url`, a body that cannot be mapped) has `response: null` and `error` with the
@@ -79,7 +83,8 @@ from messages.openai_tools import (
 
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
-SUPPORTED_URLS = (COMPLETIONS_URL, CHAT_COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"  # its bodies and answers: `messages.openai_embeddings`
+SUPPORTED_URLS = (COMPLETIONS_URL, CHAT_COMPLETIONS_URL, EMBEDDINGS_URL)
 
 
 class BatchInputLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -310,7 +315,8 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
 class BatchResponse(msgspec.Struct, kw_only=True):
     status_code: int
     request_id: str
-    body: Any  # Completion | ChatCompletion | ErrorBody (msgspec decodes no untagged union)
+    # Completion | ChatCompletion | EmbeddingList | ErrorBody (msgspec decodes no untagged union)
+    body: Any
 
 
 class LineError(msgspec.Struct, kw_only=True):

@@ -1,6 +1,7 @@
 """tokenmill results → OpenAI Batch output lines (and the HTTP gateway's answers).
 
     out = answer_line(line.custom_id, line.url, result)   # a BatchOutputLine
+                                                          # (an EmbedResult: an embeddings list)
     out = refusal_line(refused, line_number=7)            # a BatchOutputLine with `error`
 
 The other half of `messages.openai_batch_mapping` (input line → `GenerateRequest`): what a
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from messages.embedding import EmbedResult
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused
 from messages.openai_batch import (
@@ -50,6 +52,7 @@ from messages.openai_batch_mapping import (
     TOKENS_AS_IDS_KEY,
 )
 from messages.openai_chat_tools import FUNCTIONS_SUFFIX, TOOLS_KEY
+from messages.openai_embeddings import embedding_list
 from messages.openai_token_ids import tokens_as_ids
 from messages.openai_tools import ToolCall, parse_tool_call
 from messages.result import Choice, FinishReason, GenerateResult, TokenLogprobs
@@ -63,18 +66,20 @@ _STATUS = {
     ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.ENGINE_ERROR: 500,
     ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.CANCELLED: 499,  # an embedding request cancelled: nginx's "client closed request"
 }
 
 
 def answer_line(
     custom_id: str,
     url: str,
-    result: GenerateResult,
+    result: GenerateResult | EmbedResult,
     *,
     created: int | None = None,
     tool_call: bool = False,
 ) -> BatchOutputLine:
-    """The output line for `result`: 200 with a (chat) completion object, or the refusal.
+    """The output line for `result`: 200 with a (chat) completion object (an `EmbedResult`:
+    OpenAI's embeddings list, `messages.openai_embeddings`), or the refusal.
     `tool_call`: the request gave tools (`calls_tool`): its output is read for calls as the
     request's metadata says (`TOOLS_KEY`; "required" when it says nothing): a forced call's
     JSON, or (tool_choice "auto") calls in the model's format (`result.model.tool_format`,
@@ -92,13 +97,17 @@ def answer_line(
     )
 
 
-def _body(url: str, result: GenerateResult, created: int, tool_call: bool = False) -> Any:
+def _body(
+    url: str, result: GenerateResult | EmbedResult, created: int, tool_call: bool = False
+) -> Any:
     if result.error is not None:
         status = _STATUS.get(result.error.code, 400)
         kind = "server_error" if status >= 500 else "invalid_request_error"
         return ErrorBody(
             error=ErrorObject(message=result.error.message, type=kind, code=result.error.code)
         )
+    if isinstance(result, EmbedResult):
+        return embedding_list(result)
     if TOKENS_AS_IDS_KEY in result.metadata:
         result = tokens_as_ids(result)
     answer_id = result.metadata.get(REQUEST_ID_KEY, result.id)  # vLLM's `request_id` names it

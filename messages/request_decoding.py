@@ -1,4 +1,5 @@
-"""Untrusted bytes → `GenerateRequest`, or an `UndecodableRequest` with the right error code.
+"""Untrusted bytes → a request (`GenerateRequest` or `EmbedRequest`, by the record's kind:
+`messages.request_kinds`), or an `UndecodableRequest` with the right error code.
 
 This is the ingest's first gate: whatever arrives on the topic (garbage, a 10 MB blob, JSON of
 the wrong shape) becomes either a request or a typed error, never an exception of another kind.
@@ -11,6 +12,7 @@ request's own map.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -19,11 +21,11 @@ from messages.codec import JSON, Codec, normalize_content_type
 from messages.error_codes import ErrorCode
 from messages.errors import UndecodableRequest, UnsupportedContentType
 from messages.limits import MAX_ID_BYTES, MAX_KEY_BYTES, cut
-from messages.request import GenerateRequest
+from messages.request_kinds import REQUEST_TYPES, Request, RequestKind, request_kind
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB
 
-_codec = Codec(GenerateRequest)
+_codecs: dict[RequestKind, Codec[Any]] = {kind: Codec(t) for kind, t in REQUEST_TYPES.items()}
 _loose_json = msgspec.json.Decoder()
 _loose_msgpack = msgspec.msgpack.Decoder()
 _msgpack_entries = msgspec.msgpack.Decoder(list[msgspec.Raw])
@@ -44,9 +46,13 @@ def decode_request(
     *,
     max_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     key: bytes | None = None,
-) -> GenerateRequest:
+    kind: RequestKind | None = None,
+) -> Request:
     """Decode one record value (and check its `key`). Raises `UndecodableRequest` (with a code)
-    on any failure; the limits are those of `messages.limits`."""
+    on any failure; the limits are those of `messages.limits`.
+
+    `kind`: which request the record is (`messages.request_kinds.request_kind`, from its schema
+    header and body); None: the body's rule decides."""
     if key is not None and len(key) > MAX_KEY_BYTES:
         raise UndecodableRequest(
             ErrorCode.KEY_TOO_LARGE,
@@ -73,10 +79,11 @@ def decode_request(
                 f"the request is not UTF-8 text (byte {exc.start}); send JSON or set "
                 "content-type: application/msgpack",
             ) from None
+    kind = kind or request_kind(data, ctype, None)
     try:
-        request = _codec.decode(data, ctype)
+        request: Request = _codecs[kind].decode(data, ctype)
     except msgspec.ValidationError as exc:
-        _raise_shape_error(data, ctype, str(exc))
+        _raise_shape_error(data, ctype, str(exc), kind)
     except (msgspec.DecodeError, RecursionError) as exc:  # deep nesting: RecursionError
         code = ErrorCode.INVALID_JSON if ctype == JSON else ErrorCode.INVALID_ENCODING
         raise UndecodableRequest(code, f"cannot decode the request: {exc}") from None
@@ -97,7 +104,7 @@ def decode_request(
     return request
 
 
-def _refuse_repeated_keys(data: bytes, text: str | None, request: GenerateRequest) -> None:
+def _refuse_repeated_keys(data: bytes, text: str | None, request: Request) -> None:
     """Raise `UndecodableRequest` if the record repeats a key: in any JSON object (`text`, the
     record as JSON), or in the MessagePack map of the request. Runs once msgspec read the
     record, so a failure here is a disagreement between decoders, refused all the same."""
@@ -168,7 +175,12 @@ def _first_repeated(keys: list[str]) -> str | None:
     return None
 
 
-def _raise_shape_error(data: bytes, ctype: str, problem: str) -> None:
+# Where msgspec says an embedding request's `input` breaks its type (a list of lists of
+# texts, a number alone): the request's own rule, answered `invalid_prompt`, not dead-lettered.
+_INPUT_PATH = re.compile(r"- at `\$\.input(\[\d+\])*`$")
+
+
+def _raise_shape_error(data: bytes, ctype: str, problem: str, kind: RequestKind) -> None:
     """The bytes parsed but do not fit the schema: salvage `id`/`reply_to` for the reply."""
     try:
         loose: Any = _loose_json.decode(data) if ctype == JSON else _loose_msgpack.decode(data)
@@ -176,17 +188,24 @@ def _raise_shape_error(data: bytes, ctype: str, problem: str) -> None:
         code = ErrorCode.INVALID_JSON if ctype == JSON else ErrorCode.INVALID_ENCODING
         raise UndecodableRequest(code, f"cannot decode the request: {exc}") from None
     if not isinstance(loose, dict):
-        kind = _JSON_KINDS.get(type(loose), type(loose).__name__)
+        got = _JSON_KINDS.get(type(loose), type(loose).__name__)
         raise UndecodableRequest(
-            ErrorCode.INVALID_JSON, f"a request must be an object, got {kind}"
+            ErrorCode.INVALID_JSON, f"a request must be an object, got {got}"
         ) from None
     request_id = loose.get("id")
     if isinstance(request_id, str) and len(request_id.encode()) > MAX_ID_BYTES:
         request_id = ""  # not echoed: it would make the error result unbounded
     reply_to = loose.get("reply_to")
+    code, message = ErrorCode.SCHEMA_VIOLATION, f"the request does not match the schema: {problem}"
+    if kind == "embed" and _INPUT_PATH.search(problem):
+        code = ErrorCode.INVALID_PROMPT
+        message = (
+            "`input` must be a text, a list of texts, a list of token ids or a list of lists of "
+            f"token ids ({problem})"
+        )
     raise UndecodableRequest(
-        ErrorCode.SCHEMA_VIOLATION,
-        f"the request does not match the schema: {problem}",
+        code,
+        message,
         request_id=request_id if isinstance(request_id, str) else "",
         reply_to=reply_to if isinstance(reply_to, str) and reply_to else None,
     ) from None

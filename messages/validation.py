@@ -1,4 +1,4 @@
-"""The model-independent rules a decoded `GenerateRequest` must follow.
+"""The model-independent rules a decoded `GenerateRequest` (or `EmbedRequest`) must follow.
 
 The wire's own rules (exactly one prompt, a reply topic Kafka accepts, metadata size, the
 range of every number, from `messages.limits`) are here; `max_new_tokens`, token ids and
@@ -11,6 +11,7 @@ vocabulary rules.
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from messages.admission import (
     check_choices,
@@ -19,10 +20,12 @@ from messages.admission import (
     check_sampling,
     check_token_ids,
 )
+from messages.embedding import EmbedInput, EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import (
     INT64_LIMIT,
+    MAX_EMBED_INPUTS,
     MAX_METADATA_CHARS,
     MAX_METADATA_ENTRIES,
     MAX_PRIORITY,
@@ -77,6 +80,23 @@ def check_request(request: GenerateRequest) -> None:
     check_logprobs(request.logprobs)
     check_logprobs(request.prompt_logprobs, "prompt_logprobs")
     check_choices(request.n)
+    check_common(request)
+    check_response_format(request.response_format)
+    check_structured_output(request.structured_output, request.response_format)
+    shape = request.response_format
+    check_tool_calling(
+        request.tools,
+        request.tool_calling is not None,
+        with_messages=request.messages is not None,
+        constrained=request.structured_output is not None or bool(shape and shape.constrained),
+    )
+    _check_extras(request)
+
+
+def check_common(request: GenerateRequest | EmbedRequest) -> None:
+    """The rules both kinds of request follow: reply topic, timeout, priority, schema version,
+    metadata size (and a generation request's chunk intervals, in between). Raises
+    `InvalidRequest`."""
     if request.reply_to is not None and not is_topic_name(request.reply_to):
         raise InvalidRequest(
             ErrorCode.INVALID_REPLY_TO,
@@ -90,15 +110,8 @@ def check_request(request: GenerateRequest) -> None:
         raise _invalid(
             f"timeout_ms must be at most {MAX_TIMEOUT_MS} (a week), got {number_text(timeout_ms)}"
         )
-    tokens = request.stream_interval_tokens
-    if tokens is not None and not 1 <= tokens <= MAX_STREAM_INTERVAL_TOKENS:
-        raise _invalid(
-            f"stream_interval_tokens must be in [1, {MAX_STREAM_INTERVAL_TOKENS}], "
-            f"got {number_text(tokens)}"
-        )
-    ms = request.stream_interval_ms
-    if ms is not None and not 0 <= ms <= MAX_STREAM_INTERVAL_MS:  # also refuses NaN
-        raise _invalid(f"stream_interval_ms must be in [0, {MAX_STREAM_INTERVAL_MS:.0f}], got {ms}")
+    if isinstance(request, GenerateRequest):
+        _check_intervals(request)
     if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
         raise _invalid(
             f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}] (waiting raises it one level "
@@ -114,16 +127,63 @@ def check_request(request: GenerateRequest) -> None:
             f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_CHARS} "
             f"characters (got {len(request.metadata)} and {metadata_chars}); it is echoed back",
         )
-    check_response_format(request.response_format)
-    check_structured_output(request.structured_output, request.response_format)
-    shape = request.response_format
-    check_tool_calling(
-        request.tools,
-        request.tool_calling is not None,
-        with_messages=request.messages is not None,
-        constrained=request.structured_output is not None or bool(shape and shape.constrained),
+
+
+def _check_intervals(request: GenerateRequest) -> None:
+    tokens = request.stream_interval_tokens
+    if tokens is not None and not 1 <= tokens <= MAX_STREAM_INTERVAL_TOKENS:
+        raise _invalid(
+            f"stream_interval_tokens must be in [1, {MAX_STREAM_INTERVAL_TOKENS}], "
+            f"got {number_text(tokens)}"
+        )
+    ms = request.stream_interval_ms
+    if ms is not None and not 0 <= ms <= MAX_STREAM_INTERVAL_MS:  # also refuses NaN
+        raise _invalid(f"stream_interval_ms must be in [0, {MAX_STREAM_INTERVAL_MS:.0f}], got {ms}")
+
+
+def check_embed_request(request: EmbedRequest) -> None:
+    """Raise `InvalidRequest` with the code of the first model-independent rule `request`
+    breaks: its inputs (one kind, none empty, at most `MAX_EMBED_INPUTS`, token ids in range),
+    `dimensions` positive, and the rules every request follows (`check_common`). The model's
+    own (its width, prompts, vocabulary, length) are `actors.ingest.model_front`'s."""
+    inputs = embed_inputs(request.input)
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise InvalidRequest(
+            ErrorCode.INVALID_PROMPT,
+            f"`input` holds {len(inputs)} inputs; the limit is {MAX_EMBED_INPUTS}",
+        )
+    for index, one in enumerate(inputs):
+        if not one:
+            raise InvalidRequest(ErrorCode.EMPTY_PROMPT, f"input {index} is empty")
+        if not isinstance(one, str):
+            check_token_ids(one, f"input {index}")
+    dimensions = request.dimensions
+    if dimensions is not None and dimensions < 1:
+        raise InvalidRequest(
+            ErrorCode.INVALID_DIMENSIONS,
+            f"dimensions must be positive, got {number_text(dimensions)}",
+        )
+    check_common(request)
+
+
+def embed_inputs(value: EmbedInput | None) -> list[str | list[int]]:
+    """An `EmbedRequest.input` as its list of inputs, each a text or a list of token ids:
+    "a" → ["a"]; [1, 2] → [[1, 2]]. Raises `InvalidRequest`: `invalid_prompt` when there is
+    none or its kinds are mixed, `empty_prompt` when it is an empty list."""
+    if value is None:
+        raise InvalidRequest(ErrorCode.INVALID_PROMPT, "an embedding request needs `input`")
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise InvalidRequest(ErrorCode.EMPTY_PROMPT, "`input` is an empty list")
+    if all(isinstance(one, int) for one in value):
+        return [cast(list[int], value)]
+    if all(isinstance(one, str) for one in value) or all(isinstance(one, list) for one in value):
+        return cast(list[str | list[int]], value)
+    raise InvalidRequest(
+        ErrorCode.INVALID_PROMPT,
+        "`input` mixes kinds: give texts, or token ids, or lists of token ids, not several",
     )
-    _check_extras(request)
 
 
 def _check_extras(request: GenerateRequest) -> None:

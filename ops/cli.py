@@ -33,7 +33,7 @@ class LazyCommand(NamedTuple):
 
 COMMANDS: Mapping[str, LazyCommand] = {
     "batch": LazyCommand(
-        "ops.batch.cli:batch", "Offline generation from OpenAI Batch API JSONL files."
+        "ops.batch.cli:batch", "Offline generation and embedding from OpenAI Batch API JSONL files."
     ),
     "bench": LazyCommand(
         "ops.bench.cli:bench",

@@ -27,18 +27,19 @@ from actors.emit.retries import Step, backoff_ms, next_step
 from actors.results import dead_lettered_after_attempts, undeliverable
 from messages import headers as h
 from messages.attempts import Attempts, failed_attempt
-from messages.codec import Codec
+from messages.codec import encode
+from messages.embedding import EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.limits import MAX_KEY_BYTES
-from messages.request import GenerateRequest
-from messages.result import GenerateResult
+from messages.request_kinds import RESULT_SCHEMAS
 
 if TYPE_CHECKING:
     from actors.mail import Outcome
 
 log = structlog.get_logger("tokenmill.emitter")
 
-_RESULT_SCHEMA = h.RESULT_SCHEMA.encode()
+_RESULT_SCHEMAS = {kind: schema.encode() for kind, schema in RESULT_SCHEMAS.items()}
+_EMBED_REQUEST_SCHEMA = h.EMBED_REQUEST_SCHEMA.encode()
 
 
 class OutcomePlanner:
@@ -48,8 +49,6 @@ class OutcomePlanner:
     then a transient failure is dead-lettered at once."""
 
     def __init__(self, count: Callable[[str], None], *, retries_usable: bool = False) -> None:
-        self.codec = Codec(GenerateResult)
-        self.request_codec = Codec(GenerateRequest)
         self.count = count
         self.answered_instead = 0  # results that could not be delivered, answered with an error
         self.retries_usable = retries_usable
@@ -71,11 +70,11 @@ class OutcomePlanner:
         headers = [
             *p.spans.headers,
             (h.CONTENT_TYPE, outcome.content_type.encode()),
-            (h.SCHEMA, _RESULT_SCHEMA),
+            (h.SCHEMA, _RESULT_SCHEMAS[type(outcome.result)]),
         ]
         if outcome.attempts.number > 1:  # which attempt answered it
             headers.append((h.ATTEMPT, str(outcome.attempts.number).encode()))
-        value = self.codec.encode(outcome.result, outcome.content_type)
+        value = encode(outcome.result, outcome.content_type)
         result = Record(outcome.reply_topic, value, key, headers, "result")
         if result.size > config.producer_max_bytes and p.answered is None:
             message = (
@@ -133,7 +132,9 @@ class OutcomePlanner:
             (h.CONTENT_TYPE, outcome.content_type.encode()),
             *following.headers(),
         ]
-        value = self.request_codec.encode(outcome.request, outcome.content_type)
+        if isinstance(outcome.request, EmbedRequest):  # the body says so too; the header first
+            headers.append((h.SCHEMA, _EMBED_REQUEST_SCHEMA))
+        value = encode(outcome.request, outcome.content_type)
         key = outcome.record.key
         if key is None or len(key) > MAX_KEY_BYTES:
             key = outcome.request.id.encode() or None
@@ -144,7 +145,7 @@ class OutcomePlanner:
         """`p`'s outcome with the dead letter of a request whose last attempt failed."""
         outcome = p.outcome
         assert outcome.request is not None
-        value = self.request_codec.encode(outcome.request, outcome.content_type)
+        value = encode(outcome.request, outcome.content_type)
         done = self._next_attempt(p)
         # On the letter: the attempts made (the last one's number) and every failure.
         attempts = Attempts(outcome.attempts.number, done.history).headers()
@@ -172,7 +173,7 @@ class OutcomePlanner:
         self.count("answered")
         value = None
         if outcome.request is not None:
-            value = self.request_codec.encode(outcome.request, outcome.content_type)
+            value = encode(outcome.request, outcome.content_type)
         p.outcome = undeliverable(
             outcome, code, message, results_topic=config.results_topic, value=value
         )

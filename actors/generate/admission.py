@@ -13,7 +13,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import structlog
 
@@ -28,6 +28,8 @@ from actors.telemetry.tracing import record_batch_span
 from gpu.errors import RequestRejected
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
+from messages.request import GenerateRequest
+from messages.request_kinds import Request
 from messages.result import ErrorInfo
 
 log = structlog.get_logger("tokenmill.gpu")
@@ -58,13 +60,13 @@ async def admit(
         if running is not None:
             await answers.error(item, duplicate_error(item, running))
             continue
-        engine, prompt = _engine_for(slots, item)
+        engine, tokens = _engine_for(slots, item)
         if engine is None:
-            await answers.error(item, prompt)
+            await answers.error(item, tokens)
             continue
         try:
             faults.adding(request.id, item.attempts.number)  # test-only; may raise
-            runs = engine_request(item, prompt)
+            runs = engine_request(item, tokens)
             if runs.params.constraint is not None:
                 # Compiling a grammar can take a while (the first builds the library's view
                 # of the vocabulary: seconds for a large one), so not on the event loop.
@@ -84,7 +86,7 @@ async def admit(
             model=slots.front_of(engine).ref,
             admitted_at=now,
             requeued=batch.reason == "requeued",
-            streams=_streams_for(streaming, item, engine, now) if request.stream else [],
+            streams=_streams_for(streaming, request, engine, now) if _streamed(request) else [],
         )
 
 
@@ -106,28 +108,33 @@ def duplicate_error(item: Admitted, running: InFlight) -> ErrorInfo:
 
 
 def _engine_for(slots: ModelSlots, item: Admitted) -> tuple[Any, Any]:
-    """The active engine and `item`'s prompt tokens for it, or (None, the error to answer).
+    """The active engine and `item`'s tokens for it, or (None, the error to answer).
 
-    An item tokenized for another model (queued before a flip) is tokenized again.
+    An item tokenized for another model (queued before a flip) is tokenized again (a request
+    of the task the new model does not serve is answered `unsupported_task`).
     """
     engine = slots.active
     if item.model_digest in ("", engine.model.digest):
-        return engine, item.prompt_token_ids
+        return engine, item.embed if item.embed is not None else item.prompt_token_ids
     try:
-        return engine, slots.front.prompt_tokens(item.request)
+        return engine, slots.front.tokenize(item.request)
     except InvalidRequest as exc:
         return None, ErrorInfo(code=exc.code, message=str(exc))
     except Exception as exc:  # the new model's tokenizer or template failed on it
         return None, ErrorInfo(code=ErrorCode.INVALID_PROMPT, message=repr(exc))
 
 
+def _streamed(request: Request) -> TypeGuard[GenerateRequest]:
+    """A generation request that asked for chunks (an embedding request never does)."""
+    return isinstance(request, GenerateRequest) and request.stream
+
+
 def _streams_for(
-    policy: StreamPolicy, item: Admitted, engine: Any, now: float
+    policy: StreamPolicy, request: GenerateRequest, engine: Any, now: float
 ) -> list[TokenStream]:
     """The chunk state of a streamed request's run, one per choice (a run again gets new
     ones). With logprobs asked, each token's text is decoded alone, special tokens included,
     as the result's logprobs show them."""
-    request = item.request
     tokens, interval_s, floor_s = policy.intervals(request)
     run = uuid.uuid4().hex[:16]
     tokenizer = engine.model.tokenizer

@@ -232,7 +232,8 @@ class IngestActor(Actor[Mail]):
                         entries.append(entry)
                         arriving.add(entry.request.id)
                 except Exception as exc:  # a bug: this record's answer, not the actor's crash
-                    await self.door.refusals.internal_error(envelope, exc)
+                    kind = envelope.kind(record.value)
+                    await self.door.refusals.internal_error(envelope, exc, kind)
             await self._bucket(entries)
 
     async def _bucket(self, entries: list[Entry]) -> None:

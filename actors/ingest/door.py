@@ -22,15 +22,16 @@ from typing import Any
 
 from actors.config import WorkerConfig
 from actors.ingest.envelope import Envelope
-from actors.ingest.model_front import ModelFront
+from actors.ingest.model_front import EmbedInputs, ModelFront, Tokens
 from actors.ingest.refusals import Refusals
 from actors.ingest.reply_topics import KnownTopics, ReplyPolicy, ReplyTopics
-from actors.ingest.rules import check, tokenize_all
+from actors.ingest.rules import check, check_embed_result_size, tokenize_all
 from actors.mail import Admitted, Outcome
 from actors.runtime import Address
+from messages.embedding import EmbedRequest
 from messages.errors import InvalidRequest, UndecodableRequest
-from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
+from messages.request_kinds import Request, kind_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,7 @@ class Entry:
     """A record that passed the door: its request, waiting to be tokenized."""
 
     envelope: Envelope
-    request: GenerateRequest
+    request: Request
     content_type: str
     deadline: float | None  # monotonic seconds
 
@@ -77,15 +78,17 @@ class Door:
         if envelope.unreadable is not None:
             await self.refusals.unreadable(envelope, value, envelope.unreadable)
             return None
+        kind = envelope.kind(value)
         try:
             request = decode_request(
                 value,
                 envelope.raw_content_type,
                 max_bytes=self.config.max_request_bytes,
                 key=envelope.record.key,
+                kind=kind,
             )
         except UndecodableRequest as exc:
-            await self.refusals.reject(envelope, exc, value)
+            await self.refusals.reject(envelope, exc, value, kind=kind)
             return None
         try:
             deadline = check(request, envelope.record.timestamp_ms)
@@ -106,6 +109,8 @@ class Door:
         now = time.monotonic()
         admitted = []
         for entry, ids in zip(entries, tokens, strict=True):
+            if isinstance(ids, EmbedInputs) and isinstance(entry.request, EmbedRequest):
+                ids = self._sized(entry.request, ids, front)
             if isinstance(ids, InvalidRequest):
                 await self.refusals.reject(entry.envelope, ids, None, entry.request)
                 continue
@@ -113,19 +118,31 @@ class Door:
                 item = self.admitted(entry, ids, front, now)
                 item.cost_tokens  # noqa: B018  (a bug here is this record's answer)
             except Exception as exc:  # a bug: this record's answer, not the actor's crash
-                await self.refusals.internal_error(entry.envelope, exc)
+                await self.refusals.internal_error(entry.envelope, exc, kind_of(entry.request))
                 continue
             admitted.append(item)
         return admitted
 
-    def admitted(
-        self, entry: Entry, token_ids: list[int], front: ModelFront, now: float
-    ) -> Admitted:
+    def _sized(
+        self, request: EmbedRequest, inputs: EmbedInputs, front: ModelFront
+    ) -> EmbedInputs | InvalidRequest:
+        """`inputs`, or the refusal of a request whose vectors could not fit in one result."""
+        width = front.embedding.dimensions if front.embedding is not None else 0
+        try:
+            check_embed_result_size(
+                request, len(inputs.inputs), width, self.config.producer_max_bytes
+            )
+        except InvalidRequest as exc:
+            return exc
+        return inputs
+
+    def admitted(self, entry: Entry, tokens: Tokens, front: ModelFront, now: float) -> Admitted:
         """The request, tokenized by `front`, ready for a bucket."""
+        embed = tokens if isinstance(tokens, EmbedInputs) else None
         return Admitted(
             request=entry.request,
             record=entry.envelope.record,
-            prompt_token_ids=token_ids,
+            prompt_token_ids=tokens.tokens if isinstance(tokens, EmbedInputs) else tokens,
             reply_topic=entry.request.reply_to or self.config.results_topic,
             content_type=entry.content_type,
             trace=entry.envelope.trace,
@@ -133,4 +150,5 @@ class Door:
             deadline=entry.deadline,
             model_digest=front.digest,
             attempts=entry.envelope.attempts,
+            embed=embed,
         )

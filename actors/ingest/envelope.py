@@ -5,6 +5,7 @@
     envelope.trace                   # its trace context: the W3C headers to pass on, their parent
     envelope.trace_ids               # (trace id, span id) for the request's log lines
     envelope.attempts                # which attempt of its request it is (`messages.attempts`)
+    envelope.kind                    # generation or embedding (`messages.request_kinds`)
 
 Everything after the door (refusals, the admitted request, its outcome) takes these values
 from the envelope instead of reading the headers again.
@@ -23,6 +24,7 @@ from messages.attempts import Attempts, read_attempts
 from messages.codec import JSON, normalize_content_type
 from messages.errors import UnsupportedContentType
 from messages.headers import Headers
+from messages.request_kinds import RequestKind, request_kind
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Envelope:
     trace: TraceContext  # `traceparent` / `tracestate` and the parent they name
     unreadable: str | None = None  # why the Kafka client could not read the record as sent
     attempts: Attempts = field(default_factory=Attempts)  # 1 unless read from a retry topic
+    schema: bytes | None = None  # the `tokenmill-schema` header, if any
 
     @classmethod
     def of(cls, record: Any) -> Envelope:
@@ -46,6 +49,7 @@ class Envelope:
             trace=TraceContext.of(headers),
             unreadable=record_reader.unreadable(record),
             attempts=read_attempts(headers),
+            schema=h.header(headers, h.SCHEMA),
         )
 
     @property
@@ -60,6 +64,16 @@ class Envelope:
             return self.content_type
         except UnsupportedContentType:
             return JSON
+
+    def kind(self, value: bytes | None) -> RequestKind:
+        """Which request the record's `value` is: its schema header's kind, else the body's
+        (`messages.request_kinds.request_kind`); a generation request when its content type is
+        none we speak (it is refused as one)."""
+        try:
+            content_type = self.content_type
+        except UnsupportedContentType:
+            return "generate"
+        return request_kind(value, content_type, self.schema)
 
     @property
     def trace_ids(self) -> tuple[str, str]:

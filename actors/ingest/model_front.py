@@ -2,6 +2,10 @@
 
 The ingest tokenizes and checks every request before it is queued, so a request that cannot
 run is answered at once with a typed error instead of occupying a bucket and an engine slot.
+
+A model serves one task: a generative one (`embedding` None) answers `GenerateRequest`s, an
+embedding one (`embedding`: its `EmbeddingSpec`, read from the engine's `embedding`) answers
+`EmbedRequest`s; `tokenize` refuses the other kind with `unsupported_task`.
 """
 
 from __future__ import annotations
@@ -9,18 +13,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import msgspec
 
+from gpu.encoder import inputs as encoder_inputs
+from gpu.encoder.spec import EmbeddingSpec
 from gpu.loading.sampling_defaults import SamplingDefaults, read_sampling_defaults
 from messages.admission import check_lengths, check_sampling, check_vocabulary, prompt_limit
+from messages.embedding import EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
-from messages.limits import result_size_bound
+from messages.limits import cut, number_text, result_size_bound
 from messages.request import GenerateRequest
+from messages.request_kinds import Request
 from messages.result import ModelRef
 from messages.tool_formats import ToolFormat, detect_format
+from messages.validation import embed_inputs
+
+if TYPE_CHECKING:
+    from gpu.loading.tokenizer import Tokenizer
 
 
 class TokenizerLike(Protocol):
@@ -37,6 +49,26 @@ class TokenizerLike(Protocol):
         template_kwargs: dict[str, Any] | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedInputs:
+    """An embedding request's inputs as the encoder runs them: each one's tokens, final (task
+    prompt, special tokens, truncation), in input order."""
+
+    inputs: tuple[list[int], ...]
+    truncated: int = 0  # how many were cut to fit the model
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every input's tokens, one after another: what the request weighs in the buckets,
+        the token budget and the backpressure (`EngineRequest.prompt_token_ids`)."""
+        return [token for one in self.inputs for token in one]
+
+
+# What `ModelFront.tokenize` makes of a request: a generation request's prompt tokens, or an
+# embedding request's inputs.
+Tokens = list[int] | EmbedInputs
 
 
 @dataclass(frozen=True)
@@ -56,25 +88,37 @@ class ModelFront:
     # The format its chat template writes tool calls in (`messages.tool_formats`); "" for
     # tokenmill's default (a template with none).
     tool_format: str = ""
+    # An embedding model's pipeline and limits; None for a generative model.
+    embedding: EmbeddingSpec | None = None
 
     @classmethod
     def of_engine(cls, engine: Any) -> ModelFront:
-        """The front of an `gpu.engine.Engine` (or anything shaped like one)."""
+        """The front of an `gpu.engine.Engine` or `gpu.encoder` engine (or anything shaped like
+        one). An embedding model's limit is its longest input; it generates nothing."""
         model = engine.model
         aliases = {model.name, model.digest, Path(model.path).name, Path(model.path).stem}
+        embedding = getattr(engine, "embedding", None)
+        if embedding is not None:
+            max_model_len = max_prompt_tokens = embedding.max_tokens
+            max_new_tokens = 0
+        else:
+            max_model_len = engine.max_model_len
+            max_prompt_tokens = prompt_limit(engine.config.max_prompt_tokens, max_model_len)
+            max_new_tokens = engine.config.max_new_tokens
         return cls(
             name=model.name,
             digest=model.digest,
             aliases=frozenset(aliases),
             tokenizer=model.tokenizer,
             vocab_size=model.config.vocab_size,
-            max_model_len=engine.max_model_len,
-            max_prompt_tokens=prompt_limit(engine.config.max_prompt_tokens, engine.max_model_len),
-            max_new_tokens=engine.config.max_new_tokens,
+            max_model_len=max_model_len,
+            max_prompt_tokens=max_prompt_tokens,
+            max_new_tokens=max_new_tokens,
             max_token_bytes=getattr(model.tokenizer, "max_token_bytes", 64),
             quantization=getattr(model, "quantization", "none"),
             sampling_defaults=read_sampling_defaults(Path(model.path)),
             tool_format=tool_format_of(getattr(model.tokenizer, "chat_template", None)),
+            embedding=embedding,
         )
 
     @property
@@ -91,7 +135,87 @@ class ModelFront:
             digest=self.digest,
             quantization=self.quantization,
             tool_format=self.tool_format,
+            task="embed" if self.embedding is not None else "",
         )
+
+    def tokenize(self, request: Request) -> Tokens:
+        """`request`'s tokens on this model (`prompt_tokens`, `embed_inputs`); raises
+        `InvalidRequest`, `unsupported_task` for a request of the task it does not serve."""
+        if isinstance(request, EmbedRequest):
+            return self.embed_inputs(request)
+        if self.embedding is not None:
+            raise InvalidRequest(
+                ErrorCode.UNSUPPORTED_TASK,
+                f"this worker serves {self.name!r}, an embedding model: it answers embedding "
+                "requests (EmbedRequest) only; send generation requests to a worker that serves a "
+                "generative model",
+            )
+        return self.prompt_tokens(request)
+
+    def embed_inputs(self, request: EmbedRequest) -> EmbedInputs:
+        """Tokenize and check an embedding request against this model; raises
+        `InvalidRequest`.
+
+        Texts get the task prompt (`prompt_name`, else the model's default) and the special
+        tokens, as sentence-transformers adds them (`gpu.encoder.inputs.embed_tokens`); token
+        ids run as given. An input longer than the model takes is refused (`truncate` "none")
+        or cut (`gpu.encoder.inputs.fit`): its first tokens kept ("end") or its last
+        ("start"), a text's special tokens kept as sentence-transformers keeps them.
+        """
+        spec = self.embedding
+        if spec is None:
+            raise InvalidRequest(
+                ErrorCode.UNSUPPORTED_TASK,
+                f"this worker serves {self.name!r}, a generative model: it answers generation "
+                "requests (GenerateRequest) only; send embedding requests to a worker that "
+                "serves an embedding model",
+            )
+        self._check_model(request.model)
+        dimensions = request.dimensions
+        if dimensions is not None and dimensions > spec.dimensions:
+            raise InvalidRequest(
+                ErrorCode.INVALID_DIMENSIONS,
+                f"dimensions must be in [1, {spec.dimensions}] for model {self.name!r}, "
+                f"got {number_text(dimensions)}",
+            )
+        name = request.prompt_name
+        if name is not None and name not in spec.prompts:
+            known = ", ".join(sorted(spec.prompts)) or "none"
+            raise InvalidRequest(
+                ErrorCode.UNKNOWN_PROMPT_NAME,
+                f"prompt_name {cut(name, 64)!r} is not one of model {self.name!r}'s task "
+                f"prompts ({known})",
+            )
+        name = spec.default_prompt_name if name is None else name
+        out: list[list[int]] = []
+        truncated = 0
+        for index, one in enumerate(embed_inputs(request.input)):
+            if isinstance(one, str):
+                # An encoder engine's tokenizer is a `gpu.loading.tokenizer.Tokenizer`.
+                tokenizer = cast("Tokenizer", self.tokenizer)
+                ids = encoder_inputs.embed_tokens(tokenizer, spec, one, name)
+            else:
+                check_vocabulary(one, self.vocab_size, f"input {index}")
+                ids = list(one)
+            if len(ids) > spec.max_tokens:
+                if request.truncate == "none":
+                    raise InvalidRequest(
+                        ErrorCode.PROMPT_TOO_LONG,
+                        f"input {index} is {len(ids)} tokens; model {self.name!r} takes at most "
+                        f'{spec.max_tokens} (set truncate to "end" or "start" to cut it)',
+                    )
+                specials = spec.specials if isinstance(one, str) else (0, 0)
+                ids, _ = encoder_inputs.fit(ids, spec.max_tokens, request.truncate, specials)
+                truncated += 1
+            out.append(ids)
+        return EmbedInputs(tuple(out), truncated)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.aliases:
+            raise InvalidRequest(
+                ErrorCode.UNKNOWN_MODEL,
+                f"model {model!r} is not served here; this worker runs {self.name!r}",
+            )
 
     def prompt_tokens(self, request: GenerateRequest) -> list[int]:
         """Tokenize and check `request` against this model; raises `InvalidRequest`.
@@ -103,11 +227,7 @@ class ModelFront:
         model (`model_defaults`) are filled in `request` itself (`_fill_sampling`,
         `_fill_max_new_tokens`: filling them again, for another model, gives that model's).
         """
-        if request.model is not None and request.model not in self.aliases:
-            raise InvalidRequest(
-                ErrorCode.UNKNOWN_MODEL,
-                f"model {request.model!r} is not served here; this worker runs {self.name!r}",
-            )
+        self._check_model(request.model)
         _fill_sampling(request, self.sampling_defaults)
         check_sampling(request, vocab_size=self.vocab_size)
         if request.prompt_token_ids is not None:
@@ -155,7 +275,11 @@ def tool_format_of(chat_template: str | None) -> str:
 
 def result_size_refusal(front: ModelFront, max_message_bytes: int) -> str | None:
     """Why a worker sending at most `max_message_bytes` a record may not serve `front` (its
-    results could be larger), or None when every result it can make fits."""
+    results could be larger), or None when every result it can make fits. An embedding
+    model's results grow with the request's inputs, not the model: one too large for the
+    producer is answered `result_too_large` when it is made."""
+    if front.embedding is not None:
+        return None
     bound = front.result_size_bound
     if bound <= max_message_bytes:
         return None

@@ -23,8 +23,8 @@ from messages.attempts import Attempts, failed_attempt, without_attempt_headers
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest, UndecodableRequest
 from messages.headers import Headers
-from messages.request import GenerateRequest
 from messages.request_decoding import decode_request
+from messages.request_kinds import Request, RequestKind, kind_of
 
 log = structlog.get_logger("tokenmill.ingest")
 
@@ -43,14 +43,18 @@ class Refusals:
         envelope: Envelope,
         exc: UndecodableRequest | InvalidRequest,
         value: bytes | None,
-        request: GenerateRequest | None = None,
+        request: Request | None = None,
         *,
         headers: Headers | None = None,
+        kind: RequestKind | None = None,
     ) -> None:
         """Answer a record that cannot run: an error result (to its `reply_to` when that is
         usable) and, when it is undecodable, its dead letter (with `headers`, by default the
-        record's own)."""
+        record's own). The result is of the request's kind (`kind`, when it could not be
+        decoded; by default a `GenerateResult`)."""
         ref = envelope.record
+        if request is not None:
+            kind = kind_of(request)
         if isinstance(exc, UndecodableRequest):
             request_id = exc.request_id or key_text(ref.key)
             reply_to = exc.reply_to
@@ -75,6 +79,7 @@ class Refusals:
             metadata=request.metadata if request else None,
             max_dead_letter_bytes=self.config.max_request_bytes,
             request=request,
+            kind=kind or "generate",
         )
         await self.outcomes.send(outcome)
 
@@ -91,13 +96,16 @@ class Refusals:
             request_id=request.id if request is not None else "",
             reply_to=request.reply_to if request is not None else None,
         )
-        await self.reject(envelope, error, value)
+        await self.reject(envelope, error, value, kind=envelope.kind(value))
 
-    def _salvage(self, envelope: Envelope, value: bytes | None) -> GenerateRequest | None:
+    def _salvage(self, envelope: Envelope, value: bytes | None) -> Request | None:
         """The request in `value`, for its id and reply_to, if it is one."""
         try:
             return decode_request(
-                value, envelope.raw_content_type, max_bytes=self.config.max_request_bytes
+                value,
+                envelope.raw_content_type,
+                max_bytes=self.config.max_request_bytes,
+                kind=envelope.kind(value),
             )
         except UndecodableRequest:
             return None
@@ -120,11 +128,14 @@ class Refusals:
         crashes = (h.DLQ_CRASHES, str(deaths).encode())
         own = without_attempt_headers(envelope.headers)
         attempts = attempts_after_deaths(envelope.attempts, deaths).headers()
-        await self.reject(envelope, error, value, headers=[*own, crashes, *attempts])
+        await self.reject(envelope, error, value, headers=[*own, crashes, *attempts],
+                          kind=envelope.kind(value))  # fmt: skip
 
-    async def internal_error(self, envelope: Envelope, exc: Exception) -> None:
-        """Answer a record whose admission failed unexpectedly (`internal_error`); the ingest
-        goes on with the next one."""
+    async def internal_error(
+        self, envelope: Envelope, exc: Exception, kind: RequestKind = "generate"
+    ) -> None:
+        """Answer a record whose admission failed unexpectedly (`internal_error`) with a result
+        of its `kind`; the ingest goes on with the next one."""
         ref = envelope.record
         log.exception("record_internal_error", topic=ref.topic, partition=ref.partition,
                       offset=ref.offset)  # fmt: skip
@@ -132,7 +143,7 @@ class Refusals:
             ErrorCode.INTERNAL_ERROR,
             f"the worker failed admitting this record ({type(exc).__name__}); it was not run",
         )
-        await self.reject(envelope, error, None)
+        await self.reject(envelope, error, None, kind=kind)
 
 
 def attempts_after_deaths(attempts: Attempts, deaths: int) -> Attempts:

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import time
 
-from actors.ingest.model_front import ModelFront
+from actors.ingest.model_front import ModelFront, Tokens
+from messages.embedding import EmbedRequest
 from messages.error_codes import ErrorCode
 from messages.errors import InvalidRequest
 from messages.limits import MAX_ID_BYTES
-from messages.request import GenerateRequest
-from messages.validation import check_request
+from messages.request_kinds import Request
+from messages.validation import check_embed_request, check_request
 
 
-def tokenize_all(
-    front: ModelFront, requests: list[GenerateRequest]
-) -> list[list[int] | InvalidRequest]:
-    out: list[list[int] | InvalidRequest] = []
+def tokenize_all(front: ModelFront, requests: list[Request]) -> list[Tokens | InvalidRequest]:
+    out: list[Tokens | InvalidRequest] = []
     for request in requests:
         try:
-            out.append(front.prompt_tokens(request))
+            out.append(front.tokenize(request))
         except InvalidRequest as exc:
             out.append(exc)
         except Exception as exc:  # a template or tokenizer failure is this request's problem
@@ -31,10 +30,13 @@ def tokenize_all(
     return out
 
 
-def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+def check(request: Request, record_timestamp_ms: int) -> float | None:
     """Apply the model-independent rules; returns the deadline (monotonic) if it has one.
     Raises `InvalidRequest`, and nothing else, for any request `decode_request` returns."""
-    check_request(request)
+    if isinstance(request, EmbedRequest):
+        check_embed_request(request)
+    else:
+        check_request(request)
     deadline = deadline_of(request, record_timestamp_ms)
     if deadline is not None and deadline <= time.monotonic():
         raise InvalidRequest(
@@ -43,7 +45,40 @@ def check(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
     return deadline
 
 
-def deadline_of(request: GenerateRequest, record_timestamp_ms: int) -> float | None:
+# An embedding result's bytes a vector value: float32 values written as JSON numbers take 21
+# on average (the shortest text that reads back the same double, and a comma); base64, 4/3 of
+# the 4 bytes. A vector's own fields and the result's (id, metadata, model, timings) are apart.
+FLOAT_VALUE_BYTES = 22
+BASE64_VALUE_BYTES = 16 / 3
+VECTOR_OVERHEAD_BYTES = 48
+RESULT_OVERHEAD_BYTES = 2048
+
+
+def check_embed_result_size(request: EmbedRequest, inputs: int, width: int, max_bytes: int) -> None:
+    """Refuse at the door an embedding request whose result would not fit in one record of
+    `max_bytes` (`result_too_large`), rather than after its vectors are made. `width`: the
+    model's full width (the request's `dimensions` when it asks fewer)."""
+    dimensions = request.dimensions or width
+    per_value = BASE64_VALUE_BYTES if request.encoding_format == "base64" else FLOAT_VALUE_BYTES
+    per_vector = dimensions * per_value + VECTOR_OVERHEAD_BYTES
+    fixed = (
+        RESULT_OVERHEAD_BYTES
+        + len(request.id)
+        + sum(len(k) + len(v) for k, v in request.metadata.items())
+    )
+    size = int(inputs * per_vector + fixed)
+    if size <= max_bytes:
+        return
+    fits = max(0, int((max_bytes - fixed) // per_vector))
+    raise InvalidRequest(
+        ErrorCode.RESULT_TOO_LARGE,
+        f"{inputs} vectors of {dimensions} values as {request.encoding_format} make about "
+        f"{size} bytes, over the worker's limit of {max_bytes} a result: send at most {fits} "
+        "inputs a request, or ask encoding_format base64 or fewer dimensions",
+    )
+
+
+def deadline_of(request: Request, record_timestamp_ms: int) -> float | None:
     """The request's deadline on the monotonic clock: the earlier of `deadline`, `timeout_ms`.
 
     For a request `check_request` passed this cannot overflow: `timeout_ms` is at most

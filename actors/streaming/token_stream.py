@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from actors.results import wire_logprobs
+from actors.result_shapes import wire_logprobs
 from actors.streaming.detokenizer import Decode, IncrementalText
 from gpu.logprobs import CompletionLogprobs, TokenLogprob
 from messages.chunk import GenerateChunk

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 from actors.ingest.model_front import ModelFront, result_size_refusal
@@ -38,7 +39,7 @@ from gpu.loading.checkpoint_header import planned_gguf_weights, read_config
 from gpu.memory.footprint import engine_bytes, free_bytes, planned_engine_bytes
 from gpu.memory.swap_plan import SwapPlan, plan_swap
 from gpu.model_holder import free_device_memory
-from gpu.smoke_test import smoke_test
+from gpu.smoke_test import SMOKE_PROMPT, smoke_test
 from messages.events import ModelSwapFailed, ModelSwapped, ModelSwapStarted
 from messages.result import ModelRef
 
@@ -248,8 +249,7 @@ class Swapper:
                 failure = result_size_refusal(ModelFront.of_engine(engine), limit)
                 if failure is not None:
                     raise SwapError(failure)
-            report = smoke_test(engine)
-            return _Loaded(engine, load_ms, report.ms)
+            return _Loaded(engine, load_ms, smoke_ms(engine))
 
         return await asyncio.get_running_loop().run_in_executor(thread, load_and_test)
 
@@ -273,24 +273,44 @@ def _same_path(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def smoke_ms(engine: Any) -> float:
+    """Smoke-test a freshly loaded engine (`gpu.smoke_test`: a few greedy tokens, finite
+    logits; an embedding model's: one short input's vector, finite); the milliseconds it took.
+    Raises what fails."""
+    if getattr(engine, "embedding", None) is None:
+        return smoke_test(engine).ms
+    start = time.perf_counter()
+    tokens = engine.model.tokenizer.encode(SMOKE_PROMPT) or [0]
+    vectors = engine.encode([tokens])
+    if len(vectors) != 1 or not np.isfinite(vectors[0]).all():
+        raise SwapError("the embedding model made no finite vector for a tiny input")
+    return (time.perf_counter() - start) * 1e3
+
+
 def engine_builder_like(active: Any) -> EngineBuilder:
     """A builder for engines like `active` (same engine settings, dtype and device); it keeps
-    those settings, never `active` itself, so a swapped-out engine can be freed.
+    those settings, never `active` itself, so a swapped-out engine can be freed. An embedding
+    model's folder (`gpu.encoder.is_embedding_model`) gets an encoder engine, any other a
+    generative one, whichever `active` is.
 
     With a draft model (`--speculative-model`), the new engine drafts as `active` does: a
     target that drafted for itself (its own checkpoint, int4) is followed by one that does the
     same; any other draft is kept and drafts for the new model (refused, failing the swap,
     where their tokenizers differ)."""
-    config, dtype, device = active.config, active.model.dtype, active.model.device
+    config = active.config
+    dtype, device = getattr(active.model, "dtype", None), getattr(active.model, "device", None)
     draft = getattr(active, "draft_model", None)
     own_draft = draft is not None and _same_path(draft.path, active.model.path)
     kept = None if own_draft else draft
 
     def build(path: Path) -> Any:
+        from gpu.encoder import is_embedding_model, load_encoder_engine
         from gpu.engine import Engine
         from gpu.loading.loader import load_model
         from gpu.speculative.draft_model import check_draft, load_draft
 
+        if is_embedding_model(path):
+            return load_encoder_engine(path, dtype=dtype, device=device, config=config)
         model = load_model(path, dtype=dtype, device=device, quantization=config.quantization)
         spare = kept
         if own_draft:

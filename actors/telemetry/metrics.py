@@ -25,14 +25,17 @@ from prometheus_client import (
 
 from actors.emit.retries import TRANSIENT_CODES
 from actors.mail import CancelledIn, FlushReason
+from actors.result_shapes import finish_of
+from actors.telemetry.embed_metrics import EmbedMetrics
 from actors.telemetry.speculative_metrics import SpeculativeMetrics
+from messages.embedding import EmbedResult
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from actors.telemetry.gpu_utilization import GpuUtilization
     from gpu.engine import StepStats  # gpu.engine imports torch; only its fields are read here
-    from messages.result import GenerateResult
+    from messages.request_kinds import Result
 
 __all__ = ["SwapOutcome", "WorkerMetrics"]
 
@@ -259,6 +262,7 @@ class WorkerMetrics:
         )
 
         self.speculative = SpeculativeMetrics(r)
+        self.embedding = EmbedMetrics(r)
 
         # The guards (actors/guards). RSS itself is tokenmill_process_resident_memory_bytes.
         self.step_running = Gauge(
@@ -300,16 +304,20 @@ class WorkerMetrics:
         for code in sorted(TRANSIENT_CODES):
             self.retries.labels(code.value)
 
-    def observe_outcome(self, result: GenerateResult, *, admitted: bool) -> None:
+    def observe_outcome(self, result: Result, *, admitted: bool) -> None:
         """A finished request. Latencies count only for requests that reached the engine.
 
-        `outcome` is the finish reason (`error` among them; a deadline is `deadline`), and
-        `code` the error code, or "" when there is none.
+        `outcome` is the finish reason (`error` among them; a deadline is `deadline`; an
+        embedding request's from its error: `result_shapes.finish_of`), and `code` the error
+        code, or "" when there is none.
         """
         code = result.error.code.value if result.error is not None else ""
-        self.requests.labels(result.finish_reason.value, code).inc()
+        self.requests.labels(finish_of(result).value, code).inc()
         self.prompt_tokens.inc(result.usage.prompt_tokens)
-        self.generated_tokens.inc(result.usage.completion_tokens)
+        if isinstance(result, EmbedResult):
+            self.embedding.observe(result)
+        else:
+            self.generated_tokens.inc(result.usage.completion_tokens)
         if not admitted:
             return  # refused at the door: no timings worth a histogram
         timings = result.timings

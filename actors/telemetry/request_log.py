@@ -21,8 +21,11 @@ from typing import Any
 import structlog
 
 from actors.mail import Outcome, RecordRef
+from actors.result_shapes import finish_of
 from messages import headers as h
+from messages.embedding import EmbedRequest, EmbedResult
 from messages.headers import Headers
+from messages.result import GenerateResult
 
 log = structlog.get_logger("tokenmill.requests")
 
@@ -72,18 +75,17 @@ def log_outcome(
     if not failed and draw() >= sample_rate:
         return
     fields: dict[str, Any] = {
-        "finish_reason": str(result.finish_reason),
+        "finish_reason": str(finish_of(result)),
         "prompt_tokens": result.usage.prompt_tokens,
-        "completion_tokens": result.usage.completion_tokens,
-        "ttft_ms": result.timings.ttft_ms,
         "total_ms": round(result.timings.total_ms, 3),
     }
+    if isinstance(result, EmbedResult):
+        fields["embeddings"] = len(result.data)
+    else:
+        fields["completion_tokens"] = result.usage.completion_tokens
+        fields["ttft_ms"] = result.timings.ttft_ms
     if payloads:
-        request = outcome.request
-        fields["prompt"] = (
-            request.prompt if request and request.prompt is not None else _chat(outcome)
-        )
-        fields["text"] = result.text
+        fields |= _payloads(outcome)
     with request_context(outcome.record, result.id, headers):
         if result.error is not None:
             log.warning(
@@ -94,10 +96,17 @@ def log_outcome(
             log.info("request_done", **fields)
 
 
-def _chat(outcome: Outcome) -> Any:
-    request = outcome.request
-    if request is None:
-        return None
-    if request.messages is not None:
-        return [{"role": m.role, "content": m.content} for m in request.messages]
-    return request.prompt_token_ids
+def _payloads(outcome: Outcome) -> dict[str, Any]:
+    """What the request asked and (for generation) the text it got; never vectors."""
+    request, result = outcome.request, outcome.result
+    if isinstance(request, EmbedRequest):
+        return {"input": request.input}
+    prompt: Any = None
+    if request is not None:
+        if request.prompt is not None:
+            prompt = request.prompt
+        elif request.messages is not None:
+            prompt = [{"role": m.role, "content": m.content} for m in request.messages]
+        else:
+            prompt = request.prompt_token_ids
+    return {"prompt": prompt, "text": result.text if isinstance(result, GenerateResult) else ""}

@@ -8,6 +8,8 @@ result's timings it records, with explicit start and end times:
       queue                               consumed → admitted to the engine
       prefill                             admitted → first token
       decode                              first token → last token
+      embed                               admitted → vectors made (an embedding request's, in
+                                          place of prefill and decode)
       send <reply topic>       PRODUCER   produced → acknowledged (its context goes into the
                                           result's headers, so consumers continue the trace)
 
@@ -35,13 +37,16 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.span import TraceState
 
 from actors.mail import Batch, Outcome
+from actors.result_shapes import finish_of
 from actors.telemetry.span_bounds import bound_record, text_of_bytes
 from actors.telemetry.span_link import AttributeValue, SpanLink
 from actors.telemetry.span_records import SpanRecord, new_span_id, new_trace_id
 from actors.telemetry.trace_context import Parent, outgoing_headers
+from messages.embedding import EmbedRequest, EmbedResult
 from messages.headers import Headers
 from messages.request import GenerateRequest
-from messages.result import FinishReason
+from messages.request_kinds import Request, Result
+from messages.result import FinishReason, Usage
 
 REQUEST_ID_ATTRIBUTE = "tokenmill.request_id"  # what `tokenmill trace` searches by
 
@@ -178,7 +183,17 @@ def start_request_spans(
     if outcome.admitted:
         admitted = consumed + int(timings.queued_ms * 1e6)
         records.append(child("queue", _INTERNAL, consumed, admitted))
-        if timings.ttft_ms is not None:
+        result = outcome.result
+        if isinstance(result, EmbedResult):
+            if result.data:
+                embed = child("embed", _INTERNAL, admitted, outcome.finished_ns)
+                embed.attributes = {
+                    "gen_ai.operation.name": EMBEDDINGS,
+                    "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+                    "tokenmill.embed.inputs": len(result.data),
+                }
+                records.append(embed)
+        elif timings.ttft_ms is not None:
             first_token = consumed + int(timings.ttft_ms * 1e6)
             records.append(child("prefill", _INTERNAL, admitted, first_token))
             decode = child("decode", _INTERNAL, first_token, outcome.finished_ns)
@@ -224,6 +239,7 @@ def record_batch_span(batch: Batch, recorder: SpanRecorder | None = None) -> Spa
 
 def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValue]:
     result, record = outcome.result, outcome.record
+    finish = finish_of(result)
     attributes: dict[str, AttributeValue] = {
         "messaging.system": "kafka",
         "messaging.operation.name": "process",
@@ -234,17 +250,22 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
         "messaging.kafka.message.key": text_of_bytes(record.key or b""),
         "messaging.consumer.group.name": group,
         REQUEST_ID_ATTRIBUTE: result.id,
-        "gen_ai.operation.name": _operation(outcome.request),
+        "gen_ai.operation.name": _operation(outcome.request, result),
         "gen_ai.provider.name": "tokenmill",
         "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
-        "gen_ai.usage.output_tokens": result.usage.completion_tokens,
-        "gen_ai.response.finish_reasons": [str(result.finish_reason)],
+        "gen_ai.response.finish_reasons": [str(finish)],
     }
     if result.model is not None:
         attributes["gen_ai.response.model"] = result.model.name
         attributes["tokenmill.model.digest"] = result.model.digest
+    if isinstance(result, EmbedResult):
+        attributes |= _embed_attributes(outcome.request, result)
+    else:
+        attributes["gen_ai.usage.output_tokens"] = result.usage.completion_tokens
+        if outcome.admitted:
+            attributes["tokenmill.cached_tokens"] = result.usage.cached_tokens
     request = outcome.request
-    if request is not None:
+    if request is not None and not isinstance(request, EmbedRequest):
         attributes["gen_ai.request.max_tokens"] = request.max_new_tokens
         attributes["gen_ai.request.temperature"] = request.temperature
         attributes["gen_ai.request.top_p"] = request.top_p
@@ -259,17 +280,35 @@ def _process_attributes(outcome: Outcome, group: str) -> dict[str, AttributeValu
     if outcome.admitted:
         attributes["tokenmill.preemptions"] = outcome.preemptions
         attributes["tokenmill.kv_blocks"] = outcome.kv_blocks
-        attributes["tokenmill.cached_tokens"] = result.usage.cached_tokens
     if result.error is not None:
         attributes["error.type"] = str(result.error.code)
-    if result.finish_reason is FinishReason.CANCELLED:  # aborted in the engine unless it says
+    if finish is FinishReason.CANCELLED:  # aborted in the engine unless it says
         attributes["tokenmill.cancelled_in"] = outcome.cancelled_in or "engine"
+    return attributes
+
+
+def _embed_attributes(request: Request | None, result: EmbedResult) -> dict[str, AttributeValue]:
+    """An embedding request's: its vectors' width and count, inputs cut, as the GenAI
+    conventions name them where they do."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.embeddings.dimension.count": result.dimensions,
+        "tokenmill.embed.inputs": len(result.data),
+        "tokenmill.embed.truncated": result.truncated,
+    }
+    if isinstance(request, EmbedRequest):
+        attributes["gen_ai.request.encoding_formats"] = [request.encoding_format]
+        if request.model is not None:
+            attributes["gen_ai.request.model"] = request.model
+        if request.prompt_name is not None:
+            attributes["tokenmill.embed.prompt_name"] = request.prompt_name
     return attributes
 
 
 def _decode_attributes(outcome: Outcome) -> dict[str, AttributeValue]:
     """Speculative decoding's counts, for a request that had tokens guessed for it."""
     usage = outcome.result.usage
+    if not isinstance(usage, Usage):  # an embedding request's: it decodes nothing
+        return {}
     drafted = usage.accepted_draft_tokens + usage.rejected_draft_tokens
     if drafted == 0:
         return {}
@@ -279,5 +318,12 @@ def _decode_attributes(outcome: Outcome) -> dict[str, AttributeValue]:
     }
 
 
-def _operation(request: GenerateRequest | None) -> str:
-    return "chat" if request is not None and request.messages is not None else "text_completion"
+EMBEDDINGS = "embeddings"  # the GenAI conventions' operation name for an embedding request
+
+
+def _operation(request: Request | None, result: Result) -> str:
+    if isinstance(result, EmbedResult):
+        return EMBEDDINGS
+    if isinstance(request, GenerateRequest) and request.messages is not None:
+        return "chat"
+    return "text_completion"

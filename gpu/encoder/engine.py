@@ -37,7 +37,7 @@ from gpu.encoder.pipeline import Pipeline, read_pipeline
 from gpu.encoder.pooling import pool
 from gpu.encoder.spec import EmbeddingSpec
 from gpu.engine_config import EngineConfig
-from gpu.engine_io import Completion, EngineRequest, StepOutput, StepStats
+from gpu.engine_io import Completion, EmbedJob, EngineRequest, StepOutput, StepStats
 from gpu.errors import RequestRejected, UnsupportedPipeline
 from gpu.kv_pool import KVPool
 from gpu.loading.loader import LoadedModel, load_model
@@ -80,16 +80,19 @@ class EncoderEngine:
         """`model`: the pipeline's Transformer, loaded (`load_encoder_engine` does both)."""
         if not isinstance(model.module, GemmaForCausalLM) or not model.config.bidirectional:
             raise UnsupportedPipeline(
-                model.path, f"the encoder runs Gemma 3 with bidirectional attention only, not "
-                f"{model.config.arch}"
+                model.path,
+                f"the encoder runs Gemma 3 with bidirectional attention only, not "
+                f"{model.config.arch}",
             )
         self.model = model
         self.module: GemmaForCausalLM = model.module
         self.pipeline = pipeline.to(model.device)
         self.config = config = config or EngineConfig()
         self.clock = clock
-        limit = min(pipeline.max_seq_length or model.config.max_position_embeddings,
-                    model.config.max_position_embeddings)
+        limit = min(
+            pipeline.max_seq_length or model.config.max_position_embeddings,
+            model.config.max_position_embeddings,
+        )
         if config.max_model_len is not None:
             limit = min(limit, config.max_model_len)
         self.max_model_len = limit
@@ -107,7 +110,7 @@ class EncoderEngine:
         if kernels is not None:
             fuse_norms(self.module, kernels)
         self._ops: LayerOps = EncoderOps(inner, kernels)
-        self.ops = self._ops  # as the forward sees them (an observer may wrap them)
+        self.ops: LayerOps = self._ops  # as the forward sees them (an observer may wrap them)
         # The forward hands each layer its K/V view; an encoder keeps none: one slot, unused.
         self._no_kv = KVPool(model.config, 1, 1, 0, model.dtype, model.device)
         self.observer: StepObserver | None = None
@@ -129,6 +132,9 @@ class EncoderEngine:
             raise RequestRejected(
                 ErrorCode.DUPLICATE_REQUEST, f"request {request.request_id!r} is already running"
             )
+        self._check(job)
+
+    def _check(self, job: EmbedJob) -> None:
         if not job.inputs or any(len(tokens) == 0 for tokens in job.inputs):
             raise RequestRejected(ErrorCode.EMPTY_PROMPT, "an embedding input has no tokens")
         for i, tokens in enumerate(job.inputs):
@@ -156,7 +162,10 @@ class EncoderEngine:
         assert job is not None  # validate's
         arrival = request.arrival_time if request.arrival_time is not None else self.clock()
         owner = _Running(
-            request, arrival, [None] * len(job.inputs), len(job.inputs),
+            request,
+            arrival,
+            [None] * len(job.inputs),
+            len(job.inputs),
             sum(len(t) for t in job.inputs),
         )
         self.running[request.request_id] = owner
@@ -231,7 +240,14 @@ class EncoderEngine:
         self, inputs: Sequence[Sequence[int]], dimensions: int | None = None
     ) -> list[np.ndarray]:
         """One float32 vector per input, in order: `inputs` run longest first, packed up to the
-        token budget, outside the queue (the direct path: a benchmark, tests)."""
+        token budget, outside the queue (the direct path: a benchmark, tests). ValueError for
+        what `add` would refuse."""
+        if not inputs:
+            return []
+        try:
+            self._check(EmbedJob(tuple(inputs), dimensions))
+        except RequestRejected as exc:
+            raise ValueError(exc.message) from exc
         order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
         out: list[np.ndarray | None] = [None] * len(inputs)
         budget = self.config.max_num_batched_tokens

@@ -3,9 +3,9 @@
 `GemmaRMSNorm` in torch makes four passes over its input (square, mean, scale, weight); an
 encoder step normalises every token of every input six times a layer, so on the CPU those
 passes are a fair share of the step. The kernels' `rms_norm` does it in one, given the
-weight as Gemma applies it (1 + w, held once here). Inputs that are not contiguous rows (the
-per-head q/k norms, over views of the fused qkv) stay in torch. Same arithmetic up to float32
-rounding (one reciprocal square root, a different summation order).
+weight as Gemma applies it (1 + w, held once here). The per-head q/k norms, over views of the
+fused qkv, are copied into rows first. Same arithmetic up to float32 rounding (one reciprocal
+square root, a different summation order). Other dtypes stay in torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from gpu.models.gemma import GemmaRMSNorm
 
 
 class FusedGemmaRMSNorm(nn.Module):
+    scale: torch.Tensor  # [size] 1 + w, float32
+
     def __init__(self, norm: GemmaRMSNorm, kernels: StepKernels) -> None:
         super().__init__()
         self.inner = norm
@@ -26,10 +28,11 @@ class FusedGemmaRMSNorm(nn.Module):
         self.register_buffer("scale", scale, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., size]
-        if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+        if x.dtype != torch.float32:
             out: torch.Tensor = self.inner(x)
             return out
-        return self.kernels.rms_norm(x, self.scale, self.inner.eps)
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # a copy where x is a view of heads
+        return self.kernels.rms_norm(rows, self.scale, self.inner.eps).view(x.shape)
 
 
 def fuse_norms(module: nn.Module, kernels: StepKernels) -> int:

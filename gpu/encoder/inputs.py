@@ -66,7 +66,8 @@ def fit(
 
 
 def special_counts(tokenizer: Tokenizer) -> tuple[int, int]:
-    """How many special tokens `tokenizer` puts before and after a text (`EmbeddingSpec.specials`)."""
+    """How many special tokens `tokenizer` puts before and after a text
+    (`EmbeddingSpec.specials`)."""
     probe = "a"
     bare = tokenizer.encode(probe, add_special_tokens=False)
     full = tokenizer.encode(probe, add_special_tokens=True)

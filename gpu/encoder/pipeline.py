@@ -78,7 +78,10 @@ class Dense:
         return int(self.weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-        return _ACTIVATION_FUNCTIONS[self.activation](F.linear(x, self.weight, self.bias))
+        out: torch.Tensor = _ACTIVATION_FUNCTIONS[self.activation](
+            F.linear(x, self.weight, self.bias)
+        )
+        return out
 
 
 NORMALIZE = "normalize"  # the Normalize module, as a step of `Pipeline.steps`
@@ -170,14 +173,17 @@ def read_pipeline(folder: Path) -> Pipeline:
         elif kind == "Dense" and pooling is not None:
             dense = _dense(path)
             if dense.weight.shape[1] != width:
-                raise UnsupportedPipeline(path, f"takes {dense.weight.shape[1]} values, not {width}")
+                raise UnsupportedPipeline(
+                    path, f"takes {dense.weight.shape[1]} values, not {width}"
+                )
             steps.append(dense)
             width = dense.out_features
         elif kind == "Normalize" and pooling is not None:
             steps.append(NORMALIZE)
         else:
             raise UnsupportedPipeline(
-                where, f"module {module.get('type')!r} is not supported at position {module.get('idx')}"
+                where,
+                f"module {module.get('type')!r} is not supported at position {module.get('idx')}",
             )
     if pooling is None:
         raise UnsupportedPipeline(where, "no Pooling module: not an embedding model")

@@ -140,8 +140,10 @@ class Prefixed(Mapping[str, torch.Tensor]):
         self.prefix = prefix
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.startswith(self.prefix) and (
-            name.removeprefix(self.prefix) in self.inner
+        return (
+            isinstance(name, str)
+            and name.startswith(self.prefix)
+            and (name.removeprefix(self.prefix) in self.inner)
         )
 
     def __iter__(self) -> Iterator[str]:

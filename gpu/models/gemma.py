@@ -191,7 +191,8 @@ class GemmaForCausalLM(nn.Module):
         for index, layer in enumerate(self.typed_layers()):
             rope = local if layer.self_attn.window is not None else full
             x = layer(x, rope, kv.layer(index), inputs.attention, ops)
-        return x
+        out: torch.Tensor = x
+        return out
 
     def typed_layers(self) -> list[GemmaLayer]:
         return [layer for layer in self.layers if isinstance(layer, GemmaLayer)]

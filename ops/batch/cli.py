@@ -17,7 +17,7 @@ from ops.connection.options import kafka_connection, kafka_options
 
 @click.group()
 def batch() -> None:
-    """Offline generation from OpenAI Batch API JSONL files."""
+    """Offline generation and embedding from OpenAI Batch API JSONL files."""
 
 
 @batch.command()
@@ -81,8 +81,9 @@ def run(input_file: Path, output: Path, as_json: bool, **kwargs: Any) -> None:
 
     Needs a running worker (`tokenmill worker`) on the same topics. Each input line gets
     exactly one output line, in the order results arrive: `response` (status 200 with a
-    completion or chat completion, or the worker's refusal) or `error` (a line that never
-    became a request, with its line number). Interrupted (Ctrl-C, kill): rerun the same
+    completion, a chat completion or an embeddings list, or the worker's refusal) or `error`
+    (a line that never became a request, with its line number). `/v1/embeddings` lines need a
+    worker that serves an embedding model. Interrupted (Ctrl-C, kill): rerun the same
     command to finish it; nothing answered is asked again and no line is written twice.
     Exit 0 when every line is answered, 1 when the run stopped early.
     """
@@ -238,9 +239,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if summary["errors_by_code"]:
         codes = ", ".join(f"{code} {n}" for code, n in summary["errors_by_code"].items())
         click.echo(f"errors: {codes}")
+    vectors = f", {summary['embeddings']} embeddings" if summary["embeddings"] else ""
     click.echo(
-        f"tokens: {summary['prompt_tokens']} prompt, {summary['completion_tokens']} completion; "
-        f"{summary['wall_s']:.1f} s, {summary['requests_per_s']:.1f} req/s, "
+        f"tokens: {summary['prompt_tokens']} prompt, {summary['completion_tokens']} completion"
+        f"{vectors}; {summary['wall_s']:.1f} s, {summary['requests_per_s']:.1f} req/s, "
         f"{summary['completion_tokens_per_s']:.1f} tok/s"
     )
     click.echo(f"output: {summary['output']}")

@@ -10,6 +10,10 @@ request that could not be sent. `ops/batch/runner.py` performs them (Kafka, the 
 
 The window (`max_inflight` slots) bounds what is in flight: `track` follows taking a slot;
 `settle` and `unsendable` give it back, except when a request is sent again in its place.
+
+A `/v1/embeddings` line becomes an `EmbedRequest` (`messages.openai_embeddings`) and its
+`EmbedResult` an embeddings answer; nothing of a settled result is kept (its vectors go to the
+output line and are gone), so memory stays bounded by the window whatever the file's length.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from dataclasses import dataclass, replace
 
 from msgspec import structs
 
+from messages.embedding import EmbedRequest, EmbedResult
 from messages.error_codes import ErrorCode
 from messages.errors import BatchLineRefused
-from messages.openai_batch import BatchOutputLine
+from messages.openai_batch import EMBEDDINGS_URL, BatchInputLine, BatchOutputLine
 from messages.openai_batch_answers import answer_line, refusal_line
 from messages.openai_batch_mapping import LineCode, calls_tool, parse_line, to_request
+from messages.openai_embeddings import to_embed_request
 from messages.request import GenerateRequest
-from messages.result import FinishReason, GenerateResult
+from messages.result import ErrorInfo, FinishReason, GenerateResult
 from ops.batch.ids import Fingerprints
 from ops.batch.output import Answered
 from ops.batch.progress import Progress
@@ -36,13 +42,14 @@ from ops.batch.summary import BatchSummary
 # another worker's (or another step's) answer, not a final error. Sent at most this often.
 RETRIED_CODES = frozenset({ErrorCode.SHUTTING_DOWN, ErrorCode.ENGINE_ERROR})
 MAX_ATTEMPTS = 3
+CANCELLED = ErrorCode.CANCELLED  # how an embedding result says it was cancelled
 
 
 @dataclass(frozen=True)
 class InFlight:
     """A request sent (or about to be) and what its answer is for."""
 
-    request: GenerateRequest
+    request: GenerateRequest | EmbedRequest
     custom_id: str
     url: str
     line: int
@@ -96,13 +103,7 @@ class BatchPlan:
             return None
         if refused is None:
             try:
-                request = to_request(
-                    line,
-                    f"batch-{self.tag}-{number}",
-                    model=self.model,
-                    default_max_tokens=self.default_max_tokens,
-                    openai_defaults=self.openai_defaults,
-                )
+                request = self._request(line, f"batch-{self.tag}-{number}")
             except BatchLineRefused as exc:
                 refused = exc
             else:
@@ -112,11 +113,22 @@ class BatchPlan:
                 )
         return self._refusal(refused, number)
 
+    def _request(self, line: BatchInputLine, request_id: str) -> GenerateRequest | EmbedRequest:
+        if line.url == EMBEDDINGS_URL:
+            return to_embed_request(line, request_id, model=self.model)
+        return to_request(
+            line,
+            request_id,
+            model=self.model,
+            default_max_tokens=self.default_max_tokens,
+            openai_defaults=self.openai_defaults,
+        )
+
     def track(self, sending: InFlight) -> None:
         self.pending[sending.request.id] = sending
         self.summary.sent += 1
 
-    def settle(self, result: GenerateResult) -> BatchOutputLine | InFlight | None:
+    def settle(self, result: GenerateResult | EmbedResult) -> BatchOutputLine | InFlight | None:
         """The output line for `result` if it answers one of ours still in flight, or the
         request to send again in its place when the worker could not run it."""
         done = self.pending.pop(result.id, None)
@@ -138,11 +150,16 @@ class BatchPlan:
         else:
             summary.refused += 1
             summary.errors_by_code[str(result.error.code)] += 1
-        if result.finish_reason is FinishReason.CANCELLED:
-            summary.cancelled += 1
+        completion_tokens = 0
+        if isinstance(result, GenerateResult):
+            summary.cancelled += result.finish_reason is FinishReason.CANCELLED
+            completion_tokens = result.usage.completion_tokens
+        else:  # an embedding's cancel is its error (it has no finish reason)
+            summary.cancelled += result.error is not None and result.error.code == CANCELLED
+            summary.embeddings += len(result.data)
         summary.prompt_tokens += result.usage.prompt_tokens
-        summary.completion_tokens += result.usage.completion_tokens
-        self.progress.answered(result.error is None, result.usage.completion_tokens)
+        summary.completion_tokens += completion_tokens
+        self.progress.answered(result.error is None, completion_tokens)
         return answer_line(done.custom_id, done.url, result, tool_call=done.tool_call)
 
     def _retries(self, done: InFlight, code: ErrorCode) -> bool:
@@ -150,8 +167,16 @@ class BatchPlan:
 
     def abandoned(self, request_id: str) -> BatchOutputLine:
         """The line for a request still unanswered well after its cancel (it never reached a
-        worker, or its worker is gone): cancelled, with no tokens. A late result is ignored."""
-        line = self.settle(GenerateResult(id=request_id, finish_reason=FinishReason.CANCELLED))
+        worker, or its worker is gone): cancelled, with no tokens (an embedding request: the
+        error `cancelled`, as a worker answers one it cancels). A late result is ignored."""
+        cancelled: GenerateResult | EmbedResult
+        done = self.pending.get(request_id)
+        if done is not None and isinstance(done.request, EmbedRequest):
+            why = ErrorInfo(code=CANCELLED, message="cancelled before a worker answered it")
+            cancelled = EmbedResult(id=request_id, error=why)
+        else:
+            cancelled = GenerateResult(id=request_id, finish_reason=FinishReason.CANCELLED)
+        line = self.settle(cancelled)
         if not isinstance(line, BatchOutputLine):
             raise KeyError(f"{request_id} is not in flight")
         return line

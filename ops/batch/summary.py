@@ -25,6 +25,7 @@ class BatchSummary:
     errors_by_code: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    embeddings: int = 0  # vectors answered (/v1/embeddings lines: one per input)
     in_flight: int = 0  # sent and unanswered when the run ended
     wall_s: float = 0.0
     stalled: bool = False
@@ -58,6 +59,7 @@ class BatchSummary:
             "stalled": self.stalled,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "embeddings": self.embeddings,
             "wall_s": round(self.wall_s, 3),
             "requests_per_s": round(self.answered / wall, 2),
             "completion_tokens_per_s": round(self.completion_tokens / wall, 2),

@@ -16,7 +16,8 @@ _decoder = msgspec.json.Decoder()
 
 def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
     """(text or error, finish reason, prompt+completion tokens, with the prompt tokens the
-    prefix cache served) of one output line."""
+    prefix cache served) of one output line; of an embeddings answer, (its vectors' count,
+    width and first values, "", its tokens)."""
     if line.get("error"):
         error = line["error"]
         return (
@@ -30,6 +31,8 @@ def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
         error = body.get("error") or {}
         status = response.get("status_code")
         return f"[red]{status} {error.get('code')}[/]: {error.get('message')}", "", ""
+    if body.get("object") == "list":
+        return _vectors(body), "", str((body.get("usage") or {}).get("prompt_tokens", 0))
     choice = (body.get("choices") or [{}])[0]
     text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
     usage = body.get("usage") or {}
@@ -39,6 +42,17 @@ def answer_text(line: dict[str, Any]) -> tuple[str, str, str]:
         tokens += f" ({cached} cached)"
     own = (choice.get("tokenmill") or {}).get("finish_reason")  # cancelled, where OpenAI's has none
     return str(text or "").strip(), str(own or choice.get("finish_reason", "")), tokens
+
+
+def _vectors(body: dict[str, Any]) -> str:
+    """ "2 vectors × 768: [0.0123, -0.0456, 0.0789, …]" (base64 ones: their width unread)."""
+    data = body.get("data") or []
+    first = (data[0] if data else {}).get("embedding")
+    count = f"{len(data)} vector{'s' if len(data) != 1 else ''}"
+    if isinstance(first, list):
+        shown = ", ".join(f"{v:.4f}" for v in first[:3])
+        return f"{count} × {len(first)}: [{shown}{', …' if len(first) > 3 else ''}]"
+    return f"{count} (base64)"
 
 
 def print_table(path: Path, limit: int) -> None:

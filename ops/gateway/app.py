@@ -31,7 +31,15 @@ from ops.gateway.fleet import FleetWatch
 from ops.gateway.keys import KeyCheck
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.routes import batches as batch_routes
-from ops.gateway.routes import chat, completions, models, responses, tokenize, utility
+from ops.gateway.routes import (
+    chat,
+    completions,
+    embeddings,
+    models,
+    responses,
+    tokenize,
+    utility,
+)
 from ops.gateway.routes import files as file_routes
 from ops.gateway.routes.deps import Parts
 from ops.gateway.service import Gateway
@@ -52,7 +60,8 @@ def build_app(
         title="tokenmill gateway", lifespan=_lifespan(parts), docs_url=None, redoc_url=None
     )
     app.state.parts = parts
-    routers = [completions.router, chat.router, responses.router, models.router]
+    routers = [completions.router, chat.router, responses.router, embeddings.router]
+    routers += [models.router]
     routers += [tokenize.router, utility.router]
     if batches is not None:
         routers += [file_routes.router, batch_routes.router]

@@ -12,6 +12,9 @@ model's recommended values), and a field the mapper does not know is ignored, lo
 (`request_fields_ignored`, names only) and named in `Asked.ignored`, which the routes answer in
 the `x-tokenmill-ignored-fields` header; `strict_fields` refuses it instead (400
 `unsupported_parameter`, as a batch file does).
+
+`/v1/embeddings` bodies go the same way through the embeddings mapping
+(`messages.openai_embeddings`, as a batch line to that url): `to_embed_asked`.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import msgspec
 import structlog
 from fastapi import Request
 
+from messages import openai_embeddings
+from messages.embedding import EmbedRequest
 from messages.errors import BatchLineRefused, InvalidRequest
-from messages.openai_batch import BatchInputLine
+from messages.openai_batch import EMBEDDINGS_URL, BatchInputLine
 from messages.openai_batch_answers import answer_line
 from messages.openai_batch_mapping import LineCode, calls_tool, to_request, unknown_fields
 from messages.request import GenerateRequest
@@ -54,7 +59,23 @@ class Asked:
     @property
     def ignored_header(self) -> dict[str, str]:
         """The response header naming `ignored` (none when nothing was)."""
-        return {IGNORED_FIELDS_HEADER: ",".join(self.ignored)} if self.ignored else {}
+        return _ignored_header(self.ignored)
+
+
+@dataclass(frozen=True)
+class EmbedAsked:
+    """One `/v1/embeddings` request, mapped."""
+
+    request: EmbedRequest
+    ignored: tuple[str, ...] = ()  # as `Asked.ignored`
+
+    @property
+    def ignored_header(self) -> dict[str, str]:
+        return _ignored_header(self.ignored)
+
+
+def _ignored_header(ignored: tuple[str, ...]) -> dict[str, str]:
+    return {IGNORED_FIELDS_HEADER: ",".join(ignored)} if ignored else {}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -121,6 +142,25 @@ def to_asked(
         except InvalidRequest as exc:
             raise ApiError(400, exc.message, code=str(exc.code), param="stream") from None
     return Asked(url, request, bool(stream), include_usage, tool_call, ignored)
+
+
+def to_embed_asked(
+    body: dict[str, Any], request_id: str, *, strict_fields: bool = False
+) -> EmbedAsked:
+    """Map a `/v1/embeddings` body as a batch line to that url is mapped; `ApiError` 400 with
+    the mapping's code for what it refuses. Unknown fields as `to_asked` treats them."""
+    line = BatchInputLine(custom_id=request_id, url=EMBEDDINGS_URL, body=body)
+    try:
+        request = openai_embeddings.to_embed_request(
+            line, request_id, ignore_unknown=not strict_fields
+        )
+    except BatchLineRefused as exc:
+        raise ApiError.refused(exc) from None
+    ignored = () if strict_fields else _printable(openai_embeddings.unknown_fields(line))
+    if ignored:
+        log.info("request_fields_ignored", request_id=request_id, url=EMBEDDINGS_URL,
+                 fields=list(ignored))  # fmt: skip
+    return EmbedAsked(request, ignored)
 
 
 def _printable(names: tuple[str, ...]) -> tuple[str, ...]:

@@ -116,6 +116,19 @@ def no_worker(model: str | None, retry_after_s: int = 5) -> ApiError:
     )
 
 
+def wrong_task(model: str | None, url: str, embeds: bool) -> ApiError:
+    """`model` (None: every model served) does not do what `url` asks: it is an embedding
+    model asked to generate (`embeds`), or a generative one asked for embeddings."""
+    what = f"model {model!r} is" if model is not None else "the models served are"
+    if embeds:
+        message = f"{what} for embeddings: it does not generate text; send {url} to a "
+        message += "generative model, or ask for embeddings at /v1/embeddings"
+    else:
+        message = f"{what} for generation: it does not embed; send /v1/embeddings to an "
+        message += "embedding model (`GET /v1/models` shows each model's task)"
+    return ApiError(400, message, code="unsupported_task", param="model")
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(
         404,

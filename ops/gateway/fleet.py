@@ -26,7 +26,9 @@ The same list decides whether a request can be sent at all (`FleetWatch.refuses`
 topic has been read to where it ended when the gateway started, a request for a model no
 listed worker serves (or any request, none listed) is answered 503 `no_worker` at once
 instead of waiting for a result that no worker will produce. Each worker also announces its
-model's `max_model_len` (the model cards' field).
+model's `max_model_len` (the model cards' field) and its task (`ModelRef.task`: "embed" for
+an embedding model), which the model cards show and the doors check (`tasks`): a generation
+request for a model that only embeds, or the other way round, is refused at once.
 """
 
 from __future__ import annotations
@@ -59,11 +61,16 @@ CLIENT_PREFIX = "tokenmill-"  # + worker id: the ingest consumer's client_id (ac
 _DESCRIBE_TIMEOUT_S = 10.0
 
 
+EMBED = "embed"  # `ModelRef.task` of an embedding model
+GENERATE = "generate"  # how a card names the task of a generative one (`ModelRef.task` "")
+
+
 @dataclass(frozen=True)
 class ServedModel:
     name: str
     since: int  # unix seconds: when a worker first announced it (OpenAI's `created`)
     max_model_len: int | None = None  # the least its listed workers announce (None: unsaid)
+    task: str = GENERATE  # EMBED or GENERATE, as its listed workers announce it
 
 
 class Fleet:
@@ -117,14 +124,21 @@ class Fleet:
 
     def models(self) -> list[ServedModel]:
         lengths: dict[str, list[int]] = {}
+        tasks: dict[str, str] = {}
         for worker, model in self._listed():
             found = lengths.setdefault(model.name, [])
             if worker in self._max_len:
                 found.append(self._max_len[worker])
+            tasks.setdefault(model.name, task_of(model))
         return [
-            ServedModel(name, self._since[name], min(lengths[name], default=None))
+            ServedModel(name, self._since[name], min(lengths[name], default=None), tasks[name])
             for name in sorted(lengths)
         ]
+
+    def tasks(self, model: str | None) -> set[str]:
+        """The tasks (EMBED, GENERATE) of the listed workers that serve `model` (None: of all
+        listed workers), named as `serves` matches."""
+        return {task_of(ref) for _, ref in self._listed() if model is None or model in _names(ref)}
 
     def serves(self, model: str | None) -> bool:
         """Whether a listed worker serves `model` (None: any model). A model is named as a
@@ -148,6 +162,11 @@ class Fleet:
 
     def _listed(self) -> list[tuple[str, ModelRef]]:
         return [(w, ref) for w, ref in self._by_worker.items() if w not in self._hidden]
+
+
+def task_of(ref: ModelRef) -> str:
+    """EMBED for an embedding model, else GENERATE (a worker that predates the field too)."""
+    return EMBED if ref.task == EMBED else GENERATE
 
 
 def _names(ref: ModelRef) -> set[str]:
@@ -225,6 +244,13 @@ class FleetWatch:
         read to its end, and no listed worker serving it. Until the topic is read, nothing is
         refused (what it holds is not known yet)."""
         return self.caught_up and not self.fleet.serves(model)
+
+    def other_task(self, model: str | None, task: str) -> str | None:
+        """The task the listed workers serving `model` (None: every listed worker) do instead,
+        when none of them does `task` (EMBED or GENERATE); None when one does, when none
+        serves it (`refuses` says so) or while the topic is not read."""
+        tasks = self.fleet.tasks(model) if self.caught_up else set()
+        return None if not tasks or task in tasks else sorted(tasks)[0]
 
     async def _check(self, group_id: str) -> None:
         failing = False

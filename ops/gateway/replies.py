@@ -30,8 +30,10 @@ from messages import headers as h
 from messages.cancel import CANCEL_SCHEMA, CancelRequest, cancel_codec
 from messages.chunk import GenerateChunk
 from messages.codec import JSON, Codec, normalize_content_type
+from messages.embedding import EmbedRequest, EmbedResult
 from messages.errors import MessageError
 from messages.request import GenerateRequest
+from messages.request_kinds import Request
 from messages.result import GenerateResult
 from ops.connection.check import started_producer
 from ops.errors import TopicCreateError
@@ -40,10 +42,14 @@ from ops.services.topics import create_topics
 
 log = structlog.get_logger("tokenmill.gateway")
 
-Reply = GenerateResult | GenerateChunk
+Reply = GenerateResult | GenerateChunk | EmbedResult
 _request_codec = Codec(GenerateRequest)
+_embed_request_codec = Codec(EmbedRequest)
 _result_codec = Codec(GenerateResult)
 _chunk_codec = Codec(GenerateChunk)
+_embed_result_codec = Codec(EmbedResult)
+_JSON_HEADER = (h.CONTENT_TYPE, JSON.encode())
+_EMBED_HEADER = (h.SCHEMA, h.EMBED_REQUEST_SCHEMA.encode())
 _CANCEL_HEADERS = [(h.CONTENT_TYPE, JSON.encode()), (h.SCHEMA, CANCEL_SCHEMA.encode())]
 _WORKERS_SEE_NEW_TOPICS_S = MIN_REFRESH_S + 0.5  # every worker has asked again since
 _SEND_TIMEOUT_S = 15.0  # a broker that acknowledges nothing this long is unreachable: 503
@@ -143,19 +149,19 @@ class Replies:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    async def send(self, request: GenerateRequest, trace_headers: list[tuple[str, bytes]]) -> None:
+    async def send(self, request: Request, trace_headers: list[tuple[str, bytes]]) -> None:
         """Produce `request` (its `reply_to` set to this instance's topic) and wait for the
         broker's ack; `ApiError` 503 when the broker does not acknowledge it."""
         assert self._producer is not None, "start() first"
         request.reply_to = self.reply_topic
-        headers = [(h.CONTENT_TYPE, JSON.encode()), *trace_headers]
+        value, headers = encode_request(request)
         try:
             async with asyncio.timeout(_SEND_TIMEOUT_S):
                 await self._producer.send_and_wait(
                     self.requests_topic,
-                    value=_request_codec.encode(request),
+                    value=value,
                     key=request.id.encode(),
-                    headers=headers,
+                    headers=headers + trace_headers,
                 )
         except (KafkaError, TimeoutError) as exc:
             raise broker_unavailable(type(exc).__name__) from exc
@@ -191,7 +197,7 @@ class Replies:
         queue = self._waiting.get(reply.id)
         if queue is not None:
             queue.put_nowait(reply)
-        elif isinstance(reply, GenerateResult):
+        elif not isinstance(reply, GenerateChunk):
             self.dropped += 1
             log.info("gateway_result_dropped", request_id=reply.id, reason="client_gone")
 
@@ -207,19 +213,46 @@ class Replies:
             await admin.close()
 
 
+def encode_request(request: Request) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A request's record value (JSON) and headers: an `EmbedRequest` says what it is in the
+    schema header (`EmbedRequest/1`); a `GenerateRequest` goes as producers have always sent
+    it."""
+    if isinstance(request, EmbedRequest):
+        return _embed_request_codec.encode(request), [_JSON_HEADER, _EMBED_HEADER]
+    return _request_codec.encode(request), [_JSON_HEADER]
+
+
+class _Shape(msgspec.Struct):
+    """What tells a result without a schema header apart: an `EmbedResult` has `data` (left
+    unread; empty: not there)."""
+
+    data: msgspec.Raw = msgspec.Raw()
+
+
+_shape_codec = Codec(_Shape)
+
+
 def decode_reply(record: ConsumerRecord[bytes, bytes]) -> Reply | None:
-    """A result or a chunk by its schema header (none: a result); None for anything else."""
+    """A result, a chunk or an embedding result, by its schema header (none: a result, of
+    the kind its shape says: `data` makes an `EmbedResult`); None for anything else."""
     schema = h.header(record.headers, h.SCHEMA)
-    codec: Codec[GenerateResult] | Codec[GenerateChunk]
-    if schema is None or schema == h.RESULT_SCHEMA.encode():
+    codec: Codec[GenerateResult] | Codec[GenerateChunk] | Codec[EmbedResult]
+    if schema == h.RESULT_SCHEMA.encode():
         codec = _result_codec
     elif schema == h.CHUNK_SCHEMA.encode():
         codec = _chunk_codec
-    else:
+    elif schema == h.EMBED_RESULT_SCHEMA.encode():
+        codec = _embed_result_codec
+    elif schema is not None:
         return None
+    else:
+        codec = _result_codec
     try:
         ctype = normalize_content_type(h.header(record.headers, h.CONTENT_TYPE))
-        return codec.decode(record.value or b"", ctype)
+        value = record.value or b""
+        if schema is None and len(_shape_codec.decode(value, ctype).data):
+            codec = _embed_result_codec
+        return codec.decode(value, ctype)
     except (msgspec.DecodeError, MessageError, RecursionError):
         return None
 

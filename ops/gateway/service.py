@@ -3,6 +3,7 @@
     gateway = Gateway(settings, replies)
     place = gateway.admit()                           # or ApiError 429
     status, body, worker = await gateway.complete(asked)   # or ApiError 503 / 504; release
+    result = await gateway.result(request, trace)     # any request's result (embeddings)
     started = await gateway.stream(asked, place)      # Refused(status, body), or Streaming:
                                                       # the SSE events, which release the place
 
@@ -21,10 +22,13 @@ from typing import Any
 
 import structlog
 
+from messages.chunk import GenerateChunk
+from messages.embedding import EmbedResult
 from messages.openai_chat_tools import FUNCTIONS_SUFFIX, TOOLS_KEY
+from messages.request_kinds import Request
 from messages.result import GenerateResult
 from messages.tool_parsing import stream_for
-from ops.gateway.bodies import Asked, answer, to_asked
+from ops.gateway.bodies import Asked, EmbedAsked, answer, to_asked, to_embed_asked
 from ops.gateway.errors import ApiError, timed_out, too_many
 from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.replies import Replies, Reply
@@ -33,6 +37,11 @@ from ops.gateway.sse import DONE, ChunkShape, StreamEvents, ToolText, error_even
 from ops.gateway.tool_stream import CallText
 
 log = structlog.get_logger("tokenmill.gateway")
+
+
+def _bad_result() -> ApiError:
+    """A generation answered with an `EmbedResult` (a worker's bug)."""
+    return ApiError(502, "the worker answered with an embedding result", code="bad_result")
 
 
 class Gateway:
@@ -58,6 +67,10 @@ class Gateway:
             strict_fields=self.settings.strict_fields,
         )
 
+    def embed_asked(self, body: dict[str, Any], request_id: str) -> EmbedAsked:
+        """A `/v1/embeddings` `body` mapped as this gateway's settings say (`to_embed_asked`)."""
+        return to_embed_asked(body, request_id, strict_fields=self.settings.strict_fields)
+
     def admit(self) -> Place:
         """One of `--max-inflight` places, or `ApiError` 429."""
         if self.in_flight >= self.settings.max_inflight:
@@ -70,17 +83,27 @@ class Gateway:
     ) -> tuple[int, object, str]:
         """Send `asked`, wait for its result: its status and body (the batch mapper's shapes),
         and the worker that answered (its id; "" when the result does not say)."""
-        request_id = asked.request.id
-        queue = self.replies.open(request_id)
+        reply = await self.result(asked.request, trace)
+        if not isinstance(reply, GenerateResult):  # a worker's bug: not a generation's answer
+            raise _bad_result()
+        return *answer(asked, reply, int(time.time())), reply.worker
+
+    async def result(
+        self, request: Request, trace: list[tuple[str, bytes]]
+    ) -> GenerateResult | EmbedResult:
+        """Send `request`, wait for its result (a stream's chunks passed over); `ApiError` 503
+        when the broker takes nothing, 504 at `--request-timeout` (the request is then
+        cancelled)."""
+        queue = self.replies.open(request.id)
         try:
-            await self.replies.send(asked.request, trace)
+            await self.replies.send(request, trace)
             deadline = time.monotonic() + self.settings.request_timeout
             while True:
-                reply = await self._next(queue, deadline, request_id)
-                if isinstance(reply, GenerateResult):
-                    return *answer(asked, reply, int(time.time())), reply.worker
+                reply = await self._next(queue, deadline, request.id)
+                if not isinstance(reply, GenerateChunk):
+                    return reply
         finally:
-            self.replies.close(request_id)
+            self.replies.close(request.id)
 
     async def stream(
         self,
@@ -132,14 +155,14 @@ class Gateway:
         try:
             for sent in events.start():
                 yield sent
-            while True:
-                if isinstance(reply, GenerateResult):
-                    break
+            while isinstance(reply, GenerateChunk):
                 for sent in events.chunk(reply):
                     yield sent
                 reply = await self._next(queue, deadline, request_id)
             answered = True
-            if reply.error is not None:
+            if isinstance(reply, EmbedResult):  # a worker's bug: not a generation's answer
+                yield error_event(_bad_result().body())
+            elif reply.error is not None:
                 yield error_event(answer(asked, reply, shape.created)[1])
             else:
                 for sent in events.result(reply):

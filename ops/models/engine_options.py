@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import click
 
@@ -19,6 +19,7 @@ from gpu.engine_config import EngineConfig
 from ops.settings import build, options
 
 if TYPE_CHECKING:
+    from gpu.encoder.engine import EncoderEngine
     from gpu.engine import Engine
     from gpu.loading.loader import LoadedModel
 
@@ -74,11 +75,22 @@ def engine_choice(values: dict[str, Any]) -> EngineChoice:
     return build(EngineChoice, values, random_weights=random_weights)
 
 
-def build_engine(choice: EngineChoice) -> Engine:
-    """Resolve the model, load it and build the engine; errors become click errors."""
+@overload
+def build_engine(choice: EngineChoice, *, embeddings: Literal[False] = False) -> Engine: ...
+@overload
+def build_engine(choice: EngineChoice, *, embeddings: bool) -> Engine | EncoderEngine: ...
+
+
+def build_engine(choice: EngineChoice, *, embeddings: bool = False) -> Engine | EncoderEngine:
+    """Resolve the model, load it and build the engine; errors become click errors.
+
+    An embedding model (a sentence-transformers folder: `gpu.encoder.is_embedding_model`)
+    gets the encoder engine, which answers embedding requests only, when the caller takes one
+    (`embeddings`: the worker); a command that generates is told it cannot run one."""
     import torch
 
     from gpu.device import parse_device, parse_dtype
+    from gpu.encoder import is_embedding_model, load_encoder_engine
     from gpu.engine import Engine
     from gpu.errors import EngineError
     from gpu.loading.loader import load_model
@@ -89,6 +101,16 @@ def build_engine(choice: EngineChoice) -> Engine:
     try:
         device = parse_device(choice.device) if choice.device else None
         dtype = parse_dtype(choice.dtype) if choice.dtype else None
+        path = resolve_model(choice.model) if choice.random_weights is None else None
+        if path is not None and is_embedding_model(path):
+            if not embeddings:
+                raise click.ClickException(
+                    f"{choice.model} is an embedding model: it makes vectors, not text "
+                    "(serve it with `tokenmill worker`)"
+                )
+            return load_encoder_engine(
+                path, name=choice.model, dtype=dtype, device=device, config=choice.engine
+            )
         if choice.random_weights is not None:
             model = load_random_model(
                 choice.random_weights,
@@ -98,8 +120,9 @@ def build_engine(choice: EngineChoice) -> Engine:
                 quantization=choice.engine.quantization,
             )
         else:
+            assert path is not None
             model = load_model(
-                resolve_model(choice.model),
+                path,
                 name=choice.model,
                 dtype=dtype,
                 device=device,

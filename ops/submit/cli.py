@@ -1,4 +1,5 @@
-"""`tokenmill submit`: produce GenerateRequests to Kafka and, with --wait, print the results."""
+"""`tokenmill submit`: produce GenerateRequests (or, with --embed, EmbedRequests) to Kafka and,
+with --wait, print the results."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ops.connection.options import kafka_connection, kafka_options
     "--file",
     "jobs_file",
     type=click.Path(exists=True, dir_okay=False),
-    help="JSONL: one GenerateRequest per line (an `id` is added when missing).",
+    help="JSONL: one GenerateRequest or EmbedRequest per line (an `id` is added when missing; "
+    "a line with `input` and no prompt or messages is an EmbedRequest).",
 )
 @click.option("--topic", default="tokenmill.requests", show_default=True)
 @click.option(
@@ -73,6 +75,38 @@ from ops.connection.options import kafka_connection, kafka_options
     help="For PROMPT: a Lark or GBNF grammar file the output must be a sentence of.",
 )
 @click.option("--chat", is_flag=True, help="Send PROMPT as a user chat message.")
+@click.option(
+    "--embed",
+    is_flag=True,
+    help="Send PROMPT as a text to embed (an EmbedRequest, for a worker serving an embedding "
+    "model); with --file, every line is an EmbedRequest.",
+)
+@click.option(
+    "--dimensions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --embed: keep the vectors' first N values, normalized again (Matryoshka).",
+)
+@click.option(
+    "--prompt-name",
+    default=None,
+    help="With --embed: one of the model's task prompts (e.g. query, document), put before "
+    "the text.",
+)
+@click.option(
+    "--truncate",
+    type=click.Choice(["none", "end", "start"]),
+    default=None,
+    help="With --embed: an over-long text is refused (none, the default), cut at its end "
+    "(keeps its first tokens) or at its start.",
+)
+@click.option(
+    "--encoding-format",
+    type=click.Choice(["float", "base64"]),
+    default=None,
+    help="With --embed: vectors as lists of numbers (float, the default) or as base64 of "
+    "their float32 values, little-endian.",
+)
 @click.option("--model", default=None, help="For PROMPT: the model name it must run on.")
 @click.option("--wait", is_flag=True, help="Wait for every result and print it (JSON lines).")
 @click.option(
@@ -88,7 +122,8 @@ from ops.connection.options import kafka_connection, kafka_options
     help="Seconds --wait waits for the last result.",
 )
 def submit(**kwargs: Any) -> None:
-    """Produce generation requests: a PROMPT, or every line of --file.
+    """Produce generation requests: a PROMPT, or every line of --file. With --embed, embedding
+    requests: PROMPT is a text to embed, and every line of --file an EmbedRequest.
 
     Prints the id of each request sent; with --wait, prints each result as a JSON line as it
     arrives and exits 1 if any is missing at --timeout or came back with an error.
@@ -103,15 +138,20 @@ def submit(**kwargs: Any) -> None:
 
     if bool(kwargs["prompt"]) == bool(kwargs["jobs_file"]):
         raise click.UsageError("give a PROMPT or --file, not both and not neither")
+    _check_embed_options(kwargs)
     if kwargs["jobs_file"]:
         try:
-            requests = read_jobs(Path(kwargs["jobs_file"]))
+            requests = read_jobs(Path(kwargs["jobs_file"]), embed=kwargs["embed"])
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
+    elif kwargs["embed"]:
+        requests = [_embed_request(kwargs)]
     else:
         requests = [_prompt_request(kwargs)]
     if kwargs["stream"]:
         for request in requests:
+            if not hasattr(request, "stream"):
+                raise click.UsageError(f"{request.id} is an embedding request: it has no stream")
             request.stream = True
     client = SubmitClient(kafka_connection(kwargs), kwargs["topic"], kwargs["results_topic"])
     try:
@@ -152,6 +192,27 @@ def _prompt_request(kwargs: dict[str, Any]) -> Any:
     if structured is not None:
         fields["structured_output"] = structured
     return GenerateRequest(**fields)
+
+
+_EMBED_ONLY = ("dimensions", "prompt_name", "truncate", "encoding_format")
+
+
+def _check_embed_options(kwargs: dict[str, Any]) -> None:
+    """--embed's options only with it (and for PROMPT); none of generation's with it."""
+    given = [f"--{n.replace('_', '-')}" for n in _EMBED_ONLY if kwargs[n] is not None]
+    if given and not (kwargs["embed"] and kwargs["prompt"]):
+        raise click.UsageError(f"{', '.join(given)}: only with --embed and a PROMPT")
+    if kwargs["embed"] and (kwargs["stream"] or kwargs["chat"]):
+        raise click.UsageError("--embed takes no --stream nor --chat")
+
+
+def _embed_request(kwargs: dict[str, Any]) -> Any:
+    from messages.embedding import EmbedRequest
+
+    fields: dict[str, Any] = {"id": f"submit-{uuid.uuid4().hex[:12]}", "model": kwargs["model"]}
+    fields["input"] = kwargs["prompt"]
+    fields |= {n: kwargs[n] for n in _EMBED_ONLY if kwargs[n] is not None}
+    return EmbedRequest(**fields)
 
 
 def _logit_bias(pairs: tuple[str, ...]) -> dict[int, float]:

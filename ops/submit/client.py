@@ -1,4 +1,5 @@
-"""A small Kafka client for producers of GenerateRequests: send, then collect results by id.
+"""A small Kafka client for producers of GenerateRequests and EmbedRequests: send, then collect
+results (GenerateResults, EmbedResults) by id.
 
 It listens on the results topic from its current end *before* sending, so it sees every
 result of its own requests and none of anyone else's older ones.
@@ -23,28 +24,35 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from actors.kafka import record_reader
 from actors.kafka.connection import KafkaConnection, connection_of
-from messages import headers as h
 from messages.chunk import GenerateChunk
 from messages.codec import JSON, Codec
+from messages.embedding import EmbedRequest
 from messages.request import GenerateRequest
-from messages.result import GenerateResult
+from messages.request_kinds import Request, Result, request_kind
 from ops.connection.check import started_producer
 from ops.errors import SubmitError
-from ops.gateway.replies import decode_reply
+from ops.gateway.replies import decode_reply, encode_request
 
 _tracer = trace.get_tracer("tokenmill.client")
 _propagator = TraceContextTextMapPropagator()
 _request_codec = Codec(GenerateRequest)
+_embed_codec = Codec(EmbedRequest)
 
 
-def read_jobs(path: Path) -> list[GenerateRequest]:
-    """Parse a JSONL jobs file; a line without `id` gets one. Raises ValueError naming the line."""
-    requests = []
+def read_jobs(path: Path, *, embed: bool = False) -> list[Request]:
+    """Parse a JSONL jobs file; a line without `id` gets one. Raises ValueError naming the line.
+
+    A line is an `EmbedRequest` when it has `input` and none of `prompt`, `prompt_token_ids`,
+    `messages` (the rule workers read header-less records by: `request_kind`), or with `embed`
+    every line is; else a `GenerateRequest`."""
+    requests: list[Request] = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
+        raw = line.encode()
         try:
-            request = _request_codec.decode(line.encode())
+            embeds = embed or request_kind(raw, JSON, None) == "embed"
+            request: Request = _embed_codec.decode(raw) if embeds else _request_codec.decode(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
         if not request.id:
@@ -98,16 +106,17 @@ class SubmitClient:
         for tp in tps:  # resolve the positions now, not lazily after our results arrive
             await consumer.position(tp)
 
-    async def send(self, requests: list[GenerateRequest]) -> None:
+    async def send(self, requests: list[Request]) -> None:
         """Send `requests` and wait until the broker has acknowledged every one."""
         await asyncio.gather(*[await self.send_one(r) for r in requests])
 
-    async def send_one(self, request: GenerateRequest) -> asyncio.Future[object]:
-        """Queue `request` for sending; the returned future resolves on the broker's ack."""
+    async def send_one(self, request: Request) -> asyncio.Future[object]:
+        """Queue `request` for sending; the returned future resolves on the broker's ack. An
+        `EmbedRequest` carries the `EmbedRequest/1` schema header."""
         assert self._producer is not None, "use `async with SubmitClient(...)`"
         if self._consumer is None:
             await self.listen()
-        headers = [(h.CONTENT_TYPE, JSON.encode())]
+        value, headers = encode_request(request)
         span = self._send_span(request) if _tracing_set_up() else None  # none: no span work
         if span is not None:
             carrier: dict[str, str] = {}
@@ -115,8 +124,7 @@ class SubmitClient:
             headers += [(key, value.encode()) for key, value in carrier.items()]
         try:
             acked: asyncio.Future[object] = await self._producer.send(
-                self.topic, value=_request_codec.encode(request), key=request.id.encode(),
-                headers=headers,
+                self.topic, value=value, key=request.id.encode(), headers=headers,
             )  # fmt: skip
         except BaseException:
             if span is not None:
@@ -126,7 +134,7 @@ class SubmitClient:
             acked.add_done_callback(lambda _: span.end())
         return acked
 
-    def _send_span(self, request: GenerateRequest) -> trace.Span:
+    def _send_span(self, request: Request) -> trace.Span:
         return _tracer.start_span(
             f"send {self.topic}",
             kind=SpanKind.PRODUCER,
@@ -140,16 +148,17 @@ class SubmitClient:
             },
         )
 
-    async def poll(self, timeout_s: float) -> list[GenerateResult]:
-        """The results that arrived within `timeout_s` (anyone's: filter by id)."""
-        return [r for r in await self.poll_replies(timeout_s) if isinstance(r, GenerateResult)]
+    async def poll(self, timeout_s: float) -> list[Result]:
+        """The results (of generation and embedding requests) that arrived within `timeout_s`
+        (anyone's: filter by id)."""
+        return [r for r in await self.poll_replies(timeout_s) if not isinstance(r, GenerateChunk)]
 
-    async def poll_replies(self, timeout_s: float) -> list[GenerateResult | GenerateChunk]:
+    async def poll_replies(self, timeout_s: float) -> list[Result | GenerateChunk]:
         """The results and streamed chunks that arrived within `timeout_s` (anyone's), told
         apart by their `tokenmill-schema` header (none: a result, as from older workers)."""
         assert self._consumer is not None, "send() first"
         fetched = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
-        replies: list[GenerateResult | GenerateChunk] = []
+        replies: list[Result | GenerateChunk] = []
         for records in fetched.values():
             for record in records:
                 # None: a record of a kind this client does not know, or not a reply at all
@@ -157,7 +166,7 @@ class SubmitClient:
                     replies.append(reply)
         return replies
 
-    async def results(self, ids: set[str], within_s: float) -> AsyncIterator[GenerateResult]:
+    async def results(self, ids: set[str], within_s: float) -> AsyncIterator[Result]:
         """Yield the result for each id in `ids` as it arrives (first one wins), until all are
         in or `within_s` seconds pass; `missing` then holds the ids never answered."""
         assert self._consumer is not None, "send() first"
@@ -171,7 +180,7 @@ class SubmitClient:
 
     async def replies(
         self, ids: set[str], within_s: float
-    ) -> AsyncIterator[GenerateResult | GenerateChunk]:
+    ) -> AsyncIterator[Result | GenerateChunk]:
         """Like `results`, but also yield each streamed chunk of those ids before their result
         (every chunk that arrives: rebuild the text with `ops.submit.assembly`)."""
         assert self._consumer is not None, "send() first"
@@ -180,7 +189,7 @@ class SubmitClient:
         while self.missing and (left := deadline - time.monotonic()) > 0:
             for reply in await self.poll_replies(min(left, 1.0)):
                 if reply.id in self.missing:
-                    if isinstance(reply, GenerateResult):
+                    if not isinstance(reply, GenerateChunk):
                         self.missing.discard(reply.id)
                     yield reply
 

@@ -84,7 +84,9 @@ def _start_and_serve(kwargs: dict[str, Any], signals: StartupSignals) -> None:
 
     def load() -> Any:
         with host_heap.loading_weights():
-            return build_engine(choice) if kind == "torch" else _echo_engine(choice)
+            if kind == "torch":
+                return build_engine(choice, embeddings=True)
+            return _echo_engine(choice)
 
     thread = engine_thread()  # the engine is built where it will be stepped
     loading = time.perf_counter()

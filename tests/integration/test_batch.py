@@ -112,7 +112,7 @@ async def test_a_mixed_file_gets_one_openai_shaped_line_per_input_line(
         "{not json",
         {"method": "POST", "url": "/v1/completions", "body": {"prompt": "no id"}},
         completion("text-0", "a duplicate custom_id"),
-        {**completion("embed", "x"), "url": "/v1/embeddings"},
+        {**completion("embed", "x"), "url": "/v1/moderations"},
         completion("many-answers", "x", n=17),  # over the 16 choices a request may ask
         completion("too-hot", "x", temperature=-1),
         completion("other-model", "x", model="gpt-4o-mini"),  # refused by the worker

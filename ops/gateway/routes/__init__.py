@@ -3,6 +3,7 @@
     completions   POST /v1/completions
     chat          POST /v1/chat/completions
     responses     POST /v1/responses (OpenAI's Responses API, run as a chat completion)
+    embeddings    POST /v1/embeddings (its flow: `embedding`)
     models        GET  /v1/models, GET /v1/models/{id}
     tokenize      POST /tokenize, POST /detokenize
     files         /v1/files (the Batch API's inputs and outputs)

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from messages.openai_batch import COMPLETIONS_URL
 from ops.gateway.bodies import Asked, parse_body, read_body
-from ops.gateway.errors import ApiError, no_worker
+from ops.gateway.errors import ApiError, no_worker, wrong_task
+from ops.gateway.fleet import EMBED, GENERATE
 from ops.gateway.metrics import GatewayMetrics
 from ops.gateway.outcomes import Refused, Streaming
 from ops.gateway.prompt_list import merge_answers, split_prompts
@@ -29,6 +30,8 @@ from ops.gateway.routes.deps import Parts
 from ops.gateway.routes.disconnect import unless_disconnected
 from ops.gateway.service import Gateway
 from ops.gateway.tracing import request_span
+
+T = TypeVar("T")
 
 
 async def generate(request: Request, url: str, parts: Parts) -> Response:
@@ -41,23 +44,23 @@ async def generate(request: Request, url: str, parts: Parts) -> Response:
     try:
         body = parse_body(await read_body(request, gateway.settings.max_body_bytes))
         if url == COMPLETIONS_URL and (bodies := split_prompts(body)) is not None:
-            return await _answer_prompts(request, parts, bodies, _Timing(url, started), named)
+            return await _answer_prompts(request, parts, bodies, Timing(url, started), named)
         asked = gateway.asked(url, body, request_id)
         stream = asked.stream
         named.update(asked.ignored_header)  # the fields the mapping let by unread
         check_served(parts, asked)
         with span_of(request, url, request_id) as trace:
-            return await _answer(request, parts, asked, trace, _Timing(url, started), named)
+            return await _answer(request, parts, asked, trace, Timing(url, started), named)
     except ApiError as exc:
         exc.headers.update(named)
-        _Timing(url, started).count(metrics, exc.status, exc.code or "", stream)
+        Timing(url, started).count(metrics, exc.status, exc.code or "", stream)
         raise
     finally:
         metrics.in_flight.set(gateway.in_flight)
         metrics.dropped.set(gateway.replies.dropped)
 
 
-class _Timing:
+class Timing:
     """One request's endpoint label and arrival, and its count once answered."""
 
     def __init__(self, url: str, started: float) -> None:
@@ -76,7 +79,7 @@ async def _answer(
     parts: Parts,
     asked: Asked,
     trace: list[tuple[str, bytes]],
-    timing: _Timing,
+    timing: Timing,
     named: dict[str, str],
 ) -> Response:
     """Send `asked` in one of the --max-inflight places and answer it."""
@@ -87,7 +90,7 @@ async def _answer(
             metrics.requests.labels(timing.endpoint, "499", "client_disconnected").inc()
             return Response(status_code=499)  # nginx's "client closed request"
         status, body, worker = done
-        return _json(metrics, timing, status, body, named | _worker(worker))
+        return _json(metrics, timing, status, body, named | worker_header(worker))
     started = await stream_answer(parts, asked, trace)
     if isinstance(started, Refused):
         return _json(metrics, timing, started.status, started.body, named)
@@ -102,7 +105,7 @@ async def _answer_prompts(
     request: Request,
     parts: Parts,
     bodies: list[dict[str, Any]],
-    timing: _Timing,
+    timing: Timing,
     named: dict[str, str],
 ) -> Response:
     """`/v1/completions` with several prompts: one request each (ids `<id>-<i>`), sent
@@ -134,9 +137,20 @@ async def _answer_prompts(
 
 
 def check_served(parts: Parts, asked: Asked) -> None:
-    """503 `no_worker` at once when no live worker serves the model `asked` names."""
-    if parts.fleet is not None and parts.fleet.refuses(asked.request.model):
-        raise no_worker(asked.request.model)
+    """503 `no_worker` at once when no live worker serves the model `asked` names; 400
+    `unsupported_task` when those that serve it only embed."""
+    check_task(parts, asked.request.model, asked.url, GENERATE)
+
+
+def check_task(parts: Parts, model: str | None, url: str, task: str) -> None:
+    """503 `no_worker` at once when no live worker serves `model` (None: any); 400
+    `unsupported_task` when those that serve it do not do `task` (EMBED or GENERATE)."""
+    if parts.fleet is None:
+        return
+    if parts.fleet.refuses(model):
+        raise no_worker(model)
+    if (other := parts.fleet.other_task(model, task)) is not None:
+        raise wrong_task(model, url, embeds=other == EMBED)
 
 
 def span_of(
@@ -153,13 +167,29 @@ async def whole_answer(
 ) -> tuple[int, Any, str] | None:
     """`asked` sent in one of the --max-inflight places and its answer awaited (status, body,
     worker), or None when the client left first (the request is then cancelled)."""
+    return await in_place(
+        request, gateway, asked.request.id, lambda: gateway.complete(asked, trace)
+    )
+
+
+async def in_place(
+    request: Request,
+    gateway: Gateway,
+    request_id: str | Sequence[str],
+    work: Callable[[], Awaitable[T]],
+) -> T | None:
+    """`work()` (the round trip of request `request_id`, or of the requests it lists) run in
+    one of the --max-inflight places (429 when none is free), or None when the client left
+    first (the requests are then cancelled)."""
+    ids = [request_id] if isinstance(request_id, str) else list(request_id)
+
+    def cancel() -> None:
+        for one in ids:
+            gateway.cancel_later(one, "client_disconnected")
+
     place = gateway.admit()
     try:
-        return await unless_disconnected(
-            request,
-            gateway.complete(asked, trace),
-            lambda: gateway.cancel_later(asked.request.id, "client_disconnected"),
-        )
+        return await unless_disconnected(request, work(), cancel)
     finally:
         place.release()
 
@@ -198,12 +228,13 @@ def served_alone(parts: Parts) -> str:
     return served[0].name if len(served) == 1 else ""
 
 
-def _worker(worker: str) -> dict[str, str]:
+def worker_header(worker: str) -> dict[str, str]:
+    """`x-tokenmill-worker`, naming the worker that answered (none when it is not known)."""
     return {"x-tokenmill-worker": worker} if worker else {}
 
 
 def _json(
-    metrics: GatewayMetrics, timing: _Timing, status: int, body: Any, headers: dict[str, str]
+    metrics: GatewayMetrics, timing: Timing, status: int, body: Any, headers: dict[str, str]
 ) -> JSONResponse:
     code = (body.get("error") or {}).get("code") if isinstance(body, dict) else None
     timing.count(metrics, status, code or "", stream=False)
@@ -211,7 +242,7 @@ def _json(
 
 
 async def _measured(
-    metrics: GatewayMetrics, timing: _Timing, first: bytes, events: AsyncIterator[bytes]
+    metrics: GatewayMetrics, timing: Timing, first: bytes, events: AsyncIterator[bytes]
 ) -> AsyncIterator[bytes]:
     yield first
     async for event in events:

@@ -1,5 +1,7 @@
 """`GET /v1/models`, `GET /v1/models/{id}`: the models the live workers serve
-(`ops.gateway.fleet`), each card with its `max_model_len` as its workers announce it."""
+(`ops.gateway.fleet`), each card with its `max_model_len` and its `task` ("embed": an
+embedding model, for `/v1/embeddings`; "generate": for completions, chat and responses) as its
+workers announce them."""
 
 from __future__ import annotations
 
@@ -29,11 +31,13 @@ async def model(model_id: str, parts: PartsDep) -> dict[str, Any]:
 
 
 def card(served: ServedModel) -> dict[str, Any]:
-    """OpenAI's model object, with vLLM's `max_model_len` (null: no worker said)."""
+    """OpenAI's model object, with vLLM's `max_model_len` (null: no worker said) and
+    tokenmill's `task`."""
     return {
         "id": served.name,
         "object": "model",
         "created": served.since,
         "owned_by": "tokenmill",
         "max_model_len": served.max_model_len,
+        "task": served.task,
     }

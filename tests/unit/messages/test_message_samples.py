@@ -97,6 +97,10 @@ ERROR_CODES = [
     "invalid_response_format",
     "unreadable_record",
     "internal_error",
+    "unsupported_task",
+    "invalid_dimensions",
+    "unknown_prompt_name",
+    "cancelled",
 ]
 DEAD_LETTERED = {
     "invalid_encoding",

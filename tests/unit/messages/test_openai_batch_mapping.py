@@ -157,7 +157,7 @@ def test_a_method_other_than_post_is_refused_keeping_the_custom_id() -> None:
     assert "'GET'" in refused.message
 
 
-@pytest.mark.parametrize("url", ["/v1/embeddings", "/v1/responses", "v1/completions", None])
+@pytest.mark.parametrize("url", ["/v1/moderations", "/v1/responses", "v1/completions", None])
 def test_an_unsupported_url_is_refused_keeping_the_custom_id(url: str | None) -> None:
     refused = line_refused(raw_line(custom_id="e1", url=url))
     assert refused.code == LineCode.UNSUPPORTED_URL
@@ -658,7 +658,7 @@ def test_output_lines_read_back_as_answered_lines() -> None:
     lines = [
         answer_line("ok", CHAT_COMPLETIONS_URL, ok_result()),
         answer_line("gone", COMPLETIONS_URL, error_result(ErrorCode.UNKNOWN_MODEL)),
-        refusal_line(line_refused(raw_line(custom_id="e1", url="/v1/embeddings")), line_number=5),
+        refusal_line(line_refused(raw_line(custom_id="e1", url="/v1/moderations")), line_number=5),
         refusal_line(line_refused(b"[]"), line_number=6),
     ]
     read = [_answered_decoder.decode(msgspec.json.encode(line)) for line in lines]

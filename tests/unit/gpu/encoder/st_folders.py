@@ -27,7 +27,12 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def module(idx: int, kind: str, path: str) -> dict[str, Any]:
-    return {"idx": idx, "name": str(idx), "path": path, "type": f"sentence_transformers.models.{kind}"}
+    return {
+        "idx": idx,
+        "name": str(idx),
+        "path": path,
+        "type": f"sentence_transformers.models.{kind}",
+    }
 
 
 def write_dense(
@@ -63,7 +68,9 @@ def write_pipeline(
         write_json(folder / "config.json", {"hidden_size": hidden})
     modules = [module(0, "Transformer", ""), module(1, "Pooling", "1_Pooling")]
     pooling = pooling if pooling is not None else {"pooling_mode_mean_tokens": True}
-    write_json(folder / "1_Pooling" / "config.json", {"word_embedding_dimension": hidden, **pooling})
+    write_json(
+        folder / "1_Pooling" / "config.json", {"word_embedding_dimension": hidden, **pooling}
+    )
     if dense:
         tanh, identity = "torch.nn.modules.activation.Tanh", "torch.nn.modules.linear.Identity"
         write_dense(folder / "2_Dense", hidden, 96, bias=True, activation=tanh, seed=1)
@@ -74,7 +81,10 @@ def write_pipeline(
     write_json(folder / "modules.json", modules)
     write_json(
         folder / "config_sentence_transformers.json",
-        {"prompts": PROMPTS if prompts is None else prompts, "default_prompt_name": default_prompt_name},
+        {
+            "prompts": PROMPTS if prompts is None else prompts,
+            "default_prompt_name": default_prompt_name,
+        },
     )
     settings = {"do_lower_case": False}
     if max_seq_length is not None:

@@ -10,7 +10,8 @@ import torch
 from gpu.backends.kernel_ops import KernelOps
 from gpu.backends.layer_ops import AttentionShape
 from gpu.backends.torch_ops import TorchOps
-from gpu.encoder.attention import CHUNK, EncoderOps, _band, packed_inputs, reach
+from gpu.encoder.attend import BATCH_TOKENS, CHUNK, plan
+from gpu.encoder.attention import EncoderOps, packed_inputs, reach
 from gpu.kernels.native import cpu_kernels
 from gpu.kv_pool import LayerKV
 from gpu.models.layers import apply_rope
@@ -28,10 +29,9 @@ def test_reach_is_transformers_window_for_a_bidirectional_gemma3() -> None:
     sees = _bidirectional_window_overlay(config.sliding_window)
     side = reach(512)
     assert side == 256
-    n = 700
-    positions = torch.arange(n)
-    expected = sees(0, 0, positions[:, None], positions[None, :])  # batch, head, q, k
-    assert torch.equal(_band(n, n, 0, side, torch.device("cpu")), expected)
+    positions = torch.arange(700)
+    q, k = positions[:, None], positions[None, :]
+    assert torch.equal(sees(0, 0, q, k), (q - k).abs() <= side)  # (batch, head, q, k)
     assert reach(None) is None
 
 
@@ -67,7 +67,8 @@ def shape(window: int | None, softcap: float | None = None) -> AttentionShape:
     return AttentionShape(HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, 0.3, softcap, window)
 
 
-LENGTHS = [1, 5, 9, 40, CHUNK + 45, 2 * CHUNK + 7]  # short, within reach, chunked ones
+# short ones padded into batches (9, 8, 8, 7; 5, 4; 3, 3), within reach, chunked ones
+LENGTHS = [8, 1, 5, 9, 3, 40, CHUNK + 45, 4, 2 * CHUNK + 7, 8, 3, 7]
 
 
 @pytest.mark.parametrize("window", [None, 16, 80, 2 * CHUNK])
@@ -124,3 +125,22 @@ def test_packed_inputs_lay_sequences_out_flat() -> None:
     spans = [(s.begin, s.end) for s in inputs.attention.prefills]
     assert spans == [(0, 3), (3, 4), (4, 6)]
     assert inputs.logits_rows.numel() == 0 and inputs.attention.slot_mapping.numel() == 0
+
+
+def test_plan_pads_similar_lengths_together() -> None:
+    cpu = torch.device("cpu")
+    spans = packed_inputs([[0] * n for n in LENGTHS], cpu).attention.prefills
+    full = plan(spans, None, cpu)  # full layers: up to 512 tokens batched
+    assert [s.end - s.begin for s in full.alone] == [2 * CHUNK + 7]
+    # longest first; a batch's shortest is at least 3/4 of its longest
+    widths = [(b.sequences, b.width) for b in full.batches]
+    assert widths == [(1, CHUNK + 45), (1, 40), (4, 9), (2, 5), (2, 3), (1, 1)]
+    for batch in full.batches:
+        assert batch.slots.shape == (batch.sequences * batch.width,)
+        assert batch.rows.shape == batch.kept.shape
+        assert (batch.padding is None) == (batch.rows.numel() == batch.slots.numel())
+    sliding = plan(spans, 8, cpu)  # reach 8: up to 9 tokens batched
+    assert sorted(s.end - s.begin for s in sliding.alone) == [40, CHUNK + 45, 2 * CHUNK + 7]
+    many = plan(packed_inputs([[0] * 100] * 200, cpu).attention.prefills, None, cpu)
+    assert all(b.sequences * b.width <= BATCH_TOKENS for b in many.batches)
+    assert sum(b.sequences for b in many.batches) == 200

@@ -23,7 +23,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 MIN_COSINE = 0.9999
 SHORT = "What is the capital of France?"
 UNICODE = "Ünïcödé: 東京は日本の首都です。 Привет, мир! 🚀 naïve café — «guillemets»"
-CODE = 'def fib(n: int) -> int:\n    """The n-th Fibonacci number."""\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n'
+CODE = (
+    "def fib(n: int) -> int:\n"
+    '    """The n-th Fibonacci number."""\n'
+    "    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+)
 PARAGRAPH = (
     "Stream processing turns every event on a topic into work: a document is embedded, a "
     "ticket is classified, a product description is summarised, and the results flow to the "
@@ -54,7 +58,9 @@ def theirs(reference: Any) -> dict[str, np.ndarray]:
 
 def tokens(engine: EncoderEngine, text: str, prompt_name: str) -> list[int]:
     spec = engine.embedding
-    cut, _ = fit(embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end")
+    cut, _ = fit(
+        embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end"
+    )
     return cut
 
 

@@ -54,7 +54,9 @@ def reference(folder: Path) -> Any:
 
 def tokens(engine: EncoderEngine, text: str, prompt_name: str | None = None) -> list[int]:
     spec = engine.embedding
-    return fit(embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end")[0]
+    return fit(
+        embed_tokens(engine.model.tokenizer, spec, text, prompt_name), spec.max_tokens, "end"
+    )[0]
 
 
 def cosines(ours: list[np.ndarray], theirs: np.ndarray) -> list[float]:
@@ -193,3 +195,11 @@ def test_a_causal_model_is_not_an_encoder(folder: Path) -> None:
     model.config = replace(model.config, bidirectional=False)
     with pytest.raises(UnsupportedPipeline, match="bidirectional"):
         EncoderEngine(model, read_pipeline(folder))
+
+
+def test_encode_refuses_as_add_does(engine: EncoderEngine) -> None:
+    assert engine.encode([]) == []
+    with pytest.raises(ValueError, match="dimensions"):
+        engine.encode([[2, 1]], dimensions=49)
+    with pytest.raises(ValueError, match="no tokens"):
+        engine.encode([[2, 1], []])

@@ -43,7 +43,9 @@ def test_an_unknown_prompt_name_is_a_typed_key_error(tokenizer: Tokenizer) -> No
     error = caught.value
     assert isinstance(error, KeyError) and isinstance(error, RequestRejected)
     assert error.code == ErrorCode.UNKNOWN_PROMPT_NAME
-    assert str(error) == "prompt_name 'passage' is not one of the model's task prompts (none, query)"
+    assert (
+        str(error) == "prompt_name 'passage' is not one of the model's task prompts (none, query)"
+    )
 
 
 def test_special_counts(tokenizer: Tokenizer) -> None:

@@ -96,7 +96,7 @@ def test_the_transformer_in_a_subfolder(tmp_path: Path) -> None:
 
 def test_not_an_embedding_model(tmp_path: Path) -> None:
     assert not is_embedding_model(tmp_path)  # no modules.json
-    with pytest.raises(CheckpointError, match="modules.json"):
+    with pytest.raises(CheckpointError, match=r"modules\.json"):
         read_pipeline(tmp_path)
     write_json(tmp_path / "modules.json", [module(0, "Transformer", "")])
     assert not is_embedding_model(tmp_path)  # no Pooling
@@ -114,20 +114,34 @@ def _edit(path: Path, **changes: object) -> None:
 @pytest.mark.parametrize(
     ("edit", "match"),
     [
-        (lambda f: _edit(f / "2_Dense" / "config.json", activation_function="my.Swish"),
-         "activation 'my.Swish'"),
+        (
+            lambda f: _edit(f / "2_Dense" / "config.json", activation_function="my.Swish"),
+            "activation 'my.Swish'",
+        ),
         (lambda f: _edit(f / "2_Dense" / "config.json", use_residual=True), "use_residual"),
         (lambda f: _edit(f / "1_Pooling" / "config.json", include_prompt=False), "include_prompt"),
         (lambda f: _edit(f / "1_Pooling" / "config.json", pooling_mode="median"), "median"),
         (lambda f: _edit(f / "sentence_bert_config.json", do_lower_case=True), "do_lower_case"),
         (lambda f: _edit(f / "1_Pooling" / "config.json", word_embedding_dimension=32), "pools 32"),
-        (lambda f: write_dense(f / "3_Dense", 48, 48, bias=False, activation="", seed=2),
-         "takes 48 values, not 96"),
-        (lambda f: write_json(f / "modules.json", [module(0, "Transformer", ""),
-                                                     module(1, "Pooling", "1_Pooling"),
-                                                     module(2, "LSTM", "2_LSTM")]), "LSTM"),
-        (lambda f: write_json(f / "modules.json", [module(0, "Pooling", "1_Pooling")]),
-         "first module"),
+        (
+            lambda f: write_dense(f / "3_Dense", 48, 48, bias=False, activation="", seed=2),
+            "takes 48 values, not 96",
+        ),
+        (
+            lambda f: write_json(
+                f / "modules.json",
+                [
+                    module(0, "Transformer", ""),
+                    module(1, "Pooling", "1_Pooling"),
+                    module(2, "LSTM", "2_LSTM"),
+                ],
+            ),
+            "LSTM",
+        ),
+        (
+            lambda f: write_json(f / "modules.json", [module(0, "Pooling", "1_Pooling")]),
+            "first module",
+        ),
     ],
 )
 def test_refuses_what_it_cannot_serve(tmp_path: Path, edit: object, match: str) -> None:
@@ -140,7 +154,7 @@ def test_refuses_what_it_cannot_serve(tmp_path: Path, edit: object, match: str) 
 def test_malformed_files_are_checkpoint_errors(tmp_path: Path) -> None:
     folder = write_pipeline(tmp_path)
     (folder / "2_Dense" / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         read_pipeline(folder)
     folder = write_pipeline(tmp_path / "b")
     write_dense(folder / "2_Dense", 64, 80, bias=True, activation="", seed=1)

@@ -206,7 +206,7 @@ async def test_on_resume_a_duplicate_of_an_answered_line_is_still_refused() -> N
     [
         (b"{not json\n", None, "invalid_json"),
         (msgspec.json.encode({"url": CHAT_COMPLETIONS_URL, "body": {}}), None, "missing_custom_id"),
-        (line("e1", url="/v1/embeddings"), "e1", "unsupported_url"),
+        (line("e1", url="/v1/moderations"), "e1", "unsupported_url"),
         (line("s2", suffix="!"), "s2", "unsupported_parameter"),
         (line("t1", temperature=-1), "t1", "invalid_sampling_params"),
         (line("m0", messages=[]), "m0", "invalid_body"),
@@ -379,6 +379,7 @@ def test_as_json_reports_every_count() -> None:
         "stalled": True,
         "prompt_tokens": 100,
         "completion_tokens": 250,
+        "embeddings": 0,
         "wall_s": 2.0,
         "requests_per_s": 4.0,
         "completion_tokens_per_s": 124.97,

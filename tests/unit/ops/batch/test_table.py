@@ -30,3 +30,14 @@ def test_an_error_line_shows_its_code() -> None:
     error = {"code": "invalid_request", "message": "no", "line": 3}
     text, finish, tokens = answer_text({"custom_id": "x", "error": error})
     assert "invalid_request" in text and (finish, tokens) == ("", "")
+
+
+def test_an_embeddings_answer_shows_its_vectors_and_tokens() -> None:
+    data = [
+        {"object": "embedding", "index": i, "embedding": [0.5, -0.25, 0.125, 1.0]} for i in (0, 1)
+    ]
+    body = {"object": "list", "data": data, "model": "e", "usage": {"prompt_tokens": 9}}
+    out = {"custom_id": "d", "response": {"status_code": 200, "body": body}}
+    assert answer_text(out) == ("2 vectors × 4: [0.5000, -0.2500, 0.1250, …]", "", "9")
+    body["data"] = [{"object": "embedding", "index": 0, "embedding": "AAAAPw=="}]
+    assert answer_text(out)[0] == "1 vector (base64)"

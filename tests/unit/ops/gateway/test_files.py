@@ -31,7 +31,7 @@ def test_an_upload_is_kept_whole_with_its_lines_and_urls(tmp_path: Path) -> None
 
 def test_lines_that_are_not_requests_refuse_the_upload_and_leave_nothing(tmp_path: Path) -> None:
     files = FileStore(tmp_path)
-    data = b"\n".join([line("a"), line("a"), b"[1]", line("c", "/v1/embeddings")])
+    data = b"\n".join([line("a"), line("a"), b"[1]", line("c", "/v1/moderations")])
     with pytest.raises(ApiError) as refused:
         files.save_upload(io.BytesIO(data), "bad.jsonl", "batch")
     assert (refused.value.status, refused.value.code) == (400, "invalid_file")

@@ -212,3 +212,37 @@ def test_nothing_is_refused_until_the_events_are_read_to_their_end() -> None:
     watch.fleet.apply(started("w1", "smollm2", 100.0))
     assert not watch.refuses("smollm2") and not watch.refuses(None)
     assert watch.refuses("gemma3")
+
+
+def embedder(worker: str, name: str, at: float) -> WorkerStarted:
+    model = ModelRef(name=name, digest=f"sha256:{name}", task="embed")
+    return WorkerStarted(worker=worker, at=at, model=model, group="g", requests_topic="r")
+
+
+def test_each_model_s_task_is_as_its_workers_announce_it() -> None:
+    fleet = Fleet()
+    fleet.apply(started("w1", "smollm2", 100.0))
+    fleet.apply(embedder("w2", "embeddinggemma-300m", 200.0))
+    assert fleet.models() == [
+        ServedModel("embeddinggemma-300m", 200, task="embed"),
+        ServedModel("smollm2", 100, task="generate"),
+    ]
+    assert fleet.tasks("smollm2") == {"generate"}
+    assert fleet.tasks("sha256:embeddinggemma-300m") == {"embed"}  # named as `serves` matches
+    assert fleet.tasks(None) == {"embed", "generate"}
+    assert fleet.tasks("gpt-4o") == set()
+
+
+def test_a_request_for_a_task_no_worker_of_its_model_does_is_told_at_once() -> None:
+    watch = FleetWatch(KafkaConnection("127.0.0.1:1"), "events")
+    watch.fleet.apply(embedder("w1", "embeddinggemma-300m", 100.0))
+    assert watch.other_task("embeddinggemma-300m", "embed") is None
+    assert watch.other_task(None, "embed") is None
+    assert watch.other_task("embeddinggemma-300m", "generate") is None  # the topic is not read
+    watch.caught_up = True
+    assert watch.other_task("embeddinggemma-300m", "generate") == "embed"
+    assert watch.other_task(None, "generate") == "embed"  # every listed worker embeds
+    assert watch.other_task("gpt-4o", "generate") is None  # not served: `refuses` says so
+    watch.fleet.apply(started("w2", "smollm2", 110.0))
+    assert watch.other_task(None, "generate") is None  # some worker generates
+    assert watch.other_task("smollm2", "embed") == "generate"

@@ -195,7 +195,7 @@ def test_readyz_answers_503_while_no_worker_is_listed(tmp_path: Path) -> None:
 
 def test_model_cards_carry_max_model_len_and_an_unserved_one_is_404(http: TestClient) -> None:
     card = {"id": "smollm2", "object": "model", "created": 100, "owned_by": "tokenmill",
-            "max_model_len": 2048}  # fmt: skip
+            "max_model_len": 2048, "task": "generate"}  # fmt: skip
     assert http.get("/v1/models", headers=AUTH).json()["data"] == [card]
     assert http.get("/v1/models/smollm2", headers=AUTH).json() == card
     missing = http.get("/v1/models/gemma", headers=AUTH)

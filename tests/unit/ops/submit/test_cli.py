@@ -9,7 +9,7 @@ import click
 import pytest
 
 from messages.structured_output import StructuredOutput
-from ops.submit.cli import _prompt_request
+from ops.submit.cli import _check_embed_options, _embed_request, _prompt_request
 
 
 def options(**given: Any) -> dict[str, Any]:
@@ -73,3 +73,66 @@ def test_penalties_and_logit_bias_are_carried_only_when_given() -> None:
     assert request.logit_bias == {50256: -100.0, 7: 2.5}
     with pytest.raises(click.BadParameter, match="TOKEN=BIAS"):
         _prompt_request(options(logit_bias=("seven=1",)))
+
+
+# --- --embed ----------------------------------------------------------------------------------
+
+
+def embed_options(**given: Any) -> dict[str, Any]:
+    none = dict.fromkeys(("dimensions", "prompt_name", "truncate", "encoding_format", "model"))
+    return {"prompt": "Kafka", "jobs_file": None, "embed": True, "stream": False, "chat": False,
+            **none, **given}  # fmt: skip
+
+
+def test_embed_sends_the_prompt_as_an_embed_request_with_its_options() -> None:
+    from messages.embedding import EmbedRequest
+
+    plain = _embed_request(embed_options())
+    assert isinstance(plain, EmbedRequest) and plain.id.startswith("submit-")
+    assert (plain.input, plain.dimensions, plain.truncate, plain.encoding_format) == (
+        "Kafka", None, "none", "float",
+    )  # fmt: skip
+    given = _embed_request(
+        embed_options(
+            dimensions=128,
+            prompt_name="query",
+            truncate="end",
+            model="eg",
+            encoding_format="base64",
+        )
+    )
+    assert (given.dimensions, given.prompt_name, given.truncate) == (128, "query", "end")
+    assert (given.model, given.encoding_format) == ("eg", "base64")
+
+
+def test_embed_options_only_with_embed_and_a_prompt() -> None:
+    _check_embed_options(embed_options(dimensions=8))
+    with pytest.raises(click.UsageError, match="--dimensions: only with --embed"):
+        _check_embed_options(embed_options(embed=False, dimensions=8))
+    with pytest.raises(click.UsageError, match="--prompt-name: only with --embed and a PROMPT"):
+        _check_embed_options(embed_options(prompt=None, jobs_file="j", prompt_name="query"))
+    with pytest.raises(click.UsageError, match="no --stream nor --chat"):
+        _check_embed_options(embed_options(stream=True))
+
+
+def test_a_jobs_file_line_with_input_is_an_embed_request(tmp_path: Path) -> None:
+    from messages.embedding import EmbedRequest
+    from messages.request import GenerateRequest
+    from ops.submit.client import read_jobs
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(
+        '{"id": "e1", "input": ["a", "b"], "dimensions": 64}\n'
+        '{"id": "g1", "prompt": "Hi"}\n'
+        '{"id": "g2", "prompt": "Hi", "input": "x"}\n'  # a prompt: a generation
+        '{"input": "no id"}\n'
+    )
+    e1, g1, g2, anonymous = read_jobs(jobs)
+    assert isinstance(e1, EmbedRequest) and (e1.input, e1.dimensions) == (["a", "b"], 64)
+    assert isinstance(g1, GenerateRequest) and isinstance(g2, GenerateRequest)
+    assert isinstance(anonymous, EmbedRequest) and anonymous.id.startswith("job-")
+    forced = read_jobs(jobs, embed=True)
+    assert all(isinstance(r, EmbedRequest) for r in forced)
+    jobs.write_text('{"input": 5}\n')
+    with pytest.raises(ValueError, match=r"jobs\.jsonl:1"):
+        read_jobs(jobs)
