@@ -2,7 +2,7 @@
 models, and the one-call decode step as a whole-step fast path over the model's forward.
 
 A decode-only step of at most `DecodeStep.max_rows` sequences of a model that
-`tm_llama_decode` implements (`native_decode_step.implements`) runs as one native call; every
+`tm_decode_step` implements (`native_decode_step.implements`) runs as one native call; every
 other step runs the model's forward in `KernelOps`. Same arithmetic, so the same tokens.
 """
 
@@ -18,7 +18,6 @@ from gpu.backends.metadata import ModelInputs
 from gpu.backends.native_decode_step import DecodeStep, implements
 from gpu.kernels.native import CpuKernels
 from gpu.kv_pool import KVPool
-from gpu.model_config import LLAMA_FAMILY
 
 
 class NativeBackend(Backend):
@@ -27,7 +26,7 @@ class NativeBackend(Backend):
 
     def __init__(
         self,
-        model: Any,  # a model file's model; the one-call step reads a Llama's weights
+        model: Any,  # a model file's model; the one-call step reads a Llama's or Gemma's weights
         kv: KVPool,
         kernels: CpuKernels,
         device: torch.device,
@@ -36,7 +35,7 @@ class NativeBackend(Backend):
         super().__init__(model, kv, KernelOps(kernels), device, **options)
         self.kernels = kernels
         config = model.config
-        self._one_call = config.arch in LLAMA_FAMILY and implements(config)
+        self._one_call = implements(config)
         self.decode_step: DecodeStep | None = None  # built on first use
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:  # [rows, vocab] float32
@@ -45,10 +44,10 @@ class NativeBackend(Backend):
         if self._one_call and decodes == tokens:
             step = self.decode_step
             if step is None:
-                model: Any = self.model  # a Llama: `_one_call`
+                model: Any = self.model  # a Llama or a Gemma: `_one_call`
                 step = self.decode_step = DecodeStep(model, self.kernels)
             if tokens <= step.max_rows:
-                x = step.model.embed_tokens(inputs.input_ids)  # [tokens, hidden]
+                x = step.embed(inputs.input_ids)  # [tokens, hidden]
                 every = step(x, inputs.rope_rows, self.kv, inputs.attention)  # [tokens, vocab]
                 # every decode samples, and the rows are listed in order: no copy of the logits
                 # (12 MB at 64 rows) when they are all of them

@@ -1,8 +1,8 @@
-"""A decode step of a Llama-family model as one native call.
+"""A decode step of a Llama- or Gemma-family model as one native call.
 
 A decode step of a few sequences is mostly streaming every weight once. Through PyTorch it
 is ~300 ops, each forking and joining the thread pool, with Python in between;
-`tm_llama_decode` (`gpu/kernels/decode_step.c`) runs the whole step, every layer and the LM
+`tm_decode_step` (`gpu/kernels/decode_step.c`) runs the whole step, every layer and the LM
 head, in one parallel region, each block of weight rows used for every token while it is in L1
 (measured 2026-12-01 on SmolLM2-135M's 121 products at one token: 7.2 ms in one region against
 9.5 ms as separate oneDNN calls). The engine takes this path on float32 CPU models with the
@@ -17,6 +17,11 @@ A linear layer is float (`.weight` float32 [out, in]: `nn.Linear`, `PackedLinear
 quantized (`.qweight`, a `QuantizedWeight`: int8/int4, which the kernels dequantize in
 registers); the call takes each as a `tm_weight` descriptor, so a quantized model's small
 decode steps are one call too.
+
+Gemma 2 and 3 take the same call with what sets them apart (`TmDecodeArch`): GeGLU, the norms
+after attention and after the MLP, each layer's sliding window and rotary tables, attention's
+soft cap; their norms' (1 + w) is added once here, their embedding scale and logit soft cap
+applied around the call (`embed`, `__call__`).
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ import torch
 from gpu.backends.metadata import AttentionMetadata
 from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
-from gpu.model_config import ModelConfig
+from gpu.model_config import GEMMA_FAMILY, LLAMA_FAMILY, ModelConfig
+from gpu.models.gemma import embedding_scale
 from gpu.models.packed_linear import PANEL_ROWS
 from gpu.quantized_weight import QuantizedWeight
 
 
-class LlamaWeights(Protocol):
-    """What the step reads of a Llama-family model (`gpu/models/llama.py`)."""
+class DecoderWeights(Protocol):
+    """What the step reads of a Llama- or Gemma-family model (`gpu/models/llama.py`,
+    `gpu/models/gemma.py`; Gemma's sliding layers also read `local_rope_cos`/`_sin`)."""
 
     config: ModelConfig
     embed_tokens: Any  # .weight [vocab, hidden]
@@ -49,38 +56,63 @@ class LlamaWeights(Protocol):
 
 
 DECODE_STEP_ROWS = 2  # the most decode tokens for the native path (measured: from 3 the layers win)
-VECTORS_PER_LAYER = 6  # the C side's layout of `layer_vectors`: norms and biases
+VECTORS_PER_LAYER = 8  # the C side's layout of `layer_vectors`: norms and biases
 LINEARS_PER_LAYER = 5  # and of `layer_linears`: qkv, o, gate, up, down
 
 
+class TmDecodeArch(ctypes.Structure):
+    """decode_step.c's `tm_decode_arch`: what sets the model apart from a plain Llama. Raw
+    addresses: the `DecodeStep` holding one keeps what they point into alive."""
+
+    _fields_ = (
+        ("gelu", ctypes.c_int64),
+        ("attn_softcap", ctypes.c_float),
+        ("windows", ctypes.c_void_p),
+        ("cos_layers", ctypes.c_void_p),
+        ("sin_layers", ctypes.c_void_p),
+    )
+
+
 def implements(config: ModelConfig) -> bool:
-    """Whether `tm_llama_decode` computes this model: Llama layers, Qwen3's q/k norms
-    included, but no experts (Mixtral, Qwen3-MoE) and RoPE over whole heads (not Phi-4-mini's
-    partial rotary). LongRoPE (Phi-3) is only other rope tables and rows, which the step
-    takes as given."""
+    """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included)
+    and Gemma 2/3's, but no experts (Mixtral, Qwen3-MoE), no GPT-2, and RoPE over whole heads
+    (not Phi-4-mini's partial rotary). LongRoPE (Phi-3) is only other rope tables and rows,
+    which the step takes as given."""
+    if config.arch not in LLAMA_FAMILY + GEMMA_FAMILY or config.bidirectional:
+        return False  # an encoder has no LM head: gpu/encoder runs it
     return not config.num_experts and config.rotary_dim == config.head_dim
 
 
 class DecodeStep:
     """The model's weights as the native call takes them, gathered once per model."""
 
-    def __init__(self, model: LlamaWeights, kernels: CpuKernels) -> None:
+    def __init__(self, model: DecoderWeights, kernels: CpuKernels) -> None:
         self.model = model
         self.kernels = kernels
         c = model.config
+        gemma = c.arch in GEMMA_FAMILY
+        factor = gemma_norm if gemma else plain_norm
         vectors: list[torch.Tensor | None] = []
         # (weight, first row, its panels or None)
         matrices: list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]] = []
         width = kernels.panel_width
         for layer in model.typed_layers():
             attn, mlp = layer.self_attn, layer.mlp
+            # Gemma: a norm of attention's output (its `post_attention_layernorm`), another
+            # before the MLP and one of the MLP's output; a Llama's `post_attention_layernorm`
+            # is the one before the MLP
+            before_mlp = (
+                layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+            )
             vectors += [
-                layer.input_layernorm.weight,
+                factor(layer.input_layernorm),
                 attn.qkv_proj.bias,
                 attn.o_proj.bias,
-                layer.post_attention_layernorm.weight,
-                attn.q_norm.weight if c.qk_norm else None,
-                attn.k_norm.weight if c.qk_norm else None,
+                factor(before_mlp),
+                factor(attn.q_norm) if c.qk_norm else None,
+                factor(attn.k_norm) if c.qk_norm else None,
+                factor(layer.post_attention_layernorm) if gemma else None,
+                factor(layer.post_feedforward_layernorm) if gemma else None,
             ]
             gate_up = held_weight(mlp.gate_up_proj)
             # gate's panels then up's: both or neither (a thread applies silu(gate) · up to
@@ -95,7 +127,9 @@ class DecodeStep:
                 (gate_up, c.intermediate_size, gate_up_panels),
                 (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
             ]
-        for t in [*vectors, model.norm.weight, model.rope_cos, model.rope_sin]:
+        self.final_norm = factor(model.norm)
+        rope = self._layer_rope(model, gemma)
+        for t in [*vectors, self.final_norm, *rope[0], *rope[1]]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
                 raise ValueError("the native decode step needs contiguous float32 norms and biases")
         assert len(vectors) == VECTORS_PER_LAYER * c.num_layers
@@ -115,8 +149,44 @@ class DecodeStep:
         # the most decode rows this step takes: many where every product tiles them
         self.max_rows = PANEL_ROWS if every_panel else DECODE_STEP_ROWS
         self.layers = c.num_layers
-        self.scale = c.head_dim**-0.5  # as LlamaAttention's
+        first = model.typed_layers()[0].self_attn.shape
+        self.scale = first.scale  # as the attention layers' (Gemma: query_pre_attn_scalar)
+        self.embedding_scale = embedding_scale(c.hidden_size, torch.float32) if gemma else None
+        self.logit_softcap = c.final_logit_softcapping
+        windows = [layer.self_attn.shape.window or 0 for layer in model.typed_layers()]
+        self._windows = torch.tensor(windows, dtype=torch.int64)
+        cos, sin = rope
+        tables = ctypes.c_void_p * c.num_layers
+        self._cos_layers = tables(*(cos[i].data_ptr() for i in range(c.num_layers)))
+        self._sin_layers = tables(*(sin[i].data_ptr() for i in range(c.num_layers)))
+        self._held += [self.final_norm, *cos, *sin]
+        self.arch = TmDecodeArch(
+            gelu=int(gemma),
+            attn_softcap=first.softcap or 0.0,
+            windows=self._windows.data_ptr(),
+            cos_layers=ctypes.addressof(self._cos_layers),
+            sin_layers=ctypes.addressof(self._sin_layers),
+        )
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
+
+    @staticmethod
+    def _layer_rope(
+        model: DecoderWeights, gemma: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each layer's rotary tables (cos, sin): Gemma's sliding layers have their own."""
+        cos, sin = [], []
+        for layer in model.typed_layers():
+            local = gemma and layer.self_attn.shape.window is not None
+            cos.append(getattr(model, "local_rope_cos" if local else "rope_cos"))
+            sin.append(getattr(model, "local_rope_sin" if local else "rope_sin"))
+        return cos, sin
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [tokens] -> [tokens, hidden]
+        """The step's input: the tokens' embeddings, scaled as the model scales them."""
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
+        if self.embedding_scale is not None:
+            x = x * self.embedding_scale
+        return x
 
     def _pool_pointers(self, kv: KVPool) -> tuple[ctypes.Array[ctypes.c_void_p], ...]:
         # Keyed by address and shape: a later pool may take a freed one's address, and with
@@ -136,7 +206,7 @@ class DecodeStep:
         kv: KVPool,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [tokens, vocab] float32 logits
-        m, c = self.model, self.model.config
+        c = self.model.config
         group = meta.decodes[0]
         tokens = x.shape[0]
         tables = group.blocks.view(tokens, -1)
@@ -153,7 +223,7 @@ class DecodeStep:
         residual = x.contiguous()
         logits = torch.empty(tokens, c.vocab_size)
         k_layers, v_layers = self._pool_pointers(kv)
-        self.kernels.llama_decode(
+        self.kernels.decode_step(
             tokens,
             c.num_layers,
             c.hidden_size,
@@ -164,12 +234,11 @@ class DecodeStep:
             c.vocab_size,
             self.layer_vectors,
             self.layer_linears,
-            m.norm.weight.data_ptr(),
+            self.final_norm.data_ptr(),
             ctypes.byref(self.lm_head),
             c.norm_eps,
             self.scale,
-            m.rope_cos.data_ptr(),
-            m.rope_sin.data_ptr(),
+            ctypes.addressof(self.arch),
             positions.data_ptr(),
             k_layers,
             v_layers,
@@ -182,7 +251,21 @@ class DecodeStep:
             work.data_ptr(),
             logits.data_ptr(),
         )
+        if self.logit_softcap is not None:  # Gemma 2: cap · tanh(logits / cap)
+            logits.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
         return logits
+
+
+def plain_norm(norm: Any) -> torch.Tensor:
+    """An RMSNorm's factors as applied: its weight."""
+    weight: torch.Tensor = norm.weight
+    return weight
+
+
+def gemma_norm(norm: Any) -> torch.Tensor:
+    """A Gemma RMSNorm's factors as applied: 1 + its weight (stored as the offset from 1)."""
+    factors: torch.Tensor = (1.0 + norm.weight.detach().float()).contiguous()
+    return factors
 
 
 def panels_of(linear: Any, width: int) -> torch.Tensor | None:

@@ -1,26 +1,39 @@
 #include "attention.h"
 #include "weight.h"
 
-/* ---- One token through a whole Llama-family model, in one parallel region -------------------
+/* ---- One token through a whole Llama- or Gemma-family model, in one parallel region -------
  *
  * A batch-1 decode step is nothing but streaming every weight once; PyTorch spends it in a
  * few hundred separate ops, each its own fork and join of the thread pool, with Python in
  * between. Here every thread stays in one region for the whole step and takes its share of
  * each product's rows; a barrier separates the phases that depend on each other. The
  * arithmetic is the layers' own (RMSNorm, rotary in the rotate-half layout, grouped-query
- * attention over the paged pool, SwiGLU), in float32. The products take any weight format of
- * weight.h: float32 (in panels where the weight has them: panel_linear.c, the products of
- * many rows), or int8/int4 dequantized in registers (tm_linear_share).
+ * attention over the paged pool, SwiGLU or GeGLU), in float32. The products take any weight
+ * format of weight.h: float32 (in panels where the weight has them: panel_linear.c, the
+ * products of many rows), or int8/int4 dequantized in registers (tm_linear_share).
  */
 
-/* residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows, shared among
- * the threads (ends with a barrier) */
-static inline void add_and_norm(float *residual, const float *h, int64_t m, int64_t hidden,
-                                const float *weight, float eps, float *normed) {
+/* What sets a model apart from a plain Llama in the step. A Llama: gelu 0, attn_softcap 0,
+ * every window 0, every layer the same rotary tables. */
+typedef struct {
+    int64_t gelu;                   /* 1: GeGLU with tanh GELU (Gemma); 0: SwiGLU */
+    float attn_softcap;             /* > 0: scores soft-capped before the softmax (Gemma 2) */
+    const int64_t *windows;         /* [layers] a query at p sees (p - window, p]; 0: all */
+    const float *const *cos_layers; /* [layers] each layer's rotary tables [positions, */
+    const float *const *sin_layers; /* head_dim] (Gemma 3's sliding layers have their own) */
+} tm_decode_arch;
+
+/* h[r] = RMSNorm(h[r]) where `post` is given (Gemma's norm after attention and after the
+ * MLP), residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows, shared
+ * among the threads (ends with a barrier) */
+static inline void add_and_norm(float *residual, float *h, int64_t m, int64_t hidden,
+                                const float *post, const float *weight, float eps,
+                                float *normed) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < m; ++r) {
-        float *res = residual + r * hidden;
-        for (int64_t i = 0; i < hidden; ++i) res[i] += h[r * hidden + i];
+        float *res = residual + r * hidden, *hr = h + r * hidden;
+        if (post) rms_norm_row(hr, post, eps, hidden, hr);
+        for (int64_t i = 0; i < hidden; ++i) res[i] += hr[i];
         rms_norm_row(res, weight, eps, hidden, normed + r * hidden);
     }
 }
@@ -46,26 +59,28 @@ static void linear_part(const tm_weight *w, const float *bias, const float *x, i
 
 /* m decode tokens, one per sequence, through every layer and the LM head.
  *
- * Per layer, `layer_vectors` holds 6 pointers: input norm, qkv bias (or NULL), o bias (or
- * NULL), post-attention norm, q norm and k norm (Qwen3's RMSNorm over each head, before the
- * rotation; or NULL); `layer_linears` 5 weights: qkv [q + 2 kv, hidden], o [hidden,
- * q], gate [inter, hidden], up [inter, hidden], down [hidden, inter] (`lm_head` [vocab,
- * hidden]); `k_layers`/`v_layers` each layer's pool [blocks, block_size,
- * kv_heads, head_dim]. Token r is at `positions[r]` (its rows of the rotary tables cos, sin
- * [positions, head_dim]), writes its K and V to `slots[r]` and attends to `lengths[r]`
- * positions through block table r of `tables` [m, width]. `residual` [m, hidden] holds the
- * embeddings and ends as the last layer's residual stream; `work` has room for
- * m · (2 hidden + 2 (heads + kv_heads) · head_dim + 2 inter) floats; `logits` is [m, vocab].
- * A float32 gate and up with panels lie in one weight's panels (gate's first), `inter` a
- * multiple of the panel width. */
-void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
-                     int64_t head_dim, int64_t inter, int64_t vocab,
-                     const float *const *layer_vectors, const tm_weight *layer_linears,
-                     const float *final_norm, const tm_weight *lm_head, float eps, float scale, const float *cos,
-                     const float *sin, const int64_t *positions, float *const *k_layers,
-                     float *const *v_layers, const int64_t *tables, int64_t width,
-                     const int64_t *lengths, const int64_t *slots, int64_t block_size,
-                     float *residual, float *work, float *logits) {
+ * Per layer, `layer_vectors` holds 8 pointers: input norm, qkv bias (or NULL), o bias (or
+ * NULL), the norm before the MLP, q norm and k norm (RMSNorm over each head, before the
+ * rotation: Qwen3, Gemma 3; or NULL), the norm of attention's output and of the MLP's before
+ * each joins the residual stream (Gemma's; or NULL). `layer_linears` holds 5 weights: qkv [q +
+ * 2 kv, hidden], o [hidden, q], gate [inter, hidden], up [inter, hidden], down [hidden, inter]
+ * (`lm_head` [vocab, hidden]); `k_layers`/`v_layers` each layer's pool [blocks, block_size,
+ * kv_heads, head_dim]. Token r is at `positions[r]` (its rows of layer l's rotary tables
+ * arch->cos_layers[l], sin_layers[l]), writes its K and V to `slots[r]` and attends to
+ * `lengths[r]` positions (the last windows[l] of them) through block table r of `tables` [m,
+ * width]. `residual` [m, hidden] holds the embeddings (scaled as the model scales them) and
+ * ends as the last layer's residual stream; `work` has room for m · (2 hidden + 2 (heads +
+ * kv_heads) · head_dim + 2 inter) floats; `logits` is [m, vocab]. A float32 gate and up with
+ * panels lie in one weight's panels (gate's first), `inter` a multiple of the panel width.
+ * Norm weights are the factors applied (Gemma's 1 + w already added). */
+void tm_decode_step(int64_t m, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads,
+                    int64_t head_dim, int64_t inter, int64_t vocab,
+                    const float *const *layer_vectors, const tm_weight *layer_linears,
+                    const float *final_norm, const tm_weight *lm_head, float eps, float scale,
+                    const tm_decode_arch *arch, const int64_t *positions,
+                    float *const *k_layers, float *const *v_layers, const int64_t *tables,
+                    int64_t width, const int64_t *lengths, const int64_t *slots,
+                    int64_t block_size, float *residual, float *work, float *logits) {
     int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, group = heads / kv_heads;
     int64_t qkv_size = q_size + 2 * kv_size, token_stride = kv_heads * head_dim;
     float *normed = work, *qkv = normed + m * hidden, *attn = qkv + m * qkv_size;
@@ -81,8 +96,10 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
         for (int64_t r = 0; r < m; ++r)
             rms_norm_row(residual + r * hidden, layer_vectors[0], eps, hidden, normed + r * hidden);
         for (int64_t l = 0; l < layers; ++l) {
-            const float *const *lv = layer_vectors + 6 * l;
+            const float *const *lv = layer_vectors + 8 * l;
             const tm_weight *lw = layer_linears + 5 * l;
+            const float *cos = arch->cos_layers[l], *sin = arch->sin_layers[l];
+            int64_t window = arch->windows[l];
             linear_part(&lw[0], lv[1], normed, hidden, m, hidden, qkv_size, qkv_size, qkv, mine,
                         &b, &e);
 #pragma omp barrier
@@ -108,29 +125,34 @@ void tm_llama_decode(int64_t m, int64_t layers, int64_t hidden, int64_t heads, i
             for (int64_t task = 0; task < m * kv_heads; ++task) {
                 int64_t r = task / kv_heads, kvh = task % kv_heads;
                 int64_t at = r * qkv_size + kvh * group * head_dim;
+                int64_t first = window && lengths[r] > window ? lengths[r] - window : 0;
                 tm_attend(qkv + at, attn + r * q_size + kvh * group * head_dim, k_layers[l],
-                          v_layers[l], tables + r * width, 0, lengths[r], kvh, kvh + 1,
-                          block_size, kv_heads, group, head_dim, scale, 0.f);
+                          v_layers[l], tables + r * width, first, lengths[r], kvh, kvh + 1,
+                          block_size, kv_heads, group, head_dim, scale, arch->attn_softcap);
             } /* implicit barrier */
             linear_part(&lw[1], lv[2], attn, q_size, m, q_size, hidden, hidden, h, mine, &b, &e);
 #pragma omp barrier
-            add_and_norm(residual, h, m, hidden, lv[3], eps, normed);
+            add_and_norm(residual, h, m, hidden, lv[6], lv[3], eps, normed);
             /* gate and up rows of the same features in one share: each thread then has both
-             * halves of its features and applies silu(gate) · up itself */
+             * halves of its features and applies the activation · up itself */
             linear_part(&lw[2], NULL, normed, hidden, m, hidden, inter, 2 * inter, gate_up, mine,
                         &b, &e);
             linear_part(&lw[3], NULL, normed, hidden, m, hidden, inter, 2 * inter,
                         gate_up + inter, mine, &b, &e);
-            for (int64_t r = 0; r < m; ++r)
-                silu_mul_row(gate_up + r * 2 * inter + b, gate_up + r * 2 * inter + inter + b, e - b,
-                             gate_up + r * 2 * inter + b);
+            for (int64_t r = 0; r < m; ++r) {
+                float *g = gate_up + r * 2 * inter + b, *u = gate_up + r * 2 * inter + inter + b;
+                if (arch->gelu)
+                    gelu_tanh_mul_row(g, u, e - b, g);
+                else
+                    silu_mul_row(g, u, e - b, g);
+            }
 #pragma omp barrier
             /* down reads each row's activations: the first `inter` of its 2 · inter */
             linear_part(&lw[4], NULL, gate_up, 2 * inter, m, inter, hidden, hidden, h, mine, &b,
                         &e);
 #pragma omp barrier
-            add_and_norm(residual, h, m, hidden,
-                         l + 1 < layers ? layer_vectors[6 * (l + 1)] : final_norm, eps, normed);
+            add_and_norm(residual, h, m, hidden, lv[7],
+                         l + 1 < layers ? layer_vectors[8 * (l + 1)] : final_norm, eps, normed);
         }
         linear_part(lm_head, NULL, normed, hidden, m, hidden, vocab, vocab, logits, mine, &b, &e);
         free(mine);

@@ -46,11 +46,11 @@ class CpuKernels:
         self._noise = lib.tm_exponential_noise
         self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
         self._noise.restype = None
-        self.llama_decode = lib.tm_llama_decode  # called by gpu/backends/native_decode_step.py
-        self.llama_decode.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
-        self.llama_decode.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float]
-        self.llama_decode.argtypes += [_ptr] * 5 + [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
-        self.llama_decode.restype = None
+        self.decode_step = lib.tm_decode_step  # called by gpu/backends/native_decode_step.py
+        self.decode_step.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
+        self.decode_step.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float, _ptr]
+        self.decode_step.argtypes += [_ptr] * 4 + [_i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
+        self.decode_step.restype = None
 
     def rms_norm(
         self,

@@ -154,6 +154,28 @@ static inline void silu_mul_row(const float *g, const float *u, int64_t n, float
     for (; i < n; ++i) out[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
 }
 
+/* out[i] = gelu(g[i]) · u[i] for i < n (out may be g): GeGLU's activation with GELU's tanh
+ * form, 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))), the tanh as 1 - 2 / (e^2z + 1) */
+static inline void gelu_tanh_mul_row(const float *g, const float *u, int64_t n, float *out) {
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    int64_t i = 0;
+#if VEC == 16
+    for (; i + 16 <= n; i += 16) {
+        vec gv = vload(g + i);
+        vec z = _mm512_mul_ps(vset1(k), vfma(_mm512_mul_ps(vset1(c), gv), _mm512_mul_ps(gv, gv), gv));
+        vec e = vexp(_mm512_add_ps(z, z));
+        vec t = _mm512_sub_ps(vset1(1.f), _mm512_div_ps(vset1(2.f), _mm512_add_ps(e, vset1(1.f))));
+        vec half = _mm512_mul_ps(vset1(0.5f), gv);
+        vstore(out + i, _mm512_mul_ps(vfma(half, t, half), vload(u + i)));
+    }
+#endif
+    for (; i < n; ++i) {
+        float x = g[i], z = k * (x + c * x * x * x);
+        float t = 1.f - 2.f / (exp_clamped(2.f * z) + 1.f);
+        out[i] = 0.5f * x * (1.f + t) * u[i];
+    }
+}
+
 #if VEC == 16
 /* Prefetch one KV head's 64 floats (4 lines) at position j of a block (`block_head`: that
  * head's row at the block's first position; NULL: nothing). Asked one position at a time as

@@ -184,7 +184,7 @@ class GemmaForCausalLM(nn.Module):
         x = self.embed_tokens(inputs.input_ids)  # [tokens, hidden]
         # The scale rounded to the model's dtype first, as transformers does (bf16: 55.5, not
         # sqrt(3072) = 55.43), so the embeddings match its bits.
-        x = x * _embedding_scale(self.config.hidden_size, x.dtype)
+        x = x * embedding_scale(self.config.hidden_size, x.dtype)
         rows = inputs.rope_rows
         full = ops.rope(self.rope_cos, self.rope_sin, rows, x.dtype)
         local = ops.rope(self.local_rope_cos, self.local_rope_sin, rows, x.dtype)
@@ -222,6 +222,6 @@ class GemmaForCausalLM(nn.Module):
 
 
 @functools.cache
-def _embedding_scale(hidden: int, dtype: torch.dtype) -> float:
+def embedding_scale(hidden: int, dtype: torch.dtype) -> float:
     """sqrt(hidden) rounded to `dtype`, as a Python number: no tensor is made per step."""
     return float(torch.tensor(hidden**0.5, dtype=dtype))

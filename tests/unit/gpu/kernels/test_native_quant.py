@@ -163,6 +163,10 @@ def hold_quantized(module: nn.Module, names: set[str]) -> int:
         ("llama_scaled", set(FORMATS)),  # q/k/v and o biases
         ("llama_tied", set(FORMATS) - {"lm_head"}),  # the head float, the rest quantized
         ("qwen3", set(FORMATS)),  # q/k norms over each head, before the rotation
+        # sandwich norms, GeGLU, sliding windows shorter than the prompts, soft caps (Gemma 2),
+        # q/k norms and the sliding layers' own rotary tables (Gemma 3)
+        ("gemma2", set(FORMATS) - {"lm_head"}),
+        ("gemma3", set(FORMATS) - {"lm_head"}),
     ],
 )
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
