@@ -49,7 +49,7 @@ class DecoderWeights(Protocol):
     embed_tokens: Any  # .weight [vocab, hidden]
     norm: Any  # .weight [hidden]
     lm_head: Any  # .weight [vocab, hidden]
-    rope_cos: torch.Tensor  # [positions, head_dim] float32
+    rope_cos: torch.Tensor  # [positions, rotary_dim] float32
     rope_sin: torch.Tensor
 
     def typed_layers(self) -> Sequence[Any]: ...
@@ -66,6 +66,7 @@ class TmDecodeArch(ctypes.Structure):
 
     _fields_ = (
         ("gelu", ctypes.c_int64),
+        ("rotary_dim", ctypes.c_int64),
         ("attn_softcap", ctypes.c_float),
         ("windows", ctypes.c_void_p),
         ("cos_layers", ctypes.c_void_p),
@@ -75,12 +76,12 @@ class TmDecodeArch(ctypes.Structure):
 
 def implements(config: ModelConfig) -> bool:
     """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included)
-    and Gemma 2/3's, but no experts (Mixtral, Qwen3-MoE), no GPT-2, and RoPE over whole heads
-    (not Phi-4-mini's partial rotary). LongRoPE (Phi-3) is only other rope tables and rows,
-    which the step takes as given."""
+    and Gemma 2/3's, RoPE over whole heads or their first dims (Phi-4-mini's partial rotary),
+    but no experts (Mixtral, Qwen3-MoE) and no GPT-2. LongRoPE (Phi-3) is only other rope
+    tables and rows, which the step takes as given."""
     if config.arch not in LLAMA_FAMILY + GEMMA_FAMILY or config.bidirectional:
         return False  # an encoder has no LM head: gpu/encoder runs it
-    return not config.num_experts and config.rotary_dim == config.head_dim
+    return not config.num_experts
 
 
 class DecodeStep:
@@ -132,6 +133,8 @@ class DecodeStep:
         for t in [*vectors, self.final_norm, *rope[0], *rope[1]]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
                 raise ValueError("the native decode step needs contiguous float32 norms and biases")
+        if any(table.shape[1] != c.rotary_dim for table in rope[0] + rope[1]):
+            raise ValueError(f"rotary tables are not {c.rotary_dim} wide")
         assert len(vectors) == VECTORS_PER_LAYER * c.num_layers
         assert len(matrices) == LINEARS_PER_LAYER * c.num_layers
         pointers = [None if t is None else t.data_ptr() for t in vectors]
@@ -162,6 +165,7 @@ class DecodeStep:
         self._held += [self.final_norm, *cos, *sin]
         self.arch = TmDecodeArch(
             gelu=int(gemma),
+            rotary_dim=c.rotary_dim,
             attn_softcap=first.softcap or 0.0,
             windows=self._windows.data_ptr(),
             cos_layers=ctypes.addressof(self._cos_layers),

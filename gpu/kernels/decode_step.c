@@ -14,13 +14,14 @@
  */
 
 /* What sets a model apart from a plain Llama in the step. A Llama: gelu 0, attn_softcap 0,
- * every window 0, every layer the same rotary tables. */
+ * every window 0, every layer the same rotary tables, rotary_dim = head_dim. */
 typedef struct {
     int64_t gelu;                   /* 1: GeGLU with tanh GELU (Gemma); 0: SwiGLU */
+    int64_t rotary_dim;             /* the rotated dims of each head (the first ones) */
     float attn_softcap;             /* > 0: scores soft-capped before the softmax (Gemma 2) */
     const int64_t *windows;         /* [layers] a query at p sees (p - window, p]; 0: all */
     const float *const *cos_layers; /* [layers] each layer's rotary tables [positions, */
-    const float *const *sin_layers; /* head_dim] (Gemma 3's sliding layers have their own) */
+    const float *const *sin_layers; /* rotary_dim] (Gemma 3's sliding layers have their own) */
 } tm_decode_arch;
 
 /* h[r] = RMSNorm(h[r]) where `post` is given (Gemma's norm after attention and after the
@@ -99,7 +100,7 @@ void tm_decode_step(int64_t m, int64_t layers, int64_t hidden, int64_t heads, in
             const float *const *lv = layer_vectors + 8 * l;
             const tm_weight *lw = layer_linears + 5 * l;
             const float *cos = arch->cos_layers[l], *sin = arch->sin_layers[l];
-            int64_t window = arch->windows[l];
+            int64_t window = arch->windows[l], rotary = arch->rotary_dim;
             linear_part(&lw[0], lv[1], normed, hidden, m, hidden, qkv_size, qkv_size, qkv, mine,
                         &b, &e);
 #pragma omp barrier
@@ -111,8 +112,8 @@ void tm_decode_step(int64_t m, int64_t layers, int64_t hidden, int64_t heads, in
                         float *head = row + hd * head_dim;
                         rms_norm_row(head, hd < heads ? lv[4] : lv[5], eps, head_dim, head);
                     }
-                rope_row(row, heads + kv_heads, head_dim, cos + positions[r] * head_dim,
-                         sin + positions[r] * head_dim);
+                rope_row(row, heads + kv_heads, head_dim, rotary, cos + positions[r] * rotary,
+                         sin + positions[r] * rotary);
                 float *kslot = k_layers[l] + slots[r] * token_stride;
                 float *vslot = v_layers[l] + slots[r] * token_stride;
                 for (int64_t i = 0; i < kv_size; ++i) {

@@ -204,9 +204,12 @@ static inline void rms_norm_row(const float *x, const float *weight, float eps, 
     for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
 }
 
-static inline void rope_row(float *x, int64_t heads, int64_t head_dim, const float *c,
-                            const float *s) {
-    int64_t half = head_dim / 2;
+/* Rotary embedding in place, rotate-half layout, on the first `rotary` dims of each of the
+ * `heads` heads of x (the rest of a head passes through: Phi-4-mini's partial rotary); c, s
+ * are the position's rows of the tables, `rotary` wide. */
+static inline void rope_row(float *x, int64_t heads, int64_t head_dim, int64_t rotary,
+                            const float *c, const float *s) {
+    int64_t half = rotary / 2;
     for (int64_t h = 0; h < heads; ++h) {
         float *a = x + h * head_dim, *b = a + half;
         for (int64_t i = 0; i < half; ++i) {
