@@ -6,7 +6,9 @@ attend with its kernel, which reads each sequence's blocks where they lie in the
 copy, one call for all decodes. Without one (the torch backend) and for prefill chunks that
 continue a context (unless the library attends those too), a sequence's context is read block
 by block into the pool's gather workspace (`index_select` into preallocated memory), then
-attended with SDPA. Decodes then share one SDPA call per group
+attended with SDPA. Prefill chunks with no cached context attend over their own q, k, v rows;
+the native kernels take all of a step's such chunks in one call (`span_attention`), SDPA
+otherwise. Decodes then share one SDPA call per group
 of similar context lengths; their query heads are grouped by KV head, so grouped-query
 attention needs no copy of K/V per query head.
 
@@ -123,7 +125,16 @@ def _prefill_spans(
     kv_heads, head_dim = kv.k.shape[2:]
     per_kv_head = q.shape[1] // kv_heads
     prefill_kernel = getattr(kernels, "paged_prefill_attention", None)
-    for span in meta.prefills:
+    spans = meta.prefills
+    own_rows = getattr(kernels, "span_attention", None)
+    if own_rows is not None:  # chunks with no cached context, all in one call (native CPU)
+        alone = [s for s in spans if s.blocks is None]
+        if alone:
+            bounds = torch.tensor([[s.begin for s in alone], [s.end for s in alone]])
+            before = None if meta.window is None else meta.window - 1
+            own_rows(q, k, v, bounds, scale, out, before=before, after=0, softcap=softcap)
+            spans = tuple(s for s in spans if s.blocks is not None)
+    for span in spans:
         n = span.end - span.begin
         if span.blocks is not None and prefill_kernel is not None:
             # A chunk over cached context, read where it lies in the pool (Triton on CUDA).

@@ -8,8 +8,10 @@ at k where |q - k| < that, i.e. `reach = window // 2` (256) positions either sid
 layers see the whole sequence.
 
 `EncoderOps` wraps the backend's ops (`gpu/backends/layer_ops.py`): norms, activations and
-the rotary tables are theirs; attention is SDPA over short sequences padded into batches and
-long ones alone, in query chunks that multiply only the keys in reach (`gpu.encoder.attend`).
+the rotary tables are theirs. Attention: with the native CPU kernels, one call for every
+sequence of the step, each read in place in the qkv rows (`span_attention`); otherwise SDPA
+over short sequences padded into batches and long ones alone, in query chunks that multiply
+only the keys in reach (`gpu.encoder.attend`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class EncoderOps:
         self.kernels = kernels
         self._meta: AttentionMetadata | None = None  # the step the plans are for
         self._plans: dict[int | None, Plan] = {}  # by reach
+        self._span_bounds: tuple[AttentionMetadata, torch.Tensor] | None = None
 
     def rms_norm(
         self,
@@ -97,6 +100,13 @@ class EncoderOps:
             self._rotate_(qkv, q, k, shape, rope)
         out = q.new_empty(q.shape)
         side = reach(shape.window)
+        span_attention = getattr(self.kernels, "span_attention", None)
+        if span_attention is not None:  # every sequence in one native call, read in place
+            bounds = self._bounds(meta)
+            span_attention(
+                q, k, v, bounds, shape.scale, out, before=side, after=side, softcap=shape.softcap
+            )
+            return out
         steps = self._plan(meta, side, qkv.device)
         for batch in steps.batches:
             attend_batch(qkv, shape, batch, out)
@@ -104,6 +114,14 @@ class EncoderOps:
             rows = slice(span.begin, span.end)
             attend_alone(q[rows], k[rows], v[rows], side, shape.scale, shape.softcap, out[rows])
         return out
+
+    def _bounds(self, meta: AttentionMetadata) -> torch.Tensor:  # [2, sequences] int64
+        """Each sequence's first row and end, for the native kernel: made by the first layer."""
+        if self._span_bounds is None or self._span_bounds[0] is not meta:
+            spans = meta.prefills
+            rows = torch.tensor([[s.begin for s in spans], [s.end for s in spans]])
+            self._span_bounds = (meta, rows)
+        return self._span_bounds[1]
 
     def _plan(self, meta: AttentionMetadata, side: int | None, device: torch.device) -> Plan:
         """The step's plan for layers of this reach: made by the first such layer."""

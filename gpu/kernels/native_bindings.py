@@ -46,6 +46,10 @@ class CpuKernels:
         self._noise = lib.tm_exponential_noise
         self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
         self._noise.restype = None
+        self._span_attention = lib.tm_span_attention
+        self._span_attention.argtypes = [_ptr, _i64] * 3 + [_ptr, _ptr] + [_i64] * 6
+        self._span_attention.argtypes += [ctypes.c_float, ctypes.c_float, _ptr]
+        self._span_attention.restype = None
         self.decode_step = lib.tm_decode_step  # called by gpu/backends/native_decode_step.py
         self.decode_step.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
         self.decode_step.argtypes += [weight_ptr, ctypes.c_float, ctypes.c_float, _ptr]
@@ -245,3 +249,40 @@ class CpuKernels:
             softcap or 0.0,
             out.data_ptr(),
         )
+
+    def span_attention(
+        self,
+        q: torch.Tensor,  # [tokens, heads, head_dim] float32, rows may be strided (qkv views)
+        k: torch.Tensor,  # [tokens, kv_heads, head_dim]
+        v: torch.Tensor,
+        bounds: torch.Tensor,  # [2, sequences] int64: each sequence's first row, and end
+        scale: float,
+        out: torch.Tensor,  # [tokens, heads, head_dim] contiguous, the sequences' rows written
+        *,
+        before: int | None = None,  # a query at i sees keys j with i - j <= before (None: any)
+        after: int | None = None,  # and j - i <= after (None: any); causal: 0
+        softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
+    ) -> None:
+        """Each sequence attends to its own rows only (`span_attention.c`): a prefill chunk
+        with no cached context (causal: `after=0`, a window W: `before=W - 1`) or an
+        encoder's input (both ways: `before=after=reach`, or both None)."""
+        check_float32(out)
+        tokens, heads, head_dim = q.shape
+        kv_heads = k.shape[1]
+        for t in (q, k, v):
+            if t.dtype != torch.float32 or t.device.type != "cpu":
+                raise ValueError(f"native kernels take float32 CPU tensors, got {t.dtype}")
+            if t.shape[0] != tokens or t.stride(2) != 1 or t.stride(1) != head_dim:
+                raise ValueError("q, k and v rows must hold their heads contiguously")
+        if v.shape != k.shape or heads % kv_heads or out.shape != q.shape:
+            raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, out {tuple(out.shape)}")
+        if bounds.dtype != torch.int64 or not bounds.is_contiguous() or bounds.shape[0] != 2:
+            raise ValueError("bounds must be contiguous int64 [2, sequences]")
+        if bounds.numel() and (int(bounds.min()) < 0 or int(bounds.max()) > tokens):
+            raise ValueError("a sequence's rows lie outside the step's")
+        self._span_attention(
+            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            bounds[0].data_ptr(), bounds[1].data_ptr(), bounds.shape[1], heads, kv_heads,
+            head_dim, -1 if before is None else before, -1 if after is None else after,
+            scale, softcap or 0.0, out.data_ptr(),
+        )  # fmt: skip

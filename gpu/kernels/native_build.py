@@ -2,7 +2,7 @@
 once per host, into a cache shared by processes and hosts.
 
 `build` compiles `attention.c`, `elementwise.c`, `decode_step.c`, `panel_linear.c`,
-`quant_gemv.c`, `quant_linear.c` and `sampling_noise.c` (with their headers) into one
+`quant_gemv.c`, `quant_linear.c`, `sampling_noise.c` and `span_attention.c` (with their headers) into one
 library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3 -march=native
 -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else `~/.cache/tokenmill/kernels`),
 named by a digest of the source, the compiler, the flags and the CPU's feature flags, so a
@@ -34,6 +34,7 @@ SOURCES = (
     "quant_gemv.c",
     "quant_linear.c",
     "sampling_noise.c",
+    "span_attention.c",
 )
 HEADERS = ("attention.h", "vector.h", "weight.h")  # SOURCES include them: one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")

@@ -1,0 +1,122 @@
+"""`CpuKernels.span_attention` (gpu/kernels/span_attention.c): sequences laid out one after
+another, each attending to its own rows of a fused qkv, against a softmax over every key in
+float64, on every vector path: causal, causal through a window, both ways within a reach and
+without one, Gemma 2's soft cap; grouped-query heads; head sizes that fill the kernel's
+register blocks and ones that leave tails (96, 16, 40).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu.kernels.native import CpuKernels
+from tests.unit.gpu.kernels import test_native
+
+kernels = test_native.kernels  # the fixture: these kernels on every build
+LENGTHS = (1, 5, 33, 70, 129)  # a lone token, a tile's tail, several tiles and key tiles
+SIGHTS = {  # name -> (before, after)
+    "causal": (None, 0),
+    "causal-window": (11, 0),
+    "both-ways": (None, None),
+    "both-ways-reach": (40, 40),
+}
+
+
+def reference(
+    q: torch.Tensor,  # [tokens, heads, d]
+    k: torch.Tensor,  # [tokens, kv_heads, d]
+    v: torch.Tensor,
+    lengths: tuple[int, ...],
+    before: int | None,
+    after: int | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:  # [tokens, heads, d]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    group = q.shape[1] // k.shape[1]
+    begin = 0
+    for n in lengths:
+        rows = slice(begin, begin + n)
+        qs = q[rows].double()
+        ks, vs = (t[rows].double().repeat_interleave(group, 1) for t in (k, v))
+        scores = torch.einsum("ihd,jhd->hij", qs, ks) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        i, j = torch.arange(n).unsqueeze(1), torch.arange(n).unsqueeze(0)
+        sight = torch.ones(n, n, dtype=torch.bool)
+        if before is not None:
+            sight &= i - j <= before
+        if after is not None:
+            sight &= j - i <= after
+        scores = scores.masked_fill(~sight, float("-inf"))
+        out[rows] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), vs)
+        begin += n
+    return out.float()
+
+
+def fused_qkv(
+    heads: int, kv_heads: int, d: int, tokens: int, seed: int
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v as views of one [tokens, (heads + 2 kv_heads) · d] row block, as a layer has them."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g)
+    q = qkv[:, : heads * d].view(tokens, heads, d)
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(tokens, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d :].view(tokens, kv_heads, d)
+    return q, k, v
+
+
+def bounds_of(lengths: tuple[int, ...]) -> torch.Tensor:  # [2, sequences]
+    ends = torch.tensor(lengths).cumsum(0)
+    return torch.stack([ends - torch.tensor(lengths), ends]).contiguous()
+
+
+@pytest.mark.parametrize("sight", SIGHTS)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d"),
+    [(9, 3, 64), (3, 1, 256), (4, 2, 96), (2, 2, 16), (6, 3, 40)],
+)
+def test_span_attention_matches_a_softmax_over_every_key(
+    kernels: CpuKernels, sight: str, heads: int, kv_heads: int, d: int
+) -> None:
+    before, after = SIGHTS[sight]
+    q, k, v = fused_qkv(heads, kv_heads, d, sum(LENGTHS), seed=d)
+    out = torch.full(q.shape, float("nan"))
+    kernels.span_attention(
+        q, k, v, bounds_of(LENGTHS), d**-0.5, out, before=before, after=after
+    )
+    expected = reference(q, k, v, LENGTHS, before, after, d**-0.5, None)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_span_attention_soft_caps_the_scores(kernels: CpuKernels) -> None:
+    q, k, v = fused_qkv(4, 2, 64, sum(LENGTHS), seed=1)
+    q.mul_(4.0)  # scores large enough for a cap of 5 to bite
+    out = torch.empty(q.shape)
+    kernels.span_attention(q, k, v, bounds_of(LENGTHS), 0.125, out, after=0, softcap=5.0)
+    expected = reference(q, k, v, LENGTHS, None, 0, 0.125, 5.0)
+    uncapped = reference(q, k, v, LENGTHS, None, 0, 0.125, None)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert (expected - uncapped).abs().max() > 0.1
+
+
+def test_span_attention_writes_only_its_sequences_rows(kernels: CpuKernels) -> None:
+    """Rows outside the given sequences (another chunk's, attended elsewhere) stay as they were."""
+    q, k, v = fused_qkv(2, 1, 32, 40, seed=2)
+    out = torch.full(q.shape, 7.0)
+    kernels.span_attention(q, k, v, torch.tensor([[3, 20], [10, 35]]), 0.2, out, after=0)
+    assert (out[:3] == 7.0).all() and (out[10:20] == 7.0).all() and (out[35:] == 7.0).all()
+    expected = reference(q[3:10], k[3:10], v[3:10], (7,), None, 0, 0.2, None)
+    torch.testing.assert_close(out[3:10], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_span_attention_refuses_what_it_cannot_read(kernels: CpuKernels) -> None:
+    q, k, v = fused_qkv(2, 1, 32, 8, seed=3)
+    out = torch.empty(q.shape)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.span_attention(q, k, v, torch.tensor([[0], [9]]), 0.2, out)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.span_attention(q, k, v, torch.tensor([[0], [8]], dtype=torch.int32), 0.2, out)
+    with pytest.raises(ValueError, match="contiguously"):
+        kernels.span_attention(q.transpose(1, 2), k, v, torch.tensor([[0], [8]]), 0.2, out)
