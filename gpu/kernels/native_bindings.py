@@ -275,7 +275,9 @@ class CpuKernels:
             if t.shape[0] != tokens or t.stride(2) != 1 or t.stride(1) != head_dim:
                 raise ValueError("q, k and v rows must hold their heads contiguously")
         if v.shape != k.shape or heads % kv_heads or out.shape != q.shape:
-            raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, out {tuple(out.shape)}")
+            raise ValueError(
+                f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, out {tuple(out.shape)}"
+            )
         if bounds.dtype != torch.int64 or not bounds.is_contiguous() or bounds.shape[0] != 2:
             raise ValueError("bounds must be contiguous int64 [2, sequences]")
         if bounds.numel() and (int(bounds.min()) < 0 or int(bounds.max()) > tokens):

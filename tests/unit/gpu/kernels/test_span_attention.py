@@ -83,9 +83,7 @@ def test_span_attention_matches_a_softmax_over_every_key(
     before, after = SIGHTS[sight]
     q, k, v = fused_qkv(heads, kv_heads, d, sum(LENGTHS), seed=d)
     out = torch.full(q.shape, float("nan"))
-    kernels.span_attention(
-        q, k, v, bounds_of(LENGTHS), d**-0.5, out, before=before, after=after
-    )
+    kernels.span_attention(q, k, v, bounds_of(LENGTHS), d**-0.5, out, before=before, after=after)
     expected = reference(q, k, v, LENGTHS, before, after, d**-0.5, None)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
