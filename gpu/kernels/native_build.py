@@ -5,9 +5,9 @@ once per host, into a cache shared by processes and hosts.
 `quant_gemv.c`, `quant_linear.c`, `sampling_noise.c` and `span_attention.c` (with their
 headers) into one library with the host's compiler (`$CC`, else `cc`/`gcc`/`clang`; `-O3
 -march=native -fopenmp`) into a cache folder (`$TOKENMILL_KERNEL_CACHE`, else
-`~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and the CPU's feature flags, so a
-cache shared by different hosts never hands one another's binary. The build takes a few
-seconds and happens once per host and source version.
+`~/.cache/tokenmill/kernels`), named by a digest of the source, the compiler, the flags and the
+CPU's feature flags, so a cache shared by different hosts never hands one another's binary. The
+build takes a few seconds and happens once per host and source version.
 """
 
 from __future__ import annotations
