@@ -47,8 +47,8 @@ class CpuKernels:
         self._noise.argtypes = [_ptr, _ptr, _i64, _i64, _ptr]
         self._noise.restype = None
         self._span_attention = lib.tm_span_attention
-        self._span_attention.argtypes = [_ptr, _i64] * 3 + [_ptr, _ptr] + [_i64] * 6
-        self._span_attention.argtypes += [ctypes.c_float, ctypes.c_float, _ptr]
+        self._span_attention.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr]
+        self._span_attention.argtypes += [_i64] * 6 + [ctypes.c_float, ctypes.c_float, _ptr]
         self._span_attention.restype = None
         self.decode_step = lib.tm_decode_step  # called by gpu/backends/native_decode_step.py
         self.decode_step.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
