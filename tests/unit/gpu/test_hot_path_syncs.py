@@ -57,6 +57,8 @@ ALLOWED = {
     ("gpu/step_inputs.py", "StepInputs.begin", "synchronize"): "an event on the last copy",
     ("gpu/backends/decode_graphs.py", "DecodeGraphs.capture", "synchronize"): "at start, capturing",
     ("gpu/kv_pool.py", "KVPool.__init__", "tensor"): "once, at start",
+    ("gpu/backends/sdpa_attention.py", "_prefill_spans", "tensor"): "the native CPU kernel's "
+    "sequence bounds, in host memory (no CUDA library has `span_attention`)",
     ("gpu/models/gemma.py", "embedding_scale", "tensor"): "cached per dtype, host scalar",
     ("gpu/models/layers.py", "longrope_tables", "tensor"): "at load",
     ("gpu/models/moe.py", "SparseMoE.forward", "tolist"): "expert row counts, one a MoE layer "
