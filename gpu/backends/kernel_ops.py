@@ -10,6 +10,7 @@ activation in one op, and decode attention (prefill too, where the library has
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from gpu.backends.layer_ops import AttentionShape, Rope, split_heads
 from gpu.backends.metadata import AttentionMetadata
@@ -36,6 +37,16 @@ class KernelOps:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
         return self.kernels.silu_mul(gate_up)
+
+    def gelu_tanh_mul(
+        self, gate_up: torch.Tensor
+    ) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        fused = getattr(self.kernels, "gelu_tanh_mul", None)  # the native kernels' (not Triton's)
+        if fused is not None and gate_up.dtype == torch.float32:
+            out: torch.Tensor = fused(gate_up.contiguous())
+            return out
+        gate, up = torch.split(gate_up, gate_up.shape[-1] // 2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
     def rope(
         self, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype

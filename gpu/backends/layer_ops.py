@@ -89,6 +89,12 @@ class LayerOps(Protocol):
         """SwiGLU's activation: silu(gate) · up, gate and up the halves of each row."""
         ...
 
+    def gelu_tanh_mul(
+        self, gate_up: torch.Tensor
+    ) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        """GeGLU's activation (Gemma): gelu(gate) · up with GELU's tanh form."""
+        ...
+
     def rope(
         self, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype
     ) -> Rope:

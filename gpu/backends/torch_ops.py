@@ -31,6 +31,13 @@ class TorchOps:
         out: torch.Tensor = F.silu(gate) * up
         return out
 
+    def gelu_tanh_mul(
+        self, gate_up: torch.Tensor
+    ) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        gate, up = torch.split(gate_up, gate_up.shape[-1] // 2, dim=-1)
+        out: torch.Tensor = F.gelu(gate, approximate="tanh") * up
+        return out
+
     def rope(
         self, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype
     ) -> Rope:

@@ -78,6 +78,11 @@ class EncoderOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
         return self.inner.silu_mul(gate_up)
 
+    def gelu_tanh_mul(
+        self, gate_up: torch.Tensor
+    ) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        return self.inner.gelu_tanh_mul(gate_up)
+
     def rope(
         self, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype
     ) -> Rope:

@@ -47,6 +47,15 @@ void tm_rope(float *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t 
     }
 }
 
+/* out[r, i] = gelu(gate_up[r, i]) · gate_up[r, size + i], GELU's tanh form: GeGLU's
+ * activation (Gemma). */
+void tm_gelu_tanh_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; ++r)
+        gelu_tanh_mul_row(gate_up + r * 2 * size, gate_up + r * 2 * size + size, size,
+                          out + r * size);
+}
+
 /* out[r, i] = silu(gate_up[r, i]) · gate_up[r, size + i]: SwiGLU's activation. */
 void tm_silu_mul(const float *gate_up, int64_t rows, int64_t size, float *out) {
 #pragma omp parallel for schedule(static) if (rows >= 16)

@@ -34,6 +34,9 @@ class CpuKernels:
         self._silu_mul = lib.tm_silu_mul
         self._silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
         self._silu_mul.restype = None
+        self._gelu_tanh_mul = lib.tm_gelu_tanh_mul
+        self._gelu_tanh_mul.argtypes = [_ptr, _i64, _i64, _ptr]
+        self._gelu_tanh_mul.restype = None
         self._qlinear = lib.tm_qlinear
         weight_ptr = ctypes.POINTER(TmWeight)
         self._qlinear.argtypes = [_i64, _i64, _i64, _ptr, _i64, weight_ptr, _ptr, _ptr]
@@ -108,6 +111,17 @@ class CpuKernels:
         rows, width = gate_up.shape
         out = gate_up.new_empty(rows, width // 2)
         self._silu_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
+        return out
+
+    def gelu_tanh_mul(
+        self, gate_up: torch.Tensor
+    ) -> torch.Tensor:  # [rows, 2 * size] -> [rows, size]
+        """GeGLU's activation (Gemma): gelu(gate) · up, GELU's tanh form, gate and up the
+        halves of each row."""
+        check_float32(gate_up)
+        rows, width = gate_up.shape
+        out = gate_up.new_empty(rows, width // 2)
+        self._gelu_tanh_mul(gate_up.data_ptr(), rows, width // 2, out.data_ptr())
         return out
 
     def exponential_noise(

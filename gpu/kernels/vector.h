@@ -43,6 +43,18 @@ typedef __m512 vec;
 #define vfma _mm512_fmadd_ps
 #define vset1 _mm512_set1_ps
 #define vzero _mm512_setzero_ps
+#define vadd _mm512_add_ps
+#define vsub _mm512_sub_ps
+#define vmul _mm512_mul_ps
+#define vdiv _mm512_div_ps
+#define vmin _mm512_min_ps
+#define vmax _mm512_max_ps
+#define vfloor(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+/* 2^n for integral n (as floats) in the exponent bits */
+static inline vec vpow2(vec n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -53,6 +65,17 @@ typedef __m256 vec;
 #define vfma _mm256_fmadd_ps
 #define vset1 _mm256_set1_ps
 #define vzero _mm256_setzero_ps
+#define vadd _mm256_add_ps
+#define vsub _mm256_sub_ps
+#define vmul _mm256_mul_ps
+#define vdiv _mm256_div_ps
+#define vmin _mm256_min_ps
+#define vmax _mm256_max_ps
+#define vfloor(x) _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+static inline vec vpow2(vec n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
 static inline float vsum(vec v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -100,12 +123,11 @@ static inline void axpy(float *acc, float p, const float *x, int64_t n) {
     for (int64_t d = 0; d < n; ++d) acc[d] += p * x[d];
 }
 
-#if VEC == 16
-/* exp_clamped on 16 lanes: the same steps, in AVX-512. */
+#ifdef VEC
+/* exp_clamped on VEC lanes: the same steps, in AVX-512 or AVX2. */
 static inline vec vexp(vec x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, vset1(-87.f)), vset1(88.f));
-    vec n = _mm512_roundscale_ps(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)),
-                                 _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = vmin(vmax(x, vset1(-87.f)), vset1(88.f));
+    vec n = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
     vec r = vfma(n, vset1(-0.693359375f), x);
     r = vfma(n, vset1(2.12194440e-4f), r);
     vec p = vset1(1.9875691500e-4f);
@@ -114,9 +136,8 @@ static inline vec vexp(vec x) {
     p = vfma(p, r, vset1(4.1665795894e-2f));
     p = vfma(p, r, vset1(1.6666665459e-1f));
     p = vfma(p, r, vset1(5.0000001201e-1f));
-    p = vfma(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, vset1(1.f)));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+    p = vfma(vmul(p, r), r, vadd(r, vset1(1.f)));
+    return vmul(p, vpow2(n));
 }
 #endif
 
@@ -124,14 +145,14 @@ static inline vec vexp(vec x) {
 static inline float exp_shifted_sum(float *x, int64_t n, float top) {
     int64_t t = 0;
     float total = 0.f;
-#if VEC == 16
+#ifdef VEC
     vec top_v = vset1(top), totals = vzero();
-    for (; t + 16 <= n; t += 16) {
-        vec e = vexp(_mm512_sub_ps(vload(x + t), top_v));
+    for (; t + VEC <= n; t += VEC) {
+        vec e = vexp(vsub(vload(x + t), top_v));
         vstore(x + t, e);
-        totals = _mm512_add_ps(totals, e);
+        totals = vadd(totals, e);
     }
-    total = _mm512_reduce_add_ps(totals);
+    total = vsum(totals);
 #endif
     for (; t < n; ++t) {
         x[t] = exp_clamped(x[t] - top);
@@ -144,11 +165,11 @@ static inline float exp_shifted_sum(float *x, int64_t n, float top) {
  * g / (1 + e^-g) */
 static inline void silu_mul_row(const float *g, const float *u, int64_t n, float *out) {
     int64_t i = 0;
-#if VEC == 16
-    for (; i + 16 <= n; i += 16) {
+#ifdef VEC
+    for (; i + VEC <= n; i += VEC) {
         vec gv = vload(g + i);
-        vec e = vexp(_mm512_sub_ps(vzero(), gv));
-        vstore(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(vset1(1.f), e)), vload(u + i)));
+        vec e = vexp(vsub(vzero(), gv));
+        vstore(out + i, vmul(vdiv(gv, vadd(vset1(1.f), e)), vload(u + i)));
     }
 #endif
     for (; i < n; ++i) out[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
@@ -159,14 +180,14 @@ static inline void silu_mul_row(const float *g, const float *u, int64_t n, float
 static inline void gelu_tanh_mul_row(const float *g, const float *u, int64_t n, float *out) {
     const float k = 0.7978845608028654f, c = 0.044715f;
     int64_t i = 0;
-#if VEC == 16
-    for (; i + 16 <= n; i += 16) {
+#ifdef VEC
+    for (; i + VEC <= n; i += VEC) {
         vec gv = vload(g + i);
-        vec z = _mm512_mul_ps(vset1(k), vfma(_mm512_mul_ps(vset1(c), gv), _mm512_mul_ps(gv, gv), gv));
-        vec e = vexp(_mm512_add_ps(z, z));
-        vec t = _mm512_sub_ps(vset1(1.f), _mm512_div_ps(vset1(2.f), _mm512_add_ps(e, vset1(1.f))));
-        vec half = _mm512_mul_ps(vset1(0.5f), gv);
-        vstore(out + i, _mm512_mul_ps(vfma(half, t, half), vload(u + i)));
+        vec z = vmul(vset1(k), vfma(vmul(vset1(c), gv), vmul(gv, gv), gv));
+        vec e = vexp(vadd(z, z));
+        vec t = vsub(vset1(1.f), vdiv(vset1(2.f), vadd(e, vset1(1.f))));
+        vec half = vmul(vset1(0.5f), gv);
+        vstore(out + i, vmul(vfma(half, t, half), vload(u + i)));
     }
 #endif
     for (; i < n; ++i) {

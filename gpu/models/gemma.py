@@ -13,7 +13,6 @@ import dataclasses
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gpu.backends.layer_ops import AttentionShape, LayerOps, Rope, split_heads
@@ -96,9 +95,8 @@ class GemmaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [tokens, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        out: torch.Tensor = self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:  # x: [tokens, hidden]
+        out: torch.Tensor = self.down_proj(ops.gelu_tanh_mul(self.gate_up_proj(x)))
         return out
 
 
@@ -123,7 +121,7 @@ class GemmaLayer(nn.Module):
     ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(x), rope, kv, meta, ops)
         x = x + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        mlp = self.mlp(self.pre_feedforward_layernorm(x), ops)
         out: torch.Tensor = x + self.post_feedforward_layernorm(mlp)
         return out
 

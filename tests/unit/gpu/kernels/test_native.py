@@ -271,6 +271,15 @@ def test_silu_mul_equals_swiglu(kernels: CpuKernels) -> None:
     torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up)
 
 
+def test_gelu_tanh_mul_equals_geglu(kernels: CpuKernels) -> None:
+    torch.manual_seed(0)
+    gate_up = torch.randn(17, 2 * 40) * 6  # far into both tails of the tanh
+    gate_up[0, 0], gate_up[0, 1] = -200.0, 200.0
+    gate, up = gate_up.split(40, dim=-1)
+    expected = F.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(kernels.gelu_tanh_mul(gate_up), expected)
+
+
 def test_varied_batches_and_lengths_build_one_binary(
     tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
