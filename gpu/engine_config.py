@@ -14,7 +14,7 @@ from gpu.block_allocator import blocks_for
 from gpu.errors import OutOfKVBlocks
 from gpu.memory.activation_reserve import activation_reserve_bytes, decode_graph_reserve_bytes
 from gpu.memory.kv_budget import kv_budget_bytes, num_kv_blocks
-from gpu.model_config import GEMMA_FAMILY, ModelConfig
+from gpu.model_config import ModelConfig
 from gpu.scheduler import SchedulerConfig
 from gpu.speculative.config import SpeculativeConfig
 
@@ -143,11 +143,7 @@ class EngineConfig:
         return SpeculativeConfig.parse(self.speculative, self.speculative_model, self.speculative_k)
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
-        limit = model.max_position_embeddings
-        if model.sliding_window and model.arch not in GEMMA_FAMILY:
-            # The Llama family's attention here is full, not windowed (Gemma's is windowed):
-            # stay inside the window so both agree.
-            limit = min(limit, model.sliding_window)
+        limit = model.max_position_embeddings  # sliding windows are applied (every family)
         if self.max_model_len is None:
             return min(limit, DEFAULT_MAX_MODEL_LEN)
         if self.max_model_len > limit:

@@ -29,8 +29,9 @@ ARCHS = ("llama", "llama_tied", "llama_scaled", "qwen2", "mistral", "gpt2", "gem
 ARCHS += ("qwen3", "phi3", "mixtral", "qwen3_moe")
 LONGROPE_ORIGINAL = 48  # phi3's original_max_position_embeddings
 # Tested apart from ARCHS (a smaller matrix): Phi-4-mini's partial rotary with a tied head;
-# Qwen3-MoE with a dense layer among the sparse ones (mlp_only_layers).
-EXTRA_ARCHS = ("phi3_partial", "qwen3_moe_dense")
+# Qwen3-MoE with a dense layer among the sparse ones (mlp_only_layers); Mistral-7B-v0.1's
+# sliding window (16 positions here), which the Llama layers apply.
+EXTRA_ARCHS = ("phi3_partial", "qwen3_moe_dense", "mistral_window")
 
 
 def train_tokenizer(vocab_size: int = 320) -> Tokenizer:
@@ -81,11 +82,13 @@ def hf_config(arch: str, vocab_size: int, eos: int):  # type: ignore[no-untyped-
         return Qwen2Config(tie_word_embeddings=False, rope_theta=1000000.0, **llama_like)
     if arch == "mistral":
         return MistralConfig(tie_word_embeddings=False, sliding_window=None, **llama_like)
+    if arch == "mistral_window":  # Mistral-7B-v0.1's sliding window, far shorter than the prompts
+        return MistralConfig(tie_word_embeddings=False, sliding_window=16, **llama_like)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=512, **common)
     if arch in ("gemma2", "gemma3", "gemma3_local"):
         return gemma_config(arch, common)
-    if arch in ("qwen3", "phi3", "mixtral", "qwen3_moe", *EXTRA_ARCHS):
+    if arch in ("qwen3", "phi3", "mixtral", "qwen3_moe", "phi3_partial", "qwen3_moe_dense"):
         return newer_llama_config(arch, llama_like)
     raise ValueError(arch)
 

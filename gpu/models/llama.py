@@ -33,10 +33,11 @@ from gpu.models.moe import EXPERT_NAMES, SparseMoE
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.config = config
-        self.shape = AttentionShape.of(config)
+        # a sliding window where the config sets one (Mistral-7B-v0.1: 4,096)
+        self.shape = AttentionShape.of(config, window=config.layer_window(index))
         self.qkv_proj = nn.Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias
         )
@@ -80,7 +81,7 @@ class LlamaLayer(nn.Module):
     def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = SparseMoE(config) if config.sparse_layer(index) else LlamaMLP(config)
 
