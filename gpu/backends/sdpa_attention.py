@@ -3,14 +3,14 @@
 The backend builds one `AttentionMetadata` per step (`gpu/backends/metadata.py`); every layer
 reuses it. Given a kernel library (`kernels`: the native CPU kernels, or Triton's), decodes
 attend with its kernel, which reads each sequence's blocks where they lie in the pool: no
-copy, one call for all decodes. Without one (the torch backend) and for prefill chunks that
-continue a context (unless the library attends those too), a sequence's context is read block
-by block into the pool's gather workspace (`index_select` into preallocated memory), then
-attended with SDPA. Prefill chunks with no cached context attend over their own q, k, v rows;
-the native kernels take all of a step's such chunks in one call (`span_attention`), SDPA
-otherwise. Decodes then share one SDPA call per group
-of similar context lengths; their query heads are grouped by KV head, so grouped-query
-attention needs no copy of K/V per query head.
+copy, one call for all decodes. The native kernels take all of a step's prefill chunks in one
+call too (`span_attention`): a chunk with no cached context over its own q, k, v rows, one that
+continues a context over its keys in the pool, through its block table. Triton attends a
+chunk over cached context in the pool (`paged_prefill_attention`). Otherwise (the torch
+backend) a chunk's context is read block by block into the pool's gather workspace
+(`index_select` into preallocated memory), then attended with SDPA, and decodes share one
+SDPA call per group of similar context lengths; their query heads are grouped by KV head, so
+grouped-query attention needs no copy of K/V per query head.
 
 Sliding-window layers (a query at p sees positions (p - window, p]) attend through
 `meta.local`, the same step seen through the window: decode groups whose `starts` tell the
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu.backends.metadata import AttentionMetadata
+from gpu.kernels.native_bindings import ChunkTables
 from gpu.kernels.step_kernels import StepKernels
 from gpu.kv_pool import LayerKV
 
@@ -127,13 +128,26 @@ def _prefill_spans(
     prefill_kernel = getattr(kernels, "paged_prefill_attention", None)
     spans = meta.prefills
     own_rows = getattr(kernels, "span_attention", None)
-    if own_rows is not None:  # chunks with no cached context, all in one call (native CPU)
-        alone = [s for s in spans if s.blocks is None]
-        if alone:
-            bounds = torch.tensor([[s.begin for s in alone], [s.end for s in alone]])
-            before = None if meta.window is None else meta.window - 1
-            own_rows(q, k, v, bounds, scale, out, before=before, after=0, softcap=softcap)
-            spans = tuple(s for s in spans if s.blocks is not None)
+    if own_rows is not None and spans:  # every chunk in one call (native CPU)
+        bounds = torch.tensor([[s.begin for s in spans], [s.end for s in spans]])
+        before = None if meta.window is None else meta.window - 1
+        pooled = [s.blocks for s in spans if s.blocks is not None]
+        tables = None
+        if pooled:  # chunks continuing a cached context read their keys in the pool
+            offsets, at = [], 0
+            for s in spans:
+                offsets.append(-1 if s.blocks is None else at)
+                at += 0 if s.blocks is None else s.blocks.numel()
+            tables = ChunkTables(
+                keys=torch.tensor([s.context for s in spans]),
+                offsets=torch.tensor(offsets),
+                tables=torch.cat(pooled),
+            )
+        own_rows(
+            q, k, v, bounds, scale, out, before=before, after=0, softcap=softcap,
+            pool=(kv.k, kv.v), tables=tables,
+        )  # fmt: skip
+        return
     for span in spans:
         n = span.end - span.begin
         if span.blocks is not None and prefill_kernel is not None:

@@ -4,6 +4,7 @@ kernel behind a method that checks its tensors before handing their addresses to
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +53,7 @@ class CpuKernels:
         self._span_attention = lib.tm_span_attention
         self._span_attention.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr]
         self._span_attention.argtypes += [_i64] * 6 + [ctypes.c_float, ctypes.c_float, _ptr]
+        self._span_attention.argtypes += [_ptr, _ptr, _i64, _ptr, _ptr, _ptr]
         self._span_attention.restype = None
         self.decode_step = lib.tm_decode_step  # called by gpu/backends/native_decode_step.py
         self.decode_step.argtypes = [_i64] * 8 + [_ptr, weight_ptr, _ptr]
@@ -269,17 +271,22 @@ class CpuKernels:
         q: torch.Tensor,  # [tokens, heads, head_dim] float32, rows may be strided (qkv views)
         k: torch.Tensor,  # [tokens, kv_heads, head_dim]
         v: torch.Tensor,
-        bounds: torch.Tensor,  # [2, sequences] int64: each sequence's first row, and end
+        bounds: torch.Tensor,  # [2, chunks] int64: each chunk's first row, and end
         scale: float,
-        out: torch.Tensor,  # [tokens, heads, head_dim] contiguous, the sequences' rows written
+        out: torch.Tensor,  # [tokens, heads, head_dim] contiguous, the chunks' rows written
         *,
         before: int | None = None,  # a query at i sees keys j with i - j <= before (None: any)
         after: int | None = None,  # and j - i <= after (None: any); causal: 0
         softcap: float | None = None,  # scores become softcap · tanh(score / softcap)
+        pool: tuple[torch.Tensor, torch.Tensor] | None = None,  # a layer's K and V pools,
+        # [num_blocks, block_size, kv_heads, head_dim], for the chunks with tables
+        tables: ChunkTables | None = None,  # which chunks read their keys there, and where
     ) -> None:
-        """Each sequence attends to its own rows only (`span_attention.c`): a prefill chunk
-        with no cached context (causal: `after=0`, a window W: `before=W - 1`) or an
-        encoder's input (both ways: `before=after=reach`, or both None)."""
+        """Each chunk attends to its own rows (`span_attention.c`): a prefill chunk with no
+        cached context (causal: `after=0`, a window W: `before=W - 1`) or an encoder's input
+        (both ways: `before=after=reach`, or both None). Given `pool` and `tables`, a chunk
+        with a block table continues a cached context: it attends to `tables.keys` positions
+        read in the pool (its own rows' K/V already written there), its rows the last."""
         check_float32(out)
         tokens, heads, head_dim = q.shape
         kv_heads = k.shape[1]
@@ -293,12 +300,57 @@ class CpuKernels:
                 f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, out {tuple(out.shape)}"
             )
         if bounds.dtype != torch.int64 or not bounds.is_contiguous() or bounds.shape[0] != 2:
-            raise ValueError("bounds must be contiguous int64 [2, sequences]")
+            raise ValueError("bounds must be contiguous int64 [2, chunks]")
         if bounds.numel() and (int(bounds.min()) < 0 or int(bounds.max()) > tokens):
-            raise ValueError("a sequence's rows lie outside the step's")
+            raise ValueError("a chunk's rows lie outside the step's")
+        paged: tuple[int | None, ...] = (None, None, 0, None, None, None)
+        if tables is not None:
+            if pool is None:
+                raise ValueError("chunks with block tables need the pool they index")
+            k_pool, v_pool = pool
+            check_float32(k_pool, v_pool)
+            if k_pool.shape != v_pool.shape or k_pool.shape[2:] != k.shape[1:]:
+                raise ValueError(f"pool {tuple(k_pool.shape)} does not hold k {tuple(k.shape)}")
+            if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+                raise ValueError("the pools must be contiguous")
+            tables.check(bounds, k_pool.shape[0], k_pool.shape[1])
+            paged = (
+                k_pool.data_ptr(), v_pool.data_ptr(), k_pool.shape[1],
+                tables.keys.data_ptr(), tables.offsets.data_ptr(), tables.tables.data_ptr(),
+            )  # fmt: skip
         self._span_attention(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             bounds[0].data_ptr(), bounds[1].data_ptr(), bounds.shape[1], heads, kv_heads,
             head_dim, -1 if before is None else before, -1 if after is None else after,
-            scale, softcap or 0.0, out.data_ptr(),
+            scale, softcap or 0.0, out.data_ptr(), *paged,
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChunkTables:
+    """Which prefill chunks of a step continue a cached context, for `span_attention`: their
+    keys are read in the KV pool through their block tables."""
+
+    keys: torch.Tensor  # [chunks] int64: the positions each attends to (its own rows the last)
+    offsets: torch.Tensor  # [chunks] int64: where its table starts in `tables`; -1: own rows
+    tables: torch.Tensor  # [total] int64: the chunks' block tables, one after another
+
+    def check(self, bounds: torch.Tensor, num_blocks: int, block_size: int) -> None:
+        """Refuse what would read outside the pool or the tables (one host read of each)."""
+        chunks = bounds.shape[1]
+        for t in (self.keys, self.offsets, self.tables):
+            if t.dtype != torch.int64 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError("chunk tables must be contiguous int64 CPU tensors")
+        if self.keys.shape != (chunks,) or self.offsets.shape != (chunks,):
+            raise ValueError(f"keys and offsets must be [{chunks}], one per chunk")
+        if self.tables.numel() and (
+            int(self.tables.min()) < 0 or int(self.tables.max()) >= num_blocks
+        ):
+            raise ValueError("a block table names a block outside the pool")
+        pairs = zip(self.keys.tolist(), self.offsets.tolist(), strict=True)
+        for c, (keys, offset) in enumerate(pairs):
+            rows = int(bounds[1, c] - bounds[0, c])
+            if offset < 0:
+                continue
+            if keys < rows or offset + -(-keys // block_size) > self.tables.numel():
+                raise ValueError(f"chunk {c}: {keys} keys for {rows} rows overrun its table")

@@ -56,6 +56,7 @@ static inline vec vpow2(vec n) {
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline float vhmax(vec v) { return _mm512_reduce_max_ps(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define VEC 8
@@ -80,6 +81,12 @@ static inline float vsum(vec v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+static inline float vhmax(vec v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
 #endif
