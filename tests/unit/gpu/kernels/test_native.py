@@ -12,16 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from gpu.kernels import native
-from gpu.kernels.native import CpuKernels, cpu_kernels
+from gpu.kernels.native import KERNEL_ISAS, CpuKernels, cpu_kernels, isa_flags
 from gpu.kernels.native_build import build, find_compiler
 
 # Builds of the same source for the vector paths a host may have: what -march=native finds
 # here, AVX2 only, and no vector intrinsics at all (the plain C loops).
-ISA_FLAGS = {
-    "native": (),
-    "avx2": ("-mno-avx512f",),
-    "plain": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
-}
+ISA_FLAGS = KERNEL_ISAS
 
 
 @pytest.fixture(scope="module", params=list(ISA_FLAGS))
@@ -223,6 +219,17 @@ def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert cpu_kernels() is None
     finally:
         cpu_kernels.cache_clear()
+
+
+def test_the_environment_picks_the_vector_path() -> None:
+    """`TOKENMILL_KERNEL_ISA` (read by `cpu_kernels`): the host's path by default, AVX2 or
+    plain C on request, a typed error for anything else."""
+    assert isa_flags(None) == isa_flags("") == isa_flags("native") == ()
+    if platform.machine() == "x86_64":
+        assert isa_flags("avx2") == ("-mno-avx512f",)
+        assert "-mno-avx2" in isa_flags("plain")
+    with pytest.raises(ValueError, match="expected one of native, avx2, plain"):
+        isa_flags("avx9000")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
