@@ -194,9 +194,11 @@ class Scheduler:
                 self._preempt(seq)
                 preempted.append(seq)
                 continue
-            spare = budget - n - sum(s.num_uncomputed_tokens for s in queue)
-            held = sum(self.kv_cache.blocks_needed(s, s.num_tokens) for s in queue)
-            draft = self._draft(seq, n, spare, held)
+            draft: tuple[int, ...] = ()
+            if seq.draft_token_ids and n == 1:  # the rest of the queue's needs come first
+                spare = budget - n - sum(s.num_uncomputed_tokens for s in queue)
+                held = sum(self.kv_cache.blocks_needed(s, s.num_tokens) for s in queue)
+                draft = self._draft(seq, n, spare, held)
             self.kv_cache.allocate(seq, end + len(draft))
             chunks.append(ScheduledChunk.of(seq, seq.num_computed_tokens, n + len(draft), draft))
             budget -= n + len(draft)
