@@ -144,6 +144,8 @@ def test_dry_run_writes_every_phase_and_target(
     assert llama["float32"]["tokens_equal"] is True  # CPU against CPU: the same computation
     assert 0 <= llama["bfloat16"]["greedy_agreement"] <= 1
     assert llama["bfloat16"]["logits_max_abs_diff"] >= 0
+    own = llama["bfloat16"]["transformers_bf16"]  # the dtype's own distance, for comparison
+    assert 0 <= own["greedy_agreement"] <= 1 and own["logits_max_abs_diff"] >= 0
     assert set(result["targets"]) == {
         "smollm2_135m_batch1_step_ms",
         "llama3_8b_bf16_batch1_roofline_fraction",
@@ -183,3 +185,18 @@ def test_gguf_comes_from_the_vendored_wheel(tmp_path: Path) -> None:
     report = _blocked_run(script)
     assert report["gguf"] is not None and "tests/gpu/wheels/gguf-" in report["gguf"]
     _no_cli_packages(report)
+
+
+def test_bf16_is_close_within_the_tolerance_or_transformers_own_distance() -> None:
+    """A router flip moves transformers' bfloat16 as far as tokenmill's: that passes; a
+    distance beyond both the tolerance and the dtype's own does not."""
+    from tests.gpu.correctness import BF16_TOLERANCE, DTYPE_MARGIN, bf16_close
+
+    def summary(diff: float | None, scale: float | None = 3.3) -> dict[str, Any]:
+        return {"logits_max_abs_diff": diff, "logits_scale": scale}
+
+    tolerated = BF16_TOLERANCE * 3.3
+    assert bf16_close(summary(tolerated * 0.9), summary(0.0)) is True
+    assert bf16_close(summary(tolerated * 2), summary(0.02)) is False
+    assert bf16_close(summary(0.40), summary(0.40 / DTYPE_MARGIN)) is True  # Qwen3-MoE's case
+    assert bf16_close(summary(None, None), summary(0.1)) is None  # the forward was not seen
