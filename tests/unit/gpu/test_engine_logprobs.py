@@ -62,7 +62,11 @@ def engine_and_reference(
     return {
         arch: (
             load_model(path),
-            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
+            # eager: transformers 5.17's default SDPA path drops Gemma 2's attention soft cap
+            # (0.044 off in logprob; 5.24 runs Gemma 2 eagerly itself)
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="eager"
+            ).eval(),
         )
         for arch, path in tiny_checkpoints.items()
     }
