@@ -210,9 +210,9 @@ class Engine:
         batch = self.scheduler.schedule()
         if observer is not None:
             observer.phase_done("schedule")
-        out = StepSample([])
+        out, forward_ns = StepSample([]), 0
         if not batch.is_empty:
-            out = self._run(batch, observer)
+            out, forward_ns = self._run(batch, observer)
         progress = self.outputs.apply(batch, out, self.clock())
         self.scheduler.advance(batch, progress.accepted)
         if speculator is not None:
@@ -252,23 +252,28 @@ class Engine:
             num_verified_seqs=progress.num_verified_seqs,
             num_draft_tokens=progress.num_draft_tokens,
             num_accepted_draft_tokens=progress.num_accepted_draft_tokens,
+            forward_ns=forward_ns,
         )
         return StepOutput(progress.new_tokens, finished, stats, progress.new_logprobs)
 
     @torch.inference_mode()
-    def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> StepSample:
+    def _run(self, batch: ScheduledBatch, observer: StepObserver | None) -> tuple[StepSample, int]:
         """The batch through the backend: its sampled tokens (and logprobs where asked), and
-        the prompt logprobs its scored prompt positions gave."""
+        the prompt logprobs its scored prompt positions gave; and the host's nanoseconds in
+        the forward call (`StepStats.forward_ns`)."""
         backend = self.backend
-        if observer is None:
-            return backend.run(batch, self.matchers, self._masks)
         step = backend.prepare(batch)
-        observer.phase_done("prepare")
+        if observer is not None:
+            observer.phase_done("prepare")
+        began = time.perf_counter_ns()
         logits = backend.compute(step)
-        observer.phase_done("forward")
+        forward_ns = time.perf_counter_ns() - began
+        if observer is not None:
+            observer.phase_done("forward")
         sampled = backend.sample(step, logits, self.matchers, self._masks)
-        observer.phase_done("sample")
-        return sampled
+        if observer is not None:
+            observer.phase_done("sample")
+        return sampled, forward_ns
 
     def _finish(self, seq: Seq, reason: str) -> Completion:
         kv_blocks = len(seq.block_table)  # before the scheduler frees them

@@ -107,6 +107,16 @@ class StepStats:
     num_verified_seqs: int = 0
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    # The host's wall time in the step's model forward call: on a CPU the forward itself; on
+    # CUDA, launching it (the device runs it asynchronously). 0 for a step with no batch.
+    forward_ns: int = 0
+
+    @property
+    def host_ns(self) -> int:
+        """The step's wall time outside the forward call: scheduling, building inputs,
+        sampling, collecting. On a CPU the forward waits for all of it: it is the step's host
+        overhead."""
+        return max(0, self.end_ns - self.start_ns - self.forward_ns)
 
 
 @dataclass(frozen=True)

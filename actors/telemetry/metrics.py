@@ -173,6 +173,13 @@ class WorkerMetrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
+        self.step_host = Histogram(
+            "tokenmill_step_host_seconds",
+            "Engine steps' time outside the model's forward call (scheduling, inputs, "
+            "sampling, collecting): on a CPU, the host overhead the forward waits for.",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.paused_partitions = Gauge(
             "tokenmill_paused_partitions",
             "Assigned partitions paused by backpressure.",
@@ -345,6 +352,8 @@ class WorkerMetrics:
         """One engine step: its duration, the KV pool's occupancy, preemptions, prefix hits,
         speculation's guesses."""
         self.step_duration.observe(max(0, stats.end_ns - stats.start_ns) / 1e9)
+        if stats.forward_ns:  # a step that ran the model
+            self.step_host.observe(stats.host_ns / 1e9)
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
         total = stats.kv_blocks_total

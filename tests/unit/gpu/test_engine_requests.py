@@ -118,3 +118,18 @@ def test_length_and_stop_conditions(engine: Engine) -> None:
     assert cut.finish_reason == "stop"
     assert cut.text == text[: text.index(needle)]
     assert engine.blocks_used == 0
+
+
+def test_each_step_reports_its_time_in_the_forward_and_outside_it(engine: Engine) -> None:
+    """`StepStats.forward_ns`: the forward call's share of a step; `host_ns` the rest (the
+    host overhead a CPU forward waits for). A step with nothing to run has no forward."""
+    import torch
+
+    engine.add(EngineRequest("timed", [1, 2, 3, 4], SamplingParams(max_new_tokens=3)))
+    with torch.inference_mode():
+        steps = [engine.step().stats for _ in range(3)]
+        idle = engine.step().stats
+    for stats in steps:
+        assert stats.forward_ns > 0
+        assert stats.host_ns == max(0, stats.end_ns - stats.start_ns - stats.forward_ns)
+    assert idle.num_seqs == 0 and idle.forward_ns == 0

@@ -91,6 +91,7 @@ def test_operator_metrics_are_exposed_too() -> None:
         "tokenmill_prompt_tokens_total",
         "tokenmill_model_info",
         "tokenmill_step_duration_seconds",
+        "tokenmill_step_host_seconds",
         "tokenmill_paused_partitions",
         "tokenmill_child_restarts_total",
         "tokenmill_model_swaps_total",
@@ -173,6 +174,16 @@ def test_steps_set_the_kv_gauges_and_count_preemptions() -> None:
     assert value(s, "tokenmill_step_duration_seconds_sum") == pytest.approx(0.06)
     assert value(s, "tokenmill_step_duration_seconds_bucket", le="0.01") == 0
     assert value(s, "tokenmill_step_duration_seconds_bucket", le="0.025") == 3
+    assert value(s, "tokenmill_step_host_seconds_count") == 0  # no step said it ran the model
+
+
+def test_steps_that_ran_the_model_report_their_host_time() -> None:
+    metrics = WorkerMetrics()
+    metrics.observe_step(step(forward_ns=15_000_000))  # 20 ms a step, 15 in the forward
+    metrics.observe_step(step(forward_ns=19_000_000))
+    s = scrape(metrics)
+    assert value(s, "tokenmill_step_host_seconds_count") == 2
+    assert value(s, "tokenmill_step_host_seconds_sum") == pytest.approx(0.006)
 
 
 def test_prefix_cache_hits_are_counted_and_their_ratio_is_over_a_window_of_steps() -> None:
