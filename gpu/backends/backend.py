@@ -5,7 +5,7 @@ layer operations the model's one forward is written in (`ops`, `gpu/backends/lay
 and its whole-step fast paths, each a wrapper around that forward: the static decode path
 (`gpu/backends/decode_graphs.py`: CUDA graphs on CUDA, run eagerly elsewhere) and, on the
 native CPU backend, the one-call decode step (`gpu/backends/native.py`). The engine calls
-`prepare`, `compute` and `sample` in turn (an observer may time each); `run` is the three.
+`prepare`, `compute` and `sample` in turn (it times `compute`, an observer each).
 
     backend      ops          decode attention              fast paths
     torch        TorchOps     SDPA over gathered blocks     -
@@ -226,16 +226,6 @@ class Backend:
         return StepSample(_by_chunk(step.sampling, ids_out, [None] * len(ids_out)))
 
     @torch.inference_mode()
-    def run(
-        self,
-        batch: ScheduledBatch,
-        matchers: Mapping[str, GrammarMatcher] | None = None,
-        masks: TokenMasks | None = None,
-    ) -> StepSample:
-        """Prepare, compute and sample a batch: its sampled tokens (and prompt logprobs)."""
-        step = self.prepare(batch)
-        return self.sample(step, self.compute(step), matchers, masks)
-
     # -- the forward ---------------------------------------------------------------------
 
     def build(self, chunks: list[ScheduledChunk]) -> ModelInputs:
