@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu.backends.metadata import AttentionMetadata
-from gpu.kernels.native_bindings import ChunkTables
-from gpu.kernels.step_kernels import StepKernels
+from gpu.kernels.step_kernels import ChunkTables, StepKernels
 from gpu.kv_pool import LayerKV
 
 if TYPE_CHECKING:  # imports torch._dynamo: only where it is used (`_lower_right`)

@@ -4,12 +4,12 @@ kernel behind a method that checks its tensors before handing their addresses to
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from gpu.kernels.native_weight import INPUT_MULTIPLE, TmWeight, check_float32, tm_weight
+from gpu.kernels.step_kernels import ChunkTables
 from gpu.quantized_weight import QuantizedWeight
 
 _i64 = ctypes.c_int64
@@ -324,33 +324,3 @@ class CpuKernels:
             head_dim, -1 if before is None else before, -1 if after is None else after,
             scale, softcap or 0.0, out.data_ptr(), *paged,
         )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ChunkTables:
-    """Which prefill chunks of a step continue a cached context, for `span_attention`: their
-    keys are read in the KV pool through their block tables."""
-
-    keys: torch.Tensor  # [chunks] int64: the positions each attends to (its own rows the last)
-    offsets: torch.Tensor  # [chunks] int64: where its table starts in `tables`; -1: own rows
-    tables: torch.Tensor  # [total] int64: the chunks' block tables, one after another
-
-    def check(self, bounds: torch.Tensor, num_blocks: int, block_size: int) -> None:
-        """Refuse what would read outside the pool or the tables (one host read of each)."""
-        chunks = bounds.shape[1]
-        for t in (self.keys, self.offsets, self.tables):
-            if t.dtype != torch.int64 or not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError("chunk tables must be contiguous int64 CPU tensors")
-        if self.keys.shape != (chunks,) or self.offsets.shape != (chunks,):
-            raise ValueError(f"keys and offsets must be [{chunks}], one per chunk")
-        if self.tables.numel() and (
-            int(self.tables.min()) < 0 or int(self.tables.max()) >= num_blocks
-        ):
-            raise ValueError("a block table names a block outside the pool")
-        pairs = zip(self.keys.tolist(), self.offsets.tolist(), strict=True)
-        for c, (keys, offset) in enumerate(pairs):
-            rows = int(bounds[1, c] - bounds[0, c])
-            if offset < 0:
-                continue
-            if keys < rows or offset + -(-keys // block_size) > self.tables.numel():
-                raise ValueError(f"chunk {c}: {keys} keys for {rows} rows overrun its table")

@@ -4,9 +4,11 @@ Two libraries implement it: `CpuKernels` (`gpu/kernels/native.py`, C built on th
 CPU tensors) and `TritonKernels` (`gpu/kernels/triton/kernels.py`, CUDA, or the CPU through
 Triton's interpreter in tests). The models and the attention code hold a `StepKernels` and never
 ask which one it is, except for the few things only one of them has: the CPU's one-call decode
-step (`isinstance(kernels, CpuKernels)`), and Triton's fused rotary + K/V write
-(`rope_and_cache_`) and prefill attention over the pool (`paged_prefill_attention`), which
-the callers look up by name, taking the torch path where a library lacks them.
+step (`isinstance(kernels, CpuKernels)`) and its attention of all a step's prefill chunks in
+one call (`span_attention`, told by `ChunkTables` which chunks read their keys in the pool),
+and Triton's fused rotary + K/V write (`rope_and_cache_`) and prefill attention over the pool
+(`paged_prefill_attention`), which the callers look up by name, taking the torch path where a
+library lacks them.
 
 Every method takes and returns device tensors and never reads one back to the host, so a step
 made of them can be captured in a CUDA graph.
@@ -14,6 +16,7 @@ made of them can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -62,3 +65,33 @@ class StepKernels(Protocol):
         """Each sequence's one query attends to positions `starts .. lengths - 1` of its
         blocks, read where they lie in the pool."""
         ...
+
+
+@dataclass(frozen=True)
+class ChunkTables:
+    """Which prefill chunks of a step continue a cached context, for `span_attention`: their
+    keys are read in the KV pool through their block tables."""
+
+    keys: torch.Tensor  # [chunks] int64: the positions each attends to (its own rows the last)
+    offsets: torch.Tensor  # [chunks] int64: where its table starts in `tables`; -1: own rows
+    tables: torch.Tensor  # [total] int64: the chunks' block tables, one after another
+
+    def check(self, bounds: torch.Tensor, num_blocks: int, block_size: int) -> None:
+        """Refuse what would read outside the pool or the tables (one host read of each)."""
+        chunks = bounds.shape[1]
+        for t in (self.keys, self.offsets, self.tables):
+            if t.dtype != torch.int64 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError("chunk tables must be contiguous int64 CPU tensors")
+        if self.keys.shape != (chunks,) or self.offsets.shape != (chunks,):
+            raise ValueError(f"keys and offsets must be [{chunks}], one per chunk")
+        if self.tables.numel() and (
+            int(self.tables.min()) < 0 or int(self.tables.max()) >= num_blocks
+        ):
+            raise ValueError("a block table names a block outside the pool")
+        pairs = zip(self.keys.tolist(), self.offsets.tolist(), strict=True)
+        for c, (keys, offset) in enumerate(pairs):
+            rows = int(bounds[1, c] - bounds[0, c])
+            if offset < 0:
+                continue
+            if keys < rows or offset + -(-keys // block_size) > self.tables.numel():
+                raise ValueError(f"chunk {c}: {keys} keys for {rows} rows overrun its table")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpu.kernels.native import CpuKernels
-from gpu.kernels.native_bindings import ChunkTables
+from gpu.kernels.step_kernels import ChunkTables
 from tests.unit.gpu.kernels import test_native
 
 kernels = test_native.kernels  # the fixture: these kernels on every build
