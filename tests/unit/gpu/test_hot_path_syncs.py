@@ -59,6 +59,8 @@ ALLOWED = {
     ("gpu/kv_pool.py", "KVPool.__init__", "tensor"): "once, at start",
     ("gpu/backends/sdpa_attention.py", "_prefill_spans", "tensor"): "the native CPU kernel's "
     "sequence bounds, in host memory (no CUDA library has `span_attention`)",
+    ("gpu/kernels/step_kernels.py", "ChunkTables.check", "tolist"): "the native CPU kernel's "
+    "block tables, host tensors checked before C reads them (no CUDA library takes them)",
     ("gpu/models/gemma.py", "embedding_scale", "tensor"): "cached per dtype, host scalar",
     ("gpu/models/layers.py", "longrope_tables", "tensor"): "at load",
     ("gpu/models/moe.py", "SparseMoE.forward", "tolist"): "expert row counts, one a MoE layer "
