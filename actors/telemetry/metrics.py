@@ -11,7 +11,6 @@ collector.
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from typing import TYPE_CHECKING, Literal, get_args
 
 from prometheus_client import (
@@ -28,6 +27,7 @@ from actors.mail import CancelledIn, FlushReason
 from actors.result_shapes import finish_of
 from actors.telemetry.embed_metrics import EmbedMetrics
 from actors.telemetry.speculative_metrics import SpeculativeMetrics
+from actors.telemetry.step_metrics import StepMetrics
 from messages.embedding import EmbedResult
 
 if TYPE_CHECKING:
@@ -49,12 +49,8 @@ DURATION_BUCKETS = (
 TPOT_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
-STEP_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
 SWAP_PAUSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-HIT_RATIO_WINDOW = 256  # engine steps that admitted requests, for tokenmill_kv_prefix_hit_ratio
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -88,35 +84,6 @@ class WorkerMetrics:
             buckets=BATCH_TOKENS_BUCKETS,
             registry=r,
         )
-        self.kv_usage_ratio = Gauge(
-            "tokenmill_kv_usage_ratio", "Share of the KV pool's blocks in use (0-1).", registry=r
-        )
-        self.kv_blocks_used = Gauge("tokenmill_kv_blocks_used", "KV blocks in use.", registry=r)
-        self.kv_blocks_total = Gauge(
-            "tokenmill_kv_blocks_total", "KV blocks in the pool.", registry=r
-        )
-        self.kv_blocks_cached = Gauge(
-            "tokenmill_kv_blocks_cached",
-            "KV blocks nothing holds that keep a cached prefix (reused or evicted on demand).",
-            registry=r,
-        )
-        self.kv_prefix_hit_tokens = Counter(
-            "tokenmill_kv_prefix_hit_tokens",
-            "Prompt tokens whose K/V the prefix cache served.",
-            registry=r,
-        )
-        self.kv_prefix_miss_tokens = Counter(
-            "tokenmill_kv_prefix_miss_tokens",
-            "Prompt tokens computed (not found in the prefix cache).",
-            registry=r,
-        )
-        self.kv_prefix_hit_ratio = Gauge(
-            "tokenmill_kv_prefix_hit_ratio",
-            f"Prompt tokens served from the prefix cache / prompt tokens, over the last "
-            f"{HIT_RATIO_WINDOW} engine steps that admitted requests (0-1).",
-            registry=r,
-        )
-        self._hit_window: deque[tuple[int, int]] = deque(maxlen=HIT_RATIO_WINDOW)
         self.ttft = Histogram(
             "tokenmill_ttft_seconds",
             "Time to first token, from the request's arrival.",
@@ -150,11 +117,6 @@ class WorkerMetrics:
             ["reason"],
             registry=r,
         )
-        self.preemptions = Counter(
-            "tokenmill_preemptions",
-            "Sequences preempted when KV blocks ran out.",
-            registry=r,
-        )
         self.prompt_tokens = Counter(
             "tokenmill_prompt_tokens", "Prompt tokens of finished requests.", registry=r
         )
@@ -165,19 +127,6 @@ class WorkerMetrics:
             "1 for the active model and the standby one (slot), by name, weights digest and "
             "quantization (none, int8, int4-g32, or a mix such as int4-g32+int8-g32).",
             ["name", "digest", "quantization", "slot"],
-            registry=r,
-        )
-        self.step_duration = Histogram(
-            "tokenmill_step_duration_seconds",
-            "Engine steps: schedule, forward and sample.",
-            buckets=STEP_BUCKETS,
-            registry=r,
-        )
-        self.step_host = Histogram(
-            "tokenmill_step_host_seconds",
-            "Engine steps' time outside the model's forward call (scheduling, inputs, "
-            "sampling, collecting): on a CPU, the host overhead the forward waits for.",
-            buckets=STEP_BUCKETS,
             registry=r,
         )
         self.paused_partitions = Gauge(
@@ -268,6 +217,7 @@ class WorkerMetrics:
             registry=r,
         )
 
+        self.steps = StepMetrics(r)
         self.speculative = SpeculativeMetrics(r)
         self.embedding = EmbedMetrics(r)
 
@@ -349,24 +299,8 @@ class WorkerMetrics:
         self.bucket_flushes.labels(reason).inc()
 
     def observe_step(self, stats: StepStats) -> None:
-        """One engine step: its duration, the KV pool's occupancy, preemptions, prefix hits,
-        speculation's guesses."""
-        self.step_duration.observe(max(0, stats.end_ns - stats.start_ns) / 1e9)
-        if stats.forward_ns:  # a step that ran the model
-            self.step_host.observe(stats.host_ns / 1e9)
-        self.kv_blocks_used.set(stats.kv_blocks_used)
-        self.kv_blocks_total.set(stats.kv_blocks_total)
-        total = stats.kv_blocks_total
-        self.kv_usage_ratio.set(stats.kv_blocks_used / total if total > 0 else 0.0)
-        if stats.num_preempted > 0:
-            self.preemptions.inc(stats.num_preempted)
-        self.kv_blocks_cached.set(stats.kv_blocks_cached)
-        if stats.prompt_tokens > 0:
-            self.kv_prefix_hit_tokens.inc(stats.cached_prompt_tokens)
-            self.kv_prefix_miss_tokens.inc(stats.prompt_tokens - stats.cached_prompt_tokens)
-            self._hit_window.append((stats.prompt_tokens, stats.cached_prompt_tokens))
-            prompt = sum(p for p, _ in self._hit_window)
-            self.kv_prefix_hit_ratio.set(sum(c for _, c in self._hit_window) / prompt)
+        """One engine step (`actors/telemetry/step_metrics.py`), and speculation's guesses."""
+        self.steps.observe_step(stats)
         self.speculative.observe_step(stats)
 
     def set_queue_depth(self, n: int) -> None:

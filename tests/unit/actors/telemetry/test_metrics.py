@@ -187,7 +187,7 @@ def test_steps_that_ran_the_model_report_their_host_time() -> None:
 
 
 def test_prefix_cache_hits_are_counted_and_their_ratio_is_over_a_window_of_steps() -> None:
-    from actors.telemetry.metrics import HIT_RATIO_WINDOW
+    from actors.telemetry.step_metrics import HIT_RATIO_WINDOW
 
     metrics = WorkerMetrics()
     metrics.observe_step(step(prompt_tokens=600, cached_prompt_tokens=0, kv_blocks_cached=3))
