@@ -266,6 +266,17 @@ class HandOff:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneLost:
+    """Emitter → ingest, with `--exactly-once`: a partition's lane died without being handed
+    off (its producer fenced, or broken for good, or its transaction stuck). Nothing more of the
+    partition can be answered here until the group assigns it again: if the ingest still holds
+    it, it rejoins the group (its next owner, maybe this worker, opens a new lane)."""
+
+    tp: TopicPartition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """Emitter → ingest, with `--exactly-once`: an outcome not answered here, its partition
     handed off or fenced; the partition's owner answers the record. It releases the outcome's

@@ -43,6 +43,7 @@ from actors.mail import (
     Cancel,
     Delivered,
     Dropped,
+    LaneLost,
     Outcome,
     OutcomeBlocked,
     OutcomeWaiting,
@@ -55,7 +56,7 @@ from actors.transactions.client import Request, TransactionsClient
 
 log = structlog.get_logger("tokenmill.ingest")
 
-Mail = Delivered | OutcomeBlocked | OutcomeWaiting | Dropped | UseModel
+Mail = Delivered | OutcomeBlocked | OutcomeWaiting | Dropped | LaneLost | UseModel
 
 
 class IngestActor(Actor[Mail]):
@@ -267,6 +268,8 @@ class IngestActor(Actor[Mail]):
                         self.held.discard(ref)
                         if admitted:  # its partition's owner answers it
                             self._account(self.backpressure.release(1, cost))
+                    case LaneLost(tp=tp, reason=reason):
+                        self.ledger.lane_lost(tp, reason)
             self.ledger.notify()
 
     def _account(self, decision: Decision) -> None:

@@ -36,8 +36,11 @@ partition's transaction. An assignment first has the emitter open the partitions
 (fencing their last owners), then reads their last commits and seeks to them (aiokafka may
 have read them before the fencing), and hands them to the lanes; the partitions stay paused
 meanwhile, so nothing of them is handed out before. Records the last commit names answered
-are not run again (`answered_already`). A partition whose lane cannot be opened stops the ingest
-(`KafkaError`): the restart rejoins the group.
+are not run again (`answered_already`). A partition whose lane cannot be opened, or whose lane
+dies while the partition is still this member's (`lane_lost`: its producer fenced or broken, a
+transaction the broker ended), stops the ingest (`KafkaError`): the restart rejoins the group,
+and the partition's next owner (maybe this worker) opens a new lane and answers what the dead
+one dropped.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class Ledger:
             headroom=config.fetch_max_records,
             write=transactions.write if transactions is not None else None,
         )
-        self._unfenced: set[TopicPartition] = set()  # exactly-once: lanes that did not open
+        self._unfenced: set[TopicPartition] = set()  # exactly-once: held, with no live lane
         self.fetched_to: dict[TopicPartition, int] = {}  # next offset to fetch, per partition
         self._stall_s = config.session_timeout_ms / 3000
         self._fetched_at = time.monotonic()
@@ -184,6 +187,16 @@ class Ledger:
         log.warning("fetch_dropped_fenced", partitions=names(fetched),
                     records=sum(len(r) for r in fetched.values()))  # fmt: skip
         return False
+
+    def lane_lost(self, tp: TopicPartition, reason: str) -> None:
+        """Exactly-once: `tp`'s lane died without a hand-off. Still assigned here, the partition
+        could answer nothing more (its outcomes dropped, its commits refused): the next poll
+        stops the ingest, whose restart rejoins the group."""
+        consumer = self.reader.consumer
+        if consumer is None or tp not in consumer.assignment():
+            return  # handed off meanwhile: its new owner answers it
+        log.warning("lane_lost_rejoining", topic=tp.topic, partition=tp.partition, reason=reason)
+        self._unfenced.add(tp)
 
     def chunks(self, records: Sequence[Record]) -> Iterator[tuple[Sequence[Record], bool]]:
         """A partition's fetched records in the order they run: (chunk, isolated). Suspects

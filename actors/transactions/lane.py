@@ -84,6 +84,7 @@ class LaneHooks:
     blocked: Callable[[Pending], Awaitable[None]]  # its dead letter waits for the DLQ
     waiting: Callable[[Pending], Awaitable[None]]  # its reply topic is awaited
     count: Callable[[str], None]  # retried sends, aborted transactions...
+    lost: Callable[[TopicPartition, str], Awaitable[None]]  # died, not handed off
 
 
 @dataclass
@@ -326,6 +327,21 @@ class Lane:
         return batch, answered
 
     async def _write(self, batch: list[int], answered: AnsweredOffsets) -> None:
+        """One transaction, bounded: aiokafka waits for a transaction's end without limit, and
+        one the broker ended meanwhile (open past the transaction timeout while the broker was
+        away, say) could hold the lane for good. Past the transaction timeout and a delivery
+        timeout the lane gives the producer up (`LaneFenced`): the partition's next owner opens
+        a new one, which ends whatever this one left open."""
+        limit_s = (self.config.transaction_timeout_ms + self.config.delivery_timeout_ms) / 1000
+        try:
+            async with asyncio.timeout(limit_s) as bound:
+                await self._write_unbounded(batch, answered)
+        except TimeoutError:
+            if bound.expired():
+                raise LaneFenced(f"a transaction made no progress in {limit_s:.0f} s") from None
+            raise
+
+    async def _write_unbounded(self, batch: list[int], answered: AnsweredOffsets) -> None:
         producer = self.producer
         base = self.base
         assert base is not None
@@ -404,7 +420,8 @@ class Lane:
     # -- the end ------------------------------------------------------------------------------
 
     async def _die(self, exc: BaseException | None) -> None:
-        if exc is not None and not self.dead:
+        lost = exc is not None and not self.dead
+        if lost:
             log.warning("lane_fenced", topic=self.tp.topic, partition=self.tp.partition,
                         error=str(exc), dropped=len(self.waiting))  # fmt: skip
             self.hooks.count("lane_fenced")
@@ -424,10 +441,31 @@ class Lane:
             for p in ps:
                 await self.hooks.dropped(p)
         self.wake()
+        if lost:  # the ingest may still hold the partition: then it rejoins the group
+            await self.hooks.lost(self.tp, str(exc))
 
     async def _close(self) -> None:
+        """Stop the producer. Its stop waits for every batch it holds, and a transactional
+        producer never gives a batch up: one the broker does not take (a transaction the broker
+        ended meanwhile, say) would hold the close, the hand-off and the worker's exit forever.
+        Past the delivery timeout what it holds is failed (the partition's next owner answers
+        those records), and past a second one the producer is left behind, logged."""
+        limit_s = self.config.delivery_timeout_ms / 1000
+        stopping = asyncio.ensure_future(self.producer.stop())
+        stopping.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, if left
         try:
-            await self.producer.stop()
+            for forced in (False, True):
+                try:
+                    await asyncio.wait_for(asyncio.shield(stopping), limit_s)
+                    return
+                except TimeoutError:
+                    log.warning("lane_close_forced", topic=self.tp.topic,
+                                partition=self.tp.partition, abandoned=forced)  # fmt: skip
+                    if forced:
+                        return
+                    cast(Any, self.producer)._message_accumulator.fail_all(
+                        KafkaError("the lane closed before the broker took this batch")
+                    )
         except KafkaError as exc:
             log.warning("lane_close_failed", topic=self.tp.topic, error=repr(exc))
         finally:

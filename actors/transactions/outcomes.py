@@ -13,7 +13,8 @@ its result on the reply topic; chunks stay on the emitter's plain producer). One
 wait (for their topic, say) waits in a task of its own, holding none of the others. What a
 lane settles comes back through `Settlement`: committed (reported delivered), answered
 already (reported delivered, not produced again), dropped (the partition's owner answers it),
-blocked on the DLQ, waiting for its reply topic.
+blocked on the DLQ, waiting for its reply topic; and a lane that died without a hand-off is
+reported (`LaneLost`), so that an ingest still holding its partition rejoins the group.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from actors.mail import (
     Delivered,
     Dropped,
     HandOff,
+    LaneLost,
     LaneStart,
     Outcome,
     OutcomeBlocked,
@@ -47,7 +49,7 @@ from actors.transactions.lane import LaneHooks
 from actors.transactions.lanes import Lanes
 
 PartitionMessage = TakeOver | LaneStart | CommitOffsets | HandOff
-Notice = Delivered | OutcomeBlocked | OutcomeWaiting | Dropped
+Notice = Delivered | OutcomeBlocked | OutcomeWaiting | Dropped | LaneLost
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class TransactionalOutcomes:
                 blocked=self._blocked,
                 waiting=self._waiting,
                 count=settlement.count,
+                lost=self._lost,
             ),
             make_producer=make_producer,
         )
@@ -154,6 +157,10 @@ class TransactionalOutcomes:
         await self.settlement.notify(Dropped(record=p.outcome.record,
                                              admitted=p.outcome.admitted,
                                              cost_tokens=p.outcome.cost_tokens))  # fmt: skip
+
+    async def _lost(self, tp: TopicPartition, reason: str) -> None:
+        """A lane died without a hand-off: the ingest rejoins if it still holds `tp`."""
+        await self.settlement.notify(LaneLost(tp, reason))
 
     async def _blocked(self, p: Pending) -> None:
         self.settlement.count("dead_letter_blocked")

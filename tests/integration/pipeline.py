@@ -302,6 +302,14 @@ class WorkerProcess:
             self.process.send_signal(sig)
         try:
             return self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            # Hung: killed, so that no process outlives its test, and failed with its log.
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"worker {self.pid} did not exit within 90 s of {sig.name}; its log ends:\n"
+                + self.log()[-6000:]
+            ) from None
         finally:
             self._log.close()
 

@@ -157,6 +157,8 @@ async def test_a_broker_restart_mid_stream_leaves_every_result_seen_exactly_once
     a, b = (worker(lane, tmp_path / f"{n}.log", n, *args) for n in "ab")
     first = [request("before", i) for i in range(300)]
     after = [request("after", i) for i in range(300)]
+    wanted = [r.id for r in [*first, *after]]
+    seen = Committed(lane)
     try:
         for w in (a, b):
             await w.wait_for_log("partitions_assigned", within_s=180)
@@ -166,10 +168,13 @@ async def test_a_broker_restart_mid_stream_leaves_every_result_seen_exactly_once
         assert own_broker.stop() is not None  # mid-stream: transactions open, results in flight
         assert own_broker.start(timeout=120)
         await produce(lane.bootstrap, lane.requests, after)
-        wanted = [r.id for r in [*first, *after]]
         async with Committed(lane) as seen:
             await wait_until("every result", lambda: seen.has(wanted), within_s=300)
         await wait_committed_to_end(lane, within_s=120)
+    except AssertionError as exc:  # what each worker was doing meanwhile
+        missing = sorted(set(wanted) - set(seen.by_id))
+        raise AssertionError(f"{exc}: {len(missing)} missing, {missing[:5]}\n"
+                             f"a:\n{a.log()[-4000:]}\nb:\n{b.log()[-4000:]}") from exc  # fmt: skip
     finally:
         codes = [w.terminate() for w in (a, b)]
     found = await every_result(lane, "read_committed")

@@ -106,6 +106,16 @@ class FakeTxnManager:
         return self.fatal
 
 
+class FakeAccumulator:
+    """What of aiokafka's message accumulator a lane touches: failing what it holds."""
+
+    def __init__(self) -> None:
+        self.failed = asyncio.Event()
+
+    def fail_all(self, exception: BaseException) -> None:
+        self.failed.set()
+
+
 class FakeTransactionalProducer:
     """Acknowledges every record at once, except those of a topic in `refuse` (their acks
     fail with its error); `commit_errors` are raised by the next commits, one each."""
@@ -121,6 +131,10 @@ class FakeTransactionalProducer:
         self.committing = asyncio.Event()  # a commit has begun (and waits for the gate)
         self.started = False
         self.stopped = False
+        # Set: `stop()` waits, as aiokafka's does for batches the broker never takes, until
+        # what the producer holds is failed (`_message_accumulator.fail_all`).
+        self.stop_holds = False
+        self._message_accumulator = FakeAccumulator()
 
     @property
     def transactional_id(self) -> str | None:
@@ -146,6 +160,8 @@ class FakeTransactionalProducer:
         self.started = True
 
     async def stop(self) -> None:
+        if self.stop_holds:
+            await self._message_accumulator.failed.wait()
         self.stopped = True
 
     async def begin_transaction(self) -> None:
@@ -200,6 +216,7 @@ class RecordingHooks:
         self.dropped: list[Pending] = []
         self.blocked: list[Pending] = []
         self.waiting: list[Pending] = []
+        self.lost: list[TopicPartition] = []  # lanes that died without a hand-off
         self.counts: Counter[str] = Counter()
         self._changed = asyncio.Event()
         self._unyielded = 0
@@ -212,7 +229,12 @@ class RecordingHooks:
             blocked=self._settled(self.blocked, "blocked"),
             waiting=self._settled(self.waiting, "waiting"),
             count=self.count,
+            lost=self._lost,
         )
+
+    async def _lost(self, tp: TopicPartition, reason: str) -> None:
+        self.lost.append(tp)
+        self.events.append("lost")
 
     def _settled(self, into: list[Pending], name: str) -> Any:
         async def hook(p: Pending) -> None:

@@ -273,6 +273,41 @@ async def test_a_fenced_commit_kills_the_lane_and_drops_what_waited(
     assert rig.producer.committed() == []
     assert "abort" not in rig.events  # a fenced producer cannot abort: the broker does
     assert rig.hooks.delivered == [] and rig.hooks.counts["lane_fenced"] == 1
+    # Told after what it dropped: an ingest still holding the partition rejoins the group.
+    assert rig.hooks.lost == [TP] and rig.events[-1] == "lost"
+
+
+async def test_a_transaction_that_never_ends_gives_the_producer_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiokafka waits for a commit without limit; one the broker will never answer (it ended
+    the transaction meanwhile) kills the lane past the transaction and delivery timeouts, so
+    that the partition's next owner opens a new producer."""
+    async with running_lane(monkeypatch, transaction_timeout_ms=20, delivery_timeout_ms=20) as rig:
+        rig.producer.commit_gate = asyncio.Event()  # never set: the commit never ends
+        rig.lane.start(0, "guard", NONE)
+        rig.add(0)
+        assert await rig.lane.commit(0, "guard") is False
+        await rig.task
+
+    assert rig.lane.dead and rig.producer.committed() == []
+    assert rig.hooks.offsets(rig.hooks.dropped) == [0]
+    assert rig.hooks.lost == [TP] and rig.hooks.counts["lane_fenced"] == 1
+
+
+async def test_a_producer_that_cannot_flush_is_closed_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transactional producer's stop waits for every batch it holds, and never gives one up:
+    past the delivery timeout the lane fails them, so that its close (and the hand-off, and the
+    worker's exit) ends."""
+    async with running_lane(monkeypatch, delivery_timeout_ms=20) as rig:
+        rig.producer.stop_holds = True
+        await rig.lane.stop()
+        await rig.task
+
+    assert rig.lane.closed.is_set() and rig.producer.stopped
+    assert rig.hooks.lost == []  # stopped (a hand-off), not lost
 
 
 # -- refused and transient failures -------------------------------------------------------

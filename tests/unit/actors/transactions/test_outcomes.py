@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
 from aiokafka.structs import TopicPartition
 
 from actors.config import WorkerConfig
@@ -19,7 +20,7 @@ from actors.emit.chunks import ChunkLedger
 from actors.emit.delivery import Delivery
 from actors.emit.destinations import Destinations
 from actors.emit.records import Pending
-from actors.mail import CommitOffsets, Dropped, HandOff, LaneStart, TakeOver
+from actors.mail import CommitOffsets, Dropped, HandOff, LaneLost, LaneStart, TakeOver
 from actors.transactions.answered import AnsweredOffsets
 from actors.transactions.lanes import transactional_id
 from actors.transactions.outcomes import Notice, Settlement, TransactionalOutcomes
@@ -114,6 +115,23 @@ async def test_an_outcome_of_a_partition_not_taken_over_is_dropped_for_its_owner
         [notice] = emitter.notices
         assert isinstance(notice, Dropped) and notice.record == p.outcome.record
         assert emitter.counts["dropped_not_owner"] == 1 and emitter.reported == []
+
+
+async def test_a_fenced_lane_drops_what_it_held_then_tells_the_ingest_it_is_lost() -> None:
+    async with running() as (emitter, outcomes):
+        await outcomes.handle(TakeOver(frozenset({TP0}), future()))
+        producer = emitter.producers[transactional_id("g", TP0)]
+        producer.commit_errors = [ProducerFenced()]
+        outcomes.lanes.start(LaneStart(TP0, 4, "g", AnsweredOffsets()))
+        p = pending(4, partition=0)
+        await outcomes.route(NO_DESTINATIONS, [p.outcome])
+
+        await outcomes.handle(CommitOffsets({TP0: (4, "g")}, False, committed := future()))
+
+        assert committed.result() is False
+        dropped, lost = emitter.notices
+        assert isinstance(dropped, Dropped) and dropped.record == p.outcome.record
+        assert isinstance(lost, LaneLost) and lost.tp == TP0 and "Fenced" in lost.reason
 
 
 async def test_a_hand_off_drops_what_waits_for_a_commit_and_answers_the_ingest() -> None:
