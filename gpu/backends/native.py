@@ -44,10 +44,10 @@ class NativeBackend(Backend):
         if self._one_call and decodes == tokens:
             step = self.decode_step
             if step is None:
-                model: Any = self.model  # a Llama or a Gemma: `_one_call`
+                model: Any = self.model  # a Llama, a Gemma or a GPT-2: `_one_call`
                 step = self.decode_step = DecodeStep(model, self.kernels)
             if tokens <= step.max_rows:
-                x = step.embed(inputs.input_ids)  # [tokens, hidden]
+                x = step.embed(inputs.input_ids, inputs.positions)  # [tokens, hidden]
                 every = step(x, inputs.rope_rows, self.kv, inputs.attention)  # [tokens, vocab]
                 # every decode samples, and the rows are listed in order: no copy of the logits
                 # (12 MB at 64 rows) when they are all of them

@@ -1,4 +1,4 @@
-"""A decode step of a Llama- or Gemma-family model as one native call.
+"""A decode step of a Llama-, Gemma-family or GPT-2 model as one native call.
 
 A decode step of a few sequences is mostly streaming every weight once. Through PyTorch it
 is ~300 ops, each forking and joining the thread pool, with Python in between;
@@ -21,7 +21,9 @@ decode steps are one call too.
 Gemma 2 and 3 take the same call with what sets them apart (`TmDecodeArch`): GeGLU, the norms
 after attention and after the MLP, each layer's sliding window and rotary tables, attention's
 soft cap; their norms' (1 + w) is added once here, their embedding scale and logit soft cap
-applied around the call (`embed`, `__call__`).
+applied around the call (`embed`, `__call__`). GPT-2 takes it with LayerNorms (their biases),
+no rotary, and its MLP not gated (GELU of the up projection, with biases); its learned
+positions are added to the embeddings (`embed`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from gpu.quantized_weight import QuantizedWeight
 
 class DecoderWeights(Protocol):
     """What the step reads of a Llama- or Gemma-family model (`gpu/models/llama.py`,
-    `gpu/models/gemma.py`; Gemma's sliding layers also read `local_rope_cos`/`_sin`)."""
+    `gpu/models/gemma.py`; Gemma's sliding layers also read `local_rope_cos`/`_sin`). GPT-2's
+    (`gpu/models/gpt2.py`) are read by their own names (`_gpt2_layer`)."""
 
     config: ModelConfig
     embed_tokens: Any  # .weight [vocab, hidden]
@@ -56,7 +59,7 @@ class DecoderWeights(Protocol):
 
 
 DECODE_STEP_ROWS = 2  # the most decode tokens for the native path (measured: from 3 the layers win)
-VECTORS_PER_LAYER = 8  # the C side's layout of `layer_vectors`: norms and biases
+VECTORS_PER_LAYER = 12  # the C side's layout of `layer_vectors`: norms and biases
 LINEARS_PER_LAYER = 5  # and of `layer_linears`: qkv, o, gate, up, down
 
 
@@ -71,17 +74,97 @@ class TmDecodeArch(ctypes.Structure):
         ("windows", ctypes.c_void_p),
         ("cos_layers", ctypes.c_void_p),
         ("sin_layers", ctypes.c_void_p),
+        ("gated", ctypes.c_int64),
+        ("layer_norm", ctypes.c_int64),
+        ("final_norm_bias", ctypes.c_void_p),
     )
 
 
 def implements(config: ModelConfig) -> bool:
-    """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included)
-    and Gemma 2/3's, RoPE over whole heads or their first dims (Phi-4-mini's partial rotary),
-    but no experts (Mixtral, Qwen3-MoE) and no GPT-2. LongRoPE (Phi-3) is only other rope
-    tables and rows, which the step takes as given."""
-    if config.arch not in LLAMA_FAMILY + GEMMA_FAMILY or config.bidirectional:
+    """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included),
+    Gemma 2/3's and GPT-2's, RoPE over whole heads or their first dims (Phi-4-mini's partial
+    rotary), but no experts (Mixtral, Qwen3-MoE). LongRoPE (Phi-3) is only other rope tables
+    and rows, which the step takes as given."""
+    if config.arch not in (*LLAMA_FAMILY, *GEMMA_FAMILY, GPT2) or config.bidirectional:
         return False  # an encoder has no LM head: gpu/encoder runs it
     return not config.num_experts
+
+
+GPT2 = "gpt2"
+
+
+# One layer as the C side takes it: its VECTORS_PER_LAYER vectors (or None), and its
+# LINEARS_PER_LAYER weights, each with the first row the product starts at and its panels.
+LayerParts = tuple[
+    list[torch.Tensor | None], list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]]
+]
+
+
+def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
+    """A Llama- or Gemma-family layer's parts."""
+    gemma = c.arch in GEMMA_FAMILY
+    factor = gemma_norm if gemma else plain_norm
+    attn, mlp = layer.self_attn, layer.mlp
+    # Gemma: a norm of attention's output (its `post_attention_layernorm`), another before the
+    # MLP and one of the MLP's output; a Llama's `post_attention_layernorm` is the one before
+    # the MLP
+    before_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+    vectors = [
+        factor(layer.input_layernorm),
+        attn.qkv_proj.bias,
+        attn.o_proj.bias,
+        factor(before_mlp),
+        factor(attn.q_norm) if c.qk_norm else None,
+        factor(attn.k_norm) if c.qk_norm else None,
+        factor(layer.post_attention_layernorm) if gemma else None,
+        factor(layer.post_feedforward_layernorm) if gemma else None,
+        None,  # RMSNorms: no biases
+        None,
+        None,  # no MLP biases
+        None,
+    ]
+    gate_up = held_weight(mlp.gate_up_proj)
+    # gate's panels then up's: both or neither (a thread applies silu(gate) · up to the
+    # features it computed of both)
+    gate_up_panels = panels_of(mlp.gate_up_proj, width)
+    if c.intermediate_size % width:
+        gate_up_panels = None
+    matrices = [
+        (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
+        (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
+        (gate_up, 0, gate_up_panels),
+        (gate_up, c.intermediate_size, gate_up_panels),
+        (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
+    ]
+    return vectors, matrices
+
+
+def _gpt2_layer(layer: Any, width: int) -> LayerParts:
+    """A GPT-2 layer's parts: LayerNorms with biases, biases on every product, no gate (its
+    slot holds up again, which the C side does not read)."""
+    vectors = [
+        layer.ln_1.weight,
+        layer.c_attn.bias,
+        layer.attn_proj.bias,
+        layer.ln_2.weight,
+        None,  # no q/k norms
+        None,
+        None,  # no norms after attention or the MLP
+        None,
+        layer.ln_1.bias,
+        layer.ln_2.bias,
+        layer.c_fc.bias,
+        layer.mlp_proj.bias,
+    ]
+    up = (held_weight(layer.c_fc), 0, panels_of(layer.c_fc, width))
+    matrices = [
+        (held_weight(layer.c_attn), 0, panels_of(layer.c_attn, width)),
+        (held_weight(layer.attn_proj), 0, panels_of(layer.attn_proj, width)),
+        up,
+        up,
+        (held_weight(layer.mlp_proj), 0, panels_of(layer.mlp_proj, width)),
+    ]
+    return vectors, matrices
 
 
 class DecodeStep:
@@ -91,50 +174,28 @@ class DecodeStep:
         self.model = model
         self.kernels = kernels
         c = model.config
-        gemma = c.arch in GEMMA_FAMILY
-        factor = gemma_norm if gemma else plain_norm
+        gemma, gpt2 = c.arch in GEMMA_FAMILY, c.arch == GPT2
         vectors: list[torch.Tensor | None] = []
         # (weight, first row, its panels or None)
         matrices: list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]] = []
         width = kernels.panel_width
         for layer in model.typed_layers():
-            attn, mlp = layer.self_attn, layer.mlp
-            # Gemma: a norm of attention's output (its `post_attention_layernorm`), another
-            # before the MLP and one of the MLP's output; a Llama's `post_attention_layernorm`
-            # is the one before the MLP
-            before_mlp = (
-                layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
-            )
-            vectors += [
-                factor(layer.input_layernorm),
-                attn.qkv_proj.bias,
-                attn.o_proj.bias,
-                factor(before_mlp),
-                factor(attn.q_norm) if c.qk_norm else None,
-                factor(attn.k_norm) if c.qk_norm else None,
-                factor(layer.post_attention_layernorm) if gemma else None,
-                factor(layer.post_feedforward_layernorm) if gemma else None,
-            ]
-            gate_up = held_weight(mlp.gate_up_proj)
-            # gate's panels then up's: both or neither (a thread applies silu(gate) · up to
-            # the features it computed of both)
-            gate_up_panels = panels_of(mlp.gate_up_proj, width)
-            if c.intermediate_size % width:
-                gate_up_panels = None
-            matrices += [
-                (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
-                (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
-                (gate_up, 0, gate_up_panels),
-                (gate_up, c.intermediate_size, gate_up_panels),
-                (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
-            ]
-        self.final_norm = factor(model.norm)
-        rope = self._layer_rope(model, gemma)
-        for t in [*vectors, self.final_norm, *rope[0], *rope[1]]:
+            parts = _gpt2_layer(layer, width) if gpt2 else _decoder_layer(layer, c, width)
+            vectors += parts[0]
+            matrices += parts[1]
+        own: Any = model  # GPT-2's own names (ln_f, wte, wpe)
+        if gpt2:
+            self.final_norm, final_bias = own.ln_f.weight, own.ln_f.bias
+        else:
+            self.final_norm = (gemma_norm if gemma else plain_norm)(model.norm)
+            final_bias = None
+        rotary_dim = 0 if gpt2 else c.rotary_dim
+        rope = self._layer_rope(model, gemma, gpt2)
+        for t in [*vectors, self.final_norm, final_bias, *rope[0], *rope[1]]:
             if t is not None and not (t.dtype == torch.float32 and t.is_contiguous()):
                 raise ValueError("the native decode step needs contiguous float32 norms and biases")
-        if any(table.shape[1] != c.rotary_dim for table in rope[0] + rope[1]):
-            raise ValueError(f"rotary tables are not {c.rotary_dim} wide")
+        if any(table.shape[1] != rotary_dim for table in rope[0] + rope[1]):
+            raise ValueError(f"rotary tables are not {rotary_dim} wide")
         assert len(vectors) == VECTORS_PER_LAYER * c.num_layers
         assert len(matrices) == LINEARS_PER_LAYER * c.num_layers
         pointers = [None if t is None else t.data_ptr() for t in vectors]
@@ -144,7 +205,7 @@ class DecodeStep:
         head_panels = panels_of(model.lm_head, width)
         self.lm_head = tm_weight(held_weight(model.lm_head), 0, head_panels)
         # The descriptors are raw addresses: hold what they point into.
-        held = [*vectors, held_weight(model.lm_head), head_panels]
+        held = [*vectors, final_bias, held_weight(model.lm_head), head_panels]
         for weight, _, panels in matrices:
             held += [weight, panels]
         self._held = [t for t in held if t is not None]
@@ -152,11 +213,13 @@ class DecodeStep:
         # the most decode rows this step takes: many where every product tiles them
         self.max_rows = PANEL_ROWS if every_panel else DECODE_STEP_ROWS
         self.layers = c.num_layers
-        first = model.typed_layers()[0].self_attn.shape
+        shapes = [layer.shape if gpt2 else layer.self_attn.shape for layer in model.typed_layers()]
+        first = shapes[0]
         self.scale = first.scale  # as the attention layers' (Gemma: query_pre_attn_scalar)
         self.embedding_scale = embedding_scale(c.hidden_size, torch.float32) if gemma else None
+        self.positions = own.wpe if gpt2 else None  # GPT-2's learned positions
         self.logit_softcap = c.final_logit_softcapping
-        windows = [layer.self_attn.shape.window or 0 for layer in model.typed_layers()]
+        windows = [shape.window or 0 for shape in shapes]
         self._windows = torch.tensor(windows, dtype=torch.int64)
         cos, sin = rope
         tables = ctypes.c_void_p * c.num_layers
@@ -164,20 +227,27 @@ class DecodeStep:
         self._sin_layers = tables(*(sin[i].data_ptr() for i in range(c.num_layers)))
         self._held += [self.final_norm, *cos, *sin]
         self.arch = TmDecodeArch(
-            gelu=int(gemma),
-            rotary_dim=c.rotary_dim,
+            gelu=int(gemma or gpt2),
+            rotary_dim=rotary_dim,
             attn_softcap=first.softcap or 0.0,
             windows=self._windows.data_ptr(),
             cos_layers=ctypes.addressof(self._cos_layers),
             sin_layers=ctypes.addressof(self._sin_layers),
+            gated=int(not gpt2),
+            layer_norm=int(gpt2),
+            final_norm_bias=None if final_bias is None else final_bias.data_ptr(),
         )
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
 
     @staticmethod
     def _layer_rope(
-        model: DecoderWeights, gemma: bool
+        model: DecoderWeights, gemma: bool, gpt2: bool
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each layer's rotary tables (cos, sin): Gemma's sliding layers have their own."""
+        """Each layer's rotary tables (cos, sin): Gemma's sliding layers have their own; GPT-2
+        has none (empty tables, never read)."""
+        if gpt2:
+            empty = [torch.empty(1, 0) for _ in model.typed_layers()]
+            return empty, empty
         cos, sin = [], []
         for layer in model.typed_layers():
             local = gemma and layer.self_attn.shape.window is not None
@@ -185,8 +255,17 @@ class DecodeStep:
             sin.append(getattr(model, "local_rope_sin" if local else "rope_sin"))
         return cos, sin
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [tokens] -> [tokens, hidden]
-        """The step's input: the tokens' embeddings, scaled as the model scales them."""
+    def embed(
+        self,
+        input_ids: torch.Tensor,  # [tokens]
+        positions: torch.Tensor,  # [tokens] int64
+    ) -> torch.Tensor:  # [tokens, hidden]
+        """The step's input: the tokens' embeddings, scaled as the model scales them (GPT-2:
+        plus its learned positions')."""
+        if self.positions is not None:
+            own: Any = self.model
+            added: torch.Tensor = own.wte(input_ids) + self.positions(positions)
+            return added
         x: torch.Tensor = self.model.embed_tokens(input_ids)
         if self.embedding_scale is not None:
             x = x * self.embedding_scale

@@ -1,41 +1,54 @@
 #include "attention.h"
 #include "weight.h"
 
-/* ---- One token through a whole Llama- or Gemma-family model, in one parallel region -------
+/* ---- One token through a whole Llama-, Gemma-family or GPT-2 model, in one parallel region --
  *
  * A batch-1 decode step is nothing but streaming every weight once; PyTorch spends it in a
  * few hundred separate ops, each its own fork and join of the thread pool, with Python in
  * between. Here every thread stays in one region for the whole step and takes its share of
  * each product's rows; a barrier separates the phases that depend on each other. The
- * arithmetic is the layers' own (RMSNorm, rotary in the rotate-half layout, grouped-query
- * attention over the paged pool, SwiGLU or GeGLU), in float32. The products take any weight
+ * arithmetic is the layers' own (RMSNorm or LayerNorm, rotary in the rotate-half layout or none,
+ * grouped-query attention over the paged pool, SwiGLU, GeGLU or GPT-2's GELU MLP), in float32. The products take any weight
  * format of weight.h: float32 (in panels where the weight has them: panel_linear.c, the
  * products of many rows), or int8/int4 dequantized in registers (tm_linear_share).
  */
 
 /* What sets a model apart from a plain Llama in the step. A Llama: gelu 0, attn_softcap 0,
- * every window 0, every layer the same rotary tables, rotary_dim = head_dim. */
+ * every window 0, every layer the same rotary tables, rotary_dim = head_dim, gated 1,
+ * layer_norm 0. GPT-2: gelu 1, rotary_dim 0, gated 0, layer_norm 1. */
 typedef struct {
-    int64_t gelu;                   /* 1: GeGLU with tanh GELU (Gemma); 0: SwiGLU */
-    int64_t rotary_dim;             /* the rotated dims of each head (the first ones) */
+    int64_t gelu;                   /* 1: tanh GELU (Gemma's GeGLU, GPT-2's MLP); 0: SiLU */
+    int64_t rotary_dim;             /* the rotated dims of each head (the first ones); 0: none */
     float attn_softcap;             /* > 0: scores soft-capped before the softmax (Gemma 2) */
     const int64_t *windows;         /* [layers] a query at p sees (p - window, p]; 0: all */
     const float *const *cos_layers; /* [layers] each layer's rotary tables [positions, */
     const float *const *sin_layers; /* rotary_dim] (Gemma 3's sliding layers have their own) */
+    int64_t gated;                  /* 1: act(gate) · up, then down; 0: act(up + bias), down */
+    int64_t layer_norm;             /* 1: LayerNorms with biases (GPT-2); 0: RMSNorms */
+    const float *final_norm_bias;   /* the final LayerNorm's bias (layer_norm 1) */
 } tm_decode_arch;
 
+/* out = the norm of x over n: LayerNorm with `bias` where the model has them, else RMSNorm */
+static inline void norm_row(const tm_decode_arch *arch, const float *x, const float *weight,
+                            const float *bias, float eps, int64_t n, float *out) {
+    if (arch->layer_norm)
+        layer_norm_row(x, weight, bias, eps, n, out);
+    else
+        rms_norm_row(x, weight, eps, n, out);
+}
+
 /* h[r] = RMSNorm(h[r]) where `post` is given (Gemma's norm after attention and after the
- * MLP), residual[r] += h[r], then normed[r] = RMSNorm(residual[r]), for the m rows, shared
- * among the threads (ends with a barrier) */
-static inline void add_and_norm(float *residual, float *h, int64_t m, int64_t hidden,
-                                const float *post, const float *weight, float eps,
-                                float *normed) {
+ * MLP), residual[r] += h[r], then normed[r] = the norm (`weight`, `bias`) of residual[r], for
+ * the m rows, shared among the threads (ends with a barrier) */
+static inline void add_and_norm(const tm_decode_arch *arch, float *residual, float *h, int64_t m,
+                                int64_t hidden, const float *post, const float *weight,
+                                const float *bias, float eps, float *normed) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < m; ++r) {
         float *res = residual + r * hidden, *hr = h + r * hidden;
         if (post) rms_norm_row(hr, post, eps, hidden, hr);
         for (int64_t i = 0; i < hidden; ++i) res[i] += hr[i];
-        rms_norm_row(res, weight, eps, hidden, normed + r * hidden);
+        norm_row(arch, res, weight, bias, eps, hidden, normed + r * hidden);
     }
 }
 
@@ -60,12 +73,13 @@ static void linear_part(const tm_weight *w, const float *bias, const float *x, i
 
 /* m decode tokens, one per sequence, through every layer and the LM head.
  *
- * Per layer, `layer_vectors` holds 8 pointers: input norm, qkv bias (or NULL), o bias (or
+ * Per layer, `layer_vectors` holds 12 pointers: input norm, qkv bias (or NULL), o bias (or
  * NULL), the norm before the MLP, q norm and k norm (RMSNorm over each head, before the
  * rotation: Qwen3, Gemma 3; or NULL), the norm of attention's output and of the MLP's before
- * each joins the residual stream (Gemma's; or NULL). `layer_linears` holds 5 weights: qkv [q +
- * 2 kv, hidden], o [hidden, q], gate [inter, hidden], up [inter, hidden], down [hidden, inter]
- * (`lm_head` [vocab, hidden]); `k_layers`/`v_layers` each layer's pool [blocks, block_size,
+ * each joins the residual stream (Gemma's; or NULL), then the input norm's and the MLP norm's
+ * biases (LayerNorms; or NULL), up's bias and down's (or NULL). `layer_linears` holds 5
+ * weights: qkv [q + 2 kv, hidden], o [hidden, q], gate [inter, hidden] (not read when the MLP
+ * is not gated), up [inter, hidden], down [hidden, inter] (`lm_head` [vocab, hidden]); `k_layers`/`v_layers` each layer's pool [blocks, block_size,
  * kv_heads, head_dim]. Token r is at `positions[r]` (its rows of layer l's rotary tables
  * arch->cos_layers[l], sin_layers[l]), writes its K and V to `slots[r]` and attends to
  * `lengths[r]` positions (the last windows[l] of them) through block table r of `tables` [m,
@@ -95,9 +109,10 @@ void tm_decode_step(int64_t m, int64_t layers, int64_t hidden, int64_t heads, in
         if (!mine) abort();
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r)
-            rms_norm_row(residual + r * hidden, layer_vectors[0], eps, hidden, normed + r * hidden);
+            norm_row(arch, residual + r * hidden, layer_vectors[0], layer_vectors[8], eps, hidden,
+                     normed + r * hidden);
         for (int64_t l = 0; l < layers; ++l) {
-            const float *const *lv = layer_vectors + 8 * l;
+            const float *const *lv = layer_vectors + 12 * l;
             const tm_weight *lw = layer_linears + 5 * l;
             const float *cos = arch->cos_layers[l], *sin = arch->sin_layers[l];
             int64_t window = arch->windows[l], rotary = arch->rotary_dim;
@@ -133,27 +148,32 @@ void tm_decode_step(int64_t m, int64_t layers, int64_t hidden, int64_t heads, in
             } /* implicit barrier */
             linear_part(&lw[1], lv[2], attn, q_size, m, q_size, hidden, hidden, h, mine, &b, &e);
 #pragma omp barrier
-            add_and_norm(residual, h, m, hidden, lv[6], lv[3], eps, normed);
-            /* gate and up rows of the same features in one share: each thread then has both
-             * halves of its features and applies the activation · up itself */
-            linear_part(&lw[2], NULL, normed, hidden, m, hidden, inter, 2 * inter, gate_up, mine,
-                        &b, &e);
-            linear_part(&lw[3], NULL, normed, hidden, m, hidden, inter, 2 * inter,
-                        gate_up + inter, mine, &b, &e);
+            add_and_norm(arch, residual, h, m, hidden, lv[6], lv[3], lv[9], eps, normed);
+            if (arch->gated) {
+                /* gate and up rows of the same features in one share: each thread then has
+                 * both halves of its features and applies the activation · up itself */
+                linear_part(&lw[2], NULL, normed, hidden, m, hidden, inter, 2 * inter, gate_up,
+                            mine, &b, &e);
+                linear_part(&lw[3], NULL, normed, hidden, m, hidden, inter, 2 * inter,
+                            gate_up + inter, mine, &b, &e);
+            } else /* up alone, into the first half of each row's 2 · inter */
+                linear_part(&lw[3], lv[10], normed, hidden, m, hidden, inter, 2 * inter, gate_up,
+                            mine, &b, &e);
             for (int64_t r = 0; r < m; ++r) {
                 float *g = gate_up + r * 2 * inter + b, *u = gate_up + r * 2 * inter + inter + b;
                 if (arch->gelu)
-                    gelu_tanh_mul_row(g, u, e - b, g);
+                    gelu_tanh_mul_row(g, arch->gated ? u : NULL, e - b, g);
                 else
                     silu_mul_row(g, u, e - b, g);
             }
 #pragma omp barrier
             /* down reads each row's activations: the first `inter` of its 2 · inter */
-            linear_part(&lw[4], NULL, gate_up, 2 * inter, m, inter, hidden, hidden, h, mine, &b,
+            linear_part(&lw[4], lv[11], gate_up, 2 * inter, m, inter, hidden, hidden, h, mine, &b,
                         &e);
 #pragma omp barrier
-            add_and_norm(residual, h, m, hidden, lv[7],
-                         l + 1 < layers ? layer_vectors[8 * (l + 1)] : final_norm, eps, normed);
+            const float *const *next = layer_vectors + 12 * (l + 1);
+            add_and_norm(arch, residual, h, m, hidden, lv[7], l + 1 < layers ? next[0] : final_norm,
+                         l + 1 < layers ? next[8] : arch->final_norm_bias, eps, normed);
         }
         linear_part(lm_head, NULL, normed, hidden, m, hidden, vocab, vocab, logits, mine, &b, &e);
         free(mine);

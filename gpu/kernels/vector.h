@@ -183,7 +183,8 @@ static inline void silu_mul_row(const float *g, const float *u, int64_t n, float
 }
 
 /* out[i] = gelu(g[i]) · u[i] for i < n (out may be g): GeGLU's activation with GELU's tanh
- * form, 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))), the tanh as 1 - 2 / (e^2z + 1) */
+ * form, 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))), the tanh as 1 - 2 / (e^2z + 1); u NULL:
+ * gelu(g[i]) alone (GPT-2's MLP, not gated) */
 static inline void gelu_tanh_mul_row(const float *g, const float *u, int64_t n, float *out) {
     const float k = 0.7978845608028654f, c = 0.044715f;
     int64_t i = 0;
@@ -194,13 +195,14 @@ static inline void gelu_tanh_mul_row(const float *g, const float *u, int64_t n, 
         vec e = vexp(vadd(z, z));
         vec t = vsub(vset1(1.f), vdiv(vset1(2.f), vadd(e, vset1(1.f))));
         vec half = vmul(vset1(0.5f), gv);
-        vstore(out + i, vmul(vfma(half, t, half), vload(u + i)));
+        vec act = vfma(half, t, half);
+        vstore(out + i, u ? vmul(act, vload(u + i)) : act);
     }
 #endif
     for (; i < n; ++i) {
         float x = g[i], z = k * (x + c * x * x * x);
         float t = 1.f - 2.f / (exp_clamped(2.f * z) + 1.f);
-        out[i] = 0.5f * x * (1.f + t) * u[i];
+        out[i] = 0.5f * x * (1.f + t) * (u ? u[i] : 1.f);
     }
 }
 
@@ -230,6 +232,21 @@ static inline void rms_norm_row(const float *x, const float *weight, float eps, 
     float inv = 1.f / sqrtf(squares / (float)n + eps);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+/* out = (x - mean) / sqrt(var + eps) · weight + bias over n (LayerNorm, GPT-2's; the variance
+ * biased, as torch's). out may be x. */
+static inline void layer_norm_row(const float *x, const float *weight, const float *bias,
+                                  float eps, int64_t n, float *out) {
+    float sum = 0.f, squares = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
+    float mean = sum / (float)n;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.f / sqrtf(squares / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - mean) * inv * weight[i] + bias[i];
 }
 
 /* Rotary embedding in place, rotate-half layout, on the first `rotary` dims of each of the

@@ -20,6 +20,7 @@ from gpu.engine_config import EngineConfig
 from gpu.kernels.native import cpu_kernels
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.models.gemma import GemmaForCausalLM
+from gpu.models.gpt2 import GPT2ForCausalLM
 from gpu.models.llama import LlamaForCausalLM
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
@@ -141,8 +142,8 @@ def test_logits_close_to_transformers(models, arch: str, kernel: str, attention:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:  # type: ignore[no-untyped-def]
-    """Every decode step alone: on the Llama and Gemma families that is the native one-token
-    step."""
+    """Every decode step alone: on the Llama and Gemma families and GPT-2 that is the native
+    one-token step."""
     model, hf = models[arch, "packed"]
     prompts = random_prompts(model.config.vocab_size, 4, seed=3)
     alone = replace(attention_config("native-paged"), max_num_seqs=1)
@@ -151,13 +152,16 @@ def test_one_sequence_at_a_time_matches_transformers(models, arch: str) -> None:
     ours = engine_tokens(model, prompts, params, alone, engines)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(hf, prompt, 24), f"prompt of {len(prompt)} tokens diverged"
-    if isinstance(model.module, LlamaForCausalLM | GemmaForCausalLM) and cpu_kernels() is not None:
+    one_call = LlamaForCausalLM | GemmaForCausalLM | GPT2ForCausalLM
+    if isinstance(model.module, one_call) and cpu_kernels() is not None:
         # The native step runs only what it implements: not experts, partial rotary.
         decode_step = getattr(engines[0].backend, "decode_step", None)
         assert (decode_step is not None) == implements(model.config)
 
 
-@pytest.mark.parametrize("arch", ("llama", "llama_tied", "qwen2", "qwen3", "gemma2", "gemma3"))
+@pytest.mark.parametrize(
+    "arch", ("llama", "llama_tied", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2")
+)
 def test_batched_decodes_run_as_one_native_call(models, arch: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Decode steps of many sequences take the one-call step over the panels (up to
     `PANEL_ROWS` rows), and give transformers' tokens."""

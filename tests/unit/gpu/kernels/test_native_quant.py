@@ -141,6 +141,15 @@ FORMATS = {
     "down_proj": lambda w: quantize_int8(w, 32),
     "lm_head": lambda w: quantize_int4(w, 64),
 }
+# GPT-2's products by their own names, in the same formats
+FORMATS |= {
+    "c_attn": FORMATS["qkv_proj"],
+    "attn_proj": FORMATS["o_proj"],
+    "c_fc": FORMATS["gate_up_proj"],
+    "mlp_proj": FORMATS["down_proj"],
+}
+GPT2_NAMES = {"c_attn", "attn_proj", "c_fc", "mlp_proj"}
+LLAMA_NAMES = set(FORMATS) - GPT2_NAMES
 
 
 def hold_quantized(module: nn.Module, names: set[str]) -> int:
@@ -159,14 +168,16 @@ def hold_quantized(module: nn.Module, names: set[str]) -> int:
 @pytest.mark.parametrize(
     ("arch", "names"),
     [
-        ("llama", set(FORMATS)),
-        ("llama_scaled", set(FORMATS)),  # q/k/v and o biases
-        ("llama_tied", set(FORMATS) - {"lm_head"}),  # the head float, the rest quantized
-        ("qwen3", set(FORMATS)),  # q/k norms over each head, before the rotation
+        ("llama", LLAMA_NAMES),
+        ("llama_scaled", LLAMA_NAMES),  # q/k/v and o biases
+        ("llama_tied", LLAMA_NAMES - {"lm_head"}),  # the head float, the rest quantized
+        ("qwen3", LLAMA_NAMES),  # q/k norms over each head, before the rotation
         # sandwich norms, GeGLU, sliding windows shorter than the prompts, soft caps (Gemma 2),
         # q/k norms and the sliding layers' own rotary tables (Gemma 3)
-        ("gemma2", set(FORMATS) - {"lm_head"}),
-        ("gemma3", set(FORMATS) - {"lm_head"}),
+        ("gemma2", LLAMA_NAMES - {"lm_head"}),
+        ("gemma3", LLAMA_NAMES - {"lm_head"}),
+        # LayerNorms with biases, biases on every product, GELU not gated, learned positions
+        ("gpt2", GPT2_NAMES),
     ],
 )
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
