@@ -23,7 +23,9 @@ after attention and after the MLP, each layer's sliding window and rotary tables
 soft cap; their norms' (1 + w) is added once here, their embedding scale and logit soft cap
 applied around the call (`embed`, `__call__`). GPT-2 takes it with LayerNorms (their biases),
 no rotary, and its MLP not gated (GELU of the up projection, with biases); its learned
-positions are added to the embeddings (`embed`).
+positions are added to the embeddings (`embed`). Mixtral and Qwen3-MoE take it with their
+sparse layers' router and experts (`_experts`): each token's top-k experts chosen in the call,
+at most `DECODE_STEP_ROWS` tokens (the experts are not in panels).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
 from gpu.model_config import GEMMA_FAMILY, LLAMA_FAMILY, ModelConfig
 from gpu.models.gemma import embedding_scale
+from gpu.models.moe import SparseMoE
 from gpu.models.packed_linear import PANEL_ROWS
 from gpu.quantized_weight import QuantizedWeight
 
@@ -77,27 +80,32 @@ class TmDecodeArch(ctypes.Structure):
         ("gated", ctypes.c_int64),
         ("layer_norm", ctypes.c_int64),
         ("final_norm_bias", ctypes.c_void_p),
+        ("experts", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("renormalise", ctypes.c_int64),
+        ("expert_inter", ctypes.c_int64),
+        ("moe_layers", ctypes.c_void_p),
     )
 
 
 def implements(config: ModelConfig) -> bool:
-    """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included),
-    Gemma 2/3's and GPT-2's, RoPE over whole heads or their first dims (Phi-4-mini's partial
-    rotary), but no experts (Mixtral, Qwen3-MoE). LongRoPE (Phi-3) is only other rope tables
-    and rows, which the step takes as given."""
-    if config.arch not in (*LLAMA_FAMILY, *GEMMA_FAMILY, GPT2) or config.bidirectional:
-        return False  # an encoder has no LM head: gpu/encoder runs it
-    return not config.num_experts
+    """Whether `tm_decode_step` computes this model: Llama layers (Qwen3's q/k norms included,
+    Mixtral's and Qwen3-MoE's experts), Gemma 2/3's and GPT-2's, RoPE over whole heads or their
+    first dims (Phi-4-mini's partial rotary). LongRoPE (Phi-3) is only other rope tables and
+    rows, which the step takes as given."""
+    # an encoder has no LM head: gpu/encoder runs it
+    return config.arch in (*LLAMA_FAMILY, *GEMMA_FAMILY, GPT2) and not config.bidirectional
 
 
 GPT2 = "gpt2"
 
 
 # One layer as the C side takes it: its VECTORS_PER_LAYER vectors (or None), and its
-# LINEARS_PER_LAYER weights, each with the first row the product starts at and its panels.
-LayerParts = tuple[
-    list[torch.Tensor | None], list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]]
-]
+# LINEARS_PER_LAYER weights (None: not read), each with the first row the product starts at and
+# its panels.
+Linear = tuple[torch.Tensor | QuantizedWeight | None, int, torch.Tensor | None]
+LayerParts = tuple[list[torch.Tensor | None], list[Linear]]
+NO_LINEAR = (None, 0, None)  # a slot the layer does not use (a sparse layer's dense MLP)
 
 
 def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
@@ -109,7 +117,11 @@ def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
     # MLP and one of the MLP's output; a Llama's `post_attention_layernorm` is the one before
     # the MLP
     before_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
-    vectors = [
+    attention: list[Linear] = [
+        (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
+        (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
+    ]
+    vectors: list[torch.Tensor | None] = [
         factor(layer.input_layernorm),
         attn.qkv_proj.bias,
         attn.o_proj.bias,
@@ -123,15 +135,16 @@ def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
         None,  # no MLP biases
         None,
     ]
+    if isinstance(mlp, SparseMoE):  # the experts: `_experts`
+        return vectors, [*attention, NO_LINEAR, NO_LINEAR, NO_LINEAR]
     gate_up = held_weight(mlp.gate_up_proj)
     # gate's panels then up's: both or neither (a thread applies silu(gate) · up to the
     # features it computed of both)
     gate_up_panels = panels_of(mlp.gate_up_proj, width)
     if c.intermediate_size % width:
         gate_up_panels = None
-    matrices = [
-        (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
-        (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
+    matrices: list[Linear] = [
+        *attention,
         (gate_up, 0, gate_up_panels),
         (gate_up, c.intermediate_size, gate_up_panels),
         (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
@@ -139,10 +152,25 @@ def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
     return vectors, matrices
 
 
+def _experts(moe: SparseMoE) -> ctypes.Array[TmWeight]:
+    """A sparse layer's weights as `tm_decode_arch.moe_layers[l]` takes them: the router, then
+    each expert's gate, up and down (views of the layer's stacked float32 experts)."""
+    inter = moe.down.shape[2]
+    weights = [tm_weight(moe.router.detach())]
+    for expert in range(moe.down.shape[0]):
+        gate_up = moe.gate_up[expert].detach()  # [2 inter, hidden]
+        weights += [
+            tm_weight(gate_up),
+            tm_weight(gate_up, inter),
+            tm_weight(moe.down[expert].detach()),
+        ]
+    return (TmWeight * len(weights))(*weights)
+
+
 def _gpt2_layer(layer: Any, width: int) -> LayerParts:
     """A GPT-2 layer's parts: LayerNorms with biases, biases on every product, no gate (its
     slot holds up again, which the C side does not read)."""
-    vectors = [
+    vectors: list[torch.Tensor | None] = [
         layer.ln_1.weight,
         layer.c_attn.bias,
         layer.attn_proj.bias,
@@ -156,8 +184,8 @@ def _gpt2_layer(layer: Any, width: int) -> LayerParts:
         layer.c_fc.bias,
         layer.mlp_proj.bias,
     ]
-    up = (held_weight(layer.c_fc), 0, panels_of(layer.c_fc, width))
-    matrices = [
+    up: Linear = (held_weight(layer.c_fc), 0, panels_of(layer.c_fc, width))
+    matrices: list[Linear] = [
         (held_weight(layer.c_attn), 0, panels_of(layer.c_attn, width)),
         (held_weight(layer.attn_proj), 0, panels_of(layer.attn_proj, width)),
         up,
@@ -177,7 +205,7 @@ class DecodeStep:
         gemma, gpt2 = c.arch in GEMMA_FAMILY, c.arch == GPT2
         vectors: list[torch.Tensor | None] = []
         # (weight, first row, its panels or None)
-        matrices: list[tuple[torch.Tensor | QuantizedWeight, int, torch.Tensor | None]] = []
+        matrices: list[Linear] = []
         width = kernels.panel_width
         for layer in model.typed_layers():
             parts = _gpt2_layer(layer, width) if gpt2 else _decoder_layer(layer, c, width)
@@ -200,7 +228,10 @@ class DecodeStep:
         assert len(matrices) == LINEARS_PER_LAYER * c.num_layers
         pointers = [None if t is None else t.data_ptr() for t in vectors]
         self.layer_vectors = (ctypes.c_void_p * len(pointers))(*pointers)
-        linears = [tm_weight(weight, first, panels) for weight, first, panels in matrices]
+        linears = [
+            TmWeight() if weight is None else tm_weight(weight, first, panels)
+            for weight, first, panels in matrices
+        ]
         self.layer_linears = (TmWeight * len(linears))(*linears)
         head_panels = panels_of(model.lm_head, width)
         self.lm_head = tm_weight(held_weight(model.lm_head), 0, head_panels)
@@ -208,7 +239,7 @@ class DecodeStep:
         held = [*vectors, final_bias, held_weight(model.lm_head), head_panels]
         for weight, _, panels in matrices:
             held += [weight, panels]
-        self._held = [t for t in held if t is not None]
+        self._held: list[Any] = [t for t in held if t is not None]
         every_panel = head_panels is not None and all(p is not None for *_, p in matrices)
         # the most decode rows this step takes: many where every product tiles them
         self.max_rows = PANEL_ROWS if every_panel else DECODE_STEP_ROWS
@@ -226,6 +257,17 @@ class DecodeStep:
         self._cos_layers = tables(*(cos[i].data_ptr() for i in range(c.num_layers)))
         self._sin_layers = tables(*(sin[i].data_ptr() for i in range(c.num_layers)))
         self._held += [self.final_norm, *cos, *sin]
+        sparse = [layer.mlp for layer in model.typed_layers() if not gpt2]
+        experts = [_experts(mlp) if isinstance(mlp, SparseMoE) else None for mlp in sparse]
+        self._held += [table for table in experts if table is not None]
+        self._moe_layers = (ctypes.c_void_p * c.num_layers)(
+            *(None if table is None else ctypes.addressof(table) for table in experts)
+        )
+        self.moe_room = 0  # the work floats a token's sparse MLP needs beyond the dense one's
+        if c.num_experts:
+            expert_inter = c.moe_intermediate_size or c.intermediate_size
+            k = c.num_experts_per_tok
+            self.moe_room = c.num_experts + 2 * k + 2 * k * expert_inter + c.hidden_size
         self.arch = TmDecodeArch(
             gelu=int(gemma or gpt2),
             rotary_dim=rotary_dim,
@@ -236,6 +278,11 @@ class DecodeStep:
             gated=int(not gpt2),
             layer_norm=int(gpt2),
             final_norm_bias=None if final_bias is None else final_bias.data_ptr(),
+            experts=c.num_experts,
+            top_k=c.num_experts_per_tok,
+            renormalise=int(c.norm_topk_prob),
+            expert_inter=(c.moe_intermediate_size or c.intermediate_size) if c.num_experts else 0,
+            moe_layers=ctypes.addressof(self._moe_layers) if c.num_experts else None,
         )
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
 
@@ -301,7 +348,8 @@ class DecodeStep:
         if longest > tables.shape[1] * kv.block_size:
             raise ValueError("a block table does not cover its sequence's context")
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-        per_token = 2 * c.hidden_size + qkv + c.num_heads * c.head_dim + 2 * c.intermediate_size
+        mlp = 2 * c.intermediate_size + self.moe_room  # the dense MLP's or the experts' (moe_part)
+        per_token = 2 * c.hidden_size + qkv + c.num_heads * c.head_dim + mlp
         work = torch.empty(tokens * per_token)
         residual = x.contiguous()
         logits = torch.empty(tokens, c.vocab_size)

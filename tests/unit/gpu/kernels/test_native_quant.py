@@ -178,6 +178,10 @@ def hold_quantized(module: nn.Module, names: set[str]) -> int:
         ("gemma3", LLAMA_NAMES - {"lm_head"}),
         # LayerNorms with biases, biases on every product, GELU not gated, learned positions
         ("gpt2", GPT2_NAMES),
+        # top-2 routers over float32 SwiGLU experts (renormalised, and not: Qwen3-MoE's q/k
+        # norms too); the attention and the head quantized
+        ("mixtral", {"qkv_proj", "o_proj", "lm_head"}),
+        ("qwen3_moe", {"qkv_proj", "o_proj", "lm_head"}),
     ],
 )
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
