@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,30 @@ from ops.services.kafka import LocalKafka
 from ops.services.kafka_security import KINDS
 from ops.services.local_process import free_port
 from tests.integration.gateway_fleet import fleet  # noqa: F401 - a fixture: the gateway tests'
+from tests.integration.pipeline import STARTED
+
+_FIRST_WORKER = pytest.StashKey[int]()  # how many workers had started before the test
+LOG_TAIL_CHARS = 6000
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_FIRST_WORKER] = len(STARTED)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report ends with the log of every worker subprocess it started: what a
+    worker was doing is most of what explains an integration failure, and CI keeps no files."""
+    report: pytest.TestReport = yield
+    if report.failed:
+        for worker in STARTED[item.stash.get(_FIRST_WORKER, len(STARTED)) :]:
+            with contextlib.suppress(OSError):
+                tail = worker.log()[-LOG_TAIL_CHARS:]
+                report.sections.append((f"worker log {worker.log_path}", tail))
+    return report
 
 
 @contextlib.contextmanager

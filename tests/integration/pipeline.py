@@ -261,9 +261,13 @@ async def running_worker(config: WorkerConfig, engine: Any) -> AsyncIterator[Any
         await asyncio.wait_for(task, 60)
 
 
+STARTED: list[WorkerProcess] = []  # every worker this test process started: failures show logs
+
+
 @dataclass
 class WorkerProcess:
-    """`tokenmill worker` as a real subprocess, its log in a file."""
+    """`tokenmill worker` as a real subprocess, its log in a file (shown with a test that
+    fails: tests/integration/conftest.py)."""
 
     lane: Lane
     model: str
@@ -280,6 +284,7 @@ class WorkerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
+        STARTED.append(self)
         return self
 
     @property
@@ -303,12 +308,11 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            # Hung: killed, so that no process outlives its test, and failed with its log.
+            # Hung: killed, so that no process outlives its test (its log follows the failure)
             self.process.kill()
             self.process.wait()
             raise AssertionError(
-                f"worker {self.pid} did not exit within 90 s of {sig.name}; its log ends:\n"
-                + self.log()[-6000:]
+                f"worker {self.pid} ({self.log_path.name}) did not exit within 90 s of {sig.name}"
             ) from None
         finally:
             self._log.close()

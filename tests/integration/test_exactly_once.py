@@ -171,10 +171,9 @@ async def test_a_broker_restart_mid_stream_leaves_every_result_seen_exactly_once
         async with Committed(lane) as seen:
             await wait_until("every result", lambda: seen.has(wanted), within_s=300)
         await wait_committed_to_end(lane, within_s=120)
-    except AssertionError as exc:  # what each worker was doing meanwhile
+    except AssertionError as exc:  # which (the workers' logs follow the failure: conftest.py)
         missing = sorted(set(wanted) - set(seen.by_id))
-        raise AssertionError(f"{exc}: {len(missing)} missing, {missing[:5]}\n"
-                             f"a:\n{a.log()[-4000:]}\nb:\n{b.log()[-4000:]}") from exc  # fmt: skip
+        raise AssertionError(f"{exc}: {len(missing)} missing, {missing[:5]}") from exc
     finally:
         codes = [w.terminate() for w in (a, b)]
     found = await every_result(lane, "read_committed")
