@@ -40,6 +40,7 @@ from actors.mail import SwapOrder, VerifiedCommand
 from actors.restart_policy import RestartPolicy
 from actors.runtime import Actor, Mailbox
 from actors.swap.model_paths import AliasResolver, ModelPathRefused, resolve_in_models_dir
+from actors.task_stacks import task_stacks, thread_stacks
 from actors.telemetry.lifecycle_spans import publish_event
 from messages.control import Drain, Rollback, Status, SwapModel
 from messages.events import (
@@ -182,7 +183,8 @@ class Supervisor(Actor[VerifiedCommand]):
                 async with asyncio.timeout(self.config.shutdown_timeout_s + _GRACE_S):
                     await self._stop_children(tasks)
             except TimeoutError:
-                log.error("drain_stuck", children=[n for n, t in tasks.items() if not t.done()])
+                log.error("drain_stuck", children=[n for n, t in tasks.items() if not t.done()],
+                          tasks=task_stacks(), threads=thread_stacks())  # fmt: skip
                 self.exit_code = self.exit_code or 1
                 for task in tasks.values():
                     task.cancel()
