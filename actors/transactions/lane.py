@@ -64,6 +64,7 @@ from actors.emit.records import Pending, send
 from actors.emit.vanished import VanishWatch
 from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
 from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
+from actors.transactions.producer_close import close_within
 
 log = structlog.get_logger("tokenmill.transactions")
 
@@ -445,29 +446,8 @@ class Lane:
             await self.hooks.lost(self.tp, str(exc))
 
     async def _close(self) -> None:
-        """Stop the producer. Its stop waits for every batch it holds, and a transactional
-        producer never gives a batch up: one the broker does not take (a transaction the broker
-        ended meanwhile, say) would hold the close, the hand-off and the worker's exit forever.
-        Past the delivery timeout what it holds is failed (the partition's next owner answers
-        those records), and past a second one the producer is left behind, logged."""
-        limit_s = self.config.delivery_timeout_ms / 1000
-        stopping = asyncio.ensure_future(self.producer.stop())
-        stopping.add_done_callback(lambda t: t.cancelled() or t.exception())  # seen, if left
         try:
-            for forced in (False, True):
-                try:
-                    await asyncio.wait_for(asyncio.shield(stopping), limit_s)
-                    return
-                except TimeoutError:
-                    log.warning("lane_close_forced", topic=self.tp.topic,
-                                partition=self.tp.partition, abandoned=forced)  # fmt: skip
-                    if forced:
-                        return
-                    cast(Any, self.producer)._message_accumulator.fail_all(
-                        KafkaError("the lane closed before the broker took this batch")
-                    )
-        except KafkaError as exc:
-            log.warning("lane_close_failed", topic=self.tp.topic, error=repr(exc))
+            await close_within(self.producer, self.config.delivery_timeout_ms / 1000, self.tp)
         finally:
             self.closed.set()
 

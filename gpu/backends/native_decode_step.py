@@ -24,8 +24,9 @@ soft cap; their norms' (1 + w) is added once here, their embedding scale and log
 applied around the call (`embed`, `__call__`). GPT-2 takes it with LayerNorms (their biases),
 no rotary, and its MLP not gated (GELU of the up projection, with biases); its learned
 positions are added to the embeddings (`embed`). Mixtral and Qwen3-MoE take it with their
-sparse layers' router and experts (`_experts`): each token's top-k experts chosen in the call,
-at most `DECODE_STEP_ROWS` tokens (the experts are not in panels).
+sparse layers' router and experts (`decode_step_layers.experts`): each token's top-k experts
+chosen in the call, at most `DECODE_STEP_ROWS` tokens (the experts are not in panels). What
+each family's layer gives the call is in `gpu/backends/decode_step_layers.py`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ from typing import Any, Protocol
 
 import torch
 
+from gpu.backends.decode_step_layers import (
+    Linear,
+    decoder_layer,
+    experts,
+    gemma_norm,
+    gpt2_layer,
+    held_weight,
+    panels_of,
+    plain_norm,
+)
 from gpu.backends.metadata import AttentionMetadata
 from gpu.kernels.native import CpuKernels, TmWeight, tm_weight
 from gpu.kv_pool import KVPool
@@ -43,13 +54,12 @@ from gpu.model_config import GEMMA_FAMILY, LLAMA_FAMILY, ModelConfig
 from gpu.models.gemma import embedding_scale
 from gpu.models.moe import SparseMoE
 from gpu.models.packed_linear import PANEL_ROWS
-from gpu.quantized_weight import QuantizedWeight
 
 
 class DecoderWeights(Protocol):
     """What the step reads of a Llama- or Gemma-family model (`gpu/models/llama.py`,
     `gpu/models/gemma.py`; Gemma's sliding layers also read `local_rope_cos`/`_sin`). GPT-2's
-    (`gpu/models/gpt2.py`) are read by their own names (`_gpt2_layer`)."""
+    (`gpu/models/gpt2.py`) are read by their own names (`decode_step_layers.gpt2_layer`)."""
 
     config: ModelConfig
     embed_tokens: Any  # .weight [vocab, hidden]
@@ -100,101 +110,6 @@ def implements(config: ModelConfig) -> bool:
 GPT2 = "gpt2"
 
 
-# One layer as the C side takes it: its VECTORS_PER_LAYER vectors (or None), and its
-# LINEARS_PER_LAYER weights (None: not read), each with the first row the product starts at and
-# its panels.
-Linear = tuple[torch.Tensor | QuantizedWeight | None, int, torch.Tensor | None]
-LayerParts = tuple[list[torch.Tensor | None], list[Linear]]
-NO_LINEAR = (None, 0, None)  # a slot the layer does not use (a sparse layer's dense MLP)
-
-
-def _decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
-    """A Llama- or Gemma-family layer's parts."""
-    gemma = c.arch in GEMMA_FAMILY
-    factor = gemma_norm if gemma else plain_norm
-    attn, mlp = layer.self_attn, layer.mlp
-    # Gemma: a norm of attention's output (its `post_attention_layernorm`), another before the
-    # MLP and one of the MLP's output; a Llama's `post_attention_layernorm` is the one before
-    # the MLP
-    before_mlp = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
-    attention: list[Linear] = [
-        (held_weight(attn.qkv_proj), 0, panels_of(attn.qkv_proj, width)),
-        (held_weight(attn.o_proj), 0, panels_of(attn.o_proj, width)),
-    ]
-    vectors: list[torch.Tensor | None] = [
-        factor(layer.input_layernorm),
-        attn.qkv_proj.bias,
-        attn.o_proj.bias,
-        factor(before_mlp),
-        factor(attn.q_norm) if c.qk_norm else None,
-        factor(attn.k_norm) if c.qk_norm else None,
-        factor(layer.post_attention_layernorm) if gemma else None,
-        factor(layer.post_feedforward_layernorm) if gemma else None,
-        None,  # RMSNorms: no biases
-        None,
-        None,  # no MLP biases
-        None,
-    ]
-    if isinstance(mlp, SparseMoE):  # the experts: `_experts`
-        return vectors, [*attention, NO_LINEAR, NO_LINEAR, NO_LINEAR]
-    gate_up = held_weight(mlp.gate_up_proj)
-    # gate's panels then up's: both or neither (a thread applies silu(gate) · up to the
-    # features it computed of both)
-    gate_up_panels = panels_of(mlp.gate_up_proj, width)
-    if c.intermediate_size % width:
-        gate_up_panels = None
-    matrices: list[Linear] = [
-        *attention,
-        (gate_up, 0, gate_up_panels),
-        (gate_up, c.intermediate_size, gate_up_panels),
-        (held_weight(mlp.down_proj), 0, panels_of(mlp.down_proj, width)),
-    ]
-    return vectors, matrices
-
-
-def _experts(moe: SparseMoE) -> ctypes.Array[TmWeight]:
-    """A sparse layer's weights as `tm_decode_arch.moe_layers[l]` takes them: the router, then
-    each expert's gate, up and down (views of the layer's stacked float32 experts)."""
-    inter = moe.down.shape[2]
-    weights = [tm_weight(moe.router.detach())]
-    for expert in range(moe.down.shape[0]):
-        gate_up = moe.gate_up[expert].detach()  # [2 inter, hidden]
-        weights += [
-            tm_weight(gate_up),
-            tm_weight(gate_up, inter),
-            tm_weight(moe.down[expert].detach()),
-        ]
-    return (TmWeight * len(weights))(*weights)
-
-
-def _gpt2_layer(layer: Any, width: int) -> LayerParts:
-    """A GPT-2 layer's parts: LayerNorms with biases, biases on every product, no gate (its
-    slot holds up again, which the C side does not read)."""
-    vectors: list[torch.Tensor | None] = [
-        layer.ln_1.weight,
-        layer.c_attn.bias,
-        layer.attn_proj.bias,
-        layer.ln_2.weight,
-        None,  # no q/k norms
-        None,
-        None,  # no norms after attention or the MLP
-        None,
-        layer.ln_1.bias,
-        layer.ln_2.bias,
-        layer.c_fc.bias,
-        layer.mlp_proj.bias,
-    ]
-    up: Linear = (held_weight(layer.c_fc), 0, panels_of(layer.c_fc, width))
-    matrices: list[Linear] = [
-        (held_weight(layer.c_attn), 0, panels_of(layer.c_attn, width)),
-        (held_weight(layer.attn_proj), 0, panels_of(layer.attn_proj, width)),
-        up,
-        up,
-        (held_weight(layer.mlp_proj), 0, panels_of(layer.mlp_proj, width)),
-    ]
-    return vectors, matrices
-
-
 class DecodeStep:
     """The model's weights as the native call takes them, gathered once per model."""
 
@@ -208,7 +123,7 @@ class DecodeStep:
         matrices: list[Linear] = []
         width = kernels.panel_width
         for layer in model.typed_layers():
-            parts = _gpt2_layer(layer, width) if gpt2 else _decoder_layer(layer, c, width)
+            parts = gpt2_layer(layer, width) if gpt2 else decoder_layer(layer, c, width)
             vectors += parts[0]
             matrices += parts[1]
         own: Any = model  # GPT-2's own names (ln_f, wte, wpe)
@@ -258,10 +173,10 @@ class DecodeStep:
         self._sin_layers = tables(*(sin[i].data_ptr() for i in range(c.num_layers)))
         self._held += [self.final_norm, *cos, *sin]
         sparse = [layer.mlp for layer in model.typed_layers() if not gpt2]
-        experts = [_experts(mlp) if isinstance(mlp, SparseMoE) else None for mlp in sparse]
-        self._held += [table for table in experts if table is not None]
+        expert_tables = [experts(mlp) if isinstance(mlp, SparseMoE) else None for mlp in sparse]
+        self._held += [table for table in expert_tables if table is not None]
         self._moe_layers = (ctypes.c_void_p * c.num_layers)(
-            *(None if table is None else ctypes.addressof(table) for table in experts)
+            *(None if table is None else ctypes.addressof(table) for table in expert_tables)
         )
         self.moe_room = 0  # the work floats a token's sparse MLP needs beyond the dense one's
         if c.num_experts:
@@ -385,33 +300,3 @@ class DecodeStep:
         if self.logit_softcap is not None:  # Gemma 2: cap · tanh(logits / cap)
             logits.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
         return logits
-
-
-def plain_norm(norm: Any) -> torch.Tensor:
-    """An RMSNorm's factors as applied: its weight."""
-    weight: torch.Tensor = norm.weight
-    return weight
-
-
-def gemma_norm(norm: Any) -> torch.Tensor:
-    """A Gemma RMSNorm's factors as applied: 1 + its weight (stored as the offset from 1)."""
-    factors: torch.Tensor = (1.0 + norm.weight.detach().float()).contiguous()
-    return factors
-
-
-def panels_of(linear: Any, width: int) -> torch.Tensor | None:
-    """A linear module's float weight in panels of `width` (`PackedLinear.panels`), if held."""
-    panels = getattr(linear, "panels", None)
-    if isinstance(panels, torch.Tensor) and panels.shape[2] == width:
-        return panels
-    return None
-
-
-def held_weight(linear: Any) -> torch.Tensor | QuantizedWeight:
-    """A linear module's weight as held: its `QuantizedWeight` (`.qweight`, e.g.
-    `gpu.quant.linear.QuantizedLinear`) or its float32 `.weight` [out, in]."""
-    quantized = getattr(linear, "qweight", None)
-    if isinstance(quantized, QuantizedWeight):
-        return quantized
-    weight: torch.Tensor = linear.weight
-    return weight

@@ -8,18 +8,19 @@ import threading
 from actors.task_stacks import task_stacks, thread_stacks
 
 
-async def _innermost(gate: asyncio.Event) -> None:
+async def _innermost(gate: asyncio.Event, entered: asyncio.Event) -> None:
+    entered.set()
     await gate.wait()
 
 
-async def _outer(gate: asyncio.Event) -> None:
-    await _innermost(gate)
+async def _outer(gate: asyncio.Event, entered: asyncio.Event) -> None:
+    await _innermost(gate, entered)
 
 
 async def test_a_pending_task_is_named_down_to_the_coroutine_it_waits_in() -> None:
-    gate = asyncio.Event()
-    task = asyncio.create_task(_outer(gate), name="stuck")
-    await asyncio.sleep(0)  # it runs to its wait
+    gate, entered = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(_outer(gate, entered), name="stuck")
+    await entered.wait()  # it has reached its wait (it suspends there before this resumes)
     try:
         chain = task_stacks()["stuck"]
     finally:
