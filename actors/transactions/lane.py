@@ -20,12 +20,13 @@ transaction wrote, is what makes results exactly-once; the fencing keeps two own
 both writing it.
 
 Failures:
-- fenced (the partition's new owner opened its own producer) or a producer in a fatal state:
-  the lane dies. Its outcomes are dropped (the owner answers their records again), commit
-  requests answer False, and it never opens the producer again (that would fence the owner);
-- a record the broker refuses for good: the transaction is aborted, the result answered
-  instead (`result_too_large`, `reply_to_refused`), the dead letter trimmed or a retry
-  dead-lettered (with its error result), and the transaction made again; a dead letter
+- fenced (the partition's new owner opened its own producer), a producer in a fatal state, or
+  a transaction not ended within the transaction and delivery timeouts: the lane dies. Its
+  outcomes are dropped (the owner answers their records again), commit requests answer False,
+  it never opens the producer again (that would fence the owner), and it reports itself lost
+  (an ingest still holding the partition rejoins the group);
+- a record the broker refuses for good: the transaction is aborted, the record made what it
+  is next time (`actors.transactions.refusals`) and the transaction made again; a dead letter
   refused even trimmed waits (`blocked`), retried every few seconds, holding its offset back;
 - anything else (the broker away, a timeout): aborted, and made again after a backoff.
 
@@ -48,27 +49,20 @@ from typing import Any, cast
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
-    InvalidProducerEpoch,
-    KafkaError,
-    ProducerFenced,
-    TransactionalIdAuthorizationFailed,
-)
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from actors.config import WorkerConfig
-from actors.emit.dead_letters import trimmed_dead_letter
 from actors.emit.destinations import TopicWaits
 from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, send
 from actors.emit.vanished import VanishWatch
-from actors.send_errors import Verdict, backoff_s, refusal_code, verdict
+from actors.send_errors import backoff_s
 from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
 from actors.transactions.producer_close import close_within
+from actors.transactions.refusals import FENCED, Failure, failed, rework
 
 log = structlog.get_logger("tokenmill.transactions")
-
-_FENCED = (ProducerFenced, InvalidProducerEpoch, TransactionalIdAuthorizationFailed)
 
 
 class LaneFenced(Exception):
@@ -295,7 +289,7 @@ class Lane:
             ordered = sorted(topics)
             waits = await asyncio.gather(*(self.topics.ready(topic) for topic in ordered))
             failures = dict(zip(ordered, waits, strict=True))
-            refused: list[tuple[Pending, int, BaseException]] = [
+            refused: list[Failure] = [
                 (p, i, failure)
                 for i, record in enumerate(p.records)
                 if (failure := failures.get(record.topic)) is not None
@@ -356,7 +350,7 @@ class Lane:
                     self.vanished.track(record.topic, await send(producer, record))
                     for record in p.records
                 ]
-            failures = await _failures(firsts)
+            failures = await failed(firsts)
             if not failures:
                 metadata = join(self.guard_metadata, answered, base)
                 await producer.send_offsets_to_transaction(
@@ -365,7 +359,7 @@ class Lane:
                 await producer.commit_transaction()
                 return
             await self._abort()
-        except _FENCED as exc:
+        except FENCED as exc:
             raise LaneFenced(repr(exc)) from exc
         except KafkaError:
             if self._fatal():
@@ -375,38 +369,25 @@ class Lane:
         await self._answer_failures(failures)
         raise _Again("records refused")
 
-    async def _answer_failures(self, failures: list[tuple[Pending, int, BaseException]]) -> None:
-        """After an aborted transaction: what each refused record becomes next time."""
+    async def _answer_failures(self, failures: list[Failure]) -> None:
+        """After an aborted transaction: what each refused record becomes next time; a dead
+        letter refused even trimmed holds its offset back, retried every few seconds."""
         for p, i, failure in failures:
-            judged = verdict(failure)
-            record = p.records[i]
-            if judged is not Verdict.REFUSED:
-                continue  # made again as it is
-            if record.is_result and p.answered is None:
-                message = f"{record.topic}: {failure!r}"
-                self.planner.answer_instead(p, refusal_code(failure), message, self.config)
-                self.planner.plan(p, self.config)
-            elif record.is_retry:  # dead-lettered with its error result instead
-                self.planner.retry_refused(p, failure, self.config)
-            elif record.is_dead_letter:
-                trimmed = trimmed_dead_letter(record, failure)
-                if trimmed is not None:
-                    p.records[i] = trimmed
-                else:
-                    offset = p.outcome.record.offset
-                    if offset not in self.blocked_until:
-                        await self.hooks.blocked(p)
-                    self.blocked_until[offset] = time.monotonic() + self.BLOCKED_RETRY_S
-                    log.error("dead_letter_blocked", topic=self.tp.topic,
-                              partition=self.tp.partition, offset=offset,
-                              dlq=record.topic, error=repr(failure))  # fmt: skip
+            if rework(p, i, failure, self.planner, self.config):
+                continue
+            offset = p.outcome.record.offset
+            if offset not in self.blocked_until:
+                await self.hooks.blocked(p)
+            self.blocked_until[offset] = time.monotonic() + self.BLOCKED_RETRY_S
+            log.error("dead_letter_blocked", topic=self.tp.topic, partition=self.tp.partition,
+                      offset=offset, dlq=p.records[i].topic, error=repr(failure))  # fmt: skip
 
     async def _abort(self) -> None:
         if self._fatal():
             raise LaneFenced("the producer is in a fatal state")
         try:
             await self.producer.abort_transaction()
-        except _FENCED as exc:
+        except FENCED as exc:
             raise LaneFenced(repr(exc)) from exc
         except KafkaError:
             if self._fatal():
@@ -456,17 +437,3 @@ class _Again(KafkaError):  # type: ignore[misc]
     """Records were refused: the transaction is made again at once."""
 
     retriable = True
-
-
-async def _failures(firsts: list[Pending]) -> list[tuple[Pending, int, BaseException]]:
-    """Every record's acknowledgement awaited; the failed ones."""
-    out = []
-    for p in firsts:
-        for i, ack in enumerate(p.acks):
-            try:
-                await ack
-            except _FENCED:
-                raise
-            except KafkaError as exc:
-                out.append((p, i, exc))
-    return out

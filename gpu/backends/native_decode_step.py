@@ -172,17 +172,19 @@ class DecodeStep:
         self._cos_layers = tables(*(cos[i].data_ptr() for i in range(c.num_layers)))
         self._sin_layers = tables(*(sin[i].data_ptr() for i in range(c.num_layers)))
         self._held += [self.final_norm, *cos, *sin]
-        sparse = [layer.mlp for layer in model.typed_layers() if not gpt2]
-        expert_tables = [experts(mlp) if isinstance(mlp, SparseMoE) else None for mlp in sparse]
+        # each sparse layer's router and experts (GPT-2's layers have no `mlp`)
+        mlps = [getattr(layer, "mlp", None) for layer in model.typed_layers()]
+        expert_tables = [experts(mlp) if isinstance(mlp, SparseMoE) else None for mlp in mlps]
         self._held += [table for table in expert_tables if table is not None]
         self._moe_layers = (ctypes.c_void_p * c.num_layers)(
             *(None if table is None else ctypes.addressof(table) for table in expert_tables)
         )
-        self.moe_room = 0  # the work floats a token's sparse MLP needs beyond the dense one's
-        if c.num_experts:
-            expert_inter = c.moe_intermediate_size or c.intermediate_size
-            k = c.num_experts_per_tok
-            self.moe_room = c.num_experts + 2 * k + 2 * k * expert_inter + c.hidden_size
+        expert_inter = (c.moe_intermediate_size or c.intermediate_size) if c.num_experts else 0
+        k = c.num_experts_per_tok
+        # the work floats a token's sparse MLP needs beyond the dense one's (moe_part's scratch)
+        self.moe_room = (
+            c.num_experts + 2 * k + 2 * k * expert_inter + c.hidden_size if c.num_experts else 0
+        )
         self.arch = TmDecodeArch(
             gelu=int(gemma or gpt2),
             rotary_dim=rotary_dim,
@@ -196,7 +198,7 @@ class DecodeStep:
             experts=c.num_experts,
             top_k=c.num_experts_per_tok,
             renormalise=int(c.norm_topk_prob),
-            expert_inter=(c.moe_intermediate_size or c.intermediate_size) if c.num_experts else 0,
+            expert_inter=expert_inter,
             moe_layers=ctypes.addressof(self._moe_layers) if c.num_experts else None,
         )
         self._pools: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_void_p], ...]] = {}
