@@ -73,16 +73,12 @@ def decoder_layer(layer: Any, c: ModelConfig, width: int) -> LayerParts:
 
 def experts(moe: SparseMoE) -> ctypes.Array[TmWeight]:
     """A sparse layer's weights as `tm_decode_arch.moe_layers[l]` takes them: the router, then
-    each expert's gate, up and down (views of the layer's stacked float32 experts)."""
-    inter = moe.down.shape[2]
+    each expert's gate, up and down, as held (views of the stacked float32 experts, or each
+    expert's int8/int4 matrices)."""
     weights = [tm_weight(moe.router.detach())]
-    for expert in range(moe.down.shape[0]):
-        gate_up = moe.gate_up[expert].detach()  # [2 inter, hidden]
-        weights += [
-            tm_weight(gate_up),
-            tm_weight(gate_up, inter),
-            tm_weight(moe.down[expert].detach()),
-        ]
+    for expert in range(moe.num_experts):
+        gate_up, down = moe.expert_weights(expert)  # [2 inter, hidden], [hidden, inter]
+        weights += [tm_weight(gate_up), tm_weight(gate_up, moe.inter), tm_weight(down)]
     return (TmWeight * len(weights))(*weights)
 
 

@@ -38,8 +38,10 @@ def matrix_bytes(out: int, inputs: int, method: str, group: int | None) -> int:
 
 def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     """The [out, in] of every linear layer `--quantization int8|int4` quantizes: each layer's
-    fused qkv, o, fused gate/up and down (dense MLPs), and the LM head."""
+    fused qkv, o, fused gate/up and down (dense MLPs; a sparse layer's of each expert, its
+    router left float), and the LM head."""
     h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    expert_i = config.moe_intermediate_size or i
     shapes: list[tuple[int, int]] = []
     if config.arch == "gpt2":
         per_layer = [(3 * h, h), (h, h), (i, h), (h, i)]
@@ -49,6 +51,8 @@ def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
             shapes += [(q + 2 * kv, h), (h, q)]
             if config.arch in GEMMA_FAMILY or not config.sparse_layer(index):
                 shapes += [(2 * i, h), (h, i)]
+            else:
+                shapes += [(2 * expert_i, h), (h, expert_i)] * config.num_experts
     shapes.append((config.vocab_size, h))
     return shapes
 

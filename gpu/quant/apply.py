@@ -7,6 +7,7 @@ from collections.abc import Collection
 from torch import nn
 
 from gpu.model_config import ModelConfig
+from gpu.models.moe import SparseMoE
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.quant.scheme import Quantization
 
@@ -15,11 +16,16 @@ def quantize_linears(
     module: nn.Module, scheme: Quantization, keep: Collection[str] = ()
 ) -> list[str]:
     """Replace every float `nn.Linear` of `module` (but those named in `keep`, and those whose
-    input features the scheme cannot group) by a QuantizedLinear; return the names replaced.
+    input features the scheme cannot group) by a QuantizedLinear, and hold every sparse MLP's
+    experts quantized (`SparseMoE.quantize`; its router stays float); return the names done.
 
-    Names are the module's own (`layers.3.self_attn.qkv_proj`, `lm_head`)."""
+    Names are the module's own (`layers.3.self_attn.qkv_proj`, `lm_head`; a sparse MLP's
+    experts by its name, `layers.3.mlp`)."""
     done: list[str] = []
     for name, child in list(module.named_modules()):
+        if isinstance(child, SparseMoE) and name not in keep and child.quantize(scheme):
+            done.append(name)
+            continue
         if not isinstance(child, nn.Linear) or name in keep or not scheme.fits(child.in_features):
             continue
         parent_name, _, attr = name.rpartition(".")

@@ -165,23 +165,28 @@ def hold_quantized(module: nn.Module, names: set[str]) -> int:
     return swapped
 
 
+MOE_NAMES = {"qkv_proj", "o_proj", "lm_head"}
+
+
 @pytest.mark.parametrize(
-    ("arch", "names"),
+    ("arch", "names", "experts"),
     [
-        ("llama", LLAMA_NAMES),
-        ("llama_scaled", LLAMA_NAMES),  # q/k/v and o biases
-        ("llama_tied", LLAMA_NAMES - {"lm_head"}),  # the head float, the rest quantized
-        ("qwen3", LLAMA_NAMES),  # q/k norms over each head, before the rotation
+        ("llama", LLAMA_NAMES, None),
+        ("llama_scaled", LLAMA_NAMES, None),  # q/k/v and o biases
+        ("llama_tied", LLAMA_NAMES - {"lm_head"}, None),  # the head float, the rest quantized
+        ("qwen3", LLAMA_NAMES, None),  # q/k norms over each head, before the rotation
         # sandwich norms, GeGLU, sliding windows shorter than the prompts, soft caps (Gemma 2),
         # q/k norms and the sliding layers' own rotary tables (Gemma 3)
-        ("gemma2", LLAMA_NAMES - {"lm_head"}),
-        ("gemma3", LLAMA_NAMES - {"lm_head"}),
+        ("gemma2", LLAMA_NAMES - {"lm_head"}, None),
+        ("gemma3", LLAMA_NAMES - {"lm_head"}, None),
         # LayerNorms with biases, biases on every product, GELU not gated, learned positions
-        ("gpt2", GPT2_NAMES),
-        # top-2 routers over float32 SwiGLU experts (renormalised, and not: Qwen3-MoE's q/k
-        # norms too); the attention and the head quantized
-        ("mixtral", {"qkv_proj", "o_proj", "lm_head"}),
-        ("qwen3_moe", {"qkv_proj", "o_proj", "lm_head"}),
+        ("gpt2", GPT2_NAMES, None),
+        # top-2 routers over SwiGLU experts (renormalised, and not: Qwen3-MoE's q/k norms too),
+        # the attention and the head quantized; the experts float32, int4 or int8
+        ("mixtral", MOE_NAMES, None),
+        ("mixtral", MOE_NAMES, "int4"),
+        ("qwen3_moe", MOE_NAMES, None),
+        ("qwen3_moe", MOE_NAMES, "int8"),
     ],
 )
 def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
@@ -190,9 +195,11 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
     monkeypatch: pytest.MonkeyPatch,
     arch: str,
     names: set[str],
+    experts: str | None,
 ) -> None:
     """One and two decode tokens: the native step's logits against the layers' path run on
-    the same quantized weights (dequantized, through F.linear)."""
+    the same quantized weights (dequantized, through F.linear; quantized experts through
+    `QuantizedLinear`)."""
     import gpu.backends.choose
     from gpu.engine import Engine
     from gpu.loading.loader import load_model
@@ -206,6 +213,12 @@ def test_one_call_decode_step_with_quantized_linears_matches_the_layers(
     assert hold_quantized(model.module, names) == per_layer * model.config.num_layers + (
         "lm_head" in names
     )
+    if experts is not None:
+        from gpu.models.moe import SparseMoE
+        from gpu.quant.scheme import Quantization
+
+        sparse = [m for m in model.module.modules() if isinstance(m, SparseMoE)]
+        assert sparse and all(m.quantize(Quantization.parse(experts)) for m in sparse)
     engine = Engine(model, CHUNKY)
     prompts = random_prompts(model.config.vocab_size, 2, seed=7, low=20, high=90)
     seqs = [Sequence(str(i), p, SamplingParams(), arrival_time=0.0) for i, p in enumerate(prompts)]
