@@ -24,8 +24,9 @@ soft cap; their norms' (1 + w) is added once here, their embedding scale and log
 applied around the call (`embed`, `__call__`). GPT-2 takes it with LayerNorms (their biases),
 no rotary, and its MLP not gated (GELU of the up projection, with biases); its learned
 positions are added to the embeddings (`embed`). Mixtral and Qwen3-MoE take it with their
-sparse layers' router and experts (`decode_step_layers.experts`): each token's top-k experts
-chosen in the call, at most `DECODE_STEP_ROWS` tokens (the experts are not in panels). What
+sparse layers' router and experts (`decode_step_layers.experts`; float32, or int8/int4 under
+`--quantization`): each token's top-k experts chosen in the call, at most `DECODE_STEP_ROWS`
+tokens (the experts are not in panels). What
 each family's layer gives the call is in `gpu/backends/decode_step_layers.py`.
 """
 

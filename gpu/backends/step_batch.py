@@ -156,7 +156,9 @@ class StepBuilder:
         for begin, end in runs:
             members = decodes[begin:end]
             width = blocks_for(max(c.end for c in members), bs)
-            tables = [c.seq.block_table for c in members]
+            # Each its own blocks, then padding: blocks held for what is not computed yet
+            # (guesses) hold what the memory held, NaN maybe, and 0 × NaN is NaN past a mask.
+            tables = [c.seq.block_table[: blocks_for(c.end, bs)] for c in members]
             staged_groups.append((stage.put_rows(tables, width, PAD_BLOCK), width))
         staged_spans = [
             stage.put(c.seq.block_table[: blocks_for(c.end, bs)]) if c.start else None

@@ -51,7 +51,10 @@ class WindowStaging:
                 continue
             firsts = [start // bs for start in starts]
             width = max(blocks_for(c.end, bs) - f for c, f in zip(members, firsts, strict=True))
-            tables = [c.seq.block_table[f:] for c, f in zip(members, firsts, strict=True)]
+            tables = [  # each its own blocks only (`StepBatch.build`)
+                c.seq.block_table[f : blocks_for(c.end, bs)]
+                for c, f in zip(members, firsts, strict=True)
+            ]
             groups.append((stage.put(firsts), stage.put_rows(tables, width, PAD_BLOCK), width))
         spans = []
         for chunk in chunks[len(decodes) :]:

@@ -14,6 +14,7 @@ import torch
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_config import EngineConfig
 from gpu.errors import SpeculativeConfigError
+from gpu.kv_pool import PAD_BLOCK
 from gpu.loading.loader import LoadedModel, load_model
 from gpu.loading.tokenizer import Tokenizer
 from gpu.sequence import SamplingParams
@@ -168,3 +169,21 @@ def test_the_targets_own_checkpoint_loads_int4(llama: LoadedModel) -> None:
     (prompt,) = prompts(llama.config.vocab_size, (12,))
     (guesses,) = proposer(draft, llama).propose(ask([prompt], 4))
     assert len(guesses) == 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: sliding windows' tables too
+@pytest.mark.parametrize("native", [True, False], ids=["native-paged", "sdpa-gather"])
+def test_blocks_held_for_guesses_may_hold_anything_before_they_are_written(
+    tiny_checkpoints: dict[str, Path], arch: str, native: bool
+) -> None:
+    """The pool is allocated, not zeroed: a block taken for guesses not yet computed holds
+    whatever the memory held (NaN, say). A decode beside a longer one reads its table up to
+    the group's width; it must read padding past its own blocks, never those (0 × NaN)."""
+    model = load_model(tiny_checkpoints[arch])
+    config = replace(CHUNKY, native_kernels=native)
+    batch = prompts(model.config.vocab_size, (1, 5, 37, 70))
+    want = greedy(model, batch, config)
+    draft = proposer(model, model, config=config)
+    draft.kv.cache.fill_(float("nan"))
+    draft.kv.zero(torch.tensor([PAD_BLOCK]))
+    assert draft.propose(ask(batch, 5)) == [w[:5] for w in want]
