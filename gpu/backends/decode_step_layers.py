@@ -77,7 +77,8 @@ def experts(moe: SparseMoE) -> ctypes.Array[TmWeight]:
     expert's int8/int4 matrices)."""
     weights = [tm_weight(moe.router.detach())]
     for expert in range(moe.num_experts):
-        gate_up, down = moe.expert_weights(expert)  # [2 inter, hidden], [hidden, inter]
+        gate_up = moe.gate_up.matrix(expert)  # [2 inter, hidden]
+        down = moe.down.matrix(expert)  # [hidden, inter]
         weights += [tm_weight(gate_up), tm_weight(gate_up, moe.inter), tm_weight(down)]
     return (TmWeight * len(weights))(*weights)
 

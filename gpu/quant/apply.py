@@ -7,7 +7,8 @@ from collections.abc import Collection
 from torch import nn
 
 from gpu.model_config import ModelConfig
-from gpu.models.moe import SparseMoE
+from gpu.models.moe import StackedExperts
+from gpu.quant.experts import QuantizedExperts
 from gpu.quant.linear import QuantizedEmbedding, QuantizedLinear
 from gpu.quant.scheme import Quantization
 
@@ -15,23 +16,26 @@ from gpu.quant.scheme import Quantization
 def quantize_linears(
     module: nn.Module, scheme: Quantization, keep: Collection[str] = ()
 ) -> list[str]:
-    """Replace every float `nn.Linear` of `module` (but those named in `keep`, and those whose
-    input features the scheme cannot group) by a QuantizedLinear, and hold every sparse MLP's
-    experts quantized (`SparseMoE.quantize`; its router stays float); return the names done.
+    """Replace every float `nn.Linear` of `module` by a QuantizedLinear, and every sparse MLP's
+    float experts (`StackedExperts`, a product of every expert) by QuantizedExperts (its router
+    stays float); but those named in `keep`, and those whose input features the scheme cannot
+    group. Return the names replaced.
 
-    Names are the module's own (`layers.3.self_attn.qkv_proj`, `lm_head`; a sparse MLP's
-    experts by its name, `layers.3.mlp`)."""
+    Names are the module's own (`layers.3.self_attn.qkv_proj`, `lm_head`, a sparse MLP's
+    `layers.3.mlp.gate_up` and `layers.3.mlp.down`)."""
     done: list[str] = []
     for name, child in list(module.named_modules()):
-        if isinstance(child, SparseMoE) and name not in keep and child.quantize(scheme):
-            done.append(name)
+        if not isinstance(child, (nn.Linear, StackedExperts)):
             continue
-        if not isinstance(child, nn.Linear) or name in keep or not scheme.fits(child.in_features):
+        if name in keep or not scheme.fits(child.in_features):
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        bias = None if child.bias is None else child.bias.detach()
-        setattr(parent, attr, QuantizedLinear(scheme.quantize(child.weight.detach()), bias))
+        if isinstance(child, StackedExperts):
+            setattr(parent, attr, QuantizedExperts.of(child.weight, scheme))
+        else:
+            bias = None if child.bias is None else child.bias.detach()
+            setattr(parent, attr, QuantizedLinear(scheme.quantize(child.weight.detach()), bias))
         done.append(name)
     return done
 

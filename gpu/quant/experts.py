@@ -1,14 +1,14 @@
 """One product of every expert of a sparse MLP, held quantized: expert e's [out, in] matrix as
 its own `QuantizedLinear` (int8 or int4, as `--quantization` asks).
 
-    gate_up = QuantizedExperts.of(moe.gate_up, scheme)   # from the stacked [experts, out, in]
+    gate_up = QuantizedExperts.of(moe.gate_up.weight, scheme)   # stacked [experts, out, in]
     y = gate_up.product(expert, rows)                    # [rows, in] -> [rows, out]
-    w = gate_up.weight(expert)                           # its QuantizedWeight (the decode step's)
+    w = gate_up.matrix(expert)                           # its QuantizedWeight (the decode step's)
 
-A sparse MLP's experts are most of its weights (Mixtral: 96% of them), stacked in one float
-tensor per product (`gpu.models.moe.SparseMoE`); `gpu.quant.apply.quantize_linears` swaps them
-for these. Each expert's integers, scales and offsets are buffers of its `QuantizedLinear`, so
-memory accounting and `state_dict()` see them.
+A sparse MLP's experts are most of its weights (Mixtral: 96% of them), loaded stacked in one
+float tensor per product (`gpu.models.moe.StackedExperts`); `gpu.quant.apply.quantize_linears`
+puts these in their place (the same `Experts` interface). Each expert's integers, scales and
+offsets are buffers of its `QuantizedLinear`, so memory accounting and `state_dict()` see them.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ class QuantizedExperts(nn.Module):
         out: torch.Tensor = layer(rows)
         return out
 
-    def weight(self, expert: int) -> QuantizedWeight:
+    def matrix(self, expert: int) -> QuantizedWeight:
         layer: QuantizedLinear = self.experts[expert]  # type: ignore[assignment]
         return layer.qweight
 
     def extra_repr(self) -> str:
         return (
             f"experts={self.num_experts}, in_features={self.in_features}, "
-            f"out_features={self.out_features}, {self.weight(0).scheme}"
+            f"out_features={self.out_features}, {self.matrix(0).scheme}"
         )

@@ -80,6 +80,7 @@ class Quantization:
 def describe(module: nn.Module, dtype: torch.dtype) -> str:
     """The formats of a model's linear weights, by share of their elements: `int4-g32`, or
     `int4-g32+int8-g32+float32` when they are mixed; `none` when nothing is quantized."""
+    from gpu.models.moe import StackedExperts
     from gpu.quant.linear import QuantizedLinear
 
     share: Counter[str] = Counter()
@@ -90,8 +91,8 @@ def describe(module: nn.Module, dtype: torch.dtype) -> str:
             if w.data.data_ptr() not in seen:
                 seen.add(w.data.data_ptr())
                 share[w.scheme] += w.out_features * w.in_features
-        elif isinstance(m, nn.Linear) or hasattr(m, "packed"):
-            weight: torch.Tensor = m.weight  # type: ignore[assignment]  # nn.Linear or packed
+        elif isinstance(m, (nn.Linear, StackedExperts)) or hasattr(m, "packed"):
+            weight: torch.Tensor = m.weight  # type: ignore[assignment]  # Linear, experts, packed
             if weight.data_ptr() not in seen:
                 seen.add(weight.data_ptr())
                 share[str(dtype).removeprefix("torch.")] += weight.numel()

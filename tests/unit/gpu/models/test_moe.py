@@ -25,8 +25,8 @@ def one_token_at_a_time(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:  # [to
             weights = weights / weights.sum()
         out = torch.zeros_like(token)
         for weight, e in zip(weights, experts.tolist(), strict=True):
-            gate, up = (moe.gate_up[e] @ token).chunk(2)
-            out += weight * (moe.down[e] @ (F.silu(gate) * up))
+            gate, up = (moe.gate_up.matrix(e) @ token).chunk(2)
+            out += weight * (moe.down.matrix(e) @ (F.silu(gate) * up))
         rows.append(out)
     return torch.stack(rows)
 

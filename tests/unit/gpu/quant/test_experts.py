@@ -16,9 +16,10 @@ from gpu.loading.loader import LoadedModel, load_model
 from gpu.loading.model_config import load_hf_config
 from gpu.memory.held_bytes import weight_bytes
 from gpu.memory.model_sizes import weights_bytes
-from gpu.models.moe import SparseMoE
+from gpu.models.moe import SparseMoE, StackedExperts
+from gpu.quant.apply import quantize_linears
 from gpu.quant.experts import QuantizedExperts
-from gpu.quant.scheme import Quantization
+from gpu.quant.scheme import Quantization, describe
 from gpu.sequence import SamplingParams
 from ops.models.offline import run_all
 
@@ -48,13 +49,16 @@ def test_experts_are_held_quantized_as_the_planner_counts(
     assert model.quantization.startswith(scheme)
 
 
-def test_keep_leaves_a_sparse_layers_experts_float(tiny_checkpoints: dict[str, Path]) -> None:
+def test_keep_leaves_named_experts_float(tiny_checkpoints: dict[str, Path]) -> None:
     path = tiny_checkpoints["mixtral"]
-    model = load_model(path, device="cpu", quantization="int8", keep={"layers.0.mlp"})
+    keep = {"layers.0.mlp.gate_up", "layers.0.mlp.down"}
+    model = load_model(path, device="cpu", quantization="int8", keep=keep)
     sparse = _sparse(model)
-    assert isinstance(sparse["layers.0.mlp"].gate_up, torch.nn.Parameter)
+    assert isinstance(sparse["layers.0.mlp"].gate_up, StackedExperts)
+    assert isinstance(sparse["layers.0.mlp"].down, StackedExperts)
     rest = [m for name, m in sparse.items() if name != "layers.0.mlp"]
     assert rest and all(isinstance(m.down, QuantizedExperts) for m in rest)
+    assert "float32" in model.quantization  # the float experts are counted
 
 
 def test_experts_whose_inputs_the_scheme_cannot_group_stay_float(
@@ -62,8 +66,9 @@ def test_experts_whose_inputs_the_scheme_cannot_group_stay_float(
 ) -> None:
     config = load_hf_config(tiny_checkpoints["qwen3_moe"])
     moe = SparseMoE(dataclasses.replace(config, moe_intermediate_size=40))  # 40: not 16 · n
-    assert not moe.quantize(Quantization.parse("int8"))
-    assert isinstance(moe.down, torch.nn.Parameter)
+    assert quantize_linears(moe, Quantization.parse("int8")) == ["gate_up"]
+    assert isinstance(moe.gate_up, QuantizedExperts) and isinstance(moe.down, StackedExperts)
+    assert describe(moe, torch.float32) == "int8+float32"  # gate_up's 2 · 40 rows, down's 64
 
 
 @pytest.mark.parametrize(("arch", "scheme"), [("mixtral", "int8"), ("qwen3_moe", "int4")])
@@ -75,17 +80,17 @@ def test_quantized_experts_generate_as_their_dequantized_weights_do(
     path = tiny_checkpoints[arch]
     quantized = load_model(path, device="cpu", quantization=scheme)
     reference = load_model(path, device="cpu", quantization=scheme)
-    with torch.no_grad():
-        for name, moe in _sparse(reference).items():
-            gate_up, down = moe.gate_up, moe.down
-            assert isinstance(gate_up, QuantizedExperts) and isinstance(down, QuantizedExperts)
-            del moe.gate_up, moe.down
-            moe.gate_up = torch.nn.Parameter(
-                torch.stack([gate_up.weight(e).dequantize() for e in range(moe.num_experts)])
+    for name, moe in _sparse(reference).items():  # the same integers, as float experts
+        for attr in ("gate_up", "down"):
+            experts = getattr(moe, attr)
+            assert isinstance(experts, QuantizedExperts)
+            float_experts = StackedExperts(
+                moe.num_experts, experts.out_features, experts.in_features
             )
-            moe.down = torch.nn.Parameter(
-                torch.stack([down.weight(e).dequantize() for e in range(moe.num_experts)])
-            )
-            assert isinstance(_sparse(quantized)[name].down, QuantizedExperts)
+            with torch.no_grad():
+                for e in range(moe.num_experts):
+                    float_experts.weight[e] = experts.matrix(e).dequantize()
+            setattr(moe, attr, float_experts)
+        assert isinstance(_sparse(quantized)[name].down, QuantizedExperts)
     prompt = [5, 17, 2, 41, 9, 33, 8]
     assert _greedy(quantized, prompt) == _greedy(reference, prompt)
