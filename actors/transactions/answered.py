@@ -146,6 +146,26 @@ def split(metadata: str | None, base: int | None) -> tuple[str, AnsweredOffsets]
         return guard, AnsweredOffsets()
 
 
+def take(
+    ready: list[int], answered: AnsweredOffsets, guard_metadata: str, base: int
+) -> tuple[list[int], AnsweredOffsets, bool]:
+    """Of the `ready` offsets (ascending), those one transaction takes, while the metadata
+    that names them answered fits; the answered set it writes (pruned below `base`); and
+    whether one was held back for want of room (it waits for the commit point to move)."""
+    answered = answered.copy()
+    for i, offset in enumerate(ready):
+        answered.add(offset)
+        # The record at the commit point always goes (RESERVE is kept for it): once it is
+        # answered the commit point moves, and the metadata shrinks.
+        room = 0 if offset == base else RESERVE
+        if not fits(guard_metadata, answered, base, room=room):
+            answered = AnsweredOffsets(o for o in answered if o != offset)
+            answered.prune_below(base)
+            return ready[:i], answered, True
+    answered.prune_below(base)
+    return list(ready), answered, False
+
+
 def fits(guard_metadata: str, answered: AnsweredOffsets, base: int, *, room: int = 0) -> bool:
     """Whether `join(...)` stays within what Kafka keeps, with `room` characters to spare."""
     return len(join(guard_metadata, answered, base)) <= MAX_METADATA_CHARS - room

@@ -58,7 +58,7 @@ from actors.emit.planning import OutcomePlanner
 from actors.emit.records import Pending, send
 from actors.emit.vanished import VanishWatch
 from actors.send_errors import backoff_s
-from actors.transactions.answered import RESERVE, AnsweredOffsets, fits, join
+from actors.transactions.answered import AnsweredOffsets, join, take
 from actors.transactions.producer_close import close_within
 from actors.transactions.refusals import FENCED, Failure, failed, rework
 
@@ -301,24 +301,16 @@ class Lane:
             self.wake()
 
     def _batch(self) -> tuple[list[int], AnsweredOffsets]:
-        """The waiting offsets this transaction takes (ascending, while the metadata that
-        names them fits) and the answered set it writes."""
-        answered = self.answered.copy()
+        """The waiting offsets this transaction takes and the answered set it writes
+        (`answered.take`); none before the ingest's first commit point."""
         if self.base is None:
-            return [], answered  # no commit point yet: wait for the ingest's first
-        batch = []
-        for offset in self._ready_offsets():
-            answered.add(offset)
-            # The record at the commit point always goes (RESERVE is kept for it): once it
-            # is answered the commit point moves, and the metadata shrinks.
-            room = 0 if offset == self.base else RESERVE
-            if not fits(self.guard_metadata, answered, self.base, room=room):
-                answered = AnsweredOffsets(o for o in answered if o != offset)
-                self.hooks.count("metadata_full")
-                self._full = True
-                break
-            batch.append(offset)
-        answered.prune_below(self.base)
+            return [], self.answered.copy()
+        batch, answered, full = take(
+            self._ready_offsets(), self.answered, self.guard_metadata, self.base
+        )
+        if full:
+            self.hooks.count("metadata_full")
+            self._full = True
         return batch, answered
 
     async def _write(self, batch: list[int], answered: AnsweredOffsets) -> None:

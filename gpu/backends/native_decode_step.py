@@ -26,8 +26,8 @@ no rotary, and its MLP not gated (GELU of the up projection, with biases); its l
 positions are added to the embeddings (`embed`). Mixtral and Qwen3-MoE take it with their
 sparse layers' router and experts (`decode_step_layers.experts`; float32, or int8/int4 under
 `--quantization`): each token's top-k experts chosen in the call, at most `DECODE_STEP_ROWS`
-tokens (the experts are not in panels). What
-each family's layer gives the call is in `gpu/backends/decode_step_layers.py`.
+tokens (the experts are not in panels). What each family's layer gives the call is in
+`gpu/backends/decode_step_layers.py`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from actors.transactions.answered import (
     fits,
     join,
     split,
+    take,
 )
 
 
@@ -76,3 +77,23 @@ def test_fits_stops_before_kafkas_metadata_limit() -> None:
     small = AnsweredOffsets(range(0, 200, 2))
     assert fits(held(0, 0), small, 0)
     assert len(join(held(0, 0), small, 0)) <= MAX_METADATA_CHARS
+
+
+def test_take_holds_back_what_would_not_fit_but_never_the_commit_point() -> None:
+    base = 1000
+    # every other offset above the commit point answered: one range each, the metadata full
+    answered = AnsweredOffsets(range(base + 2, base + 20_000, 2))
+    while not fits("g", answered, base):
+        answered = AnsweredOffsets(list(answered)[:-50])
+    answered = AnsweredOffsets(list(answered)[:-3])  # room for a few, not for RESERVE
+    far = max(answered) + 2
+    batch, written, full = take([base, far, far + 2], answered, "g", base)
+    assert batch == [base] and full  # the commit point goes; the rest waits
+    assert base in written and far not in written
+    assert take([far], AnsweredOffsets(), "g", base) == ([far], AnsweredOffsets([far]), False)
+    batch, written, full = take([base + 1], AnsweredOffsets([base - 5, base + 3]), "g", base)
+    assert (batch, written.ranges(), full) == (
+        [base + 1],
+        [(base + 1, base + 1), (base + 3, base + 3)],
+        False,
+    )
